@@ -1,0 +1,136 @@
+"""Backend selection shared by every op.
+
+Backends:
+  * ``reference`` -- pure PyTorch (``fastqa.reference``), always there: the ground truth and fallback.
+  * ``cpu``       -- the C++ extension ``fastqa._C`` (``torch.ops.fastqa.*``), float32/float64 CPU tensors.
+  * ``triton``    -- ``fastqa.triton_kernels``: CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
+
+``backend="auto"`` (the default) picks the fastest usable one for the tensors' device and dtype;
+``backend=`` or the ``FASTQA_BACKEND`` environment variable forces one, and forcing one that cannot
+run raises. An automatic fallback to the reference warns once per (op, reason).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import warnings
+from typing import Any
+
+import torch
+
+BACKENDS = ("reference", "cpu", "triton")
+_CPU_DTYPES = (torch.float32, torch.float64)
+_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _load_extension() -> tuple[Any, str | None]:
+    try:
+        from fastqa import _C  # noqa: F401  (importing registers torch.ops.fastqa.*)
+    except ImportError as exc:
+        return None, f"fastqa._C is not built ({exc}); reinstall without FASTQA_NO_EXT=1"
+    return _C, None
+
+
+_EXT, _EXT_ERROR = _load_extension()
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+_WARNED: set[tuple[str, str]] = set()
+
+
+def cpu_available() -> bool:
+    """True when the C++ extension is built and loaded."""
+    return _EXT is not None
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_available(device: torch.device) -> bool:
+    """True when Triton kernels can run on tensors of ``device``."""
+    if not _TRITON_INSTALLED:
+        return False
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and triton_interpreting()
+
+
+def _unusable_reason(backend: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why ``backend`` cannot run on (device, dtype), or None when it can."""
+    if backend == "reference":
+        return None
+    if backend == "cpu":
+        if _EXT is None:
+            return _EXT_ERROR
+        if device.type != "cpu":
+            return f"the cpu backend takes CPU tensors, got {device.type} tensors"
+        if dtype not in _CPU_DTYPES:
+            return f"the cpu backend takes float32 or float64, got {dtype}"
+        return None
+    if backend == "triton":
+        if not _TRITON_INSTALLED:
+            return "triton is not installed (pip install triton)"
+        if device.type == "cpu" and not triton_interpreting():
+            return "the triton backend runs CPU tensors only under TRITON_INTERPRET=1"
+        if device.type not in ("cpu", "cuda"):
+            return f"the triton backend takes CUDA tensors, got {device.type} tensors"
+        if dtype not in _TRITON_DTYPES + (torch.float64,):
+            return f"the triton backend takes float32, float16 or bfloat16, got {dtype}"
+        return None
+    raise ValueError(f"backend must be one of 'auto', {', '.join(map(repr, BACKENDS))}; got {backend!r}")
+
+
+def resolve_backend(backend: str | None, op: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The backend that runs ``op`` on tensors of (device, dtype).
+
+    ``backend`` None or "auto" consults ``FASTQA_BACKEND`` and then picks automatically.
+    """
+    if backend is None or backend == "auto":
+        backend = os.environ.get("FASTQA_BACKEND", "auto") or "auto"
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+    if backend != "auto":
+        reason = _unusable_reason(backend, device, dtype)
+        if reason is not None:
+            raise RuntimeError(f"fastqa.{op}: backend={backend!r} cannot run here: {reason}")
+        return backend
+    preferred = "triton" if device.type == "cuda" else "cpu"
+    reason = _unusable_reason(preferred, device, dtype)
+    if reason is None:
+        return preferred
+    _warn_fallback(op, preferred, reason)
+    return "reference"
+
+
+def _warn_fallback(op: str, preferred: str, reason: str) -> None:
+    if torch.compiler.is_compiling() or (op, reason) in _WARNED:
+        return
+    _WARNED.add((op, reason))
+    warnings.warn(f"fastqa.{op}: falling back to the reference backend ({preferred} unusable: {reason})",
+                  RuntimeWarning, stacklevel=4)
+
+
+def info() -> dict[str, Any]:
+    """What is built and usable here: versions, backends, threads."""
+    triton_version = None
+    if _TRITON_INSTALLED:
+        try:
+            triton_version = importlib.import_module("triton").__version__
+        except Exception as exc:  # a broken triton install should not break fastqa.info()
+            triton_version = f"unimportable: {exc}"
+    from fastqa import __version__
+
+    return {
+        "fastqa": __version__,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "backends": {
+            "reference": True,
+            "cpu": cpu_available(),
+            "triton": bool(_TRITON_INSTALLED and (torch.cuda.is_available() or triton_interpreting())),
+        },
+        "cpu_extension": None if _EXT is None else {"simd": _EXT.simd, "threads": torch.get_num_threads()},
+        "cpu_extension_error": _EXT_ERROR,
+        "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "triton_interpret": triton_interpreting(),
+    }

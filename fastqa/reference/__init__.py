@@ -1,0 +1,18 @@
+"""Pure-PyTorch references: the ground truth every kernel is tested against, and the fallback backend."""
+from .context_query_attention import (
+    ContextQueryAttention,
+    TrilinearSimilarity,
+    context_query_attention,
+    context_query_attention_naive,
+    masked_softmax,
+    trilinear_similarity,
+    trilinear_similarity_naive,
+)
+from .dwsep_conv1d import DepthwiseSeparableConv1d, conv_padding, dwsep_conv1d
+from .glu_conv1d import GLUConv1d, glu_conv1d, glu_conv1d_step
+
+__all__ = [
+    "ContextQueryAttention", "DepthwiseSeparableConv1d", "GLUConv1d", "TrilinearSimilarity",
+    "context_query_attention", "context_query_attention_naive", "conv_padding", "dwsep_conv1d",
+    "glu_conv1d", "glu_conv1d_step", "masked_softmax", "trilinear_similarity", "trilinear_similarity_naive",
+]

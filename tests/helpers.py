@@ -1,0 +1,84 @@
+"""Comparison helpers shared by the op tests."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+# Per-dtype tolerances (atol, rtol) for kernels vs the float reference computed in the same dtype.
+TOLERANCES = {
+    torch.float64: (1e-10, 1e-8),
+    torch.float32: (2e-4, 2e-4),
+    torch.float16: (5e-3, 5e-3),
+    torch.bfloat16: (5e-2, 2e-2),
+}
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, name: str,
+                 atol: float | None = None, rtol: float | None = None) -> None:
+    """torch.testing.assert_close with the worst mismatch's index in the message."""
+    default_atol, default_rtol = TOLERANCES.get(expected.dtype, TOLERANCES[torch.float32])
+    atol = default_atol if atol is None else atol
+    rtol = default_rtol if rtol is None else rtol
+    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert not torch.isnan(actual).any(), f"{name}: NaN in the result"
+    diff = (actual.double() - expected.double()).abs()
+    if diff.numel():
+        worst = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
+        where = f"worst |diff| {diff.max().item():.3e} at {worst}: {actual[worst].item()} vs {expected[worst].item()}"
+    else:
+        where = "empty"
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, msg=lambda m: f"{name}: {where}\n{m}")
+
+
+def clone_inputs(args: Sequence, requires_grad: Sequence[bool]) -> list:
+    """Fresh leaf copies of ``args`` (tensors), keeping their strides, with requires_grad as asked."""
+    out = []
+    for a, rg in zip(args, requires_grad):
+        if isinstance(a, torch.Tensor):
+            c = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+            c.copy_(a)
+            out.append(c.requires_grad_(rg and a.is_floating_point()))
+        else:
+            out.append(a)
+    return out
+
+
+def check_against_reference(fn: Callable, ref: Callable, args: Sequence, kwargs: dict | None = None, *,
+                            names: Sequence[str], grad_args: Sequence[bool] | None = None,
+                            grad_out: torch.Tensor | None = None, atol: float | None = None,
+                            rtol: float | None = None) -> None:
+    """Forward and every gradient of ``fn(*args, **kwargs)`` against ``ref``.
+
+    grad_args: which args get a gradient (default: every floating tensor); grad_out: the upstream
+    gradient (default: random, passed as a non-contiguous view to catch stride bugs).
+    """
+    kwargs = kwargs or {}
+    if grad_args is None:
+        grad_args = [isinstance(a, torch.Tensor) and a.is_floating_point() for a in args]
+    got_in = clone_inputs(args, grad_args)
+    ref_in = clone_inputs(args, grad_args)
+    got = fn(*got_in, **kwargs)
+    want = ref(*ref_in, **kwargs)
+    got_t = got if isinstance(got, tuple) else (got,)
+    want_t = want if isinstance(want, tuple) else (want,)
+    for i, (g, w) in enumerate(zip(got_t, want_t)):
+        assert_close(g, w, name=f"output {i}", atol=atol, rtol=rtol)
+    if not any(grad_args):
+        return
+    if grad_out is None:
+        w0 = want_t[0]
+        # A transposed copy viewed back: same values layout-wise, non-contiguous strides.
+        grad_out = torch.randn(tuple(reversed(w0.shape)), dtype=w0.dtype, device=w0.device).permute(
+            *reversed(range(w0.dim())))
+    got_grads = torch.autograd.grad(got_t[0], [a for a, rg in zip(got_in, grad_args) if rg], grad_out,
+                                    allow_unused=True)
+    want_grads = torch.autograd.grad(want_t[0], [a for a, rg in zip(ref_in, grad_args) if rg], grad_out,
+                                     allow_unused=True)
+    grad_names = [n for n, rg in zip(names, grad_args) if rg]
+    for n, g, w in zip(grad_names, got_grads, want_grads):
+        if w is None:
+            assert g is None or not g.any(), f"grad of {n}: expected none"
+            continue
+        assert g is not None, f"grad of {n}: missing"
+        assert_close(g, w, name=f"grad of {n}", atol=atol, rtol=rtol)

@@ -47,7 +47,9 @@ fp32 inputs the dots use TF32 exactly when ``torch.backends.cudnn.allow_tf32`` i
 F.conv1d does on the same GPU), IEEE fp32 otherwise.
 
 Under ``TRITON_INTERPRET=1`` each kernel has a single small configuration (16-wide tiles), since
-the interpreter would otherwise benchmark every configuration. GPU speed has not been measured.
+the interpreter would otherwise benchmark every configuration, and bf16 dot operands are upcast to
+fp32 (exactly: the interpreter's dot would multiply bf16 bit patterns as integers; products of bf16
+values are exact in fp32, as on tensor cores). GPU speed has not been measured.
 """
 from __future__ import annotations
 
@@ -125,7 +127,7 @@ def _glu_conv1d_fwd_kernel(
     T, H, K, pad_left, scale, ROWS_BUCKET,
     sx_b, sx_t, sx_h, sw_k, sw_c, sw_o, sm_b, sm_t,
     HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, RESIDUAL: tl.constexpr,
-    ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ACC_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """x: [B, T, H] strided; w: [K, H, 2H] (any strides); y: [B, T, H] and pre: [B, T, 2H] contiguous."""
@@ -143,11 +145,11 @@ def _glu_conv1d_fwd_kernel(
             offs_c = c0 + tl.arange(0, BLOCK_C)
             c_ok = offs_c < H
             h = tl.load(x_ptr + b * sx_b + rows[:, None] * sx_t + offs_c[None, :] * sx_h,
-                        mask=keep[:, None] & c_ok[None, :], other=0.0)
+                        mask=keep[:, None] & c_ok[None, :], other=0.0).to(DOT_DTYPE)
             w_tile = w_ptr + k * sw_k + offs_c[:, None] * sw_c + offs_n[None, :] * sw_o
             w_ok = c_ok[:, None] & n_ok[None, :]
-            w_a = tl.load(w_tile, mask=w_ok, other=0.0).to(dtype)
-            w_b = tl.load(w_tile + H * sw_o, mask=w_ok, other=0.0).to(dtype)
+            w_a = tl.load(w_tile, mask=w_ok, other=0.0).to(DOT_DTYPE)
+            w_b = tl.load(w_tile + H * sw_o, mask=w_ok, other=0.0).to(DOT_DTYPE)
             acc_a += tl.dot(h, w_a, input_precision=DOT_PRECISION)
             acc_b += tl.dot(h, w_b, input_precision=DOT_PRECISION)
     if HAS_BIAS:
@@ -202,7 +204,7 @@ def _glu_conv1d_dx_kernel(
     T, H, K, pad_left, scale, ROWS_BUCKET,
     sw_k, sw_c, sw_o, sg_b, sg_t, sg_h, sm_b, sm_t,
     HAS_MASK: tl.constexpr, RESIDUAL: tl.constexpr,
-    ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ACC_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr,
 ):
     """grad_x[t, c] = mask[t]·sum_{k, o} d_pre[t - k + pad_left, o]·w[k, c, o] (+ scale·grad_y[t, c])."""
@@ -210,7 +212,6 @@ def _glu_conv1d_dx_kernel(
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < H
-    dtype = dpre_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=ACC_DTYPE)
     for k in range(K):
         rows = offs_t - k + pad_left
@@ -219,9 +220,9 @@ def _glu_conv1d_dx_kernel(
             offs_o = o0 + tl.arange(0, BLOCK_O)
             o_ok = offs_o < 2 * H
             d = tl.load(dpre_ptr + (b * T + rows)[:, None] * (2 * H) + offs_o[None, :],
-                        mask=r_ok[:, None] & o_ok[None, :], other=0.0)
+                        mask=r_ok[:, None] & o_ok[None, :], other=0.0).to(DOT_DTYPE)
             w = tl.load(w_ptr + k * sw_k + offs_o[:, None] * sw_o + offs_c[None, :] * sw_c,
-                        mask=o_ok[:, None] & c_ok[None, :], other=0.0).to(dtype)
+                        mask=o_ok[:, None] & c_ok[None, :], other=0.0).to(DOT_DTYPE)
             acc += tl.dot(d, w, input_precision=DOT_PRECISION)
     t_ok = offs_t < T
     if HAS_MASK:  # h = x·mask, so d/dx of the conv path vanishes at padded positions
@@ -240,7 +241,7 @@ def _glu_conv1d_dw_kernel(
     dpre_ptr, x_ptr, mask_ptr, part_ptr,
     B, T, H, K, pad_left, SPLITS, ROWS_BUCKET,
     sx_b, sx_t, sx_h, sm_b, sm_t,
-    HAS_MASK: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_MASK: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_O: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """part[s, o, c, k] = sum over the row tiles r ≡ s (mod SPLITS) of d_pre[r, o]·h[r + k - pad_left, c]."""
@@ -256,11 +257,11 @@ def _glu_conv1d_dw_kernel(
         b = (tile // n_t_tiles).to(tl.int64)
         offs_t = (tile % n_t_tiles) * BLOCK_T + tl.arange(0, BLOCK_T)
         d_t = tl.load(dpre_ptr + (b * T + offs_t)[None, :] * (2 * H) + offs_o[:, None],
-                      mask=o_ok[:, None] & (offs_t < T)[None, :], other=0.0)
+                      mask=o_ok[:, None] & (offs_t < T)[None, :], other=0.0).to(DOT_DTYPE)
         rows = offs_t + k - pad_left
         keep = _row_keep(mask_ptr, b, rows, T, sm_b, sm_t, HAS_MASK)
         h = tl.load(x_ptr + b * sx_b + rows[:, None] * sx_t + offs_c[None, :] * sx_h,
-                    mask=keep[:, None] & c_ok[None, :], other=0.0).to(dpre_ptr.dtype.element_ty)
+                    mask=keep[:, None] & c_ok[None, :], other=0.0).to(DOT_DTYPE)
         acc += tl.dot(d_t, h, input_precision=DOT_PRECISION)
     part = part_ptr + split.to(tl.int64) * (2 * H * H * K) + offs_o[:, None] * (H * K) + offs_c[None, :] * K + k
     tl.store(part, acc.to(part_ptr.dtype.element_ty), mask=o_ok[:, None] & c_ok[None, :])
@@ -272,7 +273,7 @@ def _glu_conv1d_step_kernel(
     B, H, K, scale, B_BUCKET,
     sx_b, sx_h, ss_b, ss_k, ss_h,
     HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-    ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ACC_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
     """y_t = GLU(window · W^T) (+ x_t)·scale with window = (state, x_t) [B, K, H] and W = weight as a
@@ -294,12 +295,13 @@ def _glu_conv1d_step_kernel(
         # window[b, k, c]: the state for taps k < K-1, x_t for the newest tap.
         old = b_ok[:, None] & (j_ok & (k < K - 1))[None, :]
         new = b_ok[:, None] & (j_ok & (k == K - 1))[None, :]
-        win = tl.load(state_ptr + row_s[:, None] + k[None, :] * ss_k + c[None, :] * ss_h, mask=old, other=0.0)
-        win = (win + tl.load(x_ptr + row_x[:, None] + c[None, :] * sx_h, mask=new, other=0.0)).to(dtype)
+        win = tl.where(new, tl.load(x_ptr + row_x[:, None] + c[None, :] * sx_h, mask=new, other=0.0),
+                       tl.load(state_ptr + row_s[:, None] + k[None, :] * ss_k + c[None, :] * ss_h, mask=old,
+                               other=0.0)).to(DOT_DTYPE)
         w_tile = w_ptr + offs_n[None, :] * (H * K) + offs_j[:, None]
         w_ok = j_ok[:, None] & n_ok[None, :]
-        w_a = tl.load(w_tile, mask=w_ok, other=0.0).to(dtype)
-        w_b = tl.load(w_tile + H * H * K, mask=w_ok, other=0.0).to(dtype)
+        w_a = tl.load(w_tile, mask=w_ok, other=0.0).to(DOT_DTYPE)
+        w_b = tl.load(w_tile + H * H * K, mask=w_ok, other=0.0).to(DOT_DTYPE)
         acc_a += tl.dot(win, w_a, input_precision=DOT_PRECISION)
         acc_b += tl.dot(win, w_b, input_precision=DOT_PRECISION)
     if HAS_BIAS:
@@ -328,6 +330,16 @@ def _acc_dtype(dtype: torch.dtype) -> tl.dtype:
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32,
+              torch.float64: tl.float64}
+
+
+def _dot_dtype(dtype: torch.dtype) -> tl.dtype:
+    """Operand dtype of the dots: the input's, except bf16 in the interpreter, whose dot would multiply
+    the raw uint16 bit patterns; there the (exact) bf16 values are upcast to fp32 instead."""
+    return tl.float32 if _INTERPRET and dtype == torch.bfloat16 else _TL_DTYPES[dtype]
+
+
 def _dot_precision(dtype: torch.dtype) -> str:
     """TF32 for fp32 exactly when cuDNN convs would use it; the choice is moot for 16-bit inputs."""
     return "tf32" if dtype == torch.float32 and torch.backends.cudnn.allow_tf32 else "ieee"
@@ -339,10 +351,12 @@ def _sm_count(device_index: int) -> int:
 
 
 def _weight_grad_splits(device: torch.device, rows: int, H: int, K: int) -> int:
-    """Row splits of the grad_weight reduction: enough programs to fill the GPU about four times
-    (counted with nominal 64-wide tiles), at most one per smallest row tile, at most 64."""
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 1
+    """Row splits of the grad_weight reduction: on a GPU, enough programs to fill it about four times
+    (counted with nominal 64-wide tiles), at most one per smallest row tile, at most 64. One split
+    elsewhere: the interpreter runs programs one after another, so splitting only adds work."""
+    if device.type != "cuda":
+        return 1
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     tile_programs = triton.cdiv(2 * H, 64) * triton.cdiv(H, 64) * K
     return max(1, min(triton.cdiv(4 * sms, tile_programs), triton.cdiv(rows, _DW_MIN_BLOCK_T), 64))
 
@@ -391,7 +405,7 @@ def glu_conv1d_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Opti
         T, H, K, pad_left, float(scale), triton.next_power_of_2(B * T),
         *x.stride(), *w.stride(), sm_b, sm_t,
         HAS_BIAS=bias is not None, HAS_MASK=mask is not None, RESIDUAL=bool(residual),
-        ACC_DTYPE=_acc_dtype(x.dtype), DOT_PRECISION=_dot_precision(x.dtype))
+        ACC_DTYPE=_acc_dtype(x.dtype), DOT_DTYPE=_dot_dtype(x.dtype), DOT_PRECISION=_dot_precision(x.dtype))
     return y, pre
 
 
@@ -409,7 +423,7 @@ def glu_conv1d_bwd(grad_y: Tensor, x: Tensor, weight: Tensor, mask: Optional[Ten
         return grad_x.zero_(), torch.zeros_like(weight, memory_format=torch.contiguous_format), grad_bias
     aux = aux.contiguous()
     m, sm_b, sm_t = _mask_args(mask, x)
-    acc, prec = _acc_dtype(x.dtype), _dot_precision(x.dtype)
+    acc, dot, prec = _acc_dtype(x.dtype), _dot_dtype(x.dtype), _dot_precision(x.dtype)
     rows_bucket = triton.next_power_of_2(B * T)
     part_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
 
@@ -428,7 +442,7 @@ def glu_conv1d_bwd(grad_y: Tensor, x: Tensor, weight: Tensor, mask: Optional[Ten
     _glu_conv1d_dx[lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(H, meta["BLOCK_C"]), B)](
         dpre, w, grad_y, m, grad_x, T, H, K, pad_left, float(scale), rows_bucket,
         *w.stride(), *grad_y.stride(), sm_b, sm_t,
-        HAS_MASK=mask is not None, RESIDUAL=bool(residual), ACC_DTYPE=acc, DOT_PRECISION=prec)
+        HAS_MASK=mask is not None, RESIDUAL=bool(residual), ACC_DTYPE=acc, DOT_DTYPE=dot, DOT_PRECISION=prec)
 
     # (3) grad_weight: per-split fp32 partials, summed in a fixed order.
     splits = _weight_grad_splits(dev, B * T, H, K)
@@ -436,7 +450,7 @@ def glu_conv1d_bwd(grad_y: Tensor, x: Tensor, weight: Tensor, mask: Optional[Ten
     _glu_conv1d_dw[lambda meta: (triton.cdiv(2 * H, meta["BLOCK_O"]), triton.cdiv(H, meta["BLOCK_C"]) * K, splits)](
         dpre, x, m, part, B, T, H, K, pad_left, splits, rows_bucket,
         *x.stride(), sm_b, sm_t,
-        HAS_MASK=mask is not None, ACC_DTYPE=acc, DOT_PRECISION=prec)
+        HAS_MASK=mask is not None, ACC_DTYPE=acc, DOT_DTYPE=dot, DOT_PRECISION=prec)
     return grad_x, part.sum(0).to(weight.dtype), grad_bias
 
 
@@ -460,7 +474,7 @@ def glu_conv1d_step(x_t: Tensor, state: Tensor, weight: Tensor, bias: Optional[T
         B, H, K, float(scale), triton.next_power_of_2(B),
         *x_t.stride(), *state.stride(),
         HAS_BIAS=bias is not None, RESIDUAL=bool(residual),
-        ACC_DTYPE=_acc_dtype(x_t.dtype), DOT_PRECISION=_dot_precision(x_t.dtype))
+        ACC_DTYPE=_acc_dtype(x_t.dtype), DOT_DTYPE=_dot_dtype(x_t.dtype), DOT_PRECISION=_dot_precision(x_t.dtype))
     return y, new_state
 
 

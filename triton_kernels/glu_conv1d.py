@@ -369,7 +369,9 @@ def _check_conv_args(x: Tensor, weight: Tensor, mask: Optional[Tensor], pad_left
     if weight.dim() != 3 or weight.shape[0] != 2 * H or weight.shape[1] != H:
         raise ValueError(f"weight must be [2H, H, K] = [{2 * H}, {H}, K], got {tuple(weight.shape)}")
     K = weight.shape[2]
-    if not 0 <= pad_left < max(K, 1):
+    if K < 1:
+        raise ValueError(f"weight must have a kernel size K >= 1, got shape {tuple(weight.shape)}")
+    if not 0 <= pad_left < K:
         raise ValueError(f"pad_left must be in [0, K-1] = [0, {K - 1}], got {pad_left}")
     if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (B, T)):
         raise ValueError(f"mask must be a bool [B, T] = [{B}, {T}] tensor, got {mask.dtype} {tuple(mask.shape)}")
@@ -382,6 +384,11 @@ def _mask_args(mask: Optional[Tensor], x: Tensor) -> tuple[Tensor, int, int]:
         return x, 0, 0
     m = mask.view(torch.uint8)
     return m, m.stride(0), m.stride(1)
+
+
+def _contiguous_or(t: Optional[Tensor], stand_in: Tensor) -> Tensor:
+    """An optional vector read with unit stride; ``stand_in`` fills the unused pointer when absent."""
+    return stand_in if t is None else t.contiguous()
 
 
 def _kco_weight(weight: Tensor) -> Tensor:
@@ -401,7 +408,7 @@ def glu_conv1d_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Opti
     m, sm_b, sm_t = _mask_args(mask, x)
     grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(H, meta["BLOCK_N"]), B)  # noqa: E731
     _glu_conv1d_fwd[grid](
-        x, w, bias if bias is not None else x, m, y, pre,
+        x, w, _contiguous_or(bias, x), m, y, pre,
         T, H, K, pad_left, float(scale), triton.next_power_of_2(B * T),
         *x.stride(), *w.stride(), sm_b, sm_t,
         HAS_BIAS=bias is not None, HAS_MASK=mask is not None, RESIDUAL=bool(residual),
@@ -470,7 +477,7 @@ def glu_conv1d_step(x_t: Tensor, state: Tensor, weight: Tensor, bias: Optional[T
         return y, new_state
     w = weight.contiguous()  # read as [2H, H·K]
     _glu_conv1d_step[lambda meta: (triton.cdiv(B, meta["BLOCK_B"]), triton.cdiv(H, meta["BLOCK_N"]))](
-        x_t, state, w, bias if bias is not None else x_t, y, new_state,
+        x_t, state, w, _contiguous_or(bias, x_t), y, new_state,
         B, H, K, float(scale), triton.next_power_of_2(B),
         *x_t.stride(), *state.stride(),
         HAS_BIAS=bias is not None, RESIDUAL=bool(residual),

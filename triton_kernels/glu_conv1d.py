@@ -33,13 +33,14 @@ Tiling
             the rolled state (new_state = window[1:]): one launch per step.
 
 Saved / recomputed
-  aux = the pre-activation [B, T, 2H] in the input dtype (the backward op gets no bias, so it cannot
-  recompute it). Backward recomputes h = x·mask on the fly from x and mask; nothing else is saved.
+  aux = the pre-activation [B, T, 2H] = [a; b] (bias included), contiguous, in the input dtype (the
+  backward op gets no bias, so it could not recompute it). Backward recomputes h = x·mask on the fly from x and mask; nothing else is saved.
 
-Layouts: x, grad_y, mask and state are read through their strides (non-contiguous is fine, no
-copy). The weight is copied once per forward/backward call into [K, H, 2H] so that the tiles the
-dots read are contiguous along output channels (the copy is O(H²K), the conv O(B·T·H²K)); the step
-uses ``weight.contiguous()`` (a no-op for nn.Conv1d weights). Outputs are contiguous.
+Layouts: x, x_t, grad_y, mask and state are read through their strides (non-contiguous input,
+e.g. a channels-first [B, H, T] tensor transposed, is not copied). The weight is copied once per
+forward/backward call into [K, H, 2H] so that the tiles the dots read are contiguous along output
+channels (the copy is O(H²K), the conv O(B·T·H²K)); the step uses ``weight.contiguous()`` (a no-op
+for nn.Conv1d weights); bias is made contiguous. Outputs (and aux) are contiguous.
 
 Precision: fp32 accumulation for fp32/fp16/bf16 inputs (fp64 in, fp64 accumulation, for gradcheck
 in the interpreter); outputs in the input dtype, grad_weight/grad_bias in the weight's dtype. For

@@ -223,6 +223,22 @@ def test_direct_call_rejects_bad_shapes():
         OPS.glu_conv1d_step(x[:, 0], torch.zeros(1, 3, 8, device=DEVICE), w, b, True, SCALE)
 
 
+def test_registry_resolves_the_triton_ops():
+    from fastqa.ops._registry import kernel
+
+    for name in ("glu_conv1d_fwd", "glu_conv1d_bwd", "glu_conv1d_step"):
+        assert kernel("triton", "glu_conv1d", name) is getattr(OPS, name)
+
+
+def test_zero_length_sequence_gives_initialised_outputs():
+    """T = 0 launches nothing: empty outputs, and zero (not uninitialised) weight and bias gradients."""
+    x, w, b, _ = _make_inputs(2, 0, 8, 3, mask=None, bias=True)
+    y, aux = OPS.glu_conv1d_fwd(x, w, b, None, 2, True, SCALE)
+    assert y.shape == (2, 0, 8) and aux.shape == (2, 0, 16)
+    gx, gw, gb = OPS.glu_conv1d_bwd(y, x, w, None, aux, 2, True, SCALE, True)
+    assert gx.shape == x.shape and torch.equal(gw, torch.zeros_like(w)) and torch.equal(gb, torch.zeros_like(b))
+
+
 def test_opcheck():
     x, w, b, m = _make_inputs(1, 5, 4, 3, mask="random", bias=True)
     y, aux = OPS.glu_conv1d_fwd(x, w, b, m, 1, True, SCALE)

@@ -28,13 +28,14 @@ Tiling
             fixed autotuning choice).
   step      one program per (batch tile, output-channel tile). The weight is read as its natural
             [2H, H·K] matrix (row o = weight[o].flatten(), index j = c·K + k, contiguous) and the
-            window (state, x_t) is gathered in the same order, so decoding reads the weight once
-            without a per-step transposed copy; the same program also writes its channel slice of
+            window (state, x_t) is gathered in the same order, so decoding reads the weight once per
+            batch tile, without a per-step transposed copy; the same program also writes its channel slice of
             the rolled state (new_state = window[1:]): one launch per step.
 
 Saved / recomputed
   aux = the pre-activation [B, T, 2H] = [a; b] (bias included), contiguous, in the input dtype (the
-  backward op gets no bias, so it could not recompute it). Backward recomputes h = x·mask on the fly from x and mask; nothing else is saved.
+  backward op gets no bias, so it could not recompute it). Backward recomputes h = x·mask on the
+  fly from x and mask; nothing else is saved.
 
 Layouts: x, x_t, grad_y, mask and state are read through their strides (non-contiguous input,
 e.g. a channels-first [B, H, T] tensor transposed, is not copied). The weight is copied once per

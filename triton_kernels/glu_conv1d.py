@@ -29,8 +29,8 @@ Tiling
   step      one program per (batch tile, output-channel tile). The weight is read as its natural
             [2H, H·K] matrix (row o = weight[o].flatten(), index j = c·K + k, contiguous) and the
             window (state, x_t) is gathered in the same order, so decoding reads the weight once per
-            batch tile, without a per-step transposed copy; the same program also writes its channel slice of
-            the rolled state (new_state = window[1:]): one launch per step.
+            batch tile, without a per-step transposed copy; the same program also writes its
+            channel slice of the rolled state (new_state = window[1:]): one launch per step.
 
 Saved / recomputed
   aux = the pre-activation [B, T, 2H] = [a; b] (bias included), contiguous, in the input dtype (the

@@ -45,13 +45,14 @@ other non-contiguous views need no copy; the small parameters (weights, biases) 
 in the launcher. Inputs and the incoming gradient are never written. Outputs and gradients are
 contiguous and in the input dtype (fp32 / fp16 / bf16; fp64 also runs, e.g. in the interpreter).
 
-Precision: fp32 accumulation everywhere. fp16 / bf16 operands go to tensor cores; for fp32 inputs
+Precision: fp32 accumulation everywhere (fp64 for fp64 inputs, so gradcheck can run in the
+interpreter). fp16 / bf16 operands go to tensor cores; for fp32 inputs
 ``tl.dot`` uses TF32 only when ``torch.backends.cuda.matmul.allow_tf32`` is set (as torch's own
 matmul does), IEEE fp32 otherwise.
 
 Autotuning: block sizes and num_warps, keyed on the channel counts, K and a power-of-two bucket of
 the length (forward / grad_x) or of B * L (the split reductions). Under TRITON_INTERPRET=1 each
-kernel has a single small config (16-wide blocks) so the interpreter stays fast.
+kernel has a single small config (32 rows x 16 channels) so the interpreter stays fast.
 """
 import functools
 import os
@@ -74,18 +75,18 @@ def _configs(gpu: list, interpret: dict, names: Tuple[str, ...]) -> list:
 _FWD_CONFIGS = _configs(
     [(32, 64, 32, 4, 3), (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (128, 64, 32, 4, 3),
      (128, 128, 32, 8, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 2), (32, 128, 64, 4, 2)],
-    {"BLOCK_L": 16, "BLOCK_N": 16, "BLOCK_C": 16}, ("BLOCK_L", "BLOCK_N", "BLOCK_C"))
+    {"BLOCK_L": 32, "BLOCK_N": 16, "BLOCK_C": 16}, ("BLOCK_L", "BLOCK_N", "BLOCK_C"))
 _DH_CONFIGS = _configs(
     [(32, 64, 64, 4, 3), (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (64, 64, 64, 4, 3),
      (128, 64, 64, 8, 3), (128, 128, 32, 8, 2)],
-    {"BLOCK_L": 16, "BLOCK_N": 16, "BLOCK_C": 16}, ("BLOCK_L", "BLOCK_N", "BLOCK_C"))
+    {"BLOCK_L": 32, "BLOCK_N": 16, "BLOCK_C": 16}, ("BLOCK_L", "BLOCK_N", "BLOCK_C"))
 _DX_CONFIGS = _configs(
     [(32, 64, 4, 2), (64, 64, 4, 2), (32, 128, 4, 2), (64, 128, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2)],
-    {"BLOCK_L": 16, "BLOCK_C": 16}, ("BLOCK_L", "BLOCK_C"))
+    {"BLOCK_L": 32, "BLOCK_C": 16}, ("BLOCK_L", "BLOCK_C"))
 _DPW_CONFIGS = _configs(
     [(32, 64, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (32, 128, 128, 8, 2),
      (64, 128, 128, 8, 2), (128, 64, 64, 8, 2)],
-    {"BLOCK_L": 16, "BLOCK_N": 16, "BLOCK_C": 16}, ("BLOCK_L", "BLOCK_N", "BLOCK_C"))
+    {"BLOCK_L": 32, "BLOCK_N": 16, "BLOCK_C": 16}, ("BLOCK_L", "BLOCK_N", "BLOCK_C"))
 
 
 def _prune(configs: list, named_args: dict, **kwargs) -> list:
@@ -105,13 +106,14 @@ _PRUNE = {"early_config_prune": _prune}
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _depthwise_taps(src, w_ptr, offs_l, offs_c, c_ok, L, s_l, s_c, pad_left,
-                    K: tl.constexpr, FLIP: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
+                    K: tl.constexpr, FLIP: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
+                    ACC: tl.constexpr):
     """fp32 [BLOCK_L, BLOCK_C]: sum_k src[l + s_k, c] * w[c, k], rows outside [0, L) read as zero.
 
     s_k = k - pad_left is the forward depthwise conv; FLIP (s_k = pad_left - k) its transpose.
     w is the contiguous [C_in, K] depthwise weight.
     """
-    acc = tl.zeros((BLOCK_L, BLOCK_C), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_L, BLOCK_C), dtype=ACC)
     for k in tl.static_range(K):
         if FLIP:
             rows = offs_l + (pad_left - k)
@@ -120,17 +122,18 @@ def _depthwise_taps(src, w_ptr, offs_l, offs_c, c_ok, L, s_l, s_c, pad_left,
         ok = ((rows >= 0) & (rows < L))[:, None] & c_ok[None, :]
         v = tl.load(src + rows[:, None] * s_l + offs_c[None, :] * s_c, mask=ok, other=0.0)
         w = tl.load(w_ptr + offs_c * K + k, mask=c_ok, other=0.0)
-        acc += v.to(tl.float32) * w.to(tl.float32)[None, :]
+        acc += v.to(ACC) * w.to(ACC)[None, :]
     return acc
 
 
 @triton.jit
 def _depthwise_out(x_b, dww_ptr, dwb_ptr, offs_l, offs_c, c_ok, L, s_xl, s_xc, pad_left,
-                   K: tl.constexpr, HAS_DW_BIAS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
+                   K: tl.constexpr, HAS_DW_BIAS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr,
+                   ACC: tl.constexpr):
     """h = dw(x) + dw_bias for one [BLOCK_L, BLOCK_C] tile of batch row x_b, fp32."""
-    h = _depthwise_taps(x_b, dww_ptr, offs_l, offs_c, c_ok, L, s_xl, s_xc, pad_left, K, False, BLOCK_L, BLOCK_C)
+    h = _depthwise_taps(x_b, dww_ptr, offs_l, offs_c, c_ok, L, s_xl, s_xc, pad_left, K, False, BLOCK_L, BLOCK_C, ACC)
     if HAS_DW_BIAS:
-        h += tl.load(dwb_ptr + offs_c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+        h += tl.load(dwb_ptr + offs_c, mask=c_ok, other=0.0).to(ACC)[None, :]
     return h
 
 
@@ -145,6 +148,19 @@ def _masked_grad(gy_ptr, bits_ptr, b, offs_l, offs_n, L, C_out, s_gb, s_gl, s_gn
         on = ((byte.to(tl.int32) >> (offs_n % 8)[None, :]) & 1) != 0
         g = tl.where(on, g, tl.zeros_like(g))
     return g
+
+
+@triton.jit
+def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b with fp32 accumulation.
+
+    UPCAST (set only for bf16 under TRITON_INTERPRET=1): the interpreter (triton 3.9) multiplies bf16
+    operands as their raw uint16 bits, so they go in as fp32 there -- the same products, since a
+    product of two bf16 values is exact in fp32.
+    """
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -163,7 +179,8 @@ def _fwd_kernel(x_ptr, dww_ptr, dwb_ptr, pww_ptr, pwb_ptr, res_ptr, y_ptr, bits_
                 L, C_in, C_out, L_BUCKET, pad_left,
                 s_xb, s_xl, s_xc, s_rb, s_rl, s_rc,
                 K: tl.constexpr, HAS_DW_BIAS: tl.constexpr, HAS_PW_BIAS: tl.constexpr,
-                HAS_RES: tl.constexpr, RELU: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                HAS_RES: tl.constexpr, RELU: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_l = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -174,18 +191,18 @@ def _fwd_kernel(x_ptr, dww_ptr, dwb_ptr, pww_ptr, pwb_ptr, res_ptr, y_ptr, bits_
     n_ok = offs_n < C_out
     x_b = x_ptr + b * s_xb
 
-    acc = tl.zeros((BLOCK_L, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_L, BLOCK_N), dtype=ACC)
     for c0 in range(0, C_in, BLOCK_C):
         offs_c = c0 + tl.arange(0, BLOCK_C)
         c_ok = offs_c < C_in
         h = _depthwise_out(x_b, dww_ptr, dwb_ptr, offs_l, offs_c, c_ok, L, s_xl, s_xc, pad_left,
-                           K, HAS_DW_BIAS, BLOCK_L, BLOCK_C)
+                           K, HAS_DW_BIAS, BLOCK_L, BLOCK_C, ACC)
         w = tl.load(pww_ptr + offs_n[None, :] * C_in + offs_c[:, None], mask=c_ok[:, None] & n_ok[None, :],
                     other=0.0)  # [BLOCK_C, BLOCK_N] = pw_weight^T slice
-        acc = tl.dot(h.to(w.dtype), w, acc, input_precision=DOT_PRECISION)
+        acc = _dot(h.to(w.dtype), w, acc, DOT_PRECISION, DOT_UPCAST)
 
     if HAS_PW_BIAS:
-        acc += tl.load(pwb_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(pwb_ptr + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
     if RELU:
         # Pack the mask 8 channels per byte: bits are distinct, so the sum is an OR.
         bits = tl.where(acc > 0, 1, 0) << (tl.arange(0, BLOCK_N) % 8)[None, :]
@@ -198,7 +215,7 @@ def _fwd_kernel(x_ptr, dww_ptr, dwb_ptr, pww_ptr, pwb_ptr, res_ptr, y_ptr, bits_
     out_ok = l_ok[:, None] & n_ok[None, :]
     if HAS_RES:
         res = tl.load(res_ptr + b * s_rb + offs_l[:, None] * s_rl + offs_n[None, :] * s_rc, mask=out_ok, other=0.0)
-        acc += res.to(tl.float32)
+        acc += res.to(ACC)
     tl.store(y_ptr + (b * L + offs_l)[:, None] * C_out + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=out_ok)
 
@@ -209,7 +226,7 @@ def _bwd_dh_kernel(gy_ptr, bits_ptr, x_ptr, pww_ptr, gh_ptr, pdwb_ptr, pdww_ptr,
                    B, L, C_in, C_out, ROWS_BUCKET, pad_left,
                    s_gb, s_gl, s_gn, s_xb, s_xl, s_xc,
                    K: tl.constexpr, K_P2: tl.constexpr, HAS_DW_BIAS: tl.constexpr, RELU: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC: tl.constexpr,
                    BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_s = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -219,18 +236,18 @@ def _bwd_dh_kernel(gy_ptr, bits_ptr, x_ptr, pww_ptr, gh_ptr, pdwb_ptr, pdww_ptr,
     n_lt = tl.cdiv(L, BLOCK_L)
     start, stop = _split_range(B * n_lt, pid_s, tl.num_programs(0))
 
-    acc_db = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    acc_dw = tl.zeros((K_P2, BLOCK_C), dtype=tl.float32)
+    acc_db = tl.zeros((BLOCK_C,), dtype=ACC)
+    acc_dw = tl.zeros((K_P2, BLOCK_C), dtype=ACC)
     for t in range(start, stop):
         b = (t // n_lt).to(tl.int64)
         offs_l = (t % n_lt) * BLOCK_L + tl.arange(0, BLOCK_L)
-        gh = tl.zeros((BLOCK_L, BLOCK_C), dtype=tl.float32)
+        gh = tl.zeros((BLOCK_L, BLOCK_C), dtype=ACC)
         for n0 in range(0, C_out, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             g = _masked_grad(gy_ptr, bits_ptr, b, offs_l, offs_n, L, C_out, s_gb, s_gl, s_gn, RELU)
             w = tl.load(pww_ptr + offs_n[:, None] * C_in + offs_c[None, :],
                         mask=(offs_n < C_out)[:, None] & c_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_C]
-            gh = tl.dot(g, w, gh, input_precision=DOT_PRECISION)
+            gh = _dot(g, w, gh, DOT_PRECISION, DOT_UPCAST)
         # Rows past L have g = 0, hence gh = 0: they add nothing to the partials below.
         tl.store(gh_ptr + (b * L + offs_l)[:, None] * C_in + offs_c[None, :], gh,
                  mask=(offs_l < L)[:, None] & c_ok[None, :])
@@ -240,7 +257,7 @@ def _bwd_dh_kernel(gy_ptr, bits_ptr, x_ptr, pww_ptr, gh_ptr, pdwb_ptr, pdww_ptr,
             rows = offs_l + (k - pad_left)
             ok = ((rows >= 0) & (rows < L))[:, None] & c_ok[None, :]
             xs = tl.load(x_b + rows[:, None] * s_xl + offs_c[None, :] * s_xc, mask=ok, other=0.0)
-            acc_dw += tl.where(taps[:, None] == k, tl.sum(gh * xs.to(tl.float32), axis=0)[None, :], 0.0)
+            acc_dw += tl.where(taps[:, None] == k, tl.sum(gh * xs.to(ACC), axis=0)[None, :], 0.0)
 
     tl.store(pdww_ptr + pid_s * C_in * K + offs_c[None, :] * K + taps[:, None], acc_dw,
              mask=(taps < K)[:, None] & c_ok[None, :])
@@ -251,7 +268,7 @@ def _bwd_dh_kernel(gy_ptr, bits_ptr, x_ptr, pww_ptr, gh_ptr, pdwb_ptr, pdww_ptr,
 @triton.autotune(configs=_DX_CONFIGS, key=["C_in", "K", "L_BUCKET"], prune_configs_by=_PRUNE)
 @triton.jit
 def _bwd_dx_kernel(gh_ptr, dww_ptr, gx_ptr, L, C_in, L_BUCKET, pad_left,
-                   K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
+                   K: tl.constexpr, ACC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_l = tl.program_id(0)
     pid_c = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -259,7 +276,7 @@ def _bwd_dx_kernel(gh_ptr, dww_ptr, gx_ptr, L, C_in, L_BUCKET, pad_left,
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C_in
     gx = _depthwise_taps(gh_ptr + b * L * C_in, dww_ptr, offs_l, offs_c, c_ok, L, C_in, 1, pad_left,
-                         K, True, BLOCK_L, BLOCK_C)
+                         K, True, BLOCK_L, BLOCK_C, ACC)
     tl.store(gx_ptr + (b * L + offs_l)[:, None] * C_in + offs_c[None, :], gx.to(gx_ptr.dtype.element_ty),
              mask=(offs_l < L)[:, None] & c_ok[None, :])
 
@@ -270,7 +287,7 @@ def _bwd_dpw_kernel(gy_ptr, bits_ptr, x_ptr, dww_ptr, dwb_ptr, ppw_ptr, ppwb_ptr
                     B, L, C_in, C_out, ROWS_BUCKET, pad_left,
                     s_gb, s_gl, s_gn, s_xb, s_xl, s_xc,
                     K: tl.constexpr, HAS_DW_BIAS: tl.constexpr, HAS_PW_BIAS: tl.constexpr, RELU: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC: tl.constexpr,
                     BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_s = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -282,17 +299,17 @@ def _bwd_dpw_kernel(gy_ptr, bits_ptr, x_ptr, dww_ptr, dwb_ptr, ppw_ptr, ppwb_ptr
     n_lt = tl.cdiv(L, BLOCK_L)
     start, stop = _split_range(B * n_lt, pid_s, tl.num_programs(0))
 
-    acc = tl.zeros((BLOCK_N, BLOCK_C), dtype=tl.float32)
-    acc_b = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_C), dtype=ACC)
+    acc_b = tl.zeros((BLOCK_N,), dtype=ACC)
     for t in range(start, stop):
         b = (t // n_lt).to(tl.int64)
         offs_l = (t % n_lt) * BLOCK_L + tl.arange(0, BLOCK_L)
         g = _masked_grad(gy_ptr, bits_ptr, b, offs_l, offs_n, L, C_out, s_gb, s_gl, s_gn, RELU)
         # Rows past L hold h = dw_bias but g = 0 there, so they add nothing.
         h = _depthwise_out(x_ptr + b * s_xb, dww_ptr, dwb_ptr, offs_l, offs_c, c_ok, L, s_xl, s_xc, pad_left,
-                           K, HAS_DW_BIAS, BLOCK_L, BLOCK_C)
-        acc = tl.dot(tl.trans(g), h.to(g.dtype), acc, input_precision=DOT_PRECISION)
-        acc_b += tl.sum(g.to(tl.float32), axis=0)
+                           K, HAS_DW_BIAS, BLOCK_L, BLOCK_C, ACC)
+        acc = _dot(tl.trans(g), h.to(g.dtype), acc, DOT_PRECISION, DOT_UPCAST)
+        acc_b += tl.sum(g.to(ACC), axis=0)
 
     tl.store(ppw_ptr + pid_s * C_out * C_in + offs_n[:, None] * C_in + offs_c[None, :], acc,
              mask=n_ok[:, None] & c_ok[None, :])
@@ -309,10 +326,16 @@ def _bucket(n: int, cap: int) -> int:
     return min(triton.next_power_of_2(max(n, 1)), cap)
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
-        return "tf32"
-    return "ieee"
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype: fp32, or fp64 for fp64 inputs (gradcheck)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _dtype_args(dtype: torch.dtype) -> dict:
+    """The dtype-dependent constexprs of the kernels: accumulator dtype, dot precision (see ``_dot``)."""
+    tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    return {"DOT_PRECISION": "tf32" if tf32 else "ieee", "DOT_UPCAST": _INTERPRET and dtype == torch.bfloat16,
+            "ACC": tl.float64 if dtype == torch.float64 else tl.float32}
 
 
 @functools.lru_cache(maxsize=None)
@@ -356,7 +379,7 @@ def _dwsep_fwd(x: torch.Tensor, dw_weight: torch.Tensor, dw_bias: Optional[torch
         L, C_in, C_out, _bucket(L, 1024), pad_left,
         x.stride(0), x.stride(1), x.stride(2), res.stride(0), res.stride(1), res.stride(2),
         K=K, HAS_DW_BIAS=dw_bias is not None, HAS_PW_BIAS=pw_bias is not None, HAS_RES=residual is not None,
-        RELU=relu, DOT_PRECISION=_dot_precision(x.dtype))
+        RELU=relu, **_dtype_args(x.dtype))
     return y, aux
 
 
@@ -370,7 +393,7 @@ def _dwsep_bwd(grad_y: torch.Tensor, x: torch.Tensor, dw_weight: torch.Tensor, d
         raise ValueError(f"dwsep_conv1d: grad_y must have shape {(B, L, C_out)}, got {tuple(grad_y.shape)}")
     if relu and aux.shape != (B, L, triton.cdiv(C_out, 8)):
         raise ValueError("dwsep_conv1d: aux is not the ReLU mask saved by dwsep_conv1d_fwd with these shapes")
-    dev, f32 = x.device, torch.float32
+    dev, acc = x.device, _acc_dtype(x.dtype)
     grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
     if B * L == 0:  # no rows: zero gradients, and no empty grid to launch
         grad_x.zero_()
@@ -380,31 +403,31 @@ def _dwsep_bwd(grad_y: torch.Tensor, x: torch.Tensor, dw_weight: torch.Tensor, d
                 zero_like(pw_weight), empty if pw_bias is None else zero_like(pw_bias))
     dww, pww = dw_weight.contiguous(), pw_weight.contiguous()
     dwb = x if dw_bias is None else dw_bias.contiguous()
-    precision = _dot_precision(x.dtype)
+    dtype_args = _dtype_args(x.dtype)
     rows_bucket = _bucket(B * L, 1 << 16)
     strides = (grad_y.stride(0), grad_y.stride(1), grad_y.stride(2), x.stride(0), x.stride(1), x.stride(2))
 
     # grad_h (fp32 scratch) and the depthwise weight / bias partials.
-    gh = torch.empty((B, L, C_in), dtype=f32, device=dev)
+    gh = torch.empty((B, L, C_in), dtype=acc, device=dev)
     s_dh = _num_splits(dev, B, L, triton.cdiv(C_in, 64))
-    p_dww = torch.empty((s_dh, C_in, K), dtype=f32, device=dev)
-    p_dwb = torch.empty((s_dh, C_in) if dw_bias is not None else (0,), dtype=f32, device=dev)
+    p_dww = torch.empty((s_dh, C_in, K), dtype=acc, device=dev)
+    p_dwb = torch.empty((s_dh, C_in) if dw_bias is not None else (0,), dtype=acc, device=dev)
     _bwd_dh_kernel[lambda meta: (s_dh, triton.cdiv(C_in, meta["BLOCK_C"]))](
         grad_y, aux, x, pww, gh, p_dwb, p_dww, B, L, C_in, C_out, rows_bucket, pad_left, *strides,
-        K=K, K_P2=triton.next_power_of_2(K), HAS_DW_BIAS=dw_bias is not None, RELU=relu, DOT_PRECISION=precision)
+        K=K, K_P2=triton.next_power_of_2(K), HAS_DW_BIAS=dw_bias is not None, RELU=relu, **dtype_args)
 
     # grad_x: the transposed depthwise conv of grad_h.
     _bwd_dx_kernel[lambda meta: (triton.cdiv(L, meta["BLOCK_L"]), triton.cdiv(C_in, meta["BLOCK_C"]), B)](
-        gh, dww, grad_x, L, C_in, _bucket(L, 1024), pad_left, K=K)
+        gh, dww, grad_x, L, C_in, _bucket(L, 1024), pad_left, K=K, ACC=dtype_args["ACC"])
 
     # Pointwise weight / bias partials, h recomputed from x.
     s_pw = _num_splits(dev, B, L, triton.cdiv(C_out, 64) * triton.cdiv(C_in, 64))
-    p_pw = torch.empty((s_pw, C_out, C_in), dtype=f32, device=dev)
-    p_pwb = torch.empty((s_pw, C_out) if pw_bias is not None else (0,), dtype=f32, device=dev)
+    p_pw = torch.empty((s_pw, C_out, C_in), dtype=acc, device=dev)
+    p_pwb = torch.empty((s_pw, C_out) if pw_bias is not None else (0,), dtype=acc, device=dev)
     _bwd_dpw_kernel[lambda meta: (s_pw, triton.cdiv(C_out, meta["BLOCK_N"]), triton.cdiv(C_in, meta["BLOCK_C"]))](
         grad_y, aux, x, dww, dwb, p_pw, p_pwb, B, L, C_in, C_out, rows_bucket, pad_left, *strides,
         K=K, HAS_DW_BIAS=dw_bias is not None, HAS_PW_BIAS=pw_bias is not None, RELU=relu,
-        DOT_PRECISION=precision)
+        **dtype_args)
 
     dtype = x.dtype
     grad_dw_weight = p_dww.sum(0).to(dtype).view(dw_weight.shape)

@@ -182,11 +182,22 @@ def test_zero_length_gives_empty_output_and_zero_grads():
         assert g.shape == p.shape and not g.any()
 
 
-@pytest.mark.parametrize("pad_left", [-1, 3])
-def test_bad_pad_left_raises(pad_left):
-    x, dw_w, dw_b, pw_w, pw_b, res = make_inputs(1, 4, 8, 8, 3)
-    with pytest.raises(ValueError, match="pad_left"):
-        FWD(x, dw_w, dw_b, pw_w, pw_b, res, pad_left, False)
+def test_bad_arguments_raise():
+    x, dw_w, dw_b, pw_w, pw_b, res = make_inputs(1, 4, 8, 6, 3)
+    for pad_left in (-1, 3):
+        with pytest.raises(ValueError, match="pad_left"):
+            FWD(x, dw_w, dw_b, pw_w, pw_b, res, pad_left, False)
+    with pytest.raises(ValueError, match="residual"):
+        FWD(x, dw_w, dw_b, pw_w, pw_b, res[:, :, :5], 1, False)
+    with pytest.raises(ValueError, match="pw_weight"):
+        FWD(x, dw_w, dw_b, pw_w[:, :7], pw_b, res, 1, False)
+    with pytest.raises(TypeError, match="dw_weight"):
+        FWD(x, dw_w.double(), dw_b, pw_w, pw_b, res, 1, False)
+    y, aux = FWD(x, dw_w, dw_b, pw_w, pw_b, res, 1, True)
+    with pytest.raises(ValueError, match="aux"):
+        BWD(y, x, dw_w, dw_b, pw_w, pw_b, aux[:, :2], 1, True)
+    with pytest.raises(ValueError, match="grad_y"):
+        BWD(y[:, :3], x, dw_w, dw_b, pw_w, pw_b, aux, 1, True)
 
 
 @pytest.mark.parametrize("relu", [False, True])

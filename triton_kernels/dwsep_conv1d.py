@@ -62,6 +62,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fastqa._checks import check_optional, check_tensor
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -159,8 +161,10 @@ def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     product of two bf16 values is exact in fp32.
     """
     if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    return acc
 
 
 @triton.jit
@@ -352,21 +356,27 @@ def _num_splits(device: torch.device, B: int, L: int, programs_per_split: int) -
     return max(1, min(B * triton.cdiv(L, 16), triton.cdiv(target, programs_per_split)))
 
 
-def _check_common(x: torch.Tensor, dw_weight: torch.Tensor, pw_weight: torch.Tensor, pad_left: int) -> None:
-    if x.dim() != 3 or dw_weight.dim() != 3 or pw_weight.dim() != 3:
-        raise ValueError("dwsep_conv1d: x, dw_weight and pw_weight must be 3-D ([B, L, C_in], [C_in, 1, K], "
-                         f"[C_out, C_in, 1]), got {tuple(x.shape)}, {tuple(dw_weight.shape)}, {tuple(pw_weight.shape)}")
-    K = dw_weight.shape[-1]
-    if not 0 <= pad_left <= K - 1:
-        raise ValueError(f"dwsep_conv1d: pad_left must be in [0, K - 1] = [0, {K - 1}], got {pad_left}")
+def _check_args(x: torch.Tensor, dw_weight: torch.Tensor, dw_bias: Optional[torch.Tensor],
+                pw_weight: torch.Tensor, pw_bias: Optional[torch.Tensor], pad_left: int) -> None:
+    """Shapes, dtypes and devices the kernels rely on (they read by these sizes, unchecked)."""
+    check_tensor("x", x, ndim=3)
+    C_in = x.shape[2]
+    check_tensor("dw_weight", dw_weight, shape=(C_in, 1, None), like=x)
+    check_tensor("pw_weight", pw_weight, shape=(None, C_in, 1), like=x)
+    check_optional("dw_bias", dw_bias, shape=(C_in,), like=x)
+    check_optional("pw_bias", pw_bias, shape=(pw_weight.shape[0],), like=x)
+    K = dw_weight.shape[2]
+    if K < 1 or not 0 <= pad_left <= K - 1:
+        raise ValueError(f"pad_left must be in [0, K - 1] = [0, {K - 1}], got {pad_left}")
 
 
 def _dwsep_fwd(x: torch.Tensor, dw_weight: torch.Tensor, dw_bias: Optional[torch.Tensor],
                pw_weight: torch.Tensor, pw_bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
                pad_left: int, relu: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    _check_common(x, dw_weight, pw_weight, pad_left)
+    _check_args(x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left)
     B, L, C_in = x.shape
     C_out, K = pw_weight.shape[0], dw_weight.shape[-1]
+    check_optional("residual", residual, shape=(B, L, C_out), like=x)
     y = torch.empty((B, L, C_out), dtype=x.dtype, device=x.device)
     aux = torch.empty((B, L, triton.cdiv(C_out, 8)) if relu else (0,), dtype=torch.uint8, device=x.device)
     if y.numel() == 0:
@@ -386,13 +396,12 @@ def _dwsep_fwd(x: torch.Tensor, dw_weight: torch.Tensor, dw_bias: Optional[torch
 def _dwsep_bwd(grad_y: torch.Tensor, x: torch.Tensor, dw_weight: torch.Tensor, dw_bias: Optional[torch.Tensor],
                pw_weight: torch.Tensor, pw_bias: Optional[torch.Tensor], aux: torch.Tensor, pad_left: int,
                relu: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    _check_common(x, dw_weight, pw_weight, pad_left)
+    _check_args(x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left)
     B, L, C_in = x.shape
     C_out, K = pw_weight.shape[0], dw_weight.shape[-1]
-    if grad_y.shape != (B, L, C_out):
-        raise ValueError(f"dwsep_conv1d: grad_y must have shape {(B, L, C_out)}, got {tuple(grad_y.shape)}")
-    if relu and aux.shape != (B, L, triton.cdiv(C_out, 8)):
-        raise ValueError("dwsep_conv1d: aux is not the ReLU mask saved by dwsep_conv1d_fwd with these shapes")
+    check_tensor("grad_y", grad_y, shape=(B, L, C_out), like=x)
+    if relu:
+        check_tensor("aux", aux, shape=(B, L, triton.cdiv(C_out, 8)), dtype=torch.uint8, floating=False, like=x)
     dev, acc = x.device, _acc_dtype(x.dtype)
     grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
     if B * L == 0:  # no rows: zero gradients, and no empty grid to launch

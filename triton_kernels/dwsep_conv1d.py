@@ -93,7 +93,7 @@ _DPW_CONFIGS = _configs(
 
 def _prune(configs: list, named_args: dict, **kwargs) -> list:
     """Drop configs whose channel blocks exceed the (power-of-two rounded) channel counts: they only
-    add masked lanes. Keeps at least the smallest config."""
+    add masked lanes. Falls back to the first config if none is left."""
     limits = {"BLOCK_N": named_args.get("C_out"), "BLOCK_C": named_args.get("C_in")}
     kept = [c for c in configs
             if all(c.kwargs.get(k, 0) <= max(16, triton.next_power_of_2(v)) for k, v in limits.items() if v)]
@@ -178,7 +178,7 @@ def _split_range(n_tiles, pid_s, n_split):
 # Kernels
 # ----------------------------------------------------------------------------------------------------
 @triton.autotune(configs=_FWD_CONFIGS, key=["C_in", "C_out", "K", "L_BUCKET"], prune_configs_by=_PRUNE)
-@triton.jit
+@triton.jit(do_not_specialize=["L_BUCKET"])  # a tuning key only, never read
 def _fwd_kernel(x_ptr, dww_ptr, dwb_ptr, pww_ptr, pwb_ptr, res_ptr, y_ptr, bits_ptr,
                 L, C_in, C_out, L_BUCKET, pad_left,
                 s_xb, s_xl, s_xc, s_rb, s_rl, s_rc,
@@ -225,7 +225,7 @@ def _fwd_kernel(x_ptr, dww_ptr, dwb_ptr, pww_ptr, pwb_ptr, res_ptr, y_ptr, bits_
 
 
 @triton.autotune(configs=_DH_CONFIGS, key=["C_in", "C_out", "K", "ROWS_BUCKET"], prune_configs_by=_PRUNE)
-@triton.jit
+@triton.jit(do_not_specialize=["ROWS_BUCKET"])  # a tuning key only, never read
 def _bwd_dh_kernel(gy_ptr, bits_ptr, x_ptr, pww_ptr, gh_ptr, pdwb_ptr, pdww_ptr,
                    B, L, C_in, C_out, ROWS_BUCKET, pad_left,
                    s_gb, s_gl, s_gn, s_xb, s_xl, s_xc,
@@ -270,7 +270,7 @@ def _bwd_dh_kernel(gy_ptr, bits_ptr, x_ptr, pww_ptr, gh_ptr, pdwb_ptr, pdww_ptr,
 
 
 @triton.autotune(configs=_DX_CONFIGS, key=["C_in", "K", "L_BUCKET"], prune_configs_by=_PRUNE)
-@triton.jit
+@triton.jit(do_not_specialize=["L_BUCKET"])  # a tuning key only, never read
 def _bwd_dx_kernel(gh_ptr, dww_ptr, gx_ptr, L, C_in, L_BUCKET, pad_left,
                    K: tl.constexpr, ACC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_l = tl.program_id(0)
@@ -286,7 +286,7 @@ def _bwd_dx_kernel(gh_ptr, dww_ptr, gx_ptr, L, C_in, L_BUCKET, pad_left,
 
 
 @triton.autotune(configs=_DPW_CONFIGS, key=["C_in", "C_out", "K", "ROWS_BUCKET"], prune_configs_by=_PRUNE)
-@triton.jit
+@triton.jit(do_not_specialize=["ROWS_BUCKET"])  # a tuning key only, never read
 def _bwd_dpw_kernel(gy_ptr, bits_ptr, x_ptr, dww_ptr, dwb_ptr, ppw_ptr, ppwb_ptr,
                     B, L, C_in, C_out, ROWS_BUCKET, pad_left,
                     s_gb, s_gl, s_gn, s_xb, s_xl, s_xc,

@@ -7,6 +7,7 @@ with several tiles or none. The reference runs in float64 on the same (rounded) 
 """
 import pytest
 import torch
+import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
@@ -17,7 +18,9 @@ from helpers import assert_close  # noqa: E402
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 FWD = torch.ops.fastqa_triton.dwsep_conv1d_fwd
 BWD = torch.ops.fastqa_triton.dwsep_conv1d_bwd
-GRAD_NAMES = ("x", "dw_weight", "dw_bias", "pw_weight", "pw_bias")
+LN_FWD = torch.ops.fastqa_triton.ln_dwsep_conv1d_fwd
+LN_BWD = torch.ops.fastqa_triton.ln_dwsep_conv1d_bwd
+GRAD_NAMES = ("x", "dw_weight", "dw_bias", "pw_weight", "pw_bias", "ln_weight", "ln_bias")
 
 # (atol, rtol) of a kernel in this dtype vs the float64 reference; atol is relative to the largest
 # reference magnitude (weight gradients are sums over B * L rows).
@@ -59,8 +62,16 @@ def relu_mask(aux, C_out):
     return bits.flatten(-2)[..., :C_out].bool()
 
 
-def reference_and_grads(args, padding, grad_y, mask=None):
-    """float64 reference output and the gradients of (x, dw_weight, dw_bias, pw_weight, pw_bias).
+def pre_activation(x, dw_w, dw_b, pw_w, pw_b, padding, ln=None):
+    """pw(dw(x)) + biases, with ln = (ln_weight, ln_bias, eps) the LayerNorm applied to x first."""
+    if ln is not None:
+        x = F.layer_norm(x, (x.shape[-1],), ln[0], ln[1], ln[2])
+    return reference(x, dw_w, pw_w, pw_b, dw_bias=dw_b, padding=padding)
+
+
+def reference_and_grads(args, padding, grad_y, mask=None, ln=None):
+    """float64 reference output and the gradients of (x, dw_weight, dw_bias, pw_weight, pw_bias), then
+    with ln = (ln_weight, ln_bias, eps) of (ln_weight, ln_bias).
 
     mask: None for no activation, else the ReLU mask to apply. A kernel's low-precision
     pre-activation can differ in sign from the exact one where it is ~0, which flips a gradient
@@ -68,8 +79,9 @@ def reference_and_grads(args, padding, grad_y, mask=None):
     the exact pre-activation away from 0 is checked separately by ``check_mask``).
     """
     x, dw_w, dw_b, pw_w, pw_b, res = [None if a is None else a.detach().double() for a in args]
-    leaves = [t.requires_grad_() if t is not None else None for t in (x, dw_w, dw_b, pw_w, pw_b)]
-    y = reference(x, dw_w, pw_w, pw_b, dw_bias=dw_b, padding=padding)
+    params = (x, dw_w, dw_b, pw_w, pw_b) + ((ln[0].double(), ln[1].double()) if ln is not None else ())
+    leaves = [t.requires_grad_() if t is not None else None for t in params]
+    y = pre_activation(*leaves[:5], padding, None if ln is None else (*leaves[5:], ln[2]))
     if mask is not None:
         y = y * mask
     if res is not None:
@@ -79,10 +91,11 @@ def reference_and_grads(args, padding, grad_y, mask=None):
     return y.detach(), [next(grads) if t is not None else None for t in leaves]
 
 
-def check_mask(mask, args, padding, dtype):
+def check_mask(mask, args, padding, dtype, ln=None):
     """The saved mask equals [exact pre-activation > 0] wherever that is clear of rounding."""
     x, dw_w, dw_b, pw_w, pw_b, _ = [None if a is None else a.double() for a in args]
-    pre = reference(x, dw_w, pw_w, pw_b, dw_bias=dw_b, padding=padding)
+    pre = pre_activation(x, dw_w, dw_b, pw_w, pw_b, padding,
+                         None if ln is None else (ln[0].double(), ln[1].double(), ln[2]))
     clear = pre.abs() > 4 * TOL[dtype][0] * max(1.0, pre.abs().max().item())
     assert torch.equal(mask[clear], (pre > 0)[clear]), "ReLU mask in aux disagrees with the pre-activation sign"
 
@@ -94,24 +107,42 @@ def close(got, want, name, dtype):
     assert_close(got.double(), want, name=name, atol=atol * scale, rtol=rtol)
 
 
-def check_case(B, L, C_in, C_out, K, padding, relu, *, dtype=torch.float32, **flags):
+def check_case(B, L, C_in, C_out, K, padding, relu, *, dtype=torch.float32, layer_norm=False, **flags):
+    """Forward, aux and every gradient of the kernels against the float64 reference.
+
+    layer_norm: the fused pre-LayerNorm variant (ln_dwsep_conv1d_fwd / _bwd) instead.
+    """
     args = make_inputs(B, L, C_in, C_out, K, dtype=dtype, **flags)
     pad_left = conv_padding(K, padding)[0]
     grad_y = grad_output(B, L, C_out, dtype)
-
-    y, aux = FWD(*args, pad_left, relu)
+    x, dw_w, dw_b, pw_w, pw_b, res = args
+    ln = None
+    if layer_norm:
+        g = torch.Generator().manual_seed(1)
+        ln = ((1 + 0.3 * torch.randn(C_in, generator=g)).to(DEVICE, dtype),
+              (0.3 * torch.randn(C_in, generator=g)).to(DEVICE, dtype), 1e-5)
+        y, aux, stats = LN_FWD(x, ln[0], ln[1], ln[2], dw_w, dw_b, pw_w, pw_b, res, pad_left, relu)
+        xd = x.double()
+        close(stats[:, 0].to(dtype), xd.mean(-1), "LayerNorm mean", dtype)
+        close(stats[:, 1].to(dtype), (xd.var(-1, unbiased=False) + ln[2]).rsqrt(), "LayerNorm rstd", dtype)
+    else:
+        y, aux = FWD(*args, pad_left, relu)
     mask = None
     if relu:
         assert aux.shape == (B, L, (C_out + 7) // 8) and aux.dtype == torch.uint8
         mask = relu_mask(aux, C_out)
-        check_mask(mask, args, padding, dtype)
+        check_mask(mask, args, padding, dtype, ln)
     else:
         assert aux.numel() == 0
-    want_y, want_grads = reference_and_grads(args, padding, grad_y, mask)
+    want_y, want_grads = reference_and_grads(args, padding, grad_y, mask, ln)
     close(y, want_y, "y", dtype)
-    x, dw_w, dw_b, pw_w, pw_b, _ = args
-    grads = BWD(grad_y, x, dw_w, dw_b, pw_w, pw_b, aux, pad_left, relu)
-    assert len(grads) == 5
+    if layer_norm:
+        g = LN_BWD(grad_y, x, ln[0], ln[1], dw_w, dw_b, pw_w, pw_b, aux, stats, pad_left, relu)
+        assert len(g) == 7
+        grads = (g[0],) + tuple(g[3:]) + (g[1], g[2])  # to the reference's order
+    else:
+        grads = BWD(grad_y, x, dw_w, dw_b, pw_w, pw_b, aux, pad_left, relu)
+        assert len(grads) == 5
     for name, got, want in zip(GRAD_NAMES, grads, want_grads):
         if want is None:
             assert got.numel() == 0, f"grad of absent {name} must be empty, got shape {tuple(got.shape)}"
@@ -146,6 +177,17 @@ def test_fwd_bwd_match_reference_half(B, L, C_in, C_out, K, padding, relu, flags
 
 def test_fwd_bwd_float64_tight():
     check_case(2, 19, 20, 18, 5, "same", True, dtype=torch.float64)
+
+
+# The fused pre-LayerNorm variant (stretch): whole rows per tile in its grad_x kernel.
+@pytest.mark.parametrize("dtype,B,L,C_in,C_out,K,padding,relu,flags", [
+    (torch.float32, 2, 33, 24, 20, 5, "same", True, dict(strided=True)),
+    (torch.float32, 1, 7, 32, 32, 7, "causal", False, dict(dw_bias=False, pw_bias=False, residual=False)),
+    (torch.bfloat16, 1, 40, 20, 12, 3, "same", True, dict()),
+    (torch.float64, 2, 19, 16, 18, 4, "same", True, dict(dw_bias=False)),
+])
+def test_layer_norm_variant(dtype, B, L, C_in, C_out, K, padding, relu, flags):
+    check_case(B, L, C_in, C_out, K, padding, relu, dtype=dtype, layer_norm=True, **flags)
 
 
 def test_relu_mask_padding_bits_are_zero():
@@ -209,6 +251,14 @@ def test_opcheck(relu):
     torch.library.opcheck(BWD, (torch.randn_like(y), x, dw_w, dw_b, pw_w, pw_b, aux, 1, relu))
 
 
+def test_opcheck_layer_norm_variant():
+    x, dw_w, dw_b, pw_w, pw_b, res = make_inputs(1, 6, 8, 8, 3)
+    ln_w, ln_b = torch.rand(8, device=DEVICE) + 0.5, torch.randn(8, device=DEVICE)
+    torch.library.opcheck(LN_FWD, (x, ln_w, ln_b, 1e-5, dw_w, dw_b, pw_w, pw_b, res, 1, True))
+    y, aux, stats = LN_FWD(x, ln_w, ln_b, 1e-5, dw_w, dw_b, pw_w, pw_b, res, 1, True)
+    torch.library.opcheck(LN_BWD, (torch.randn_like(y), x, ln_w, ln_b, dw_w, dw_b, pw_w, pw_b, aux, stats, 1, True))
+
+
 def test_compile_fullgraph_traces_through():
     """No graph break around the custom ops (aot_eager: tracing and fake tensors, no codegen)."""
     args = make_inputs(1, 10, 16, 16, 3)
@@ -236,6 +286,11 @@ class TestGPU:
     @pytest.mark.parametrize("B,L,C_in,C_out,K", SHAPES)
     def test_model_shapes(self, B, L, C_in, C_out, K, dtype):
         check_case(B, L, C_in, C_out, K, "same", True, dtype=dtype)
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+    @pytest.mark.parametrize("L,K", [(400, 7), (50, 5)])
+    def test_layer_norm_variant_model_shapes(self, L, K, dtype):
+        check_case(32, L, 128, 128, K, "same", True, dtype=dtype, layer_norm=True)
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
     def test_causal_no_bias_strided(self, dtype):

@@ -514,7 +514,9 @@ def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Te
     dev, acc = x.device, _acc_dtype(x.dtype)
     if ln is not None:
         _check_ln(x, ln[0], ln[1])
-        check_tensor("ln_stats", ln[2], shape=(B, 2, L), dtype=acc, like=x)
+        check_tensor("ln_stats", ln[2], shape=(B, 2, L), dtype=acc)
+        if ln[2].device != dev:
+            raise ValueError(f"ln_stats must be on {dev} like the input, got {ln[2].device}")
     absent = lambda: x.new_empty(0)  # noqa: E731  (a fresh one each: outputs must not alias)
     if B * L == 0:  # no rows: zero gradients, and no empty grid to launch
         zero = lambda t: torch.zeros_like(t, memory_format=torch.contiguous_format)  # noqa: E731

@@ -12,6 +12,17 @@ Importing this module registers the custom ops (CUDA tensors; CPU tensors under 
                                     pad_left, relu)
         -> (grad_x, grad_dw_weight, grad_dw_bias, grad_pw_weight, grad_pw_bias)
 
+and, Triton-only (no C++ counterpart yet), the variant with the pre-LayerNorm over C_in fused in
+front, y = act(pw(dw(LN(x)) + dw_b) + pw_b) + residual (LN with weight and bias, zero padding
+applied after the LN, as in a QANet conv sublayer)::
+
+    fastqa_triton::ln_dwsep_conv1d_fwd(x, ln_weight, ln_bias, eps, dw_weight, dw_bias?, pw_weight,
+                                       pw_bias?, residual?, pad_left, relu) -> (y, aux, ln_stats)
+    fastqa_triton::ln_dwsep_conv1d_bwd(grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias?, pw_weight,
+                                       pw_bias?, aux, ln_stats, pad_left, relu)
+        -> (grad_x, grad_ln_weight, grad_ln_bias, grad_dw_weight, grad_dw_bias, grad_pw_weight,
+            grad_pw_bias)
+
 Forward tiling (``_fwd_kernel``, grid (L tiles, C_out blocks, B)): a program owns a
 [BLOCK_L, BLOCK_N] output tile and loops over the input channels in chunks of BLOCK_C. For each chunk
 it computes the depthwise conv in fp32 registers -- K shifted, masked loads of the x tile (the K - 1
@@ -26,6 +37,11 @@ Saved (``aux``): with ``relu`` the ReLU mask (pre-activation > 0) bit-packed, ui
 output element, instead of re-running the whole forward GEMM in backward). Without ``relu`` aux is
 an empty uint8 tensor. Nothing else is saved.
 
+LayerNorm variant: ``_ln_stats_kernel`` first writes the row statistics ``ln_stats`` [B, 2, L]
+(mean, 1/std; fp32, fp64 for fp64 inputs; whole rows in registers, two-pass); every kernel that
+reads x then normalises it on load (``_load_rows``), so LN(x) is never stored either. ln_stats is
+the only extra saved tensor.
+
 Backward, with g = grad_y * relu_mask and h = dw(x) + dw_b recomputed from x (never saved):
   * ``_bwd_dh_kernel`` (grid (row splits, C_in blocks)): grad_h = g @ pw_weight for a
     [BLOCK_L, BLOCK_C] tile, looping over C_out in BLOCK_N chunks; grad_h is stored (fp32,
@@ -35,10 +51,13 @@ Backward, with g = grad_y * relu_mask and h = dw(x) + dw_b recomputed from x (ne
     grad_h (taps flipped, same shifted-load helper as the forward).
   * ``_bwd_dpw_kernel`` (grid (row splits, C_out blocks, C_in blocks)): per-program fp32 partials of
     grad_pw_weight = g^T @ h (h recomputed per row tile) and grad_pw_bias = sum_rows g.
+  * LayerNorm variant: grad_x comes from ``_bwd_dx_ln_kernel`` instead (grid (row splits,)): whole
+    rows (BLOCK_C = next_pow2(C_in)) so the LN backward's row reductions stay in registers; it also
+    writes the per-program partials of grad_ln_weight / grad_ln_bias.
 "Row splits" are a fixed number of contiguous groups of (batch, L-tile) tiles per program, chosen
 from the shapes and the device only (never from the autotuned block sizes), so every program writes
 exactly one partial slot and the partials are summed afterwards by torch: no atomics, bitwise
-reproducible backward.
+reproducible backward (as long as the autotuner's choice, cached per key, stays the same).
 
 Strides: activations (x, residual, grad_y) are read through their strides, so channels-first and
 other non-contiguous views need no copy; the small parameters (weights, biases) are made contiguous
@@ -52,7 +71,8 @@ matmul does), IEEE fp32 otherwise.
 
 Autotuning: block sizes and num_warps, keyed on the channel counts, K and a power-of-two bucket of
 the length (forward / grad_x) or of B * L (the split reductions). Under TRITON_INTERPRET=1 each
-kernel has a single small config (32 rows x 16 channels) so the interpreter stays fast.
+kernel has a single small config (32 rows x 16 channels; 16 whole rows for the LayerNorm kernels)
+so the interpreter stays fast.
 """
 import functools
 import os

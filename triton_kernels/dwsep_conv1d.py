@@ -201,9 +201,9 @@ def _masked_grad(gy_ptr, bits_ptr, b, offs_l, offs_n, L, C_out, s_gb, s_gl, s_gn
 def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """acc + a @ b with fp32 accumulation.
 
-    UPCAST (set only for bf16 under TRITON_INTERPRET=1): the interpreter (triton 3.9) multiplies bf16
-    operands as their raw uint16 bits, so they go in as fp32 there -- the same products, since a
-    product of two bf16 values is exact in fp32.
+    UPCAST (set only for bf16 under TRITON_INTERPRET=1): the interpreter multiplies bf16 operands as
+    their raw uint16 bits (triton-lang/triton#11584, triton 3.9 here), so they go in as fp32 there --
+    the same products, since a product of two bf16 values is exact in fp32.
     """
     if UPCAST:
         acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")

@@ -139,6 +139,10 @@ void relu_backward_rows(const T* grad_y, const bool* mask, T* gz, int64_t n) {
   for (int64_t i = 0; i < n; ++i) gz[i] = mask[i] ? grad_y[i] : T(0);
 }
 
+// The worker threads of at::parallel_for do not inherit the caller's dispatch state, so the ATen calls
+// made on them (GEMMs on tiles of the weights) must be told explicitly that autograd is not wanted.
+using BelowAutograd = at::AutoDispatchBelowADInplaceOrView;
+
 // Sum of per-group partial buffers [P, ...] in group order (deterministic).
 at::Tensor reduce_partials(const at::Tensor& partials) {
   at::Tensor out = partials[0].clone();
@@ -233,6 +237,7 @@ std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x_in, cons
     const scalar_t* rp = data_or_null<scalar_t>(residual);
     bool* mp = relu ? aux.data_ptr<bool>() : nullptr;
     at::parallel_for(0, tiles.count, 1, [&](int64_t t0, int64_t t1) {
+      const BelowAutograd below_autograd;
       at::Tensor h = at::empty({tiles.chunk, s.C_in}, x.options());
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t b = tiles.seq(t), l0 = tiles.begin(t), l1 = tiles.end(t), rows = l1 - l0;
@@ -289,6 +294,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_con
     const scalar_t* gyp = grad_y.data_ptr<scalar_t>();
     const bool* mp = relu ? aux.data_ptr<bool>() : nullptr;
     at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+      const BelowAutograd below_autograd;
       const int64_t halo_rows = tiles.chunk + s.K - 1;
       at::Tensor h = at::empty({tiles.chunk, s.C_in}, opts);
       at::Tensor gh = at::empty({halo_rows, s.C_in}, opts);

@@ -27,8 +27,9 @@ namespace fastqa {
 namespace {
 
 // Rows per tile are chosen so a tile of the widest activation holds about this many elements
-// (64K floats = 256 KiB: the depthwise output, the GEMM output and the gradient tiles fit in L2).
-constexpr int64_t kTileElems = 1 << 16;
+// (128K floats = 512 KiB, in L2 with the GEMM's other operands; MKL's per-call efficiency drops below
+// ~200 rows, measured for C_in 500 -> C_out 128).
+constexpr int64_t kTileElems = 1 << 17;
 constexpr int64_t kMinTileRows = 32;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -51,32 +52,80 @@ struct Tiling {
   int64_t end(int64_t t) const { return std::min(L, begin(t) + chunk); }
 };
 
+// Register-blocked channel loops: a block of CB channels is accumulated in registers across all the
+// taps (or rows) before it is stored, instead of a load-FMA-store of the output per tap. Blocks of 32
+// channels, then 8, then single channels cover any C.
+#define FASTQA_FOR_CHANNEL_BLOCKS(BODY) \
+  do {                                  \
+    int64_t c0 = 0;                     \
+    c0 = BODY(32, c0);                  \
+    c0 = BODY(8, c0);                   \
+    BODY(1, c0);                        \
+  } while (0)
+
+// out[c] = init[c] (0 without init) + sum_{j < n} w[j*C + c] * src[j*step + c], for c in [c0, C) in
+// blocks of CB; returns where it stopped. One output row of a depthwise conv: w points at the first
+// valid tap's weights [n, C], src at the input row that tap reads, step is +-C.
+template <int64_t CB, typename T>
+int64_t tap_sum(T* __restrict out, const T* init, const T* w, const T* src, int64_t step, int64_t n, int64_t C,
+                int64_t c0) {
+  for (; c0 + CB <= C; c0 += CB) {
+    T acc[CB];
+    for (int64_t j = 0; j < CB; ++j) acc[j] = init ? init[c0 + j] : T(0);
+    for (int64_t k = 0; k < n; ++k) {
+      const T* __restrict wk = w + k * C + c0;
+      const T* __restrict sk = src + k * step + c0;
+#pragma omp simd
+      for (int64_t j = 0; j < CB; ++j) acc[j] += wk[j] * sk[j];
+    }
+    for (int64_t j = 0; j < CB; ++j) out[c0 + j] = acc[j];
+  }
+  return c0;
+}
+
+// acc[c] += sum_{r < rows} a[r*C + c] * b[r*C + c] (b == nullptr: sum of a), for c in [c0, C) in blocks of CB.
+template <int64_t CB, typename T>
+int64_t column_dot(T* __restrict acc, const T* a, const T* b, int64_t rows, int64_t C, int64_t c0) {
+  for (; c0 + CB <= C; c0 += CB) {
+    T sum[CB] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* __restrict ar = a + r * C + c0;
+      if (b) {
+        const T* __restrict br = b + r * C + c0;
+#pragma omp simd
+        for (int64_t j = 0; j < CB; ++j) sum[j] += ar[j] * br[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < CB; ++j) sum[j] += ar[j];
+      }
+    }
+    for (int64_t j = 0; j < CB; ++j) acc[c0 + j] += sum[j];
+  }
+  return c0;
+}
+
 // h[l - l0, :] = dw_bias + sum_k wt[k, :] * x[l + k - pad, :] for l in [l0, l1); x is one sequence
 // [L, C] (rows outside [0, L) are the zero padding), wt is the depthwise weight as [K, C].
 template <typename T>
 void depthwise_rows(const T* x, const T* wt, const T* bias, T* h, int64_t L, int64_t C, int64_t K,
                     int64_t pad, int64_t l0, int64_t l1) {
   for (int64_t l = l0; l < l1; ++l) {
-    T* __restrict out = h + (l - l0) * C;
-    for (int64_t c = 0; c < C; ++c) out[c] = bias ? bias[c] : T(0);
     const int64_t k_lo = std::max<int64_t>(0, pad - l), k_hi = std::min(K, L + pad - l);
-    for (int64_t k = k_lo; k < k_hi; ++k) {
-      const T* __restrict src = x + (l + k - pad) * C;
-      const T* __restrict w = wt + k * C;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) out[c] += w[c] * src[c];
-    }
+    const T* w = wt + k_lo * C;
+    const T* src = x + (l + k_lo - pad) * C;
+    T* out = h + (l - l0) * C;
+#define FASTQA_BLOCK(CB, c0) tap_sum<CB>(out, bias, w, src, C, k_hi - k_lo, C, c0)
+    FASTQA_FOR_CHANNEL_BLOCKS(FASTQA_BLOCK);
+#undef FASTQA_BLOCK
   }
 }
 
 // acc[:] += sum over rows of src [rows, C].
 template <typename T>
-void accumulate_rows(const T* src, int64_t rows, int64_t C, T* __restrict acc) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* __restrict row = src + r * C;
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) acc[c] += row[c];
-  }
+void accumulate_rows(const T* src, int64_t rows, int64_t C, T* acc) {
+#define FASTQA_BLOCK(CB, c0) column_dot<CB, T>(acc, src, nullptr, rows, C, c0)
+  FASTQA_FOR_CHANNEL_BLOCKS(FASTQA_BLOCK);
+#undef FASTQA_BLOCK
 }
 
 // Transposed depthwise conv over one tile, given gh = dL/dh on rows [e0, e0 + n) of the sequence
@@ -87,23 +136,23 @@ template <typename T>
 void depthwise_backward_rows(const T* gh, int64_t e0, const T* x, const T* wt, T* gx, T* gwt,
                              int64_t L, int64_t C, int64_t K, int64_t pad, int64_t l0, int64_t l1) {
   for (int64_t l = l0; l < l1; ++l) {
-    T* __restrict out = gx + (l - l0) * C;
-    for (int64_t c = 0; c < C; ++c) out[c] = T(0);
     const int64_t k_lo = std::max<int64_t>(0, l + pad - L + 1), k_hi = std::min(K, l + pad + 1);
-    for (int64_t k = k_lo; k < k_hi; ++k) {
-      const T* __restrict g = gh + (l - k + pad - e0) * C;
-      const T* __restrict w = wt + k * C;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) out[c] += w[c] * g[c];
-    }
-    const T* __restrict g = gh + (l - e0) * C;
-    const int64_t j_lo = std::max<int64_t>(0, pad - l), j_hi = std::min(K, L + pad - l);
-    for (int64_t k = j_lo; k < j_hi; ++k) {
-      const T* __restrict src = x + (l + k - pad) * C;
-      T* __restrict acc = gwt + k * C;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) acc[c] += g[c] * src[c];
-    }
+    const T* w = wt + k_lo * C;
+    const T* src = gh + (l - k_lo + pad - e0) * C;
+    T* out = gx + (l - l0) * C;
+#define FASTQA_BLOCK(CB, c0) tap_sum<CB, T>(out, nullptr, w, src, -C, k_hi - k_lo, C, c0)
+    FASTQA_FOR_CHANNEL_BLOCKS(FASTQA_BLOCK);
+#undef FASTQA_BLOCK
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    // Tap k pairs output row l with input row l + k - pad, which must lie inside the sequence.
+    const int64_t lo = std::max(l0, pad - k), hi = std::min(l1, L + pad - k);
+    if (lo >= hi) continue;
+    const T* g = gh + (lo - e0) * C;
+    const T* src = x + (lo + k - pad) * C;
+#define FASTQA_BLOCK(CB, c0) column_dot<CB, T>(gwt + k * C, g, src, hi - lo, C, c0)
+    FASTQA_FOR_CHANNEL_BLOCKS(FASTQA_BLOCK);
+#undef FASTQA_BLOCK
   }
 }
 
@@ -132,11 +181,16 @@ void epilogue_rows(T* y, const T* bias, const T* residual, bool* mask, int64_t r
   }
 }
 
-// gz [n, C] = grad_y masked by the ReLU mask.
+// gz [n, C] = grad_y masked by the ReLU mask. Both operands are loaded unconditionally and the mask is
+// read as bytes so that the select vectorises (a branch per element mispredicts half the time).
 template <typename T>
-void relu_backward_rows(const T* grad_y, const bool* mask, T* gz, int64_t n) {
+void relu_backward_rows(const T* __restrict grad_y, const bool* mask, T* __restrict gz, int64_t n) {
+  const uint8_t* __restrict m = reinterpret_cast<const uint8_t*>(mask);
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) gz[i] = mask[i] ? grad_y[i] : T(0);
+  for (int64_t i = 0; i < n; ++i) {
+    const T g = grad_y[i];
+    gz[i] = m[i] != 0 ? g : T(0);
+  }
 }
 
 // The worker threads of at::parallel_for do not inherit the caller's dispatch state, so the ATen calls
@@ -222,7 +276,8 @@ std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x_in, cons
   // Channels-first data viewed as [B, L, C] (or any other layout) is copied to channels-last once.
   const at::Tensor x = x_in.contiguous();
   const at::Tensor wt = depthwise_kc(dw_weight);
-  const at::Tensor w_t = pointwise_2d(pw_weight).t();  // [C_in, C_out] view; MKL reads it transposed
+  // [C_in, C_out] contiguous: MKL's small-M GEMM on a transposed view is up to 1.8x slower here.
+  const at::Tensor w_t = pointwise_2d(pw_weight).t().contiguous();
   at::Tensor y = at::empty({s.B, s.L, s.C_out}, x.options());
   at::Tensor aux = relu ? at::empty({s.B, s.L, s.C_out}, x.options().dtype(at::kBool))
                         : at::empty({0}, x.options().dtype(at::kBool));

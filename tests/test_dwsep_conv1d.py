@@ -82,7 +82,8 @@ def test_model_shapes(backend, B, L, c_in, c_out, K, relu, residual, dw_bias, pa
     (2, 9, 12, 7, 1),    # K = 1
     (2, 6, 9, 9, 6),     # L == K, even
     (1, 1, 1, 1, 1),     # smallest everything
-    (1, 1500, 20, 11, 5),  # batch 1, long: sequences split into several tiles (halo rows in backward)
+    (1, 1500, 20, 11, 5),  # batch 1, long: sequences split into tiles, one per thread (halo rows in backward)
+    (1, 300, 600, 40, 7),  # wide channels: sequences split into tiles whatever the thread count
 ])
 @pytest.mark.parametrize("padding", ["same", "causal"])
 @pytest.mark.parametrize("pw_bias, dw_bias", [(True, True), (False, False)])
@@ -131,13 +132,18 @@ def test_only_some_inputs_need_grad(backend):
                                 grad_args=wanted)
 
 
-def test_gradcheck_float64():
-    args = make_inputs(2, 7, 5, 4, 3, dw_bias=True, residual=True, dtype=torch.float64)
-    leaves = as_leaves(args)
-    for padding in ("same", "causal"):
-        assert torch.autograd.gradcheck(
-            lambda *t: fused("cpu")(*t, padding=padding, activation="relu"), leaves)
-        assert torch.autograd.gradcheck(lambda *t: fused("cpu")(*t, padding=padding), leaves)
+def test_double_backward_raises():
+    args = as_leaves(make_inputs(1, 5, 3, 2, 3, dtype=torch.float64))
+    y = fused("cpu")(*args)
+    (grad_x,) = torch.autograd.grad(y.square().sum(), args[0], create_graph=True)
+    with pytest.raises(RuntimeError):
+        grad_x.sum().backward()
+
+
+@pytest.mark.parametrize("padding, activation", [("same", "relu"), ("causal", None)])
+def test_gradcheck_float64(padding, activation):
+    leaves = as_leaves(make_inputs(2, 6, 3, 4, 3, dw_bias=True, residual=True, dtype=torch.float64))
+    assert torch.autograd.gradcheck(lambda *t: fused("cpu")(*t, padding=padding, activation=activation), leaves)
 
 
 # --- custom ops, compile, determinism, layer -----------------------------------------------------------------
@@ -235,6 +241,9 @@ def test_forcing_triton_on_cpu_without_interpreter_raises(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(RuntimeError, match="triton"):
         fused("triton")(*make_inputs(1, 4, 3, 3, 3))
+    monkeypatch.setenv("FASTQA_BACKEND", "triton")
+    with pytest.raises(RuntimeError, match="triton"):
+        fused("auto")(*make_inputs(1, 4, 3, 3, 3))
 
 
 def test_unsupported_dtype_falls_back_with_warning():

@@ -34,19 +34,26 @@ constexpr int64_t kMinTileRows = 32;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Tiles of (sequence, row range); tile t covers sequence t / per_seq, rows [l0, l1).
-struct Tiling {
-  int64_t L = 0, chunk = 0, per_seq = 0, count = 0;
+// Below this many multiply-adds a parallel task costs more in thread wake-up than it saves.
+constexpr int64_t kMinTaskWork = 1 << 18;
 
-  Tiling(int64_t B, int64_t L_, int64_t widest) : L(L_) {
-    const int64_t max_rows = std::max(kMinTileRows, kTileElems / std::max<int64_t>(widest, 1));
+// Tiles of (sequence, row range); tile t covers sequence t / per_seq, rows [l0, l1). grain: tiles per
+// parallel task, so that small problems run on the calling thread.
+struct Tiling {
+  int64_t L = 0, chunk = 0, per_seq = 0, count = 0, grain = 1;
+
+  Tiling(int64_t B, int64_t L_, int64_t C_in, int64_t C_out, int64_t K) : L(L_) {
+    const int64_t max_rows = std::max(kMinTileRows, kTileElems / std::max(C_in, C_out));
     int64_t pieces = ceil_div(L, max_rows);
     // Short batches of long sequences: split sequences so every thread has a tile.
     pieces = std::max(pieces, std::min(L, ceil_div(at::get_num_threads(), B)));
     chunk = ceil_div(L, pieces);
     per_seq = ceil_div(L, chunk);
     count = B * per_seq;
+    grain = ceil_div(kMinTaskWork, chunk * C_in * (K + C_out));
   }
+  // How many parallel tasks (each a contiguous range of tiles) the work is worth.
+  int64_t tasks() const { return std::max<int64_t>(1, std::min<int64_t>(count / grain, at::get_num_threads())); }
   int64_t seq(int64_t t) const { return t / per_seq; }
   int64_t begin(int64_t t) const { return (t % per_seq) * chunk; }
   int64_t end(int64_t t) const { return std::min(L, begin(t) + chunk); }
@@ -282,7 +289,7 @@ std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x_in, cons
   at::Tensor aux = relu ? at::empty({s.B, s.L, s.C_out}, x.options().dtype(at::kBool))
                         : at::empty({0}, x.options().dtype(at::kBool));
   at::Tensor y2d = y.view({s.B * s.L, s.C_out});
-  const Tiling tiles(s.B, s.L, std::max(s.C_in, s.C_out));
+  const Tiling tiles(s.B, s.L, s.C_in, s.C_out, s.K);
 
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dwsep_conv1d_fwd", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
@@ -291,7 +298,7 @@ std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x_in, cons
     const scalar_t* pbp = data_or_null<scalar_t>(pw_bias);
     const scalar_t* rp = data_or_null<scalar_t>(residual);
     bool* mp = relu ? aux.data_ptr<bool>() : nullptr;
-    at::parallel_for(0, tiles.count, 1, [&](int64_t t0, int64_t t1) {
+    at::parallel_for(0, tiles.count, tiles.grain, [&](int64_t t0, int64_t t1) {
       const BelowAutograd below_autograd;
       at::Tensor h = at::empty({tiles.chunk, s.C_in}, x.options());
       for (int64_t t = t0; t < t1; ++t) {
@@ -332,8 +339,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_con
   const at::Tensor grad_y2d = grad_y.view({s.B * s.L, s.C_out});
   const int64_t pad_right = s.K - 1 - pad_left;
 
-  const Tiling tiles(s.B, s.L, std::max(s.C_in, s.C_out));
-  const int64_t groups = std::min<int64_t>(tiles.count, at::get_num_threads());
+  const Tiling tiles(s.B, s.L, s.C_in, s.C_out, s.K);
+  const int64_t groups = tiles.tasks();
   const auto opts = x.options();
   at::Tensor grad_x = at::empty({s.B, s.L, s.C_in}, opts);
   // Per-group partials, zero-initialised so groups accumulate into them directly.

@@ -9,6 +9,7 @@ back unread.
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .._backend import cpu_available, resolve_backend
 from .._checks import check_nonempty_batch, check_optional, check_positive, check_tensor
@@ -35,6 +36,7 @@ class _DwsepConv1dFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable  # the _bwd kernels have no derivative of their own: double backward raises
     def backward(ctx, grad_y: torch.Tensor):
         x, dw_weight, dw_bias, pw_weight, pw_bias, aux = ctx.saved_tensors
         _, need_x, need_dw, need_db, need_pw, need_pb, need_res, _, _ = ctx.needs_input_grad

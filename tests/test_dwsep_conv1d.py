@@ -124,6 +124,15 @@ def test_upstream_gradient_untouched_and_residual_grad(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_propagates_like_reference(backend):
+    args = make_inputs(1, 9, 4, 3, 3, residual=True)
+    args[0][0, 4, 1] = float("nan")
+    got, want = fused(backend)(*args, activation="relu"), ref(*args, activation="relu")
+    assert want.isnan().any()
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_only_some_inputs_need_grad(backend):
     args = make_inputs(2, 10, 6, 5, 3, dw_bias=True, residual=True)
     for wanted in ([True, False, False, False, False, False], [False, True, True, False, False, False],

@@ -177,7 +177,7 @@ void epilogue_rows(T* y, const T* bias, const T* residual, bool* mask, int64_t r
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) {
         m[c] = row[c] > T(0);
-        row[c] = row[c] > T(0) ? row[c] : T(0);
+        row[c] = row[c] < T(0) ? T(0) : row[c];  // NaN stays NaN, as in torch.relu
       }
     }
     if (residual) {

@@ -8,3 +8,9 @@ __version__ = "0.1.0"
 from ._backend import BACKENDS, info  # noqa: E402
 
 __all__ = ["BACKENDS", "info", "__version__"]
+
+# dwsep_conv1d
+from . import layers, ops, reference  # noqa: E402
+from .ops import dwsep_conv1d  # noqa: E402
+
+__all__ += ["dwsep_conv1d", "layers", "ops", "reference"]

@@ -1,0 +1,425 @@
+// Depthwise-separable conv1d on channels-last data, fused: depthwise conv (+ bias) -> pointwise 1x1
+// conv (GEMM) -> + bias -> ReLU? -> + residual?, forward and backward.
+//
+//   x [B, L, C_in], dw_weight [C_in, 1, K], dw_bias [C_in]?, pw_weight [C_out, C_in, 1], pw_bias [C_out]?,
+//   residual [B, L, C_out]?; zero padding: pad_left on the left, K-1-pad_left on the right.
+//
+// Work is split into tiles of (sequence b, rows [l0, l1)) small enough that a tile's depthwise output
+// stays in cache between the direct depthwise loop (vectorised over channels), the GEMM that consumes
+// it and the epilogue. Each tile runs its own single-threaded GEMM (at::mm_out inside at::parallel_for;
+// MKL does not nest threads), so there is one pass over memory per tensor.
+//
+// aux (what the forward hands its backward): the ReLU mask (bool [B, L, C_out], pre-activation > 0)
+// when relu, else an empty bool tensor. The depthwise output is NOT saved: the backward recomputes it
+// tile by tile (K FMAs per element, cheaper than writing and re-reading [B, L, C_in]).
+//
+// Backward is deterministic: weight and bias gradients accumulate into one partial buffer per work
+// group (a fixed, contiguous range of tiles; one group per thread) and are summed in group order.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <tuple>
+
+namespace fastqa {
+namespace {
+
+// Rows per tile are chosen so a tile of the widest activation holds about this many elements
+// (128K floats = 512 KiB, in L2 with the GEMM's other operands; MKL's per-call efficiency drops below
+// ~200 rows, measured for C_in 500 -> C_out 128).
+constexpr int64_t kTileElems = 1 << 17;
+constexpr int64_t kMinTileRows = 32;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Below this many multiply-adds a parallel task costs more in thread wake-up than it saves.
+constexpr int64_t kMinTaskWork = 1 << 18;
+
+// Tiles of (sequence, row range); tile t covers sequence t / per_seq, rows [l0, l1). grain: tiles per
+// parallel task, so that small problems run on the calling thread.
+struct Tiling {
+  int64_t L = 0, chunk = 0, per_seq = 0, count = 0, grain = 1;
+
+  Tiling(int64_t B, int64_t L_, int64_t C_in, int64_t C_out, int64_t K) : L(L_) {
+    const int64_t max_rows = std::max(kMinTileRows, kTileElems / std::max(C_in, C_out));
+    int64_t pieces = ceil_div(L, max_rows);
+    // Short batches of long sequences: split sequences so every thread has a tile.
+    pieces = std::max(pieces, std::min(L, ceil_div(at::get_num_threads(), B)));
+    chunk = ceil_div(L, pieces);
+    per_seq = ceil_div(L, chunk);
+    count = B * per_seq;
+    grain = ceil_div(kMinTaskWork, chunk * C_in * (K + C_out));
+  }
+  // How many parallel tasks (each a contiguous range of tiles) the work is worth.
+  int64_t tasks() const { return std::max<int64_t>(1, std::min<int64_t>(count / grain, at::get_num_threads())); }
+  int64_t seq(int64_t t) const { return t / per_seq; }
+  int64_t begin(int64_t t) const { return (t % per_seq) * chunk; }
+  int64_t end(int64_t t) const { return std::min(L, begin(t) + chunk); }
+};
+
+// Register-blocked channel loops: a block of CB channels is accumulated in registers across all the
+// taps (or rows) before it is stored, instead of a load-FMA-store of the output per tap. Blocks of 32
+// channels, then 8, then single channels cover any C.
+#define FASTQA_FOR_CHANNEL_BLOCKS(BODY) \
+  do {                                  \
+    int64_t c0 = 0;                     \
+    c0 = BODY(32, c0);                  \
+    c0 = BODY(8, c0);                   \
+    BODY(1, c0);                        \
+  } while (0)
+
+// out[c] = init[c] (0 without init) + sum_{j < n} w[j*C + c] * src[j*step + c], for c in [c0, C) in
+// blocks of CB; returns where it stopped. One output row of a depthwise conv: w points at the first
+// valid tap's weights [n, C], src at the input row that tap reads, step is +-C.
+template <int64_t CB, typename T>
+int64_t tap_sum(T* __restrict out, const T* init, const T* w, const T* src, int64_t step, int64_t n, int64_t C,
+                int64_t c0) {
+  for (; c0 + CB <= C; c0 += CB) {
+    T acc[CB];
+    for (int64_t j = 0; j < CB; ++j) acc[j] = init ? init[c0 + j] : T(0);
+    for (int64_t k = 0; k < n; ++k) {
+      const T* __restrict wk = w + k * C + c0;
+      const T* __restrict sk = src + k * step + c0;
+#pragma omp simd
+      for (int64_t j = 0; j < CB; ++j) acc[j] += wk[j] * sk[j];
+    }
+    for (int64_t j = 0; j < CB; ++j) out[c0 + j] = acc[j];
+  }
+  return c0;
+}
+
+// acc[c] += sum_{r < rows} a[r*C + c] * b[r*C + c] (b == nullptr: sum of a), for c in [c0, C) in blocks of CB.
+template <int64_t CB, typename T>
+int64_t column_dot(T* __restrict acc, const T* a, const T* b, int64_t rows, int64_t C, int64_t c0) {
+  for (; c0 + CB <= C; c0 += CB) {
+    T sum[CB] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* __restrict ar = a + r * C + c0;
+      if (b) {
+        const T* __restrict br = b + r * C + c0;
+#pragma omp simd
+        for (int64_t j = 0; j < CB; ++j) sum[j] += ar[j] * br[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < CB; ++j) sum[j] += ar[j];
+      }
+    }
+    for (int64_t j = 0; j < CB; ++j) acc[c0 + j] += sum[j];
+  }
+  return c0;
+}
+
+// h[l - l0, :] = dw_bias + sum_k wt[k, :] * x[l + k - pad, :] for l in [l0, l1); x is one sequence
+// [L, C] (rows outside [0, L) are the zero padding), wt is the depthwise weight as [K, C].
+template <typename T>
+void depthwise_rows(const T* x, const T* wt, const T* bias, T* h, int64_t L, int64_t C, int64_t K,
+                    int64_t pad, int64_t l0, int64_t l1) {
+  for (int64_t l = l0; l < l1; ++l) {
+    const int64_t k_lo = std::max<int64_t>(0, pad - l), k_hi = std::min(K, L + pad - l);
+    const T* w = wt + k_lo * C;
+    const T* src = x + (l + k_lo - pad) * C;
+    T* out = h + (l - l0) * C;
+#define FASTQA_BLOCK(CB, c0) tap_sum<CB>(out, bias, w, src, C, k_hi - k_lo, C, c0)
+    FASTQA_FOR_CHANNEL_BLOCKS(FASTQA_BLOCK);
+#undef FASTQA_BLOCK
+  }
+}
+
+// acc[:] += sum over rows of src [rows, C].
+template <typename T>
+void accumulate_rows(const T* src, int64_t rows, int64_t C, T* acc) {
+#define FASTQA_BLOCK(CB, c0) column_dot<CB, T>(acc, src, nullptr, rows, C, c0)
+  FASTQA_FOR_CHANNEL_BLOCKS(FASTQA_BLOCK);
+#undef FASTQA_BLOCK
+}
+
+// Transposed depthwise conv over one tile, given gh = dL/dh on rows [e0, e0 + n) of the sequence
+// (the tile's rows plus the halo the transposed conv reads):
+//   gx[l - l0, :]   = sum_k wt[k, :] * gh[l - k + pad, :]          for l in [l0, l1)
+//   gwt[k, :]      += sum_l gh[l, :] * x[l + k - pad, :]            (tile rows only)
+template <typename T>
+void depthwise_backward_rows(const T* gh, int64_t e0, const T* x, const T* wt, T* gx, T* gwt,
+                             int64_t L, int64_t C, int64_t K, int64_t pad, int64_t l0, int64_t l1) {
+  for (int64_t l = l0; l < l1; ++l) {
+    const int64_t k_lo = std::max<int64_t>(0, l + pad - L + 1), k_hi = std::min(K, l + pad + 1);
+    const T* w = wt + k_lo * C;
+    const T* src = gh + (l - k_lo + pad - e0) * C;
+    T* out = gx + (l - l0) * C;
+#define FASTQA_BLOCK(CB, c0) tap_sum<CB, T>(out, nullptr, w, src, -C, k_hi - k_lo, C, c0)
+    FASTQA_FOR_CHANNEL_BLOCKS(FASTQA_BLOCK);
+#undef FASTQA_BLOCK
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    // Tap k pairs output row l with input row l + k - pad, which must lie inside the sequence.
+    const int64_t lo = std::max(l0, pad - k), hi = std::min(l1, L + pad - k);
+    if (lo >= hi) continue;
+    const T* g = gh + (lo - e0) * C;
+    const T* src = x + (lo + k - pad) * C;
+#define FASTQA_BLOCK(CB, c0) column_dot<CB, T>(gwt + k * C, g, src, hi - lo, C, c0)
+    FASTQA_FOR_CHANNEL_BLOCKS(FASTQA_BLOCK);
+#undef FASTQA_BLOCK
+  }
+}
+
+// In place on a GEMM output tile y [rows, C]: y = relu?(y + bias) + residual, recording the ReLU mask.
+template <typename T>
+void epilogue_rows(T* y, const T* bias, const T* residual, bool* mask, int64_t rows, int64_t C, bool relu) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* __restrict row = y + r * C;
+    if (bias) {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) row[c] += bias[c];
+    }
+    if (relu) {
+      bool* __restrict m = mask + r * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        m[c] = row[c] > T(0);
+        row[c] = row[c] < T(0) ? T(0) : row[c];  // NaN stays NaN, as in torch.relu
+      }
+    }
+    if (residual) {
+      const T* __restrict res = residual + r * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) row[c] += res[c];
+    }
+  }
+}
+
+// gz [n, C] = grad_y masked by the ReLU mask. Both operands are loaded unconditionally and the mask is
+// read as bytes so that the select vectorises (a branch per element mispredicts half the time).
+template <typename T>
+void relu_backward_rows(const T* __restrict grad_y, const bool* mask, T* __restrict gz, int64_t n) {
+  const uint8_t* __restrict m = reinterpret_cast<const uint8_t*>(mask);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const T g = grad_y[i];
+    gz[i] = m[i] != 0 ? g : T(0);
+  }
+}
+
+// The worker threads of at::parallel_for do not inherit the caller's dispatch state, so the ATen calls
+// made on them (GEMMs on tiles of the weights) must be told explicitly that autograd is not wanted.
+using BelowAutograd = at::AutoDispatchBelowADInplaceOrView;
+
+// Sum of per-group partial buffers [P, ...] in group order (deterministic).
+at::Tensor reduce_partials(const at::Tensor& partials) {
+  at::Tensor out = partials[0].clone();
+  for (int64_t p = 1; p < partials.size(0); ++p) out.add_(partials[p]);
+  return out;
+}
+
+struct Shapes {
+  int64_t B, L, C_in, C_out, K;
+};
+
+Shapes check_args(const char* op, const at::Tensor& x, const at::Tensor& dw_weight,
+                  const c10::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
+                  const c10::optional<at::Tensor>& pw_bias, int64_t pad_left) {
+  TORCH_CHECK(x.dim() == 3, op, ": x must be [B, L, C_in], got ", x.sizes());
+  TORCH_CHECK(x.device().is_cpu(), op, ": x must be a CPU tensor, got ", x.device());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, op,
+              ": x must be float32 or float64, got ", x.scalar_type());
+  const Shapes s{x.size(0), x.size(1), x.size(2), pw_weight.size(0), dw_weight.size(-1)};
+  TORCH_CHECK(s.B > 0 && s.L > 0 && s.C_in > 0, op, ": x must be non-empty, got ", x.sizes());
+  TORCH_CHECK(dw_weight.dim() == 3 && dw_weight.size(0) == s.C_in && dw_weight.size(1) == 1 && s.K > 0, op,
+              ": dw_weight must be [C_in=", s.C_in, ", 1, K], got ", dw_weight.sizes());
+  TORCH_CHECK(pw_weight.dim() == 3 && pw_weight.size(1) == s.C_in && pw_weight.size(2) == 1 && s.C_out > 0, op,
+              ": pw_weight must be [C_out, C_in=", s.C_in, ", 1], got ", pw_weight.sizes());
+  TORCH_CHECK(0 <= pad_left && pad_left < s.K, op, ": pad_left must be in [0, K-1=", s.K - 1, "], got ", pad_left);
+  auto same_kind = [&](const at::Tensor& t, const char* name) {
+    TORCH_CHECK(t.device() == x.device() && t.scalar_type() == x.scalar_type(), op, ": ", name,
+                " must be a ", x.scalar_type(), " tensor on ", x.device(), " like x, got ", t.scalar_type(),
+                " on ", t.device());
+  };
+  same_kind(dw_weight, "dw_weight");
+  same_kind(pw_weight, "pw_weight");
+  if (dw_bias) {
+    same_kind(*dw_bias, "dw_bias");
+    TORCH_CHECK(dw_bias->dim() == 1 && dw_bias->size(0) == s.C_in, op, ": dw_bias must be [C_in=", s.C_in,
+                "], got ", dw_bias->sizes());
+  }
+  if (pw_bias) {
+    same_kind(*pw_bias, "pw_bias");
+    TORCH_CHECK(pw_bias->dim() == 1 && pw_bias->size(0) == s.C_out, op, ": pw_bias must be [C_out=", s.C_out,
+                "], got ", pw_bias->sizes());
+  }
+  return s;
+}
+
+// Weights in the layouts the loops and GEMMs want: depthwise as [K, C_in], pointwise as [C_out, C_in].
+at::Tensor depthwise_kc(const at::Tensor& dw_weight) {
+  return dw_weight.reshape({dw_weight.size(0), dw_weight.size(2)}).t().contiguous();
+}
+at::Tensor pointwise_2d(const at::Tensor& pw_weight) {
+  return pw_weight.reshape({pw_weight.size(0), pw_weight.size(1)}).contiguous();
+}
+
+template <typename T>
+const T* data_or_null(const c10::optional<at::Tensor>& t) {
+  return t ? t->data_ptr<T>() : nullptr;
+}
+
+std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x_in, const at::Tensor& dw_weight,
+                                                    const c10::optional<at::Tensor>& dw_bias_in,
+                                                    const at::Tensor& pw_weight,
+                                                    const c10::optional<at::Tensor>& pw_bias_in,
+                                                    const c10::optional<at::Tensor>& residual_in, int64_t pad_left,
+                                                    bool relu) {
+  const Shapes s = check_args("dwsep_conv1d_fwd", x_in, dw_weight, dw_bias_in, pw_weight, pw_bias_in, pad_left);
+  c10::optional<at::Tensor> residual, dw_bias, pw_bias;
+  if (residual_in) {
+    TORCH_CHECK(residual_in->sizes() == at::IntArrayRef({s.B, s.L, s.C_out}),
+                "dwsep_conv1d_fwd: residual must be [B, L, C_out]=[", s.B, ", ", s.L, ", ", s.C_out, "], got ",
+                residual_in->sizes());
+    TORCH_CHECK(residual_in->device() == x_in.device() && residual_in->scalar_type() == x_in.scalar_type(),
+                "dwsep_conv1d_fwd: residual must match x in dtype and device");
+    residual = residual_in->contiguous();
+  }
+  if (dw_bias_in) dw_bias = dw_bias_in->contiguous();
+  if (pw_bias_in) pw_bias = pw_bias_in->contiguous();
+  // Channels-first data viewed as [B, L, C] (or any other layout) is copied to channels-last once.
+  const at::Tensor x = x_in.contiguous();
+  const at::Tensor wt = depthwise_kc(dw_weight);
+  // [C_in, C_out] contiguous: MKL's small-M GEMM on a transposed view is up to 1.8x slower here.
+  const at::Tensor w_t = pointwise_2d(pw_weight).t().contiguous();
+  at::Tensor y = at::empty({s.B, s.L, s.C_out}, x.options());
+  at::Tensor aux = relu ? at::empty({s.B, s.L, s.C_out}, x.options().dtype(at::kBool))
+                        : at::empty({0}, x.options().dtype(at::kBool));
+  at::Tensor y2d = y.view({s.B * s.L, s.C_out});
+  const Tiling tiles(s.B, s.L, s.C_in, s.C_out, s.K);
+
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dwsep_conv1d_fwd", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* wtp = wt.data_ptr<scalar_t>();
+    const scalar_t* dbp = data_or_null<scalar_t>(dw_bias);
+    const scalar_t* pbp = data_or_null<scalar_t>(pw_bias);
+    const scalar_t* rp = data_or_null<scalar_t>(residual);
+    bool* mp = relu ? aux.data_ptr<bool>() : nullptr;
+    at::parallel_for(0, tiles.count, tiles.grain, [&](int64_t t0, int64_t t1) {
+      const BelowAutograd below_autograd;
+      at::Tensor h = at::empty({tiles.chunk, s.C_in}, x.options());
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = tiles.seq(t), l0 = tiles.begin(t), l1 = tiles.end(t), rows = l1 - l0;
+        const int64_t row0 = b * s.L + l0;  // first row of the tile in the flattened [B*L, C] views
+        at::Tensor h_tile = h.narrow(0, 0, rows);
+        depthwise_rows(xp + b * s.L * s.C_in, wtp, dbp, h_tile.data_ptr<scalar_t>(), s.L, s.C_in, s.K, pad_left,
+                       l0, l1);
+        at::Tensor y_tile = y2d.narrow(0, row0, rows);
+        at::mm_out(y_tile, h_tile, w_t);
+        epilogue_rows(y_tile.data_ptr<scalar_t>(), pbp, rp ? rp + row0 * s.C_out : nullptr,
+                      mp ? mp + row0 * s.C_out : nullptr, rows, s.C_out, relu);
+      }
+    });
+  });
+  return {y, aux};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_conv1d_bwd(
+    const at::Tensor& grad_y_in, const at::Tensor& x_in, const at::Tensor& dw_weight,
+    const c10::optional<at::Tensor>& dw_bias_in, const at::Tensor& pw_weight,
+    const c10::optional<at::Tensor>& pw_bias, const at::Tensor& aux_in, int64_t pad_left, bool relu) {
+  const Shapes s = check_args("dwsep_conv1d_bwd", x_in, dw_weight, dw_bias_in, pw_weight, pw_bias, pad_left);
+  TORCH_CHECK(grad_y_in.sizes() == at::IntArrayRef({s.B, s.L, s.C_out}) &&
+                  grad_y_in.scalar_type() == x_in.scalar_type() && grad_y_in.device() == x_in.device(),
+              "dwsep_conv1d_bwd: grad_y must be a [B, L, C_out]=[", s.B, ", ", s.L, ", ", s.C_out, "] ",
+              x_in.scalar_type(), " tensor like x, got ", grad_y_in.sizes(), " ", grad_y_in.scalar_type());
+  TORCH_CHECK(!relu || (aux_in.scalar_type() == at::kBool && aux_in.sizes() == grad_y_in.sizes()),
+              "dwsep_conv1d_bwd: with relu, aux must be the forward's bool mask [B, L, C_out], got ",
+              aux_in.sizes(), " ", aux_in.scalar_type());
+  const at::Tensor grad_y = grad_y_in.contiguous();
+  const at::Tensor x = x_in.contiguous();
+  const at::Tensor aux = relu ? aux_in.contiguous() : aux_in;
+  c10::optional<at::Tensor> dw_bias;
+  if (dw_bias_in) dw_bias = dw_bias_in->contiguous();
+  const at::Tensor wt = depthwise_kc(dw_weight);
+  const at::Tensor w2d = pointwise_2d(pw_weight);
+  const at::Tensor grad_y2d = grad_y.view({s.B * s.L, s.C_out});
+  const int64_t pad_right = s.K - 1 - pad_left;
+
+  const Tiling tiles(s.B, s.L, s.C_in, s.C_out, s.K);
+  const int64_t groups = tiles.tasks();
+  const auto opts = x.options();
+  at::Tensor grad_x = at::empty({s.B, s.L, s.C_in}, opts);
+  // Per-group partials, zero-initialised so groups accumulate into them directly.
+  at::Tensor part_pw = at::zeros({groups, s.C_out, s.C_in}, opts);
+  at::Tensor part_pb = at::zeros({groups, pw_bias ? s.C_out : 0}, opts);
+  at::Tensor part_dw = at::zeros({groups, s.K, s.C_in}, opts);
+  at::Tensor part_db = at::zeros({groups, dw_bias ? s.C_in : 0}, opts);
+
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dwsep_conv1d_bwd", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* wtp = wt.data_ptr<scalar_t>();
+    const scalar_t* dbp = data_or_null<scalar_t>(dw_bias);
+    const scalar_t* gyp = grad_y.data_ptr<scalar_t>();
+    const bool* mp = relu ? aux.data_ptr<bool>() : nullptr;
+    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+      const BelowAutograd below_autograd;
+      const int64_t halo_rows = tiles.chunk + s.K - 1;
+      at::Tensor h = at::empty({tiles.chunk, s.C_in}, opts);
+      at::Tensor gh = at::empty({halo_rows, s.C_in}, opts);
+      at::Tensor gz = relu ? at::empty({halo_rows, s.C_out}, opts) : at::Tensor();
+      for (int64_t g = g0; g < g1; ++g) {
+        at::Tensor pw_acc = part_pw[g];
+        scalar_t* pb_acc = pw_bias ? part_pb[g].data_ptr<scalar_t>() : nullptr;
+        scalar_t* dw_acc = part_dw[g].data_ptr<scalar_t>();
+        scalar_t* db_acc = dw_bias ? part_db[g].data_ptr<scalar_t>() : nullptr;
+        for (int64_t t = tiles.count * g / groups; t < tiles.count * (g + 1) / groups; ++t) {
+          const int64_t b = tiles.seq(t), l0 = tiles.begin(t), l1 = tiles.end(t), rows = l1 - l0;
+          // The transposed depthwise conv of rows [l0, l1) reads dL/dh on [e0, e1).
+          const int64_t e0 = std::max<int64_t>(0, l0 - pad_right), e1 = std::min(s.L, l1 + pad_left);
+          const int64_t ext = e1 - e0, row_e0 = b * s.L + e0;
+          // gz = dL/d(pointwise output) on the extended rows; without ReLU it is grad_y itself.
+          at::Tensor gz_ext;
+          if (relu) {
+            gz_ext = gz.narrow(0, 0, ext);
+            relu_backward_rows(gyp + row_e0 * s.C_out, mp + row_e0 * s.C_out, gz_ext.data_ptr<scalar_t>(),
+                               ext * s.C_out);
+          } else {
+            gz_ext = grad_y2d.narrow(0, row_e0, ext);
+          }
+          at::Tensor gz_tile = gz_ext.narrow(0, l0 - e0, rows);
+          if (pb_acc) accumulate_rows(gz_tile.data_ptr<scalar_t>(), rows, s.C_out, pb_acc);
+          // Recompute the depthwise output of the tile for the pointwise weight gradient.
+          at::Tensor h_tile = h.narrow(0, 0, rows);
+          depthwise_rows(xp + b * s.L * s.C_in, wtp, dbp, h_tile.data_ptr<scalar_t>(), s.L, s.C_in, s.K,
+                         pad_left, l0, l1);
+          pw_acc.addmm_(gz_tile.t(), h_tile);
+          at::Tensor gh_ext = gh.narrow(0, 0, ext);
+          at::mm_out(gh_ext, gz_ext, w2d);
+          const scalar_t* ghp = gh_ext.data_ptr<scalar_t>();
+          if (db_acc) accumulate_rows(ghp + (l0 - e0) * s.C_in, rows, s.C_in, db_acc);
+          depthwise_backward_rows(ghp, e0, xp + b * s.L * s.C_in, wtp,
+                                  grad_x.data_ptr<scalar_t>() + (b * s.L + l0) * s.C_in, dw_acc, s.L, s.C_in, s.K,
+                                  pad_left, l0, l1);
+        }
+      }
+    });
+  });
+
+  at::Tensor grad_pw_weight = reduce_partials(part_pw).view({s.C_out, s.C_in, 1});
+  at::Tensor grad_dw_weight = reduce_partials(part_dw).t().contiguous().view({s.C_in, 1, s.K});
+  at::Tensor grad_pw_bias = pw_bias ? reduce_partials(part_pb) : at::empty({0}, opts);
+  at::Tensor grad_dw_bias = dw_bias ? reduce_partials(part_db) : at::empty({0}, opts);
+  return {grad_x, grad_dw_weight, grad_dw_bias, grad_pw_weight, grad_pw_bias};
+}
+
+}  // namespace
+}  // namespace fastqa
+
+TORCH_LIBRARY_FRAGMENT(fastqa, m) {
+  m.def(
+      "dwsep_conv1d_fwd(Tensor x, Tensor dw_weight, Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, "
+      "Tensor? residual, int pad_left, bool relu) -> (Tensor y, Tensor aux)");
+  m.def(
+      "dwsep_conv1d_bwd(Tensor grad_y, Tensor x, Tensor dw_weight, Tensor? dw_bias, Tensor pw_weight, "
+      "Tensor? pw_bias, Tensor aux, int pad_left, bool relu) -> (Tensor grad_x, Tensor grad_dw_weight, "
+      "Tensor grad_dw_bias, Tensor grad_pw_weight, Tensor grad_pw_bias)");
+}
+
+TORCH_LIBRARY_IMPL(fastqa, CPU, m) {
+  m.impl("dwsep_conv1d_fwd", &fastqa::dwsep_conv1d_fwd);
+  m.impl("dwsep_conv1d_bwd", &fastqa::dwsep_conv1d_bwd);
+}

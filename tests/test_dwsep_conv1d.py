@@ -1,0 +1,337 @@
+"""fastqa.dwsep_conv1d and layers.DepthwiseSeparableConv1d against the pure-PyTorch reference."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import fastqa
+from fastqa import reference
+from fastqa._backend import cpu_available
+from fastqa.reference.dwsep_conv1d import conv_padding
+from helpers import assert_close, check_against_reference
+
+pytestmark = pytest.mark.skipif(not cpu_available(), reason="fastqa._C is not built")
+
+
+def _triton_registered() -> bool:
+    try:
+        import fastqa.triton_kernels.dwsep_conv1d  # noqa: F401
+    except ImportError:
+        return False
+    return hasattr(torch.ops.fastqa_triton, "dwsep_conv1d_fwd")
+
+
+BACKENDS = ["cpu"] + (["triton"] if _triton_registered() else [])
+NAMES = ["x", "dw_weight", "pw_weight", "pw_bias", "dw_bias", "residual"]
+
+
+def make_inputs(B, L, c_in, c_out, K, *, dw_bias=False, pw_bias=True, residual=False, dtype=torch.float32,
+                seed=0):
+    """Positional args in NAMES order (absent optionals are None)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+    return [rand(B, L, c_in), rand(c_in, 1, K, scale=K ** -0.5), rand(c_out, c_in, 1, scale=c_in ** -0.5),
+            rand(c_out) if pw_bias else None, rand(c_in) if dw_bias else None,
+            rand(B, L, c_out) if residual else None]
+
+
+def as_leaves(args):
+    return [None if a is None else a.clone().requires_grad_() for a in args]
+
+
+def fused(backend):
+    def fn(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, **kw):
+        return fastqa.dwsep_conv1d(x, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias, residual=residual,
+                                   backend=backend, **kw)
+    return fn
+
+
+def ref(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, **kw):
+    return reference.dwsep_conv1d(x, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias, residual=residual, **kw)
+
+
+def compare(backend, args, **kw):
+    grad_args = [a is not None for a in args]
+    check_against_reference(fused(backend), ref, args, kw, names=NAMES, grad_args=grad_args)
+
+
+# --- forward and every gradient against the reference -------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("B, L, c_in, c_out, K, relu, residual, dw_bias", [
+    (2, 400, 128, 128, 7, True, True, False),   # QANet embedding-encoder conv
+    (2, 400, 128, 128, 5, True, True, True),    # QANet model-encoder conv, with a depthwise bias
+    (2, 400, 500, 128, 5, False, False, False),  # embedding resizer 500 -> 128
+    (3, 37, 13, 21, 4, True, False, True),      # odd sizes, channels not multiples of 8, even K
+])
+@pytest.mark.parametrize("padding", ["same", "causal"])
+def test_model_shapes(backend, B, L, c_in, c_out, K, relu, residual, dw_bias, padding):
+    args = make_inputs(B, L, c_in, c_out, K, dw_bias=dw_bias, residual=residual)
+    compare(backend, args, padding=padding, activation="relu" if relu else None)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("B, L, c_in, c_out, K", [
+    (2, 1, 8, 8, 7),     # length 1
+    (1, 3, 5, 6, 7),     # length < K, batch 1
+    (2, 9, 12, 7, 1),    # K = 1
+    (2, 6, 9, 9, 6),     # L == K, even
+    (1, 1, 1, 1, 1),     # smallest everything
+    (1, 1500, 20, 11, 5),  # batch 1, long: sequences split into tiles, one per thread (halo rows in backward)
+    (1, 300, 600, 40, 7),  # wide channels: sequences split into tiles whatever the thread count
+])
+@pytest.mark.parametrize("padding", ["same", "causal"])
+@pytest.mark.parametrize("pw_bias, dw_bias", [(True, True), (False, False)])
+def test_edge_shapes(backend, B, L, c_in, c_out, K, padding, pw_bias, dw_bias):
+    args = make_inputs(B, L, c_in, c_out, K, pw_bias=pw_bias, dw_bias=dw_bias, residual=True)
+    compare(backend, args, padding=padding, activation="relu")
+    compare(backend, args[:5] + [None], padding=padding, activation=None)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_noncontiguous_inputs(backend):
+    """Channels-first data as a transposed view, a strided residual and weights, sliced channels."""
+    B, L, c_in, c_out, K = 2, 33, 24, 16, 5
+    x_cf = torch.randn(B, c_in, L)                         # channels-first storage
+    x = x_cf.transpose(1, 2)                               # [B, L, C_in] view
+    residual = torch.randn(B, c_out, L).transpose(1, 2)
+    dw_weight = torch.randn(c_in, 1, 2 * K)[..., ::2]      # [C_in, 1, K] view, non-contiguous
+    pw_weight = torch.randn(c_in, c_out, 1).transpose(0, 1)
+    pw_bias = torch.randn(2 * c_out)[::2]
+    dw_bias = torch.randn(2 * c_in)[1::2]
+    assert not x.is_contiguous() and not dw_weight.is_contiguous() and not pw_weight.is_contiguous()
+    compare(backend, [x, dw_weight, pw_weight, pw_bias, dw_bias, residual], activation="relu")
+    wide = torch.randn(B, L, 2 * c_in)[..., ::2]           # every other channel
+    compare(backend, [wide, dw_weight, pw_weight, pw_bias, None, None], padding="causal")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_upstream_gradient_untouched_and_residual_grad(backend):
+    args = make_inputs(2, 11, 6, 6, 3, residual=True)
+    leaves = as_leaves(args)
+    y = fused(backend)(*leaves, activation="relu")
+    grad = torch.randn(6, 11, 2).permute(2, 1, 0)          # non-contiguous upstream gradient
+    before = grad.clone()
+    y.backward(grad)
+    assert torch.equal(grad, before), "the incoming gradient was modified"
+    assert_close(leaves[5].grad, before, name="grad of residual")
+    assert leaves[4] is None and all(t.grad is not None for t in leaves[:4])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_propagates_like_reference(backend):
+    args = make_inputs(1, 9, 4, 3, 3, residual=True)
+    args[0][0, 4, 1] = float("nan")
+    got, want = fused(backend)(*args, activation="relu"), ref(*args, activation="relu")
+    assert want.isnan().any()
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_only_some_inputs_need_grad(backend):
+    args = make_inputs(2, 10, 6, 5, 3, dw_bias=True, residual=True)
+    for wanted in ([True, False, False, False, False, False], [False, True, True, False, False, False],
+                   [False, False, False, True, True, True], [False] * 5 + [True]):
+        check_against_reference(fused(backend), ref, args, {"activation": "relu"}, names=NAMES,
+                                grad_args=wanted)
+
+
+def test_double_backward_raises():
+    args = as_leaves(make_inputs(1, 5, 3, 2, 3, dtype=torch.float64))
+    y = fused("cpu")(*args)
+    (grad_x,) = torch.autograd.grad(y.square().sum(), args[0], create_graph=True)
+    with pytest.raises(RuntimeError):
+        grad_x.sum().backward()
+
+
+@pytest.mark.parametrize("padding, activation", [("same", "relu"), ("causal", None)])
+def test_gradcheck_float64(padding, activation):
+    leaves = as_leaves(make_inputs(2, 6, 3, 4, 3, dw_bias=True, residual=True, dtype=torch.float64))
+    assert torch.autograd.gradcheck(lambda *t: fused("cpu")(*t, padding=padding, activation=activation), leaves)
+
+
+# --- custom ops, compile, determinism, layer -----------------------------------------------------------------
+
+@pytest.mark.parametrize("relu, optionals", [(True, True), (False, False)])
+def test_opcheck(relu, optionals):
+    x, dw_weight, pw_weight, pw_bias, dw_bias, residual = make_inputs(
+        2, 9, 6, 5, 3, dw_bias=optionals, pw_bias=optionals, residual=optionals)
+    fwd_args = (x, dw_weight, dw_bias, pw_weight, pw_bias, residual, 1, relu)
+    torch.library.opcheck(torch.ops.fastqa.dwsep_conv1d_fwd, fwd_args)
+    _, aux = torch.ops.fastqa.dwsep_conv1d_fwd(*fwd_args)
+    grad_y = torch.randn(2, 9, 5)
+    torch.library.opcheck(torch.ops.fastqa.dwsep_conv1d_bwd,
+                          (grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, 1, relu))
+
+
+def test_torch_compile_fullgraph():
+    """aot_eager: traces the autograd Function and the fake kernels without the slow inductor codegen."""
+    torch.manual_seed(0)
+    layer = fastqa.layers.DepthwiseSeparableConv1d(12, 10, 5, activation="relu", depthwise_bias=True,
+                                                   backend="cpu")
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 17, 12, requires_grad=True)
+    residual = torch.randn(2, 17, 10, requires_grad=True)
+    outs = []
+    for fn in (layer, compiled):
+        layer.zero_grad()
+        x.grad = residual.grad = None
+        y = fn(x, residual)
+        y.square().sum().backward()
+        outs.append([y.detach(), x.grad, residual.grad] + [p.grad for p in layer.parameters()])
+    for i, (got, want) in enumerate(zip(outs[1], outs[0])):
+        assert_close(got, want, name=f"compiled output/grad {i}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backward_bit_identical(backend):
+    args = make_inputs(4, 400, 128, 128, 7, dw_bias=True, residual=True)
+    grad = torch.randn(4, 400, 128)
+    runs = []
+    for _ in range(2):
+        leaves = as_leaves(args)
+        y = fused(backend)(*leaves, activation="relu")
+        runs.append([y] + list(torch.autograd.grad(y, leaves, grad)))
+    for i, (a, b) in enumerate(zip(*runs)):
+        assert torch.equal(a, b), f"run-to-run difference in output/grad {i}"
+
+
+def test_layer_state_dict_round_trip():
+    torch.manual_seed(0)
+    layer = fastqa.layers.DepthwiseSeparableConv1d(16, 8, 7, activation="relu", depthwise_bias=True)
+    ref_layer = reference.DepthwiseSeparableConv1d(16, 8, 7, activation="relu", depthwise_bias=True)
+    assert isinstance(layer, reference.DepthwiseSeparableConv1d)
+    assert layer.state_dict().keys() == ref_layer.state_dict().keys()
+    ref_layer.load_state_dict(layer.state_dict())
+    x, residual = torch.randn(3, 20, 16), torch.randn(3, 20, 8)
+    assert_close(layer(x, residual), ref_layer(x, residual), name="layer vs reference layer")
+    with torch.no_grad():
+        for p in ref_layer.parameters():
+            p.mul_(0.5)
+    layer.load_state_dict(ref_layer.state_dict())
+    assert_close(layer(x), ref_layer(x), name="reloaded layer vs reference layer")
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference", "cpu"])
+def test_layer_backends(backend):
+    layer = fastqa.layers.DepthwiseSeparableConv1d(6, 4, 3, padding="causal", backend=backend)
+    x = torch.randn(2, 8, 6)
+    assert_close(layer(x), reference.DepthwiseSeparableConv1d.forward(layer, x), name=f"layer {backend}")
+    assert f"backend={backend!r}" in repr(layer)
+
+
+# --- dispatch ------------------------------------------------------------------------------------------------
+
+def test_backend_reference_and_env_forcing(monkeypatch):
+    args = make_inputs(2, 8, 6, 4, 3)
+    calls = []
+    real = reference.dwsep_conv1d
+    # (the submodule, not the function fastqa.ops re-exports under the same name)
+    monkeypatch.setattr(sys.modules["fastqa.ops.dwsep_conv1d"], "dwsep_conv1d_reference",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    fused("reference")(*args)
+    assert calls == [1]
+    fused("auto")(*args)
+    assert calls == [1], "auto on float32 CPU tensors should run the cpu kernels"
+    monkeypatch.setenv("FASTQA_BACKEND", "reference")
+    fused("auto")(*args)
+    assert calls == [1, 1]
+    monkeypatch.setenv("FASTQA_BACKEND", "cpu")
+    assert_close(fused("auto")(*args), ref(*args), name="FASTQA_BACKEND=cpu")
+    assert calls == [1, 1]
+
+
+def test_forcing_triton_on_cpu_without_interpreter_raises(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="triton"):
+        fused("triton")(*make_inputs(1, 4, 3, 3, 3))
+    monkeypatch.setenv("FASTQA_BACKEND", "triton")
+    with pytest.raises(RuntimeError, match="triton"):
+        fused("auto")(*make_inputs(1, 4, 3, 3, 3))
+
+
+def test_unsupported_dtype_falls_back_with_warning():
+    args = make_inputs(1, 6, 4, 4, 3, dtype=torch.bfloat16)
+    with pytest.warns(RuntimeWarning, match="reference"):
+        y = fused("auto")(*args)
+    assert torch.equal(y, ref(*args))
+    with pytest.raises(RuntimeError, match="float32 or float64"):
+        fused("cpu")(*args)
+
+
+# --- bad input -----------------------------------------------------------------------------------------------
+
+def _bad_cases():
+    x, dw, pw, pb, db, res = make_inputs(2, 8, 6, 4, 3, dw_bias=True, residual=True)
+    ok = dict(x=x, dw_weight=dw, pw_weight=pw, pw_bias=pb, dw_bias=db, residual=res)
+    cases = [
+        ("x", ValueError, dict(x=x[0])),                                  # wrong rank
+        ("x", TypeError, dict(x=[[1.0]])),                                # not a tensor
+        ("x", TypeError, dict(x=x.long())),                               # integer dtype
+        ("x", ValueError, dict(x=x[:0])),                                 # empty batch
+        ("x", ValueError, dict(x=x[:, :0])),                              # empty length
+        ("x", ValueError, dict(x=x.to("meta"))),                          # no data
+        ("dw_weight", ValueError, dict(dw_weight=dw[:5])),                # channels mismatch
+        ("dw_weight", ValueError, dict(dw_weight=dw.squeeze(1))),         # wrong rank
+        ("dw_weight", ValueError, dict(dw_weight=dw[..., :0])),           # K = 0
+        ("dw_weight", TypeError, dict(dw_weight=dw.double())),            # dtype mismatch
+        ("dw_weight", ValueError, dict(dw_weight=dw.to("meta"))),         # device mismatch
+        ("pw_weight", ValueError, dict(pw_weight=pw[:, :5])),             # channels mismatch
+        ("pw_weight", ValueError, dict(pw_weight=pw.expand(4, 6, 2))),    # not 1x1
+        ("pw_bias", ValueError, dict(pw_bias=pb[:3])),
+        ("pw_bias", TypeError, dict(pw_bias=pb.double())),
+        ("dw_bias", ValueError, dict(dw_bias=db[:5])),
+        ("residual", ValueError, dict(residual=res[:1])),                 # batch mismatch
+        ("residual", ValueError, dict(residual=res[..., :3])),            # channels mismatch
+        ("residual", TypeError, dict(residual=res.double())),
+    ]
+    return ok, cases
+
+
+@pytest.mark.parametrize("case", range(len(_bad_cases()[1])))
+def test_bad_tensor_arguments(case):
+    ok, cases = _bad_cases()
+    name, exc, change = cases[case]
+    kwargs = {**ok, **change}
+    x, dw, pw = kwargs.pop("x"), kwargs.pop("dw_weight"), kwargs.pop("pw_weight")
+    with pytest.raises(exc, match=name):
+        fastqa.dwsep_conv1d(x, dw, pw, kwargs.pop("pw_bias"), **kwargs, backend="cpu")
+
+
+@pytest.mark.parametrize("name, value, exc", [
+    ("padding", "valid", ValueError), ("padding", None, ValueError), ("activation", "gelu", ValueError),
+    ("backend", "cuda-graphs", ValueError), ("backend", 3, TypeError),
+])
+def test_bad_kwargs(name, value, exc):
+    x, dw, pw, pb, _, _ = make_inputs(1, 5, 4, 4, 3)
+    with pytest.raises(exc, match=name):
+        fastqa.dwsep_conv1d(x, dw, pw, pb, **{name: value})
+
+
+def test_bad_layer_arguments():
+    with pytest.raises(ValueError, match="activation"):
+        fastqa.layers.DepthwiseSeparableConv1d(4, 4, 3, activation="tanh")
+    with pytest.raises(ValueError, match="padding"):
+        fastqa.layers.DepthwiseSeparableConv1d(4, 4, 3, padding="full")
+
+
+def test_cpp_checks_name_arguments():
+    """The custom ops check their own arguments (RuntimeError with the argument's name)."""
+    x, dw, pw, pb, _, _ = make_inputs(1, 5, 4, 4, 3)
+    with pytest.raises(RuntimeError, match="pad_left"):
+        torch.ops.fastqa.dwsep_conv1d_fwd(x, dw, None, pw, pb, None, 3, False)
+    with pytest.raises(RuntimeError, match="pw_weight"):
+        torch.ops.fastqa.dwsep_conv1d_fwd(x, dw, None, pw[:, :3], pb, None, 1, False)
+    with pytest.raises(RuntimeError, match="aux"):
+        torch.ops.fastqa.dwsep_conv1d_bwd(torch.randn(1, 5, 4), x, dw, None, pw, pb,
+                                          torch.empty(0, dtype=torch.bool), 1, True)
+
+
+def test_conv_padding_values():
+    assert conv_padding(7, "same") == (3, 3) and conv_padding(4, "same") == (1, 2)
+    assert conv_padding(5, "causal") == (4, 0)

@@ -261,7 +261,7 @@ def _fwd_kernel(x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_ptr, dwb_ptr, pww_ptr, p
         offs_byte = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
         tl.store(bits_ptr + (b * L + offs_l)[:, None] * n_bytes + offs_byte[None, :], packed,
                  mask=l_ok[:, None] & (offs_byte < n_bytes)[None, :])
-        acc = tl.maximum(acc, 0.0)
+        acc = tl.where(acc < 0, 0.0, acc)  # not tl.maximum: a NaN stays NaN, as in torch.relu
     out_ok = l_ok[:, None] & n_ok[None, :]
     if HAS_RES:
         res = tl.load(res_ptr + b * s_rb + offs_l[:, None] * s_rl + offs_n[None, :] * s_rc, mask=out_ok, other=0.0)

@@ -17,9 +17,10 @@ The whole feature dimension sits in one tile (BLOCK_D = next power of two >= d, 
 this suits QANet's d = 128 and still works, with register spilling, for d of several hundred.
 "Row" programs own BLOCK_N context rows of one batch element and loop over the question in tiles
 of BLOCK_M; "column" programs own BLOCK_M question words and loop over the context in tiles of
-BLOCK_N. Block sizes and num_warps are autotuned (key: n, m, d); for row programs BLOCK_M is set
-by the launcher to cover the whole question when m <= 128, so the row softmax is a single tile
-for typical questions and an online (running max / running sum) softmax beyond. Under
+BLOCK_N. Block sizes and num_warps are autotuned (key: d and the power-of-two buckets of n and
+m); for row programs BLOCK_M is set by the launcher to cover the whole question when m <= 128, so
+the row softmax is a single tile for typical questions and an online (running max / running sum)
+softmax beyond. Under
 TRITON_INTERPRET=1 every kernel has one small configuration (16-wide tiles) so the tests run
 quickly and still take the multi-tile paths.
 
@@ -85,7 +86,9 @@ else:
     _TILE_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_M": bm}, num_warps=w, num_stages=2)
                      for bn, bm in ((32, 32), (64, 64), (64, 128), (128, 64)) for w in (4, 8)]
     _ROW_TILE_MAX = 128  # question tile of the row kernels: a whole typical question
-_KEY = ["n", "m", "d"]
+# Tuned per power-of-two bucket of the lengths (n_key, m_key: kernel arguments read by the autotuner
+# only), not per exact length: batches padded to their longest context would retune constantly.
+_KEY = ["n_key", "m_key", "d"]
 # Column programs write one partial row each; the buffer is sized for the smallest BLOCK_M.
 _MIN_COL_BLOCK_M = min(cfg.kwargs["BLOCK_M"] for cfg in _COL_CONFIGS)
 
@@ -200,7 +203,7 @@ def _col_epilogue(dq_ptr, partial_ptr, b, pid_m, offs_m, offs_d, m_ok, d_ok, m, 
 
 @triton.autotune(configs=_TILE_CONFIGS, key=_KEY)
 @triton.jit
-def _tri_fwd_kernel(c_ptr, q_ptr, w_ptr, bias_ptr, s_ptr, n, m, d,
+def _tri_fwd_kernel(c_ptr, q_ptr, w_ptr, bias_ptr, s_ptr, n, m, d, n_key, m_key,
                     s_cb, s_cn, s_cd, s_qb, s_qm, s_qd,
                     HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, MMA: tl.constexpr, PREC: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -219,7 +222,7 @@ def _tri_fwd_kernel(c_ptr, q_ptr, w_ptr, bias_ptr, s_ptr, n, m, d,
 
 @triton.autotune(configs=_ROW_CONFIGS, key=_KEY)
 @triton.jit
-def _tri_bwd_row_kernel(g_ptr, q_ptr, w_ptr, dc_ptr, n, m, d,
+def _tri_bwd_row_kernel(g_ptr, q_ptr, w_ptr, dc_ptr, n, m, d, n_key, m_key,
                         s_gb, s_gn, s_gm, s_qb, s_qm, s_qd,
                         BLOCK_D: tl.constexpr, MMA: tl.constexpr, PREC: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -244,7 +247,7 @@ def _tri_bwd_row_kernel(g_ptr, q_ptr, w_ptr, dc_ptr, n, m, d,
 
 @triton.autotune(configs=_COL_CONFIGS, key=_KEY, reset_to_zero=["partial_ptr"])
 @triton.jit
-def _tri_bwd_col_kernel(g_ptr, c_ptr, q_ptr, w_ptr, dq_ptr, partial_ptr, n, m, d,
+def _tri_bwd_col_kernel(g_ptr, c_ptr, q_ptr, w_ptr, dq_ptr, partial_ptr, n, m, d, n_key, m_key,
                         s_gb, s_gn, s_gm, s_cb, s_cn, s_cd, s_qb, s_qm, s_qd,
                         BLOCK_D: tl.constexpr, MMA: tl.constexpr, PREC: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -273,7 +276,7 @@ def _tri_bwd_col_kernel(g_ptr, c_ptr, q_ptr, w_ptr, dq_ptr, partial_ptr, n, m, d
 
 @triton.autotune(configs=_COL_CONFIGS, key=_KEY)
 @triton.jit
-def _cqa_fwd_col_kernel(c_ptr, q_ptr, cmask_ptr, w_ptr, bias_ptr, t_ptr, lse_col_ptr, n, m, d,
+def _cqa_fwd_col_kernel(c_ptr, q_ptr, cmask_ptr, w_ptr, bias_ptr, t_ptr, lse_col_ptr, n, m, d, n_key, m_key,
                         s_cb, s_cn, s_cd, s_qb, s_qm, s_qd, s_kb, s_kn,
                         HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, MMA: tl.constexpr, PREC: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -306,8 +309,8 @@ def _cqa_fwd_col_kernel(c_ptr, q_ptr, cmask_ptr, w_ptr, bias_ptr, t_ptr, lse_col
 
 @triton.autotune(configs=_ROW_CONFIGS, key=_KEY)
 @triton.jit
-def _cqa_fwd_row_kernel(c_ptr, q_ptr, qmask_ptr, w_ptr, bias_ptr, t_ptr, out_ptr, lse_row_ptr, n, m, d,
-                        s_cb, s_cn, s_cd, s_qb, s_qm, s_qd, s_kb, s_km,
+def _cqa_fwd_row_kernel(c_ptr, q_ptr, qmask_ptr, w_ptr, bias_ptr, t_ptr, out_ptr, lse_row_ptr,
+                        n, m, d, n_key, m_key, s_cb, s_cn, s_cd, s_qb, s_qm, s_qd, s_kb, s_km,
                         HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, MMA: tl.constexpr, PREC: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Row softmax over the question, A = P Q, B = P T and out = [c, A, c∘A, c∘B], per (n-tile, b)."""
@@ -349,7 +352,7 @@ def _cqa_fwd_row_kernel(c_ptr, q_ptr, qmask_ptr, w_ptr, bias_ptr, t_ptr, out_ptr
 
 @triton.autotune(configs=_ROW_CONFIGS, key=_KEY)
 @triton.jit
-def _cqa_bwd_prep_kernel(g_ptr, c_ptr, out_ptr, da_ptr, db_ptr, dd_ptr, n, m, d,
+def _cqa_bwd_prep_kernel(g_ptr, c_ptr, out_ptr, da_ptr, db_ptr, dd_ptr, n, m, d, n_key, m_key,
                          s_gb, s_gn, s_gd, s_cb, s_cn, s_cd, s_ob, s_on, s_od,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     """dA = g1 + g2∘c, dB = g3∘c and D = dA·A + g3·(c∘B), per (n-tile, b)."""
@@ -374,7 +377,7 @@ def _cqa_bwd_prep_kernel(g_ptr, c_ptr, out_ptr, da_ptr, db_ptr, dd_ptr, n, m, d,
 @triton.autotune(configs=_COL_CONFIGS, key=_KEY, reset_to_zero=["partial_ptr"])
 @triton.jit
 def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse_row_ptr, lse_col_ptr,
-                        da_ptr, db_ptr, dd_ptr, t_ptr, dt_ptr, e_ptr, dq_ptr, partial_ptr, n, m, d,
+                        da_ptr, db_ptr, dd_ptr, t_ptr, dt_ptr, e_ptr, dq_ptr, partial_ptr, n, m, d, n_key, m_key,
                         s_cb, s_cn, s_cd, s_qb, s_qm, s_qd, s_kcb, s_kcn, s_kqb, s_kqm,
                         HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, MMA: tl.constexpr, PREC: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -440,7 +443,7 @@ def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse
 @triton.jit
 def _cqa_bwd_row_kernel(g_ptr, c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, out_ptr,
                         lse_row_ptr, lse_col_ptr, da_ptr, db_ptr, dd_ptr, t_ptr, dt_ptr, e_ptr, dc_ptr,
-                        n, m, d, s_gb, s_gn, s_gd, s_cb, s_cn, s_cd, s_qb, s_qm, s_qd,
+                        n, m, d, n_key, m_key, s_gb, s_gn, s_gd, s_cb, s_cn, s_cd, s_qb, s_qm, s_qd,
                         s_kcb, s_kcn, s_kqb, s_kqm, s_ob, s_on, s_od,
                         HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, MMA: tl.constexpr, PREC: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -505,6 +508,11 @@ def _consts(c: torch.Tensor, d: int) -> dict:
     return {"BLOCK_D": max(16, triton.next_power_of_2(d)), "MMA": mma, "PREC": prec}
 
 
+def _keys(n: int, m: int) -> tuple[int, int]:
+    """Autotuning buckets of the context and question lengths."""
+    return triton.next_power_of_2(max(n, 1)), triton.next_power_of_2(max(m, 1))
+
+
 def _row_block_m(m: int) -> int:
     """Question tile of the row kernels: the whole question up to _ROW_TILE_MAX, then online."""
     return max(16, min(triton.next_power_of_2(max(m, 1)), _ROW_TILE_MAX))
@@ -538,7 +546,7 @@ def _trilinear_fwd(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor,
     bias_arg, has_bias = _bias_args(bias, weight)
     s = torch.empty(batch, n, m, device=c.device, dtype=c.dtype)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), batch)  # noqa: E731
-    _tri_fwd_kernel[grid](c, q, weight, bias_arg, s, n, m, d, *c.stride(), *q.stride(),
+    _tri_fwd_kernel[grid](c, q, weight, bias_arg, s, n, m, d, *_keys(n, m), *c.stride(), *q.stride(),
                           HAS_BIAS=has_bias, **_consts(c, d))
     return s
 
@@ -554,9 +562,9 @@ def _trilinear_bwd(grad_s: torch.Tensor, c: torch.Tensor, q: torch.Tensor, weigh
     partial = _partial_buffer(c, batch, m, d)
     row_grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), batch)  # noqa: E731
     col_grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), batch)  # noqa: E731
-    _tri_bwd_row_kernel[row_grid](grad_s, q, weight, grad_c, n, m, d, *grad_s.stride(), *q.stride(),
+    _tri_bwd_row_kernel[row_grid](grad_s, q, weight, grad_c, n, m, d, *_keys(n, m), *grad_s.stride(), *q.stride(),
                                   BLOCK_M=_row_block_m(m), **consts)
-    _tri_bwd_col_kernel[col_grid](grad_s, c, q, weight, grad_q, partial, n, m, d,
+    _tri_bwd_col_kernel[col_grid](grad_s, c, q, weight, grad_q, partial, n, m, d, *_keys(n, m),
                                   *grad_s.stride(), *c.stride(), *q.stride(), **consts)
     return (grad_c, grad_q) + _weight_grads(partial, weight, bias, d)
 
@@ -575,9 +583,9 @@ def _cqa_fwd(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor, q_mask: tor
     out = torch.empty(batch, n, 4 * d, device=c.device, dtype=c.dtype)
     col_grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), batch)  # noqa: E731
     row_grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), batch)  # noqa: E731
-    _cqa_fwd_col_kernel[col_grid](c, q, c_mask, weight, bias_arg, t, lse_col, n, m, d,
+    _cqa_fwd_col_kernel[col_grid](c, q, c_mask, weight, bias_arg, t, lse_col, n, m, d, *_keys(n, m),
                                   *c.stride(), *q.stride(), *c_mask.stride(), HAS_BIAS=has_bias, **consts)
-    _cqa_fwd_row_kernel[row_grid](c, q, q_mask, weight, bias_arg, t, out, lse_row, n, m, d,
+    _cqa_fwd_row_kernel[row_grid](c, q, q_mask, weight, bias_arg, t, out, lse_row, n, m, d, *_keys(n, m),
                                   *c.stride(), *q.stride(), *q_mask.stride(), HAS_BIAS=has_bias,
                                   BLOCK_M=_row_block_m(m), **consts)
     return out, lse_row, lse_col
@@ -600,13 +608,13 @@ def _cqa_bwd(grad_out: torch.Tensor, c: torch.Tensor, q: torch.Tensor, c_mask: t
     partial = _partial_buffer(c, batch, m, d)
     row_grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), batch)  # noqa: E731
     col_grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), batch)  # noqa: E731
-    _cqa_bwd_prep_kernel[row_grid](grad_out, c, out, da, db, dd, n, m, d,
+    _cqa_bwd_prep_kernel[row_grid](grad_out, c, out, da, db, dd, n, m, d, *_keys(n, m),
                                    *grad_out.stride(), *c.stride(), *out.stride(), BLOCK_D=consts["BLOCK_D"])
     _cqa_bwd_col_kernel[col_grid](c, q, c_mask, q_mask, weight, bias_arg, lse_row, lse_col, da, db, dd,
-                                  t, dt, e, grad_q, partial, n, m, d, *c.stride(), *q.stride(),
+                                  t, dt, e, grad_q, partial, n, m, d, *_keys(n, m), *c.stride(), *q.stride(),
                                   *c_mask.stride(), *q_mask.stride(), HAS_BIAS=has_bias, **consts)
     _cqa_bwd_row_kernel[row_grid](grad_out, c, q, c_mask, q_mask, weight, bias_arg, out, lse_row, lse_col,
-                                  da, db, dd, t, dt, e, grad_c, n, m, d, *grad_out.stride(), *c.stride(),
+                                  da, db, dd, t, dt, e, grad_c, n, m, d, *_keys(n, m), *grad_out.stride(), *c.stride(),
                                   *q.stride(), *c_mask.stride(), *q_mask.stride(), *out.stride(),
                                   HAS_BIAS=has_bias, BLOCK_M=_row_block_m(m), **consts)
     return (grad_c, grad_q) + _weight_grads(partial, weight, bias, d)

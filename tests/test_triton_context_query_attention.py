@@ -20,12 +20,21 @@ import torch
 from helpers import assert_close
 
 pytest.importorskip("triton")
-kernels = importlib.import_module("fastqa.triton_kernels.context_query_attention")
+importlib.import_module("fastqa.triton_kernels.context_query_attention")  # registers fastqa_triton::*
 ref = importlib.import_module("fastqa.reference.context_query_attention")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ops = torch.ops.fastqa_triton
-# Relative tolerance per dtype: |got - want| <= tol * (scale + |want|), scale = max |want|.
+
+
+@pytest.fixture(autouse=True)
+def default_configs(monkeypatch):
+    """Small shapes run each kernel's default configuration: on a GPU, autotuning every new shape
+    bucket and dtype would spend minutes compiling (TestGPU turns tuning back on)."""
+    monkeypatch.setenv("FASTQA_TRITON_AUTOTUNE", "0")
+
+
+# Per dtype: |got - want| <= tol * scale + tol * |want|, scale = max |want| (at least 1).
 TOL = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 
@@ -196,6 +205,17 @@ def test_opcheck():
         torch.library.opcheck(ops.context_query_attention_bwd, (torch.randn_like(out),) + cqa + (out, aux_row, aux_col))
 
 
+def test_autotuned_launch_matches_default_config(monkeypatch):
+    """The autotuner's launch path (with its reset of the partial buffer) gives the same bits."""
+    inp = make_inputs(2, 21, 18, 12, seed=29)
+    grad_out = torch.randn(2, 21, 48, device=DEVICE)
+    default = _fwd_bwd(**inp, grad_out=grad_out)
+    monkeypatch.setenv("FASTQA_TRITON_AUTOTUNE", "1")
+    tuned = _fwd_bwd(**inp, grad_out=grad_out)
+    for a, b in zip(tuned, default):
+        assert torch.equal(a, b) if DEVICE == "cpu" else torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
 def _fwd_bwd(c, q, c_mask, q_mask, weight, bias, grad_out):
     out, aux_row, aux_col = ops.context_query_attention_fwd(c, q, c_mask, q_mask, weight, bias)
     return (out,) + tuple(ops.context_query_attention_bwd(grad_out, c, q, c_mask, q_mask, weight, bias,
@@ -217,6 +237,10 @@ def test_compile_fullgraph_traces_the_ops():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 class TestGPU:
     """QANet's shapes (batch 32, context 400, question 50, d 128) with real Triton compilation."""
+
+    @pytest.fixture(autouse=True)
+    def autotuned(self, monkeypatch):
+        monkeypatch.setenv("FASTQA_TRITON_AUTOTUNE", "1")
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
     @pytest.mark.parametrize("shape", [(32, 400, 50, 128), (4, 300, 200, 96)], ids=["qanet", "long_question"])

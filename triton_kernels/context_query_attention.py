@@ -22,7 +22,8 @@ m); for row programs BLOCK_M is set by the launcher to cover the whole question 
 the row softmax is a single tile for typical questions and an online (running max / running sum)
 softmax beyond. Under
 TRITON_INTERPRET=1 every kernel has one small configuration (16-wide tiles) so the tests run
-quickly and still take the multi-tile paths.
+quickly and still take the multi-tile paths. FASTQA_TRITON_AUTOTUNE=0 skips tuning on a GPU: every
+kernel then runs the first configuration of its list.
 
 Forward (context_query_attention_fwd), two kernels:
   1. column pass, per (m-tile, b): online softmax over the context of Sᵀ, accumulating T;
@@ -72,7 +73,8 @@ import triton.language as tl
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
-# Autotuning spaces. The interpreter would run every configuration, so it gets one small one.
+# Autotuning spaces; the first entry of each list is the default configuration (see _launch).
+# The interpreter would run every configuration, so it gets one small one.
 if _INTERPRET:
     _ROW_CONFIGS = [triton.Config({"BLOCK_N": 16}, num_warps=1)]
     _COL_CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1)]
@@ -80,11 +82,11 @@ if _INTERPRET:
     _ROW_TILE_MAX = 16  # so that a small test question already needs the online row softmax
 else:
     _ROW_CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=2)
-                    for bn in (16, 32, 64) for w in (2, 4, 8)]
+                    for bn in (32, 16, 64) for w in (4, 8)]
     _COL_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=2)
-                    for bm in (16, 32, 64) for bn in (32, 64) for w in (4, 8)]
+                    for bm, bn in ((32, 32), (16, 64), (64, 32)) for w in (4, 8)]
     _TILE_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_M": bm}, num_warps=w, num_stages=2)
-                     for bn, bm in ((32, 32), (64, 64), (64, 128), (128, 64)) for w in (4, 8)]
+                     for bn, bm in ((64, 64), (32, 32), (64, 128), (128, 64)) for w in (4, 8)]
     _ROW_TILE_MAX = 128  # question tile of the row kernels: a whole typical question
 # Tuned per power-of-two bucket of the lengths (n_key, m_key: kernel arguments read by the autotuner
 # only), not per exact length: batches padded to their longest context would retune constantly.
@@ -495,6 +497,18 @@ def _cqa_bwd_row_kernel(g_ptr, c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_p
 
 # ----------------------------------------------------------------------------- launchers
 
+def _launch(kernel: triton.runtime.Autotuner, grid, *args, **kwargs) -> None:
+    """Launch an autotuned kernel, or, with FASTQA_TRITON_AUTOTUNE=0, its default (first) config.
+
+    Skipping the tuning saves compiling every configuration for every new shape bucket and dtype
+    (the tests at small shapes do this); the results are the same up to rounding.
+    """
+    if os.environ.get("FASTQA_TRITON_AUTOTUNE", "1") != "0":
+        kernel[grid](*args, **kwargs)
+    else:
+        kernel.fn[grid](*args, **kwargs, **kernel.configs[0].all_kwargs())
+
+
 def _consts(c: torch.Tensor, d: int) -> dict:
     """Compile-time constants shared by every kernel: feature tile, MMA operand dtype, precision."""
     if c.dtype == torch.float16:
@@ -538,6 +552,14 @@ def _partial_buffer(c: torch.Tensor, batch: int, m: int, d: int) -> torch.Tensor
     return torch.zeros(batch * triton.cdiv(m, _MIN_COL_BLOCK_M), 3 * d + 1, device=c.device, dtype=torch.float32)
 
 
+def _row_grid(n: int, batch: int):
+    return lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), batch)
+
+
+def _col_grid(m: int, batch: int):
+    return lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), batch)
+
+
 def _trilinear_fwd(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor,
                    bias: Optional[torch.Tensor]) -> torch.Tensor:
     batch, n, d = c.shape
@@ -546,8 +568,8 @@ def _trilinear_fwd(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor,
     bias_arg, has_bias = _bias_args(bias, weight)
     s = torch.empty(batch, n, m, device=c.device, dtype=c.dtype)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), batch)  # noqa: E731
-    _tri_fwd_kernel[grid](c, q, weight, bias_arg, s, n, m, d, *_keys(n, m), *c.stride(), *q.stride(),
-                          HAS_BIAS=has_bias, **_consts(c, d))
+    _launch(_tri_fwd_kernel, grid, c, q, weight, bias_arg, s, n, m, d, *_keys(n, m), *c.stride(), *q.stride(),
+            HAS_BIAS=has_bias, **_consts(c, d))
     return s
 
 
@@ -557,15 +579,14 @@ def _trilinear_bwd(grad_s: torch.Tensor, c: torch.Tensor, q: torch.Tensor, weigh
     m = q.shape[1]
     weight = weight.contiguous()
     consts = _consts(c, d)
+    sizes = (n, m, d, *_keys(n, m))
     grad_c = torch.empty_like(c, memory_format=torch.contiguous_format)
     grad_q = torch.empty_like(q, memory_format=torch.contiguous_format)
     partial = _partial_buffer(c, batch, m, d)
-    row_grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), batch)  # noqa: E731
-    col_grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), batch)  # noqa: E731
-    _tri_bwd_row_kernel[row_grid](grad_s, q, weight, grad_c, n, m, d, *_keys(n, m), *grad_s.stride(), *q.stride(),
-                                  BLOCK_M=_row_block_m(m), **consts)
-    _tri_bwd_col_kernel[col_grid](grad_s, c, q, weight, grad_q, partial, n, m, d, *_keys(n, m),
-                                  *grad_s.stride(), *c.stride(), *q.stride(), **consts)
+    _launch(_tri_bwd_row_kernel, _row_grid(n, batch), grad_s, q, weight, grad_c, *sizes,
+            *grad_s.stride(), *q.stride(), BLOCK_M=_row_block_m(m), **consts)
+    _launch(_tri_bwd_col_kernel, _col_grid(m, batch), grad_s, c, q, weight, grad_q, partial, *sizes,
+            *grad_s.stride(), *c.stride(), *q.stride(), **consts)
     return (grad_c, grad_q) + _weight_grads(partial, weight, bias, d)
 
 
@@ -575,19 +596,17 @@ def _cqa_fwd(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor, q_mask: tor
     m = q.shape[1]
     weight = weight.contiguous()
     bias_arg, has_bias = _bias_args(bias, weight)
-    consts = _consts(c, d)
+    consts = dict(_consts(c, d), HAS_BIAS=has_bias)
+    sizes = (n, m, d, *_keys(n, m))
     f32 = dict(device=c.device, dtype=torch.float32)
     t = torch.empty(batch, m, d, **f32)
     lse_col = torch.empty(batch, m, **f32)
     lse_row = torch.empty(batch, n, **f32)
     out = torch.empty(batch, n, 4 * d, device=c.device, dtype=c.dtype)
-    col_grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), batch)  # noqa: E731
-    row_grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), batch)  # noqa: E731
-    _cqa_fwd_col_kernel[col_grid](c, q, c_mask, weight, bias_arg, t, lse_col, n, m, d, *_keys(n, m),
-                                  *c.stride(), *q.stride(), *c_mask.stride(), HAS_BIAS=has_bias, **consts)
-    _cqa_fwd_row_kernel[row_grid](c, q, q_mask, weight, bias_arg, t, out, lse_row, n, m, d, *_keys(n, m),
-                                  *c.stride(), *q.stride(), *q_mask.stride(), HAS_BIAS=has_bias,
-                                  BLOCK_M=_row_block_m(m), **consts)
+    _launch(_cqa_fwd_col_kernel, _col_grid(m, batch), c, q, c_mask, weight, bias_arg, t, lse_col, *sizes,
+            *c.stride(), *q.stride(), *c_mask.stride(), **consts)
+    _launch(_cqa_fwd_row_kernel, _row_grid(n, batch), c, q, q_mask, weight, bias_arg, t, out, lse_row, *sizes,
+            *c.stride(), *q.stride(), *q_mask.stride(), BLOCK_M=_row_block_m(m), **consts)
     return out, lse_row, lse_col
 
 
@@ -599,24 +618,22 @@ def _cqa_bwd(grad_out: torch.Tensor, c: torch.Tensor, q: torch.Tensor, c_mask: t
     weight = weight.contiguous()
     lse_row, lse_col = lse_row.contiguous(), lse_col.contiguous()
     bias_arg, has_bias = _bias_args(bias, weight)
-    consts = _consts(c, d)
+    consts = dict(_consts(c, d), HAS_BIAS=has_bias)
+    sizes = (n, m, d, *_keys(n, m))
     f32 = dict(device=c.device, dtype=torch.float32)
     da, db, dd = torch.empty(batch, n, d, **f32), torch.empty(batch, n, d, **f32), torch.empty(batch, n, **f32)
     t, dt, e = torch.empty(batch, m, d, **f32), torch.empty(batch, m, d, **f32), torch.empty(batch, m, **f32)
     grad_c = torch.empty_like(c, memory_format=torch.contiguous_format)
     grad_q = torch.empty_like(q, memory_format=torch.contiguous_format)
     partial = _partial_buffer(c, batch, m, d)
-    row_grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), batch)  # noqa: E731
-    col_grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), batch)  # noqa: E731
-    _cqa_bwd_prep_kernel[row_grid](grad_out, c, out, da, db, dd, n, m, d, *_keys(n, m),
-                                   *grad_out.stride(), *c.stride(), *out.stride(), BLOCK_D=consts["BLOCK_D"])
-    _cqa_bwd_col_kernel[col_grid](c, q, c_mask, q_mask, weight, bias_arg, lse_row, lse_col, da, db, dd,
-                                  t, dt, e, grad_q, partial, n, m, d, *_keys(n, m), *c.stride(), *q.stride(),
-                                  *c_mask.stride(), *q_mask.stride(), HAS_BIAS=has_bias, **consts)
-    _cqa_bwd_row_kernel[row_grid](grad_out, c, q, c_mask, q_mask, weight, bias_arg, out, lse_row, lse_col,
-                                  da, db, dd, t, dt, e, grad_c, n, m, d, *_keys(n, m), *grad_out.stride(), *c.stride(),
-                                  *q.stride(), *c_mask.stride(), *q_mask.stride(), *out.stride(),
-                                  HAS_BIAS=has_bias, BLOCK_M=_row_block_m(m), **consts)
+    _launch(_cqa_bwd_prep_kernel, _row_grid(n, batch), grad_out, c, out, da, db, dd, *sizes,
+            *grad_out.stride(), *c.stride(), *out.stride(), BLOCK_D=consts["BLOCK_D"])
+    _launch(_cqa_bwd_col_kernel, _col_grid(m, batch), c, q, c_mask, q_mask, weight, bias_arg, lse_row, lse_col,
+            da, db, dd, t, dt, e, grad_q, partial, *sizes, *c.stride(), *q.stride(), *c_mask.stride(),
+            *q_mask.stride(), **consts)
+    _launch(_cqa_bwd_row_kernel, _row_grid(n, batch), grad_out, c, q, c_mask, q_mask, weight, bias_arg, out,
+            lse_row, lse_col, da, db, dd, t, dt, e, grad_c, *sizes, *grad_out.stride(), *c.stride(), *q.stride(),
+            *c_mask.stride(), *q_mask.stride(), *out.stride(), BLOCK_M=_row_block_m(m), **consts)
     return (grad_c, grad_q) + _weight_grads(partial, weight, bias, d)
 
 

@@ -18,12 +18,11 @@ this suits QANet's d = 128 and still works, with register spilling, for d of sev
 "Row" programs own BLOCK_N context rows of one batch element and loop over the question in tiles
 of BLOCK_M; "column" programs own BLOCK_M question words and loop over the context in tiles of
 BLOCK_N. Block sizes and num_warps are autotuned (key: d and the power-of-two buckets of n and
-m); for row programs BLOCK_M is set by the launcher to cover the whole question when m <= 128, so
-the row softmax is a single tile for typical questions and an online (running max / running sum)
-softmax beyond. Under
-TRITON_INTERPRET=1 every kernel has one small configuration (16-wide tiles) so the tests run
-quickly and still take the multi-tile paths. FASTQA_TRITON_AUTOTUNE=0 skips tuning on a GPU: every
-kernel then runs the first configuration of its list.
+m); for forward row programs BLOCK_M is set by the launcher to cover the whole question when
+m <= 128, so the row softmax is a single tile for typical questions and an online (running max /
+running sum) softmax beyond (backward row programs, which need no softmax, use at most 64). Under TRITON_INTERPRET=1 every kernel has one small configuration (16-wide
+tiles) so the tests run quickly and still take the multi-tile paths. FASTQA_TRITON_AUTOTUNE=0
+skips tuning on a GPU: every kernel then runs the first configuration of its list.
 
 Forward (context_query_attention_fwd), two kernels:
   1. column pass, per (m-tile, b): online softmax over the context of Sᵀ, accumulating T;
@@ -54,13 +53,17 @@ trilinear_similarity_fwd / _bwd expose S alone: a 2-D tiled kernel writes S [B, 
 backward is a row kernel (grad_c) and a column kernel (grad_q and the weight partials).
 
 Inputs may have any strides (the kernels take strides; nothing is copied except the tiny
-weight and bias, made contiguous). Outputs are contiguous, in the input dtype (grad_weight and
-grad_bias in the parameters' dtype). fp32, fp16 and bf16 are supported with fp32 accumulation:
-softmax statistics and accumulators are fp32, tl.dot operands are in the input dtype (fp32 dots
-use IEEE precision, not TF32). The Triton interpreter cannot multiply bf16 blocks, so under
+weight and bias, made contiguous). Masks are bool (any nonzero value counts as real). Outputs are
+contiguous, in the input dtype (grad_weight and grad_bias in the parameters' dtype). fp32, fp16
+and bf16 are supported with fp32 accumulation: softmax statistics and accumulators are fp32,
+tl.dot operands are in the input dtype (fp32 dots use TF32x3, i.e. near-fp32 accuracy on tensor
+cores, not plain TF32). In 16-bit dtypes D is formed from the rounded output (as flash attention
+does with its output), so the attention's bias gradient, mathematically zero, comes back as
+rounding noise of that size. The Triton interpreter cannot multiply bf16 blocks, so under
 TRITON_INTERPRET=1 bf16 dot operands are upcast to fp32; on a GPU they stay bf16.
-Inputs are never modified. GPU speed has not been measured here (no GPU was available while
-writing this); only the interpreter has run these kernels.
+Inputs are never modified. GPU speed has not been measured (no GPU was available while writing
+this); only the interpreter has run these kernels, and every kernel was compiled for sm_90 with
+the installed Triton.
 """
 from __future__ import annotations
 
@@ -88,6 +91,7 @@ else:
     _TILE_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_M": bm}, num_warps=w, num_stages=2)
                      for bn, bm in ((64, 64), (32, 32), (64, 128), (128, 64)) for w in (4, 8)]
     _ROW_TILE_MAX = 128  # question tile of the row kernels: a whole typical question
+_BWD_ROW_TILE_MAX = min(_ROW_TILE_MAX, 64)
 # Tuned per power-of-two bucket of the lengths (n_key, m_key: kernel arguments read by the autotuner
 # only), not per exact length: batches padded to their longest context would retune constantly.
 _KEY = ["n_key", "m_key", "d"]
@@ -517,8 +521,10 @@ def _consts(c: torch.Tensor, d: int) -> dict:
         mma = tl.bfloat16
     else:
         mma = tl.float32
-    # IEEE fp32 dots (not TF32) for fp32 inputs; the precision is ignored for 16-bit operands.
-    prec = "ieee" if mma == tl.float32 else "tf32"
+    # fp32 operands: TF32x3 on NVIDIA (three tensor-core passes, close to fp32 accuracy; IEEE FMA
+    # dots compile about four times slower and run on CUDA cores), IEEE elsewhere. Plain TF32
+    # would cost ~1e-3 relative error. The precision is ignored for 16-bit operands.
+    prec = ("ieee" if torch.version.hip else "tf32x3") if mma == tl.float32 else "tf32"
     return {"BLOCK_D": max(16, triton.next_power_of_2(d)), "MMA": mma, "PREC": prec}
 
 
@@ -527,9 +533,13 @@ def _keys(n: int, m: int) -> tuple[int, int]:
     return triton.next_power_of_2(max(n, 1)), triton.next_power_of_2(max(m, 1))
 
 
-def _row_block_m(m: int) -> int:
-    """Question tile of the row kernels: the whole question up to _ROW_TILE_MAX, then online."""
-    return max(16, min(triton.next_power_of_2(max(m, 1)), _ROW_TILE_MAX))
+def _row_block_m(m: int, cap: int = _ROW_TILE_MAX) -> int:
+    """Question tile of the row kernels: the whole question up to ``cap``, then several tiles.
+
+    The forward covers a typical question in one tile (one softmax pass); the backward rows need
+    no softmax, so they take at most 64-wide tiles, halving their registers and shared memory.
+    """
+    return max(16, min(triton.next_power_of_2(max(m, 1)), cap))
 
 
 def _bias_args(bias: Optional[torch.Tensor], weight: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -584,7 +594,7 @@ def _trilinear_bwd(grad_s: torch.Tensor, c: torch.Tensor, q: torch.Tensor, weigh
     grad_q = torch.empty_like(q, memory_format=torch.contiguous_format)
     partial = _partial_buffer(c, batch, m, d)
     _launch(_tri_bwd_row_kernel, _row_grid(n, batch), grad_s, q, weight, grad_c, *sizes,
-            *grad_s.stride(), *q.stride(), BLOCK_M=_row_block_m(m), **consts)
+            *grad_s.stride(), *q.stride(), BLOCK_M=_row_block_m(m, _BWD_ROW_TILE_MAX), **consts)
     _launch(_tri_bwd_col_kernel, _col_grid(m, batch), grad_s, c, q, weight, grad_q, partial, *sizes,
             *grad_s.stride(), *c.stride(), *q.stride(), **consts)
     return (grad_c, grad_q) + _weight_grads(partial, weight, bias, d)
@@ -633,7 +643,8 @@ def _cqa_bwd(grad_out: torch.Tensor, c: torch.Tensor, q: torch.Tensor, c_mask: t
             *q_mask.stride(), **consts)
     _launch(_cqa_bwd_row_kernel, _row_grid(n, batch), grad_out, c, q, c_mask, q_mask, weight, bias_arg, out,
             lse_row, lse_col, da, db, dd, t, dt, e, grad_c, *sizes, *grad_out.stride(), *c.stride(), *q.stride(),
-            *c_mask.stride(), *q_mask.stride(), *out.stride(), BLOCK_M=_row_block_m(m), **consts)
+            *c_mask.stride(), *q_mask.stride(), *out.stride(), BLOCK_M=_row_block_m(m, _BWD_ROW_TILE_MAX),
+            **consts)
     return (grad_c, grad_q) + _weight_grads(partial, weight, bias, d)
 
 

@@ -192,9 +192,10 @@ def test_trilinear_low_precision(dtype):
 
 
 def test_opcheck():
-    """Schemas, fake (meta) implementations and dispatch of all four custom ops."""
-    for bias in (True, False):
-        inp = make_inputs(2, 9, 7, 12, bias=bias, seed=11)
+    """Schemas, fake (meta) implementations and dispatch of all four custom ops (the second round
+    with non-contiguous inputs, so the fakes' strides are checked too)."""
+    for bias, strided in ((True, False), (False, True)):
+        inp = make_inputs(2, 9, 7, 12, bias=bias, strided=strided, seed=11)
         tri = (inp["c"], inp["q"], inp["weight"], inp["bias"])
         torch.library.opcheck(ops.trilinear_similarity_fwd, tri)
         s = ops.trilinear_similarity_fwd(*tri)

@@ -673,8 +673,11 @@ def trilinear_similarity_bwd(grad_s: torch.Tensor, c: torch.Tensor, q: torch.Ten
 
 
 def _fake_grads(c, q, weight, bias):
-    grad_bias = weight.new_empty(0) if bias is None else torch.empty_like(bias)
-    return torch.empty_like(c), torch.empty_like(q), torch.empty_like(weight), grad_bias
+    """Contiguous gradients whatever the inputs' strides, as the kernels write them."""
+    contiguous = dict(memory_format=torch.contiguous_format)
+    grad_bias = weight.new_empty(0) if bias is None else torch.empty_like(bias, **contiguous)
+    return (torch.empty_like(c, **contiguous), torch.empty_like(q, **contiguous),
+            torch.empty_like(weight, **contiguous), grad_bias)
 
 
 @trilinear_similarity_bwd.register_fake

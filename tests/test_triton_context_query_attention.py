@@ -68,7 +68,7 @@ def make_inputs(batch: int, n: int, m: int, d: int, *, dtype: torch.dtype = torc
 
 def fp32_leaves(inp: dict, names: tuple[str, ...]) -> dict:
     """float32 leaf copies (requiring grad) of the floating inputs, for the reference."""
-    return {k: (v.float().requires_grad_() if k in names and v is not None else v) for k, v in inp.items()}
+    return {k: (v.detach().float().requires_grad_() if k in names and v is not None else v) for k, v in inp.items()}
 
 
 def noncontiguous_like(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 1) -> torch.Tensor:

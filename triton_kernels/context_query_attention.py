@@ -19,8 +19,9 @@ this suits QANet's d = 128 and still works, with register spilling, for d of sev
 of BLOCK_M; "column" programs own BLOCK_M question words and loop over the context in tiles of
 BLOCK_N. Block sizes and num_warps are autotuned (key: d and the power-of-two buckets of n and
 m); for forward row programs BLOCK_M is set by the launcher to cover the whole question when
-m <= 128, so the row softmax is a single tile for typical questions and an online (running max /
-running sum) softmax beyond (backward row programs, which need no softmax, use at most 64). Under TRITON_INTERPRET=1 every kernel has one small configuration (16-wide
+m <= 128 (at d <= 128), so the row softmax is a single tile for typical questions and an online
+(running max / running sum) softmax beyond (backward row programs, which need no softmax, use
+half as wide tiles). Under TRITON_INTERPRET=1 every kernel has one small configuration (16-wide
 tiles) so the tests run quickly and still take the multi-tile paths. FASTQA_TRITON_AUTOTUNE=0
 skips tuning on a GPU: every kernel then runs the first configuration of its list.
 
@@ -91,7 +92,6 @@ else:
     _TILE_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_M": bm}, num_warps=w, num_stages=2)
                      for bn, bm in ((64, 64), (32, 32), (64, 128), (128, 64)) for w in (4, 8)]
     _ROW_TILE_MAX = 128  # question tile of the row kernels: a whole typical question
-_BWD_ROW_TILE_MAX = min(_ROW_TILE_MAX, 64)
 # Tuned per power-of-two bucket of the lengths (n_key, m_key: kernel arguments read by the autotuner
 # only), not per exact length: batches padded to their longest context would retune constantly.
 _KEY = ["n_key", "m_key", "d"]
@@ -142,7 +142,7 @@ def _lin(x, w):
 @triton.jit
 def _sim(xw, y, x_lin, y_lin, MMA: tl.constexpr, PREC: tl.constexpr):
     """Similarity tile [X, Y] in fp32 from xw = x∘w_cq [X, D], y [Y, D] and the linear terms."""
-    return x_lin[:, None] + y_lin[None, :] + tl.dot(xw.to(MMA), tl.trans(y.to(MMA)), input_precision=PREC)
+    return x_lin[:, None] + y_lin[None, :] + _mm_nt(xw, y, MMA, PREC)
 
 
 @triton.jit
@@ -533,12 +533,14 @@ def _keys(n: int, m: int) -> tuple[int, int]:
     return triton.next_power_of_2(max(n, 1)), triton.next_power_of_2(max(m, 1))
 
 
-def _row_block_m(m: int, cap: int = _ROW_TILE_MAX) -> int:
-    """Question tile of the row kernels: the whole question up to ``cap``, then several tiles.
+def _row_block_m(m: int, block_d: int, backward: bool = False) -> int:
+    """Question tile of the row kernels: the whole question up to a cap, then several tiles.
 
-    The forward covers a typical question in one tile (one softmax pass); the backward rows need
-    no softmax, so they take at most 64-wide tiles, halving their registers and shared memory.
+    The forward covers a typical question (m <= 128 at d <= 128) in one tile, i.e. one softmax
+    pass; the backward rows need no softmax and take half as wide tiles. The cap shrinks as d
+    grows so that a [BLOCK_M, BLOCK_D] tile stays within registers and shared memory.
     """
+    cap = min(_ROW_TILE_MAX, (8192 if backward else 16384) // block_d)
     return max(16, min(triton.next_power_of_2(max(m, 1)), cap))
 
 
@@ -594,7 +596,7 @@ def _trilinear_bwd(grad_s: torch.Tensor, c: torch.Tensor, q: torch.Tensor, weigh
     grad_q = torch.empty_like(q, memory_format=torch.contiguous_format)
     partial = _partial_buffer(c, batch, m, d)
     _launch(_tri_bwd_row_kernel, _row_grid(n, batch), grad_s, q, weight, grad_c, *sizes,
-            *grad_s.stride(), *q.stride(), BLOCK_M=_row_block_m(m, _BWD_ROW_TILE_MAX), **consts)
+            *grad_s.stride(), *q.stride(), BLOCK_M=_row_block_m(m, consts["BLOCK_D"], backward=True), **consts)
     _launch(_tri_bwd_col_kernel, _col_grid(m, batch), grad_s, c, q, weight, grad_q, partial, *sizes,
             *grad_s.stride(), *c.stride(), *q.stride(), **consts)
     return (grad_c, grad_q) + _weight_grads(partial, weight, bias, d)
@@ -616,7 +618,7 @@ def _cqa_fwd(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor, q_mask: tor
     _launch(_cqa_fwd_col_kernel, _col_grid(m, batch), c, q, c_mask, weight, bias_arg, t, lse_col, *sizes,
             *c.stride(), *q.stride(), *c_mask.stride(), **consts)
     _launch(_cqa_fwd_row_kernel, _row_grid(n, batch), c, q, q_mask, weight, bias_arg, t, out, lse_row, *sizes,
-            *c.stride(), *q.stride(), *q_mask.stride(), BLOCK_M=_row_block_m(m), **consts)
+            *c.stride(), *q.stride(), *q_mask.stride(), BLOCK_M=_row_block_m(m, consts["BLOCK_D"]), **consts)
     return out, lse_row, lse_col
 
 
@@ -643,8 +645,8 @@ def _cqa_bwd(grad_out: torch.Tensor, c: torch.Tensor, q: torch.Tensor, c_mask: t
             *q_mask.stride(), **consts)
     _launch(_cqa_bwd_row_kernel, _row_grid(n, batch), grad_out, c, q, c_mask, q_mask, weight, bias_arg, out,
             lse_row, lse_col, da, db, dd, t, dt, e, grad_c, *sizes, *grad_out.stride(), *c.stride(), *q.stride(),
-            *c_mask.stride(), *q_mask.stride(), *out.stride(), BLOCK_M=_row_block_m(m, _BWD_ROW_TILE_MAX),
-            **consts)
+            *c_mask.stride(), *q_mask.stride(), *out.stride(),
+            BLOCK_M=_row_block_m(m, consts["BLOCK_D"], backward=True), **consts)
     return (grad_c, grad_q) + _weight_grads(partial, weight, bias, d)
 
 

@@ -85,8 +85,9 @@ if _INTERPRET:
     _TILE_CONFIGS = [triton.Config({"BLOCK_N": 16, "BLOCK_M": 16}, num_warps=1)]
     _ROW_TILE_MAX = 16  # so that a small test question already needs the online row softmax
 else:
+    # Smallest row tile first: the untuned default must fit shared memory at d = 256 in fp32 too.
     _ROW_CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=2)
-                    for bn in (32, 16, 64) for w in (4, 8)]
+                    for bn in (16, 32, 64) for w in (4, 8)]
     _COL_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=2)
                     for bm, bn in ((32, 32), (16, 64), (64, 32)) for w in (4, 8)]
     _TILE_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_M": bm}, num_warps=w, num_stages=2)

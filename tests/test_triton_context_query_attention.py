@@ -206,15 +206,17 @@ def test_opcheck():
         torch.library.opcheck(ops.context_query_attention_bwd, (torch.randn_like(out),) + cqa + (out, aux_row, aux_col))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU TestGPU runs the tuned path")
 def test_autotuned_launch_matches_default_config(monkeypatch):
-    """The autotuner's launch path (with its reset of the partial buffer) gives the same bits."""
+    """The autotuner's launch path (with its reset of the partial buffer) gives the same bits as the
+    untuned one (under the interpreter both have the one configuration)."""
     inp = make_inputs(2, 21, 18, 12, seed=29)
     grad_out = torch.randn(2, 21, 48, device=DEVICE)
     default = _fwd_bwd(**inp, grad_out=grad_out)
     monkeypatch.setenv("FASTQA_TRITON_AUTOTUNE", "1")
     tuned = _fwd_bwd(**inp, grad_out=grad_out)
     for a, b in zip(tuned, default):
-        assert torch.equal(a, b) if DEVICE == "cpu" else torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+        assert torch.equal(a, b)
 
 
 def _fwd_bwd(c, q, c_mask, q_mask, weight, bias, grad_out):
@@ -243,8 +245,10 @@ class TestGPU:
     def autotuned(self, monkeypatch):
         monkeypatch.setenv("FASTQA_TRITON_AUTOTUNE", "1")
 
-    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-    @pytest.mark.parametrize("shape", [(32, 400, 50, 128), (4, 300, 200, 96)], ids=["qanet", "long_question"])
+    # QANet in every dtype, plus a question longer than one row tile (online row softmax, d = 96).
+    @pytest.mark.parametrize("dtype, shape", [(dt, (32, 400, 50, 128)) for dt in
+                                              (torch.float32, torch.float16, torch.bfloat16)]
+                             + [(torch.float16, (4, 300, 200, 96))])
     def test_model_shapes(self, dtype, shape):
         inp = make_inputs(*shape, dtype=dtype, seed=17)
         inp["c_mask"][:, shape[1] - 37:] = False  # padded tails, as in a batch

@@ -8,3 +8,9 @@ __version__ = "0.1.0"
 from ._backend import BACKENDS, info  # noqa: E402
 
 __all__ = ["BACKENDS", "info", "__version__"]
+
+# --- context_query_attention (cqa) ---
+from . import layers, ops, reference  # noqa: E402,F401
+from .ops import context_query_attention, trilinear_similarity  # noqa: E402,F401
+
+__all__ += ["context_query_attention", "trilinear_similarity"]

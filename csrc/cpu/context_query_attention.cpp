@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -36,7 +35,8 @@ using at::Tensor;
 // relative error ~2 ulp. The clamp keeps 2^k a normal float: exp(-87) ~ 1.6e-38 is zero for a softmax.
 inline float softmax_exp(float x) {
   x = std::min(std::max(x, -87.0f), 88.0f);
-  const float k = std::floor(x * 1.44269504088896341f + 0.5f);
+  // k = round(x·log2 e) by the 1.5·2^23 trick: std::floor does not vectorise without -ffast-math.
+  const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = x - k * 0.693359375f + k * 2.12194440e-4f;  // x - k·ln2 in two parts
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -45,10 +45,8 @@ inline float softmax_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return y * scale;
+  // 2^k from its exponent bits (a bit cast, not memcpy through memory, so the loop vectorises).
+  return y * __builtin_bit_cast(float, (static_cast<int32_t>(k) + 127) << 23);
 }
 
 // double serves gradcheck, where accuracy matters and speed does not.
@@ -321,11 +319,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> trilinear_similarity_bwd(const Tensor
 
 // Both masked softmaxes of S in one sweep over the rows plus a normalising one. On entry pc holds the
 // bilinear term of S (the linear terms are added here); on exit p = S̄ (row softmax over the real
-// question words qm) and pc = S̿ (column softmax over the real context words cm). A slice with no real
-// word is all zeros. col_max / col_sum: [m] scratch.
+// question words) and pc = S̿ (column softmax over the real context words). A slice with no real word
+// is all zeros. q_real [m] / c_real [n]: the masks as 1/0 of type T, so the loops stay branch-free and
+// vectorise; col_max / col_sum: [m] scratch.
 template <typename T>
-void masked_softmaxes(T* pc, T* p, const T* c, const Weights<T>& w, const T* sq, const bool* qm, const bool* cm,
-                      int64_t n, int64_t m, T* col_max, T* col_sum) {
+void masked_softmaxes(T* pc, T* p, const T* c, const Weights<T>& w, const T* sq, const T* q_real,
+                      const T* c_real, int64_t n, int64_t m, T* col_max, T* col_sum) {
   constexpr T lowest = -std::numeric_limits<T>::infinity();
   std::fill(col_max, col_max + m, lowest);
   std::fill(col_sum, col_sum + m, T(0));
@@ -335,33 +334,32 @@ void masked_softmaxes(T* pc, T* p, const T* c, const Weights<T>& w, const T* sq,
     add_linear_terms(s, c + i * w.d, w, sq, m);
     T row_max = lowest;
 #pragma omp simd reduction(max : row_max)
-    for (int64_t j = 0; j < m; ++j) row_max = std::max(row_max, qm[j] ? s[j] : lowest);
+    for (int64_t j = 0; j < m; ++j) row_max = std::max(row_max, q_real[j] != 0 ? s[j] : lowest);
+    // Masked words may exceed row_max (or row_max is -inf: no real word): min(., 0) keeps their exp
+    // finite before the mask zeroes it, so no inf * 0.
     T row_sum = 0;
-    if (row_max != lowest) {  // else no real question word: the row stays zero
 #pragma omp simd reduction(+ : row_sum)
-      for (int64_t j = 0; j < m; ++j) {
-        const T e = qm[j] ? softmax_exp(s[j] - row_max) : T(0);
-        pi[j] = e;
-        row_sum += e;
-      }
+    for (int64_t j = 0; j < m; ++j) {
+      pi[j] = softmax_exp(std::min(s[j] - row_max, T(0))) * q_real[j];
+      row_sum += pi[j];
     }
     const T inv = row_sum > 0 ? T(1) / row_sum : T(0);
 #pragma omp simd
-    for (int64_t j = 0; j < m; ++j) pi[j] = row_sum > 0 ? pi[j] * inv : T(0);
-    if (cm[i]) {
+    for (int64_t j = 0; j < m; ++j) pi[j] *= inv;
+    if (c_real[i] != 0) {
 #pragma omp simd
       for (int64_t j = 0; j < m; ++j) col_max[j] = std::max(col_max[j], s[j]);
     }
   }
   for (int64_t i = 0; i < n; ++i) {
     T* s = pc + i * m;
-    if (!cm[i]) {
+    if (c_real[i] == 0) {
       std::fill(s, s + m, T(0));
       continue;
     }
 #pragma omp simd
     for (int64_t j = 0; j < m; ++j) {
-      s[j] = softmax_exp(s[j] - col_max[j]);  // col_max is finite: this real row took part in it
+      s[j] = softmax_exp(s[j] - col_max[j]);  // <= 0: this real row took part in col_max
       col_sum[j] += s[j];
     }
   }
@@ -372,6 +370,12 @@ void masked_softmaxes(T* pc, T* p, const T* c, const Weights<T>& w, const T* sq,
 #pragma omp simd
     for (int64_t j = 0; j < m; ++j) s[j] *= col_sum[j];
   }
+}
+
+// mask (bool [len]) as 1/0 of type T.
+template <typename T>
+void mask_to_real(const bool* mask, T* out, int64_t len) {
+  for (int64_t k = 0; k < len; ++k) out[k] = mask[k] ? T(1) : T(0);
 }
 
 // Backward of both masked softmaxes: dS = S̄∘(dS̄ − rowdot) + S̿∘(dS̿ − coldot), where rowdot_i = Σ_j S̄·dS̄
@@ -464,14 +468,15 @@ std::tuple<Tensor, Tensor, Tensor> context_query_attention_fwd(const Tensor& c_i
       at::AutoDispatchBelowADInplaceOrView guard;
       SimilarityScratch<scalar_t> sim(m, d, c.options());
       Tensor ct_c = at::empty({m, d}, c.options());  // S̿ᵀ·c
-      std::vector<scalar_t> col_max(m), col_sum(m);
+      std::vector<scalar_t> col_max(m), col_sum(m), q_real(m), c_real(n);
       for (int64_t b = b0; b < b1; ++b) {
         const Tensor c_b = c[b], q_b = q[b], p_b = p_row[b], pc_b = p_col[b], out_b = out[b];
         const scalar_t* cb = ptr<scalar_t>(c_b);
         bilinear_term(c_b, q_b, w, sim, pc_b);
-        masked_softmaxes(ptr<scalar_t>(pc_b), ptr<scalar_t>(p_b), cb, w, sim.sq.data(),
-                         ptr<bool>(q_mask) + b * m, ptr<bool>(c_mask) + b * n, n, m, col_max.data(),
-                         col_sum.data());
+        mask_to_real(ptr<bool>(q_mask) + b * m, q_real.data(), m);
+        mask_to_real(ptr<bool>(c_mask) + b * n, c_real.data(), n);
+        masked_softmaxes(ptr<scalar_t>(pc_b), ptr<scalar_t>(p_b), cb, w, sim.sq.data(), q_real.data(),
+                         c_real.data(), n, m, col_max.data(), col_sum.data());
         Tensor a_slot = out_b.narrow(1, d, d), b_slot = out_b.narrow(1, 3 * d, d);
         at::mm_out(a_slot, p_b, q_b);              // A = S̄·q
         at::mm_out(ct_c, pc_b.t(), c_b);           // S̿ᵀ·c

@@ -8,7 +8,9 @@
 // whole pipeline while its [n, m] matrices sit in L2: the contractions go through ATen GEMM (at::mm_out,
 // MKL, single-threaded inside the pool), the softmaxes and epilogues are fused loops over rows.
 // Never materialised: [B, n, m, 3d] (the bilinear term is c·(q∘w_cq)ᵀ, one GEMM) and [B, n, n]
-// (B is S̄·(S̿ᵀc), two GEMMs). A and B are written by the GEMMs straight into their slots of `out`.
+// (B is S̄·(S̿ᵀc), two GEMMs). A and B come from one GEMM, S̄·[q, S̿ᵀc], into an L2-sized scratch, and
+// one sequential pass writes each output row whole (measured faster than letting the GEMMs write
+// into strided slots of `out` and patching the rest in a second pass).
 //
 // aux_row / aux_col = S̄ / S̿ ([B, n, m]): the backward needs both probability matrices.
 #include <ATen/ATen.h>
@@ -30,11 +32,21 @@ using at::Tensor;
 // Vectorisable scalar helpers
 // ------------------------------------------------------------------------------------------------
 
+// By-value min/max: std::min/max return references, which can stop gcc from vectorising a loop.
+template <typename T>
+inline T min_of(T a, T b) {
+  return b < a ? b : a;
+}
+template <typename T>
+inline T max_of(T a, T b) {
+  return a < b ? b : a;
+}
+
 // exp of a softmax argument. float: Cody-Waite range reduction + Cephes' degree-6 polynomial written
 // in plain arithmetic so the softmax loops vectorise (std::exp does not without -ffast-math);
 // relative error ~2 ulp. The clamp keeps 2^k a normal float: exp(-87) ~ 1.6e-38 is zero for a softmax.
 inline float softmax_exp(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
+  x = min_of(max_of(x, -87.0f), 88.0f);
   // k = round(x·log2 e) by the 1.5·2^23 trick: std::floor does not vectorise without -ffast-math.
   const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = x - k * 0.693359375f + k * 2.12194440e-4f;  // x - k·ln2 in two parts
@@ -334,13 +346,13 @@ void masked_softmaxes(T* pc, T* p, const T* c, const Weights<T>& w, const T* sq,
     add_linear_terms(s, c + i * w.d, w, sq, m);
     T row_max = lowest;
 #pragma omp simd reduction(max : row_max)
-    for (int64_t j = 0; j < m; ++j) row_max = std::max(row_max, q_real[j] != 0 ? s[j] : lowest);
+    for (int64_t j = 0; j < m; ++j) row_max = max_of(row_max, q_real[j] != 0 ? s[j] : lowest);
     // Masked words may exceed row_max (or row_max is -inf: no real word): min(., 0) keeps their exp
     // finite before the mask zeroes it, so no inf * 0.
     T row_sum = 0;
 #pragma omp simd reduction(+ : row_sum)
     for (int64_t j = 0; j < m; ++j) {
-      pi[j] = softmax_exp(std::min(s[j] - row_max, T(0))) * q_real[j];
+      pi[j] = softmax_exp(min_of(s[j] - row_max, T(0))) * q_real[j];
       row_sum += pi[j];
     }
     const T inv = row_sum > 0 ? T(1) / row_sum : T(0);
@@ -348,7 +360,7 @@ void masked_softmaxes(T* pc, T* p, const T* c, const Weights<T>& w, const T* sq,
     for (int64_t j = 0; j < m; ++j) pi[j] *= inv;
     if (c_real[i] != 0) {
 #pragma omp simd
-      for (int64_t j = 0; j < m; ++j) col_max[j] = std::max(col_max[j], s[j]);
+      for (int64_t j = 0; j < m; ++j) col_max[j] = max_of(col_max[j], s[j]);
     }
   }
   for (int64_t i = 0; i < n; ++i) {
@@ -404,18 +416,21 @@ void masked_softmaxes_backward(T* dp, const T* dpc, const T* p, const T* pc, int
   }
 }
 
-// out = [c, A, c∘A, c∘B] for one batch element [n, 4d], where the GEMMs already wrote A and B into
-// their slots: one pass fills in c and the two products.
+// out = [c, A, c∘A, c∘B] for one batch element [n, 4d] from ab = [A, B] [n, 2d]: one sequential
+// pass writes every output row whole (the GEMM result ab is still in L2).
 template <typename T>
-void attention_output_epilogue(T* out, const T* c, int64_t n, int64_t d) {
+void attention_output(T* out, const T* c, const T* ab, int64_t n, int64_t d) {
   for (int64_t i = 0; i < n; ++i) {
     T* oi = out + i * 4 * d;
     const T* ci = c + i * d;
+    const T* ai = ab + i * 2 * d;
+    const T* bi = ai + d;
 #pragma omp simd
     for (int64_t k = 0; k < d; ++k) {
       oi[k] = ci[k];
-      oi[2 * d + k] = ci[k] * oi[d + k];
-      oi[3 * d + k] *= ci[k];
+      oi[d + k] = ai[k];
+      oi[2 * d + k] = ci[k] * ai[k];
+      oi[3 * d + k] = ci[k] * bi[k];
     }
   }
 }
@@ -467,21 +482,22 @@ std::tuple<Tensor, Tensor, Tensor> context_query_attention_fwd(const Tensor& c_i
     at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
       at::AutoDispatchBelowADInplaceOrView guard;
       SimilarityScratch<scalar_t> sim(m, d, c.options());
-      Tensor ct_c = at::empty({m, d}, c.options());  // S̿ᵀ·c
+      Tensor qt = at::empty({m, 2 * d}, c.options());  // [q, S̿ᵀc]: the right factors of A and B
+      Tensor ab = at::empty({n, 2 * d}, c.options());  // [A, B]
+      Tensor q_slot = qt.narrow(1, 0, d), ctc = qt.narrow(1, d, d);
       std::vector<scalar_t> col_max(m), col_sum(m), q_real(m), c_real(n);
       for (int64_t b = b0; b < b1; ++b) {
-        const Tensor c_b = c[b], q_b = q[b], p_b = p_row[b], pc_b = p_col[b], out_b = out[b];
+        const Tensor c_b = c[b], q_b = q[b], p_b = p_row[b], pc_b = p_col[b];
         const scalar_t* cb = ptr<scalar_t>(c_b);
         bilinear_term(c_b, q_b, w, sim, pc_b);
         mask_to_real(ptr<bool>(q_mask) + b * m, q_real.data(), m);
         mask_to_real(ptr<bool>(c_mask) + b * n, c_real.data(), n);
         masked_softmaxes(ptr<scalar_t>(pc_b), ptr<scalar_t>(p_b), cb, w, sim.sq.data(), q_real.data(),
                          c_real.data(), n, m, col_max.data(), col_sum.data());
-        Tensor a_slot = out_b.narrow(1, d, d), b_slot = out_b.narrow(1, 3 * d, d);
-        at::mm_out(a_slot, p_b, q_b);              // A = S̄·q
-        at::mm_out(ct_c, pc_b.t(), c_b);           // S̿ᵀ·c
-        at::mm_out(b_slot, p_b, ct_c);             // B = S̄·(S̿ᵀ·c)
-        attention_output_epilogue(ptr<scalar_t>(out_b), cb, n, d);
+        q_slot.copy_(q_b);
+        at::mm_out(ctc, pc_b.t(), c_b);  // S̿ᵀ·c
+        at::mm_out(ab, p_b, qt);         // [A, B] = S̄·[q, S̿ᵀ·c]: one GEMM for both
+        attention_output(ptr<scalar_t>(out[b]), cb, ptr<scalar_t>(ab), n, d);
       }
     });
   });

@@ -162,12 +162,12 @@ void scale_question(const T* q, const T* wcq, T* qw, int64_t m, int64_t d) {
 // callers fuse it into their own pass over the row.
 template <typename T>
 void bilinear_term(const Tensor& c_b, const Tensor& q_b, const Weights<T>& w, SimilarityScratch<T>& scratch,
-                   const Tensor& s_b) {
+                   Tensor s_b) {
   const int64_t m = q_b.size(0), d = w.d;
   const T* q = ptr<T>(q_b);
   scale_question(q, w.wcq, ptr<T>(scratch.qw), m, d);
   for (int64_t j = 0; j < m; ++j) scratch.sq[j] = dot(q + j * d, w.wq, d) + w.bias;
-  at::mm_out(const_cast<Tensor&>(s_b), c_b, scratch.qw.t());
+  at::mm_out(s_b, c_b, scratch.qw.t());
 }
 
 // row (one context word's similarities) += c_i·w_c + (q·w_q + b).
@@ -193,14 +193,13 @@ struct SimilarityGradScratch {
 // in a fixed order: deterministic). accumulate: add to dc_b / dq_b instead of overwriting them.
 template <typename T>
 void bilinear_backward(const Tensor& ds, const Tensor& c_b, const Tensor& q_b, const Tensor& qw,
-                       const Weights<T>& w, const Tensor& dc_b, const Tensor& dq_b, bool accumulate,
+                       const Weights<T>& w, Tensor dc_b, const Tensor& dq_b, bool accumulate,
                        SimilarityGradScratch<T>& scratch, T* dw) {
   const int64_t n = c_b.size(0), m = q_b.size(0), d = w.d;
-  Tensor& dc_out = const_cast<Tensor&>(dc_b);
   if (accumulate) {
-    at::addmm_out(dc_out, dc_b, ds, qw);
+    at::addmm_out(dc_b, dc_b, ds, qw);
   } else {
-    at::mm_out(dc_out, ds, qw);
+    at::mm_out(dc_b, ds, qw);
   }
   at::mm_out(scratch.ds_t_c, ds.t(), c_b);
 
@@ -536,21 +535,22 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
       Tensor q_slot = qt.narrow(1, 0, d), ctc = qt.narrow(1, d, d);
       Tensor da = dab.narrow(1, 0, d), db = dab.narrow(1, d, d);
       for (int64_t b = b0; b < b1; ++b) {
-        const Tensor c_b = c[b], q_b = q[b], p_b = p_row[b], pc_b = p_col[b], dc_b = grad_c[b], dq_b = grad_q[b];
+        const Tensor c_b = c[b], q_b = q[b], p_b = p_row[b], pc_b = p_col[b];
+        Tensor dc_b = grad_c[b], dq_b = grad_q[b];
         const scalar_t* cb = ptr<scalar_t>(c_b);
         q_slot.copy_(q_b);
         scale_question(ptr<scalar_t>(q_b), w.wcq, ptr<scalar_t>(sim.qw), m, d);
         at::mm_out(ctc, pc_b.t(), c_b);
-        at::mm_out(const_cast<Tensor&>(dc_b), p_b, ctc);  // B, recomputed into dc's buffer
+        at::mm_out(dc_b, p_b, ctc);  // B, recomputed into dc's buffer
         attention_output_backward(ptr<scalar_t>(g[b]), ptr<scalar_t>(out[b]), cb, ptr<scalar_t>(dab),
                                   ptr<scalar_t>(dc_b), n, d);
         at::mm_out(dp, dab, qt.t());          // dS̄ = dA·qᵀ + dB·(S̿ᵀc)ᵀ
-        at::mm_out(const_cast<Tensor&>(dq_b), p_b.t(), da);  // dq = S̄ᵀ·dA (+ similarity part below)
+        at::mm_out(dq_b, p_b.t(), da);  // dq = S̄ᵀ·dA (+ similarity part below)
         at::mm_out(d_ctc, p_b.t(), db);       // d(S̿ᵀc) = S̄ᵀ·dB
         at::mm_out(dpc, c_b, d_ctc.t());      // dS̿ = c·d(S̿ᵀc)ᵀ
         masked_softmaxes_backward(ptr<scalar_t>(dp), ptr<scalar_t>(dpc), ptr<scalar_t>(p_b), ptr<scalar_t>(pc_b),
                                   n, m, col_dot.data());
-        at::addmm_out(const_cast<Tensor&>(dc_b), dc_b, pc_b, d_ctc);  // dc += S̿·d(S̿ᵀc)
+        at::addmm_out(dc_b, dc_b, pc_b, d_ctc);  // dc += S̿·d(S̿ᵀc)
         bilinear_backward(dp, c_b, q_b, sim.qw, w, dc_b, dq_b, /*accumulate=*/true, sim_grad,
                           ptr<scalar_t>(partial) + b * (3 * d + 1));
       }

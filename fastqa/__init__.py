@@ -5,12 +5,17 @@ the pure-PyTorch references in ``fastqa.reference``. ``fastqa.info()`` says whic
 """
 __version__ = "0.1.0"
 
-from ._backend import BACKENDS, info  # noqa: E402
-
-__all__ = ["BACKENDS", "info", "__version__"]
-
-# dwsep_conv1d
 from . import layers, ops, reference  # noqa: E402
-from .ops import dwsep_conv1d  # noqa: E402
+from ._backend import BACKENDS, info  # noqa: E402
+from .ops import (  # noqa: E402
+    context_query_attention,
+    dwsep_conv1d,
+    glu_conv1d,
+    glu_conv1d_step,
+    trilinear_similarity,
+)
 
-__all__ += ["dwsep_conv1d", "layers", "ops", "reference"]
+__all__ = [
+    "BACKENDS", "info", "__version__", "layers", "ops", "reference",
+    "context_query_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "trilinear_similarity",
+]

@@ -55,6 +55,11 @@ def triton_available(device: torch.device) -> bool:
     return device.type == "cpu" and triton_interpreting()
 
 
+def triton_usable_here() -> bool:
+    """True when Triton kernels can run on some device of this process (CUDA, or the interpreter)."""
+    return _TRITON_INSTALLED and (torch.cuda.is_available() or triton_interpreting())
+
+
 def _unusable_reason(backend: str, device: torch.device, dtype: torch.dtype) -> str | None:
     """Why ``backend`` cannot run on (device, dtype), or None when it can."""
     if backend == "reference":
@@ -127,7 +132,7 @@ def info() -> dict[str, Any]:
         "backends": {
             "reference": True,
             "cpu": cpu_available(),
-            "triton": bool(_TRITON_INSTALLED and (torch.cuda.is_available() or triton_interpreting())),
+            "triton": triton_usable_here(),
         },
         "cpu_extension": None if _EXT is None else {"simd": _EXT.simd, "threads": torch.get_num_threads()},
         "cpu_extension_error": _EXT_ERROR,

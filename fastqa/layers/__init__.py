@@ -1,2 +1,6 @@
-# dwsep_conv1d
-from .dwsep_conv1d import DepthwiseSeparableConv1d  # noqa: E402,F401
+"""Drop-in modules: same parameters and state_dict keys as their twins in ``fastqa.reference``."""
+from .context_query_attention import ContextQueryAttention, TrilinearSimilarity
+from .dwsep_conv1d import DepthwiseSeparableConv1d
+from .glu_conv1d import GLUConv1d
+
+__all__ = ["ContextQueryAttention", "DepthwiseSeparableConv1d", "GLUConv1d", "TrilinearSimilarity"]

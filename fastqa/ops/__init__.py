@@ -1,2 +1,14 @@
-# dwsep_conv1d
-from .dwsep_conv1d import dwsep_conv1d  # noqa: E402,F401
+"""Functional ops: argument checks, backend dispatch and the autograd Functions.
+
+Where Triton can run here (a CUDA device, or ``TRITON_INTERPRET=1``), its kernels are imported now,
+so their custom ops are registered before any ``torch.compile`` trace reaches them.
+"""
+from .._backend import triton_usable_here
+from .context_query_attention import context_query_attention, trilinear_similarity
+from .dwsep_conv1d import dwsep_conv1d
+from .glu_conv1d import glu_conv1d, glu_conv1d_step
+
+if triton_usable_here():
+    from .. import triton_kernels  # noqa: F401  (registers torch.ops.fastqa_triton.*)
+
+__all__ = ["context_query_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "trilinear_similarity"]

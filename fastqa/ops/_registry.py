@@ -23,7 +23,9 @@ def kernel(backend: str, module: str, name: str) -> Any:
     ``module`` is the kernel module (under ``fastqa.triton_kernels``) whose import registers the
     Triton ops; the C++ ops are registered when ``fastqa._C`` loads.
     """
-    if backend == "triton":
+    if backend == "triton" and not torch.compiler.is_compiling():
+        # Usually a no-op (fastqa.ops imports the kernels where Triton can run); dynamo cannot trace
+        # an import, and by the time a graph is traced the ops are registered.
         importlib.import_module(f"fastqa.triton_kernels.{module}")
     return getattr(getattr(torch.ops, _NAMESPACES[backend]), name)
 

@@ -1,0 +1,586 @@
+// Trilinear similarity and QANet context-query attention: CPU kernels (float32, float64).
+//
+//   S  = (c∘w_cq)·qᵀ + c·w_c + (q·w_q)ᵀ + b                       [B, n, m]
+//   S̄  = softmax of S over the real question words (rows),  S̿ = over the real context words (columns)
+//   out = [c, A, c∘A, c∘B] with A = S̄·q, B = S̄·(S̿ᵀ·c)              [B, n, 4d]
+//
+// Work is split over the batch (at::parallel_for, torch's thread pool). Each batch element runs its
+// whole pipeline while its [n, m] matrices sit in L2: the contractions go through ATen GEMM (at::mm_out,
+// MKL, single-threaded inside the pool), the softmaxes and epilogues are fused loops over rows.
+// Never materialised: [B, n, m, 3d] (the bilinear term is c·(q∘w_cq)ᵀ, one GEMM) and [B, n, n]
+// (B is S̄·(S̿ᵀc), two GEMMs). A and B come from one GEMM, S̄·[q, S̿ᵀc], into an L2-sized scratch, and
+// one sequential pass writes each output row whole (measured faster than letting the GEMMs write
+// into strided slots of `out` and patching the rest in a second pass).
+//
+// aux_row / aux_col = S̄ / S̿ ([B, n, m]): the backward needs both probability matrices.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace fastqa {
+namespace {
+
+using at::Tensor;
+
+// ------------------------------------------------------------------------------------------------
+// Vectorisable scalar helpers
+// ------------------------------------------------------------------------------------------------
+
+// By-value min/max: std::min/max return references, which can stop gcc from vectorising a loop.
+template <typename T>
+inline T min_of(T a, T b) {
+  return b < a ? b : a;
+}
+template <typename T>
+inline T max_of(T a, T b) {
+  return a < b ? b : a;
+}
+
+// exp of a softmax argument. float: Cody-Waite range reduction + Cephes' degree-6 polynomial written
+// in plain arithmetic so the softmax loops vectorise (std::exp does not without -ffast-math);
+// relative error ~2 ulp. The clamp keeps 2^k a normal float: exp(-87) ~ 1.6e-38 is zero for a softmax.
+inline float softmax_exp(float x) {
+  x = min_of(max_of(x, -87.0f), 88.0f);
+  // k = round(x·log2 e) by the 1.5·2^23 trick: std::floor does not vectorise without -ffast-math.
+  const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = x - k * 0.693359375f + k * 2.12194440e-4f;  // x - k·ln2 in two parts
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  // 2^k from its exponent bits (a bit cast, not memcpy through memory, so the loop vectorises).
+  return y * __builtin_bit_cast(float, (static_cast<int32_t>(k) + 127) << 23);
+}
+
+// double serves gradcheck, where accuracy matters and speed does not.
+inline double softmax_exp(double x) { return std::exp(x); }
+
+template <typename T>
+inline T dot(const T* a, const T* b, int64_t len) {
+  T s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t k = 0; k < len; ++k) s += a[k] * b[k];
+  return s;
+}
+
+template <typename T>
+T* ptr(const Tensor& t) {
+  return t.data_ptr<T>();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Argument checks (the Python entry points raise friendlier errors first; these guard direct calls)
+// ------------------------------------------------------------------------------------------------
+
+void check_similarity_args(const char* op, const Tensor& c, const Tensor& q, const Tensor& weight,
+                           const c10::optional<Tensor>& bias) {
+  TORCH_CHECK(c.device().is_cpu() && q.device().is_cpu() && weight.device().is_cpu(),
+              op, ": the CPU kernels take CPU tensors");
+  TORCH_CHECK(c.dim() == 3, op, ": c must be [B, n, d], got ", c.sizes());
+  TORCH_CHECK(q.dim() == 3 && q.size(0) == c.size(0) && q.size(2) == c.size(2), op,
+              ": q must be [B, m, d] with the B and d of c ", c.sizes(), ", got ", q.sizes());
+  TORCH_CHECK(c.size(0) > 0 && c.size(1) > 0 && q.size(1) > 0 && c.size(2) > 0, op,
+              ": c and q must be non-empty, got ", c.sizes(), " and ", q.sizes());
+  TORCH_CHECK(c.scalar_type() == at::kFloat || c.scalar_type() == at::kDouble, op,
+              ": c must be float32 or float64, got ", c.scalar_type());
+  TORCH_CHECK(q.scalar_type() == c.scalar_type() && weight.scalar_type() == c.scalar_type(), op,
+              ": c, q and weight must share a dtype, got ", c.scalar_type(), ", ", q.scalar_type(), ", ",
+              weight.scalar_type());
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == 3 * c.size(2), op, ": weight must be [3d] = [",
+              3 * c.size(2), "], got ", weight.sizes());
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->numel() == 1 && bias->dim() <= 1 && bias->scalar_type() == c.scalar_type() &&
+                    bias->device().is_cpu(),
+                op, ": bias must be a one-element CPU tensor of c's dtype, got ", bias->sizes(), " ",
+                bias->scalar_type());
+  }
+}
+
+void check_mask(const char* op, const char* name, const Tensor& mask, int64_t batch, int64_t len) {
+  TORCH_CHECK(mask.scalar_type() == at::kBool && mask.device().is_cpu(), op, ": ", name,
+              " must be a bool CPU tensor, got ", mask.scalar_type(), " on ", mask.device());
+  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == batch && mask.size(1) == len, op, ": ", name,
+              " must be [", batch, ", ", len, "], got ", mask.sizes());
+}
+
+void check_same_shape(const char* op, const char* name, const Tensor& t, at::IntArrayRef shape,
+                      const Tensor& like) {
+  TORCH_CHECK(t.sizes() == shape && t.scalar_type() == like.scalar_type() && t.device().is_cpu(), op, ": ",
+              name, " must be ", shape, " ", like.scalar_type(), " on cpu, got ", t.sizes(), " ",
+              t.scalar_type(), " on ", t.device());
+}
+
+// ------------------------------------------------------------------------------------------------
+// Trilinear similarity, one batch element at a time
+// ------------------------------------------------------------------------------------------------
+
+template <typename T>
+struct Weights {
+  const T* wc;
+  const T* wq;
+  const T* wcq;
+  T bias;
+  int64_t d;
+};
+
+template <typename T>
+Weights<T> unpack_weights(const Tensor& weight, const c10::optional<Tensor>& bias) {
+  const int64_t d = weight.size(0) / 3;
+  const T* w = ptr<T>(weight);
+  return {w, w + d, w + 2 * d, bias.has_value() ? bias->item<T>() : T(0), d};
+}
+
+// Per-thread buffers of the similarity: qw = q∘w_cq [m, d] and sq = q·w_q + b [m].
+template <typename T>
+struct SimilarityScratch {
+  Tensor qw;
+  std::vector<T> sq;
+  SimilarityScratch(int64_t m, int64_t d, const at::TensorOptions& opts)
+      : qw(at::empty({m, d}, opts)), sq(m) {}
+};
+
+// qw = q∘w_cq for one batch element's question q [m, d].
+template <typename T>
+void scale_question(const T* q, const T* wcq, T* qw, int64_t m, int64_t d) {
+  for (int64_t j = 0; j < m; ++j) {
+#pragma omp simd
+    for (int64_t k = 0; k < d; ++k) qw[j * d + k] = q[j * d + k] * wcq[k];
+  }
+}
+
+// s_b = c_b·(q_b∘w_cq)ᵀ through one GEMM (q∘w_cq is [m, d], smaller than c∘w_cq), and the question
+// terms q·w_q + b into scratch.sq. The context term is added per row by add_linear_terms, so that
+// callers fuse it into their own pass over the row.
+template <typename T>
+void bilinear_term(const Tensor& c_b, const Tensor& q_b, const Weights<T>& w, SimilarityScratch<T>& scratch,
+                   Tensor s_b) {
+  const int64_t m = q_b.size(0), d = w.d;
+  const T* q = ptr<T>(q_b);
+  scale_question(q, w.wcq, ptr<T>(scratch.qw), m, d);
+  for (int64_t j = 0; j < m; ++j) scratch.sq[j] = dot(q + j * d, w.wq, d) + w.bias;
+  at::mm_out(s_b, c_b, scratch.qw.t());
+}
+
+// row (one context word's similarities) += c_i·w_c + (q·w_q + b).
+template <typename T>
+inline void add_linear_terms(T* row, const T* c_i, const Weights<T>& w, const T* sq, int64_t m) {
+  const T sc = dot(c_i, w.wc, w.d);
+#pragma omp simd
+  for (int64_t j = 0; j < m; ++j) row[j] += sc + sq[j];
+}
+
+// Per-thread buffers of the similarity backward.
+template <typename T>
+struct SimilarityGradScratch {
+  Tensor ds_t_c;          // dSᵀ·c [m, d]
+  std::vector<T> colsum;  // Σ_i dS[i, j]
+  SimilarityGradScratch(int64_t m, int64_t d, const at::TensorOptions& opts)
+      : ds_t_c(at::empty({m, d}, opts)), colsum(m) {}
+};
+
+// Backward of S = c·qwᵀ + c·w_c + (q·w_q)ᵀ + b for one batch element, given ds [n, m]:
+//   dc (+)= ds·qw + rowsum(ds)⊗w_c,   dq (+)= (dsᵀ·c)∘w_cq + colsum(ds)⊗w_q,
+// and this element's weight gradient (dw_c, dw_q, dw_cq, db) into dw [3d + 1] (reduced by the caller
+// in a fixed order: deterministic). accumulate: add to dc_b / dq_b instead of overwriting them.
+template <typename T>
+void bilinear_backward(const Tensor& ds, const Tensor& c_b, const Tensor& q_b, const Tensor& qw,
+                       const Weights<T>& w, Tensor dc_b, const Tensor& dq_b, bool accumulate,
+                       SimilarityGradScratch<T>& scratch, T* dw) {
+  const int64_t n = c_b.size(0), m = q_b.size(0), d = w.d;
+  if (accumulate) {
+    at::addmm_out(dc_b, dc_b, ds, qw);
+  } else {
+    at::mm_out(dc_b, ds, qw);
+  }
+  at::mm_out(scratch.ds_t_c, ds.t(), c_b);
+
+  const T* s = ptr<T>(ds);
+  const T* c = ptr<T>(c_b);
+  const T* q = ptr<T>(q_b);
+  T* dc = ptr<T>(dc_b);
+  T* colsum = scratch.colsum.data();
+  T* dwc = dw;
+  T* dwq = dw + d;
+  T* dwcq = dw + 2 * d;
+  std::fill(colsum, colsum + m, T(0));
+  std::fill(dw, dw + 3 * d + 1, T(0));
+  T total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const T* si = s + i * m;
+    T rowsum = 0;
+#pragma omp simd reduction(+ : rowsum)
+    for (int64_t j = 0; j < m; ++j) {
+      rowsum += si[j];
+      colsum[j] += si[j];
+    }
+    total += rowsum;
+    T* dci = dc + i * d;
+    const T* ci = c + i * d;
+#pragma omp simd
+    for (int64_t k = 0; k < d; ++k) {
+      dci[k] += rowsum * w.wc[k];
+      dwc[k] += rowsum * ci[k];
+    }
+  }
+  const T* e = ptr<T>(scratch.ds_t_c);
+  T* dq = ptr<T>(dq_b);
+  for (int64_t j = 0; j < m; ++j) {
+    const T* ej = e + j * d;
+    const T* qj = q + j * d;
+    T* dqj = dq + j * d;
+    const T cs = colsum[j];
+#pragma omp simd
+    for (int64_t k = 0; k < d; ++k) {
+      dqj[k] = (accumulate ? dqj[k] : T(0)) + ej[k] * w.wcq[k] + cs * w.wq[k];
+      dwq[k] += cs * qj[k];
+      dwcq[k] += ej[k] * qj[k];
+    }
+  }
+  dw[3 * d] = total;
+}
+
+// grad_weight = Σ_b dw[b, :3d], grad_bias = Σ_b dw[b, 3d], summed serially: deterministic.
+template <typename T>
+std::pair<Tensor, Tensor> reduce_weight_grads(const Tensor& partial, const Tensor& weight,
+                                              const c10::optional<Tensor>& bias) {
+  const int64_t batch = partial.size(0), width = partial.size(1);
+  Tensor grad_weight = at::zeros_like(weight);
+  T* gw = ptr<T>(grad_weight);
+  const T* p = ptr<T>(partial);
+  T gb = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+#pragma omp simd
+    for (int64_t k = 0; k < width - 1; ++k) gw[k] += p[b * width + k];
+    gb += p[b * width + width - 1];
+  }
+  Tensor grad_bias = bias.has_value() ? at::full_like(*bias, gb) : at::empty({0}, weight.options());
+  return {grad_weight, grad_bias};
+}
+
+// ------------------------------------------------------------------------------------------------
+// trilinear_similarity_fwd / _bwd
+// ------------------------------------------------------------------------------------------------
+
+Tensor trilinear_similarity_fwd(const Tensor& c_in, const Tensor& q_in, const Tensor& weight_in,
+                                const c10::optional<Tensor>& bias) {
+  constexpr const char* op = "fastqa::trilinear_similarity_fwd";
+  check_similarity_args(op, c_in, q_in, weight_in, bias);
+  const Tensor c = c_in.contiguous(), q = q_in.contiguous(), weight = weight_in.contiguous();
+  const int64_t batch = c.size(0), n = c.size(1), m = q.size(1), d = c.size(2);
+  Tensor s = at::empty({batch, n, m}, c.options());
+  AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), op, [&] {
+    const auto w = unpack_weights<scalar_t>(weight, bias);
+    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+      at::AutoDispatchBelowADInplaceOrView guard;  // plain kernels inside: skip the autograd layers
+      SimilarityScratch<scalar_t> scratch(m, d, c.options());
+      for (int64_t b = b0; b < b1; ++b) {
+        const Tensor c_b = c[b], s_b = s[b];
+        bilinear_term(c_b, q[b], w, scratch, s_b);
+        scalar_t* sb = ptr<scalar_t>(s_b);
+        const scalar_t* cb = ptr<scalar_t>(c_b);
+        for (int64_t i = 0; i < n; ++i) add_linear_terms(sb + i * m, cb + i * d, w, scratch.sq.data(), m);
+      }
+    });
+  });
+  return s;
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> trilinear_similarity_bwd(const Tensor& grad_s, const Tensor& c_in,
+                                                                    const Tensor& q_in, const Tensor& weight_in,
+                                                                    const c10::optional<Tensor>& bias) {
+  constexpr const char* op = "fastqa::trilinear_similarity_bwd";
+  check_similarity_args(op, c_in, q_in, weight_in, bias);
+  const int64_t batch = c_in.size(0), n = c_in.size(1), m = q_in.size(1), d = c_in.size(2);
+  check_same_shape(op, "grad_s", grad_s, {batch, n, m}, c_in);
+  const Tensor g = grad_s.contiguous(), c = c_in.contiguous(), q = q_in.contiguous(),
+               weight = weight_in.contiguous();
+  Tensor grad_c = at::empty_like(c), grad_q = at::empty_like(q);
+  Tensor partial = at::empty({batch, 3 * d + 1}, c.options());
+  std::pair<Tensor, Tensor> weight_grads;
+  AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), op, [&] {
+    const auto w = unpack_weights<scalar_t>(weight, bias);
+    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      SimilarityScratch<scalar_t> sim(m, d, c.options());
+      SimilarityGradScratch<scalar_t> scratch(m, d, c.options());
+      for (int64_t b = b0; b < b1; ++b) {
+        const Tensor q_b = q[b];
+        scale_question(ptr<scalar_t>(q_b), w.wcq, ptr<scalar_t>(sim.qw), m, d);
+        bilinear_backward(g[b], c[b], q_b, sim.qw, w, grad_c[b], grad_q[b], /*accumulate=*/false, scratch,
+                          ptr<scalar_t>(partial) + b * (3 * d + 1));
+      }
+    });
+    weight_grads = reduce_weight_grads<scalar_t>(partial, weight, bias);
+  });
+  return {grad_c, grad_q, weight_grads.first, weight_grads.second};
+}
+
+// ------------------------------------------------------------------------------------------------
+// Context-query attention, one batch element at a time
+// ------------------------------------------------------------------------------------------------
+
+// Both masked softmaxes of S in one sweep over the rows plus a normalising one. On entry pc holds the
+// bilinear term of S (the linear terms are added here); on exit p = S̄ (row softmax over the real
+// question words) and pc = S̿ (column softmax over the real context words). A slice with no real word
+// is all zeros. q_real [m] / c_real [n]: the masks as 1/0 of type T, so the loops stay branch-free and
+// vectorise; col_max / col_sum: [m] scratch.
+template <typename T>
+void masked_softmaxes(T* pc, T* p, const T* c, const Weights<T>& w, const T* sq, const T* q_real,
+                      const T* c_real, int64_t n, int64_t m, T* col_max, T* col_sum) {
+  constexpr T lowest = -std::numeric_limits<T>::infinity();
+  std::fill(col_max, col_max + m, lowest);
+  std::fill(col_sum, col_sum + m, T(0));
+  for (int64_t i = 0; i < n; ++i) {
+    T* s = pc + i * m;
+    T* pi = p + i * m;
+    add_linear_terms(s, c + i * w.d, w, sq, m);
+    T row_max = lowest;
+#pragma omp simd reduction(max : row_max)
+    for (int64_t j = 0; j < m; ++j) row_max = max_of(row_max, q_real[j] != 0 ? s[j] : lowest);
+    // Masked words may exceed row_max (or row_max is -inf: no real word): min(., 0) keeps their exp
+    // finite before the mask zeroes it, so no inf * 0.
+    T row_sum = 0;
+#pragma omp simd reduction(+ : row_sum)
+    for (int64_t j = 0; j < m; ++j) {
+      pi[j] = softmax_exp(min_of(s[j] - row_max, T(0))) * q_real[j];
+      row_sum += pi[j];
+    }
+    const T inv = row_sum > 0 ? T(1) / row_sum : T(0);
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) pi[j] *= inv;
+    if (c_real[i] != 0) {
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) col_max[j] = max_of(col_max[j], s[j]);
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    T* s = pc + i * m;
+    if (c_real[i] == 0) {
+      std::fill(s, s + m, T(0));
+      continue;
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) {
+      s[j] = softmax_exp(s[j] - col_max[j]);  // <= 0: this real row took part in col_max
+      col_sum[j] += s[j];
+    }
+  }
+#pragma omp simd
+  for (int64_t j = 0; j < m; ++j) col_sum[j] = col_sum[j] > 0 ? T(1) / col_sum[j] : T(0);
+  for (int64_t i = 0; i < n; ++i) {
+    T* s = pc + i * m;
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) s[j] *= col_sum[j];
+  }
+}
+
+// mask (bool [len]) as 1/0 of type T.
+template <typename T>
+void mask_to_real(const bool* mask, T* out, int64_t len) {
+  for (int64_t k = 0; k < len; ++k) out[k] = mask[k] ? T(1) : T(0);
+}
+
+// Backward of both masked softmaxes: dS = S̄∘(dS̄ − rowdot) + S̿∘(dS̿ − coldot), where rowdot_i = Σ_j S̄·dS̄
+// and coldot_j = Σ_i S̿·dS̿. Masked entries have zero probability, hence zero gradient. dS overwrites dp.
+template <typename T>
+void masked_softmaxes_backward(T* dp, const T* dpc, const T* p, const T* pc, int64_t n, int64_t m, T* col_dot) {
+  std::fill(col_dot, col_dot + m, T(0));
+  for (int64_t i = 0; i < n; ++i) {
+    T* dpi = dp + i * m;
+    const T* pi = p + i * m;
+    const T* pci = pc + i * m;
+    const T* dpci = dpc + i * m;
+    const T row_dot = dot(pi, dpi, m);
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) {
+      dpi[j] = pi[j] * (dpi[j] - row_dot);
+      col_dot[j] += pci[j] * dpci[j];
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    T* dpi = dp + i * m;
+    const T* pci = pc + i * m;
+    const T* dpci = dpc + i * m;
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) dpi[j] += pci[j] * (dpci[j] - col_dot[j]);
+  }
+}
+
+// out = [c, A, c∘A, c∘B] for one batch element [n, 4d] from ab = [A, B] [n, 2d]: one sequential
+// pass writes every output row whole (the GEMM result ab is still in L2).
+template <typename T>
+void attention_output(T* out, const T* c, const T* ab, int64_t n, int64_t d) {
+  for (int64_t i = 0; i < n; ++i) {
+    T* oi = out + i * 4 * d;
+    const T* ci = c + i * d;
+    const T* ai = ab + i * 2 * d;
+    const T* bi = ai + d;
+#pragma omp simd
+    for (int64_t k = 0; k < d; ++k) {
+      oi[k] = ci[k];
+      oi[d + k] = ai[k];
+      oi[2 * d + k] = ci[k] * ai[k];
+      oi[3 * d + k] = ci[k] * bi[k];
+    }
+  }
+}
+
+// Backward of the epilogue, given g = d out [n, 4d] and out (for A): dab = [dA, dB] [n, 2d] with
+// dA = g1 + g2∘c and dB = g3∘c; dc = g0 + g2∘A + g3∘B, where dc holds B on entry.
+template <typename T>
+void attention_output_backward(const T* g, const T* out, const T* c, T* dab, T* dc, int64_t n, int64_t d) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T* gi = g + i * 4 * d;
+    const T* ai = out + i * 4 * d + d;
+    const T* ci = c + i * d;
+    T* dabi = dab + i * 2 * d;
+    T* dci = dc + i * d;
+#pragma omp simd
+    for (int64_t k = 0; k < d; ++k) {
+      dabi[k] = gi[d + k] + gi[2 * d + k] * ci[k];
+      dabi[d + k] = gi[3 * d + k] * ci[k];
+      dci[k] = gi[k] + gi[2 * d + k] * ai[k] + gi[3 * d + k] * dci[k];
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// context_query_attention_fwd / _bwd
+// ------------------------------------------------------------------------------------------------
+
+void check_attention_args(const char* op, const Tensor& c, const Tensor& q, const Tensor& c_mask,
+                          const Tensor& q_mask, const Tensor& weight, const c10::optional<Tensor>& bias) {
+  check_similarity_args(op, c, q, weight, bias);
+  check_mask(op, "c_mask", c_mask, c.size(0), c.size(1));
+  check_mask(op, "q_mask", q_mask, q.size(0), q.size(1));
+}
+
+std::tuple<Tensor, Tensor, Tensor> context_query_attention_fwd(const Tensor& c_in, const Tensor& q_in,
+                                                               const Tensor& c_mask_in, const Tensor& q_mask_in,
+                                                               const Tensor& weight_in,
+                                                               const c10::optional<Tensor>& bias) {
+  constexpr const char* op = "fastqa::context_query_attention_fwd";
+  check_attention_args(op, c_in, q_in, c_mask_in, q_mask_in, weight_in, bias);
+  const Tensor c = c_in.contiguous(), q = q_in.contiguous(), weight = weight_in.contiguous();
+  const Tensor c_mask = c_mask_in.contiguous(), q_mask = q_mask_in.contiguous();
+  const int64_t batch = c.size(0), n = c.size(1), m = q.size(1), d = c.size(2);
+  Tensor out = at::empty({batch, n, 4 * d}, c.options());
+  Tensor p_row = at::empty({batch, n, m}, c.options());
+  Tensor p_col = at::empty({batch, n, m}, c.options());
+  AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), op, [&] {
+    const auto w = unpack_weights<scalar_t>(weight, bias);
+    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      SimilarityScratch<scalar_t> sim(m, d, c.options());
+      Tensor qt = at::empty({m, 2 * d}, c.options());  // [q, S̿ᵀc]: the right factors of A and B
+      Tensor ab = at::empty({n, 2 * d}, c.options());  // [A, B]
+      Tensor q_slot = qt.narrow(1, 0, d), ctc = qt.narrow(1, d, d);
+      std::vector<scalar_t> col_max(m), col_sum(m), q_real(m), c_real(n);
+      for (int64_t b = b0; b < b1; ++b) {
+        const Tensor c_b = c[b], q_b = q[b], p_b = p_row[b], pc_b = p_col[b];
+        const scalar_t* cb = ptr<scalar_t>(c_b);
+        bilinear_term(c_b, q_b, w, sim, pc_b);
+        mask_to_real(ptr<bool>(q_mask) + b * m, q_real.data(), m);
+        mask_to_real(ptr<bool>(c_mask) + b * n, c_real.data(), n);
+        masked_softmaxes(ptr<scalar_t>(pc_b), ptr<scalar_t>(p_b), cb, w, sim.sq.data(), q_real.data(),
+                         c_real.data(), n, m, col_max.data(), col_sum.data());
+        q_slot.copy_(q_b);
+        at::mm_out(ctc, pc_b.t(), c_b);  // S̿ᵀ·c
+        at::mm_out(ab, p_b, qt);         // [A, B] = S̄·[q, S̿ᵀ·c]: one GEMM for both
+        attention_output(ptr<scalar_t>(out[b]), cb, ptr<scalar_t>(ab), n, d);
+      }
+    });
+  });
+  return {out, p_row, p_col};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
+    const Tensor& grad_out, const Tensor& c_in, const Tensor& q_in, const Tensor& c_mask, const Tensor& q_mask,
+    const Tensor& weight_in, const c10::optional<Tensor>& bias, const Tensor& out_in, const Tensor& aux_row,
+    const Tensor& aux_col) {
+  constexpr const char* op = "fastqa::context_query_attention_bwd";
+  check_attention_args(op, c_in, q_in, c_mask, q_mask, weight_in, bias);
+  const int64_t batch = c_in.size(0), n = c_in.size(1), m = q_in.size(1), d = c_in.size(2);
+  check_same_shape(op, "grad_out", grad_out, {batch, n, 4 * d}, c_in);
+  check_same_shape(op, "out", out_in, {batch, n, 4 * d}, c_in);
+  check_same_shape(op, "aux_row", aux_row, {batch, n, m}, c_in);
+  check_same_shape(op, "aux_col", aux_col, {batch, n, m}, c_in);
+  const Tensor g = grad_out.contiguous(), c = c_in.contiguous(), q = q_in.contiguous(),
+               weight = weight_in.contiguous(), out = out_in.contiguous(), p_row = aux_row.contiguous(),
+               p_col = aux_col.contiguous();
+  Tensor grad_c = at::empty_like(c), grad_q = at::empty_like(q);
+  Tensor partial = at::empty({batch, 3 * d + 1}, c.options());
+  std::pair<Tensor, Tensor> weight_grads;
+  AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), op, [&] {
+    const auto w = unpack_weights<scalar_t>(weight, bias);
+    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      const auto opts = c.options();
+      SimilarityScratch<scalar_t> sim(m, d, opts);
+      SimilarityGradScratch<scalar_t> sim_grad(m, d, opts);
+      Tensor qt = at::empty({m, 2 * d}, opts);   // [q, S̿ᵀc]: the right factors of A and B
+      Tensor dab = at::empty({n, 2 * d}, opts);  // [dA, dB]
+      Tensor dp = at::empty({n, m}, opts), dpc = at::empty({n, m}, opts);
+      Tensor d_ctc = at::empty({m, d}, opts);  // d(S̿ᵀc)
+      std::vector<scalar_t> col_dot(m);
+      Tensor q_slot = qt.narrow(1, 0, d), ctc = qt.narrow(1, d, d);
+      Tensor da = dab.narrow(1, 0, d), db = dab.narrow(1, d, d);
+      for (int64_t b = b0; b < b1; ++b) {
+        const Tensor c_b = c[b], q_b = q[b], p_b = p_row[b], pc_b = p_col[b];
+        Tensor dc_b = grad_c[b], dq_b = grad_q[b];
+        const scalar_t* cb = ptr<scalar_t>(c_b);
+        q_slot.copy_(q_b);
+        scale_question(ptr<scalar_t>(q_b), w.wcq, ptr<scalar_t>(sim.qw), m, d);
+        at::mm_out(ctc, pc_b.t(), c_b);
+        at::mm_out(dc_b, p_b, ctc);  // B, recomputed into dc's buffer
+        attention_output_backward(ptr<scalar_t>(g[b]), ptr<scalar_t>(out[b]), cb, ptr<scalar_t>(dab),
+                                  ptr<scalar_t>(dc_b), n, d);
+        at::mm_out(dp, dab, qt.t());          // dS̄ = dA·qᵀ + dB·(S̿ᵀc)ᵀ
+        at::mm_out(dq_b, p_b.t(), da);  // dq = S̄ᵀ·dA (+ similarity part below)
+        at::mm_out(d_ctc, p_b.t(), db);       // d(S̿ᵀc) = S̄ᵀ·dB
+        at::mm_out(dpc, c_b, d_ctc.t());      // dS̿ = c·d(S̿ᵀc)ᵀ
+        masked_softmaxes_backward(ptr<scalar_t>(dp), ptr<scalar_t>(dpc), ptr<scalar_t>(p_b), ptr<scalar_t>(pc_b),
+                                  n, m, col_dot.data());
+        at::addmm_out(dc_b, dc_b, pc_b, d_ctc);  // dc += S̿·d(S̿ᵀc)
+        bilinear_backward(dp, c_b, q_b, sim.qw, w, dc_b, dq_b, /*accumulate=*/true, sim_grad,
+                          ptr<scalar_t>(partial) + b * (3 * d + 1));
+      }
+    });
+    weight_grads = reduce_weight_grads<scalar_t>(partial, weight, bias);
+  });
+  return {grad_c, grad_q, weight_grads.first, weight_grads.second};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fastqa, m) {
+  m.def("trilinear_similarity_fwd(Tensor c, Tensor q, Tensor weight, Tensor? bias) -> Tensor s");
+  m.def(
+      "trilinear_similarity_bwd(Tensor grad_s, Tensor c, Tensor q, Tensor weight, Tensor? bias)"
+      " -> (Tensor grad_c, Tensor grad_q, Tensor grad_weight, Tensor grad_bias)");
+  m.def(
+      "context_query_attention_fwd(Tensor c, Tensor q, Tensor c_mask, Tensor q_mask, Tensor weight,"
+      " Tensor? bias) -> (Tensor out, Tensor aux_row, Tensor aux_col)");
+  m.def(
+      "context_query_attention_bwd(Tensor grad_out, Tensor c, Tensor q, Tensor c_mask, Tensor q_mask,"
+      " Tensor weight, Tensor? bias, Tensor out, Tensor aux_row, Tensor aux_col)"
+      " -> (Tensor grad_c, Tensor grad_q, Tensor grad_weight, Tensor grad_bias)");
+}
+
+TORCH_LIBRARY_IMPL(fastqa, CPU, m) {
+  m.impl("trilinear_similarity_fwd", &trilinear_similarity_fwd);
+  m.impl("trilinear_similarity_bwd", &trilinear_similarity_bwd);
+  m.impl("context_query_attention_fwd", &context_query_attention_fwd);
+  m.impl("context_query_attention_bwd", &context_query_attention_bwd);
+}
+
+}  // namespace fastqa

@@ -1,0 +1,137 @@
+"""Trilinear similarity and QANet context-query attention: autograd Functions and functional entry points.
+
+Backends run the custom ops ``<ns>::trilinear_similarity_fwd/_bwd`` and
+``<ns>::context_query_attention_fwd/_bwd`` (identical schemas in every namespace, see
+``fastqa.ops._registry``); ``backend="reference"`` runs ``fastqa.reference`` directly.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import reference
+from .._backend import cpu_available, resolve_backend
+from .._checks import check_nonempty_batch, check_positive, check_tensor
+from ._registry import kernel, none_if_empty
+
+__all__ = ["context_query_attention", "trilinear_similarity"]
+
+_MODULE = "context_query_attention"
+
+
+def _grads_needed(needs_input_grad: tuple[bool, ...], grads: tuple[torch.Tensor, ...]) -> list:
+    """Kernel gradients, None where autograd does not want them or the input was absent (empty)."""
+    return [none_if_empty(g) if need else None for need, g in zip(needs_input_grad, grads)]
+
+
+class _TrilinearSimilarityFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, backend: str, c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.backend = backend
+        ctx.save_for_backward(c, q, weight, bias)
+        return kernel(backend, _MODULE, "trilinear_similarity_fwd")(c, q, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_s: torch.Tensor):
+        c, q, weight, bias = ctx.saved_tensors
+        grads = kernel(ctx.backend, _MODULE, "trilinear_similarity_bwd")(grad_s.contiguous(), c, q, weight, bias)
+        grad_c, grad_q, grad_weight, grad_bias = _grads_needed(ctx.needs_input_grad[1:], grads)
+        return None, grad_c, grad_q, grad_weight, grad_bias
+
+
+class _ContextQueryAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, backend: str, c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor, q_mask: torch.Tensor,
+                weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        out, aux_row, aux_col = kernel(backend, _MODULE, "context_query_attention_fwd")(
+            c, q, c_mask, q_mask, weight, bias)
+        ctx.backend = backend
+        # `out` goes back to the backward so A = out[..., d:2d] is not recomputed; aux is backend-defined.
+        ctx.save_for_backward(c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col = ctx.saved_tensors
+        grads = kernel(ctx.backend, _MODULE, "context_query_attention_bwd")(
+            grad_out.contiguous(), c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col)
+        needs = ctx.needs_input_grad
+        grad_c, grad_q, grad_weight, grad_bias = _grads_needed((needs[1], needs[2], needs[5], needs[6]), grads)
+        return None, grad_c, grad_q, None, None, grad_weight, grad_bias
+
+
+def _check_device(name: str, t: torch.Tensor) -> None:
+    # A meta (or other) tensor would otherwise slip through to the reference as an automatic fallback.
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be on a cpu or cuda device, got {t.device}")
+
+
+def _check_similarity_args(c: object, q: object, weight: object, bias: object) -> None:
+    check_tensor("c", c, ndim=3)
+    _check_device("c", c)
+    check_nonempty_batch("c", c)
+    check_positive("c", c, (1, 2))
+    check_tensor("q", q, shape=(c.shape[0], None, c.shape[2]), like=c)
+    check_positive("q", q, (1,))
+    check_tensor("weight", weight, shape=(3 * c.shape[2],), like=c)
+    if bias is not None:
+        check_tensor("bias", bias, like=c)
+        if bias.numel() != 1 or bias.dim() > 1:
+            raise ValueError(f"bias must have shape [1] or [], got {tuple(bias.shape)}")
+
+
+def trilinear_similarity(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                         *, backend: str = "auto") -> torch.Tensor:
+    """S[b, i, j] = w · [c_i; q_j; c_i ∘ q_j] (+ bias), without building [B, n, m, 3d].
+
+    c: [B, n, d]; q: [B, m, d]; weight: [3d] = (w_c, w_q, w_cq); bias: [1], [] or None.
+    Returns S: [B, n, m]. backend: "auto", "reference", "cpu" or "triton".
+    """
+    _check_similarity_args(c, q, weight, bias)
+    backend = resolve_backend(backend, "trilinear_similarity", c.device, c.dtype)
+    if backend == "reference":
+        return reference.trilinear_similarity(c, q, weight, bias)
+    return _TrilinearSimilarityFunction.apply(backend, c, q, weight, bias)
+
+
+def context_query_attention(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor, q_mask: torch.Tensor,
+                            weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                            backend: str = "auto") -> torch.Tensor:
+    """QANet context-query attention, fused.
+
+    c: [B, n, d]; q: [B, m, d]; c_mask: [B, n] bool; q_mask: [B, m] bool (True = real token);
+    weight: [3d] = (w_c, w_q, w_cq); bias: [1], [] or None. With S the trilinear similarity, S̄ its
+    softmax over the real question words and S̿ over the real context words (a row or column with no
+    real word gives zeros): A = S̄q, B = S̄(S̿ᵀc). Returns [c, A, c∘A, c∘B]: [B, n, 4d].
+    """
+    _check_similarity_args(c, q, weight, bias)
+    check_tensor("c_mask", c_mask, shape=(c.shape[0], c.shape[1]), dtype=torch.bool, floating=False, like=c)
+    check_tensor("q_mask", q_mask, shape=(q.shape[0], q.shape[1]), dtype=torch.bool, floating=False, like=c)
+    backend = resolve_backend(backend, "context_query_attention", c.device, c.dtype)
+    if backend == "reference":
+        return reference.context_query_attention(c, q, c_mask, q_mask, weight, bias)
+    return _ContextQueryAttentionFunction.apply(backend, c, q, c_mask, q_mask, weight, bias)
+
+
+if cpu_available():
+    # Shapes of the C++ ops' results, for torch.compile / opcheck. Every result is contiguous.
+    @torch.library.register_fake("fastqa::trilinear_similarity_fwd")
+    def _trilinear_similarity_fwd_fake(c, q, weight, bias):
+        return c.new_empty(c.shape[0], c.shape[1], q.shape[1])
+
+    @torch.library.register_fake("fastqa::trilinear_similarity_bwd")
+    def _trilinear_similarity_bwd_fake(grad_s, c, q, weight, bias):
+        return _param_grads_fake(c, q, weight, bias)
+
+    @torch.library.register_fake("fastqa::context_query_attention_fwd")
+    def _context_query_attention_fwd_fake(c, q, c_mask, q_mask, weight, bias):
+        (batch, n, d), m = c.shape, q.shape[1]
+        return c.new_empty(batch, n, 4 * d), c.new_empty(batch, n, m), c.new_empty(batch, n, m)
+
+    @torch.library.register_fake("fastqa::context_query_attention_bwd")
+    def _context_query_attention_bwd_fake(grad_out, c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col):
+        return _param_grads_fake(c, q, weight, bias)
+
+    def _param_grads_fake(c, q, weight, bias):
+        grad_bias = weight.new_empty(0) if bias is None else bias.new_empty(bias.shape)
+        return c.new_empty(c.shape), q.new_empty(q.shape), weight.new_empty(weight.shape), grad_bias

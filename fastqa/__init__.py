@@ -8,3 +8,9 @@ __version__ = "0.1.0"
 from ._backend import BACKENDS, info  # noqa: E402
 
 __all__ = ["BACKENDS", "info", "__version__"]
+
+# glu_conv1d
+from . import layers, ops, reference  # noqa: E402,F401
+from .ops import glu_conv1d, glu_conv1d_step  # noqa: E402,F401
+
+__all__ += ["glu_conv1d", "glu_conv1d_step"]

@@ -1,0 +1,401 @@
+// GLU convolution (ConvS2S), causal and centred, and its one-step decode: CPU kernels.
+//
+//   pre = conv1d(pad(x * mask), weight) + bias        x [B, T, H], weight [2H, H, K], pre [., 2H]
+//   g   = a * sigmoid(b),  [a; b] = pre split along channels (F.glu order)
+//   y   = (g + x) * scale  (residual)  or  g * scale
+//
+// Layout trick (no im2col tensor): the masked input is copied once into a zero-padded row buffer
+// xp [B*Tp, H], Tp = T + K - 1, one padded sequence after the other. Output position t of sequence
+// b lives at row r = b*Tp + t of the "padded row space", and
+//     pre[r] = bias + sum_k xp[r + k] @ W_k^T,          W_k = weight[:, :, k]  [2H, H]
+// i.e. K GEMMs on contiguous row-shifted slices of xp (rows r in [0, N), N = B*Tp - (K-1)). The
+// K-1 rows between two sequences are junk: ignored in the forward, zeroed in the backward.
+// aux = pre [N, 2H] in that row space: the only thing the backward needs beyond the inputs (xp is
+// rebuilt from x and mask, which is a cheap copy and saves holding a second activation).
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace fastqa {
+namespace {
+
+// Rows per parallel work item in the element-wise passes; also the fixed block of rows whose
+// bias-gradient partial sum is kept separately, so the reduction order never depends on the
+// thread count (deterministic backward).
+constexpr int64_t kRowBlock = 32;
+
+// Branch-free exp for float (Cephes-style range reduction + degree-6 polynomial, ~1 ulp) that the
+// compiler vectorises; std::exp on float does not vectorise without -ffast-math.
+inline float exp_vec(float v) {
+  v = std::min(std::max(v, -87.0f), 88.0f);  // keeps 2^n a normal float
+  const float n = std::floor(v * 1.44269504088896341f + 0.5f);
+  float r = std::fma(n, -0.693359375f, v);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r) + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof(float));
+  return p * two_n;
+}
+inline double exp_vec(double v) { return std::exp(v); }  // float64 is for gradcheck: exactness first
+
+template <typename scalar_t>
+inline scalar_t sigmoid(scalar_t v) {
+  return scalar_t(1) / (scalar_t(1) + exp_vec(-v));
+}
+
+struct Geometry {
+  int64_t B, T, H, K, pad_left, Tp, N;  // Tp: padded length; N: rows of the padded row space
+};
+
+Geometry check_conv_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& mask,
+                         int64_t pad_left) {
+  TORCH_CHECK(x.dim() == 3, "glu_conv1d: x must be [B, T, H], got ", x.sizes());
+  TORCH_CHECK(weight.dim() == 3, "glu_conv1d: weight must be [2H, H, K], got ", weight.sizes());
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "glu_conv1d: the cpu kernels take CPU tensors");
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "glu_conv1d: weight dtype ", weight.scalar_type(),
+              " != x dtype ", x.scalar_type());
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), K = weight.size(2);
+  TORCH_CHECK(B > 0 && T > 0 && H > 0, "glu_conv1d: x must be non-empty, got ", x.sizes());
+  TORCH_CHECK(weight.size(0) == 2 * H && weight.size(1) == H, "glu_conv1d: weight must be [2H, H, K] = [",
+              2 * H, ", ", H, ", K], got ", weight.sizes());
+  TORCH_CHECK(K > 0, "glu_conv1d: kernel size must be positive");
+  TORCH_CHECK(pad_left >= 0 && pad_left < K, "glu_conv1d: pad_left must be in [0, K-1], got ", pad_left);
+  if (mask.has_value()) {
+    TORCH_CHECK(mask->scalar_type() == at::kBool, "glu_conv1d: mask must be bool, got ", mask->scalar_type());
+    TORCH_CHECK(mask->dim() == 2 && mask->size(0) == B && mask->size(1) == T, "glu_conv1d: mask must be [B, T] = [",
+                B, ", ", T, "], got ", mask->sizes());
+    TORCH_CHECK(mask->device().is_cpu(), "glu_conv1d: mask must be a CPU tensor");
+  }
+  const int64_t Tp = T + K - 1;
+  return {B, T, H, K, pad_left, Tp, B * Tp - (K - 1)};
+}
+
+void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& x, int64_t H) {
+  if (!bias.has_value()) return;
+  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == 2 * H, "glu_conv1d: bias must be [2H] = [", 2 * H, "], got ",
+              bias->sizes());
+  TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->device().is_cpu(),
+              "glu_conv1d: bias must be a CPU tensor of x's dtype");
+}
+
+// The weight as K contiguous [2H, H] taps (W_k = weight[:, :, k]); W_k.t() feeds BLAS without a copy.
+at::Tensor weight_taps(const at::Tensor& weight) { return weight.permute({2, 0, 1}).contiguous(); }
+
+// xp [B*Tp, H]: x with masked positions zeroed, pad_left zero rows before and K-1-pad_left after
+// every sequence. Reads x through its strides (channels-first views included).
+template <typename scalar_t>
+void fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, scalar_t* xp) {
+  const scalar_t* xd = x.data_ptr<scalar_t>();
+  const int64_t sb = x.stride(0), st = x.stride(1), sc = x.stride(2);
+  const int64_t H = g.H;
+  at::parallel_for(0, g.B * g.Tp, kRowBlock, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / g.Tp, t = row % g.Tp - g.pad_left;
+      scalar_t* dst = xp + row * H;
+      if (t < 0 || t >= g.T || (mask != nullptr && !mask[b * g.T + t])) {
+        std::fill(dst, dst + H, scalar_t(0));
+        continue;
+      }
+      const scalar_t* src = xd + b * sb + t * st;
+      if (sc == 1) {
+        std::memcpy(dst, src, H * sizeof(scalar_t));
+      } else {
+        for (int64_t c = 0; c < H; ++c) dst[c] = src[c * sc];
+      }
+    }
+  });
+}
+
+// Row (b, t) of x: its copy in xp where the mask kept it, else read through x's strides into tmp.
+template <typename scalar_t>
+const scalar_t* residual_row(const at::Tensor& x, const bool* mask, const Geometry& g, const scalar_t* xp,
+                             int64_t b, int64_t t, scalar_t* tmp) {
+  if (mask == nullptr || mask[b * g.T + t]) return xp + (b * g.Tp + g.pad_left + t) * g.H;
+  const scalar_t* src = x.data_ptr<scalar_t>() + b * x.stride(0) + t * x.stride(1);
+  for (int64_t c = 0; c < g.H; ++c) tmp[c] = src[c * x.stride(2)];
+  return tmp;
+}
+
+const bool* mask_data(const std::optional<at::Tensor>& mask, at::Tensor& holder) {
+  if (!mask.has_value()) return nullptr;
+  holder = mask->contiguous();
+  return holder.data_ptr<bool>();
+}
+
+// GLU + residual + scale over one row: y = (a * sigmoid(b) + res) * scale, res may be null.
+template <typename scalar_t>
+inline void glu_row(const scalar_t* pre, const scalar_t* res, scalar_t scale, int64_t H, scalar_t* y) {
+  const scalar_t* a = pre;
+  const scalar_t* bg = pre + H;
+  if (res != nullptr) {
+#pragma omp simd
+    for (int64_t c = 0; c < H; ++c) y[c] = (a[c] * sigmoid(bg[c]) + res[c]) * scale;
+  } else {
+#pragma omp simd
+    for (int64_t c = 0; c < H; ++c) y[c] = a[c] * sigmoid(bg[c]) * scale;
+  }
+}
+
+// d y / d pre for one row: ga = gy*scale*sigmoid(b), gb = gy*scale*a*sigmoid(b)*(1-sigmoid(b)).
+template <typename scalar_t>
+inline void glu_backward_row(const scalar_t* pre, const scalar_t* gy, scalar_t scale, int64_t H, scalar_t* grad_pre) {
+  const scalar_t* a = pre;
+  const scalar_t* bg = pre + H;
+  scalar_t* ga = grad_pre;
+  scalar_t* gb = grad_pre + H;
+#pragma omp simd
+  for (int64_t c = 0; c < H; ++c) {
+    const scalar_t sg = sigmoid(bg[c]);
+    const scalar_t gg = gy[c] * scale;
+    ga[c] = gg * sg;
+    gb[c] = gg * a[c] * sg * (scalar_t(1) - sg);
+  }
+}
+
+template <typename scalar_t>
+inline void add_row(const scalar_t* src, int64_t n, scalar_t* acc) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) acc[c] += src[c];
+}
+
+// dst = alpha * u + beta * v
+template <typename scalar_t>
+inline void axpby_row(scalar_t alpha, const scalar_t* u, scalar_t beta, const scalar_t* v, int64_t n, scalar_t* dst) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) dst[c] = alpha * u[c] + beta * v[c];
+}
+
+std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at::Tensor& weight,
+                                                  const std::optional<at::Tensor>& bias,
+                                                  const std::optional<at::Tensor>& mask, int64_t pad_left,
+                                                  bool residual, double scale) {
+  const Geometry g = check_conv_args(x, weight, mask, pad_left);
+  check_bias(bias, x, g.H);
+  at::Tensor mask_holder;
+  const bool* m = mask_data(mask, mask_holder);
+  const at::Tensor w = weight_taps(weight);
+  at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
+  at::Tensor pre = at::empty({g.N, 2 * g.H}, x.options());
+  at::Tensor y = at::empty({g.B, g.T, g.H}, x.options());
+
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd", [&] {
+    fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
+  });
+  for (int64_t k = 0; k < g.K; ++k) {
+    const at::Tensor rows = xp.narrow(0, k, g.N);
+    if (k > 0) {
+      pre.addmm_(rows, w[k].t());
+    } else if (bias.has_value()) {
+      at::addmm_out(pre, *bias, rows, w[0].t());
+    } else {
+      at::mm_out(pre, rows, w[0].t());
+    }
+  }
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd_epilogue", [&] {
+    const scalar_t* xpd = xp.data_ptr<scalar_t>();
+    const scalar_t* pd = pre.data_ptr<scalar_t>();
+    scalar_t* yd = y.data_ptr<scalar_t>();
+    const scalar_t s = static_cast<scalar_t>(scale);
+    at::parallel_for(0, g.B * g.T, kRowBlock, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> tmp(m != nullptr && residual ? g.H : 0);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / g.T, t = i % g.T;
+        const scalar_t* res = residual ? residual_row<scalar_t>(x, m, g, xpd, b, t, tmp.data()) : nullptr;
+        glu_row<scalar_t>(pd + (b * g.Tp + t) * 2 * g.H, res, s, g.H, yd + i * g.H);
+      }
+    });
+  });
+  return {y, pre};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& grad_y_in, const at::Tensor& x,
+                                                              const at::Tensor& weight,
+                                                              const std::optional<at::Tensor>& mask,
+                                                              const at::Tensor& aux, int64_t pad_left, bool residual,
+                                                              double scale, bool has_bias) {
+  const Geometry g = check_conv_args(x, weight, mask, pad_left);
+  TORCH_CHECK(grad_y_in.sizes() == x.sizes() && grad_y_in.scalar_type() == x.scalar_type(),
+              "glu_conv1d_bwd: grad_y must match x (", x.sizes(), "), got ", grad_y_in.sizes());
+  TORCH_CHECK(aux.dim() == 2 && aux.size(0) == g.N && aux.size(1) == 2 * g.H && aux.scalar_type() == x.scalar_type(),
+              "glu_conv1d_bwd: aux must be the forward's pre-activation [", g.N, ", ", 2 * g.H, "], got ",
+              aux.sizes());
+  at::Tensor mask_holder;
+  const bool* m = mask_data(mask, mask_holder);
+  const at::Tensor grad_y = grad_y_in.contiguous();
+  const at::Tensor pre = aux.contiguous();
+  const int64_t n_blocks = (g.B * g.T + kRowBlock - 1) / kRowBlock;
+  at::Tensor grad_pre = at::empty({g.N, 2 * g.H}, x.options());
+  at::Tensor bias_partials = at::empty({has_bias ? n_blocks : 0, 2 * g.H}, x.options());
+
+  // grad_pre = d y / d pre (junk rows zero), and per-block bias-gradient partials, in one pass.
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_glu", [&] {
+    const scalar_t* pd = pre.data_ptr<scalar_t>();
+    const scalar_t* gyd = grad_y.data_ptr<scalar_t>();
+    scalar_t* gpd = grad_pre.data_ptr<scalar_t>();
+    scalar_t* partials = has_bias ? bias_partials.data_ptr<scalar_t>() : nullptr;
+    const scalar_t s = static_cast<scalar_t>(scale);
+    const int64_t H = g.H;
+    at::parallel_for(0, n_blocks, 1, [&](int64_t block_begin, int64_t block_end) {
+      for (int64_t blk = block_begin; blk < block_end; ++blk) {
+        scalar_t* part = partials != nullptr ? partials + blk * 2 * H : nullptr;
+        if (part != nullptr) std::fill(part, part + 2 * H, scalar_t(0));
+        const int64_t row_end = std::min(g.B * g.T, (blk + 1) * kRowBlock);
+        for (int64_t i = blk * kRowBlock; i < row_end; ++i) {
+          const int64_t r = (i / g.T) * g.Tp + i % g.T;
+          glu_backward_row<scalar_t>(pd + r * 2 * H, gyd + i * H, s, H, gpd + r * 2 * H);
+          if (part != nullptr) add_row<scalar_t>(gpd + r * 2 * H, 2 * H, part);
+        }
+      }
+    });
+    for (int64_t b = 0; b + 1 < g.B; ++b) {  // the K-1 junk rows after each sequence but the last
+      std::fill(gpd + (b * g.Tp + g.T) * 2 * H, gpd + ((b + 1) * g.Tp) * 2 * H, scalar_t(0));
+    }
+  });
+
+  const at::Tensor w = weight_taps(weight);
+  at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_pad", [&] {
+    fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
+  });
+  // grad W_k = grad_pre^T @ xp[k : k+N]   (taps [K, 2H, H], then back to the Conv1d layout)
+  at::Tensor grad_w_taps = at::empty({g.K, 2 * g.H, g.H}, x.options());
+  for (int64_t k = 0; k < g.K; ++k) {
+    at::Tensor out = grad_w_taps[k];
+    at::mm_out(out, grad_pre.t(), xp.narrow(0, k, g.N));
+  }
+  at::Tensor grad_weight = grad_w_taps.permute({1, 2, 0}).contiguous();
+
+  // grad xp[k : k+N] += grad_pre @ W_k, written over xp (no longer needed) to save a buffer.
+  at::Tensor grad_xp = xp;
+  grad_xp.narrow(0, g.N, g.K - 1).zero_();
+  for (int64_t k = 0; k < g.K; ++k) {
+    at::Tensor out = grad_xp.narrow(0, k, g.N);
+    if (k == 0) {
+      at::mm_out(out, grad_pre, w[0]);
+    } else {
+      out.addmm_(grad_pre, w[k]);
+    }
+  }
+
+  at::Tensor grad_x = at::empty({g.B, g.T, g.H}, x.options());
+  at::Tensor grad_bias = has_bias ? at::empty({2 * g.H}, x.options()) : at::empty({0}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_x", [&] {
+    const scalar_t* gxp = grad_xp.data_ptr<scalar_t>();
+    const scalar_t* gyd = grad_y.data_ptr<scalar_t>();
+    scalar_t* gxd = grad_x.data_ptr<scalar_t>();
+    const scalar_t s = static_cast<scalar_t>(scale);
+    const int64_t H = g.H;
+    at::parallel_for(0, g.B * g.T, kRowBlock, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / g.T, t = i % g.T;
+        const bool kept = m == nullptr || m[i];
+        const scalar_t* src = gxp + (b * g.Tp + g.pad_left + t) * H;
+        const scalar_t* gy = gyd + i * H;
+        scalar_t* dst = gxd + i * H;
+        axpby_row<scalar_t>(kept ? scalar_t(1) : scalar_t(0), src, residual ? s : scalar_t(0), gy, H, dst);
+      }
+    });
+    if (has_bias) {  // fixed-order sum of the per-block partials
+      scalar_t* gbd = grad_bias.data_ptr<scalar_t>();
+      const scalar_t* partials = bias_partials.data_ptr<scalar_t>();
+      std::fill(gbd, gbd + 2 * H, scalar_t(0));
+      for (int64_t blk = 0; blk < n_blocks; ++blk) add_row<scalar_t>(partials + blk * 2 * H, 2 * H, gbd);
+    }
+  });
+  return {grad_x, grad_weight, grad_bias};
+}
+
+std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const at::Tensor& state,
+                                                   const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                                   bool residual, double scale) {
+  TORCH_CHECK(x_t.dim() == 2, "glu_conv1d_step: x_t must be [B, H], got ", x_t.sizes());
+  TORCH_CHECK(weight.dim() == 3, "glu_conv1d_step: weight must be [2H, H, K], got ", weight.sizes());
+  const int64_t B = x_t.size(0), H = x_t.size(1), K = weight.size(2);
+  TORCH_CHECK(B > 0 && H > 0, "glu_conv1d_step: x_t must be non-empty, got ", x_t.sizes());
+  TORCH_CHECK(weight.size(0) == 2 * H && weight.size(1) == H && K > 0, "glu_conv1d_step: weight must be [2H, H, K] = [",
+              2 * H, ", ", H, ", K], got ", weight.sizes());
+  TORCH_CHECK(state.dim() == 3 && state.size(0) == B && state.size(1) == K - 1 && state.size(2) == H,
+              "glu_conv1d_step: state must be [B, K-1, H] = [", B, ", ", K - 1, ", ", H, "], got ", state.sizes());
+  TORCH_CHECK(x_t.device().is_cpu() && state.device().is_cpu() && weight.device().is_cpu(),
+              "glu_conv1d_step: the cpu kernels take CPU tensors");
+  TORCH_CHECK(state.scalar_type() == x_t.scalar_type() && weight.scalar_type() == x_t.scalar_type(),
+              "glu_conv1d_step: x_t, state and weight must share a dtype");
+  check_bias(bias, x_t, H);
+
+  at::Tensor new_state = at::empty({B, K - 1, H}, x_t.options());
+  at::Tensor window_t = at::empty({B, H, K}, x_t.options());  // [b, h, k]: matches weight.view(2H, H*K)
+  at::Tensor pre;
+  at::Tensor y = at::empty({B, H}, x_t.options());
+  AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step", [&] {
+    const auto xa = x_t.accessor<scalar_t, 2>();
+    const auto sa = state.accessor<scalar_t, 3>();
+    scalar_t* ns = new_state.data_ptr<scalar_t>();
+    scalar_t* wt = window_t.data_ptr<scalar_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t k = 0; k + 1 < K; ++k) {
+        for (int64_t c = 0; c < H; ++c) wt[(b * H + c) * K + k] = sa[b][k][c];
+        if (k > 0) {  // new_state = window[1:] = (state[1:], x_t)
+          for (int64_t c = 0; c < H; ++c) ns[(b * (K - 1) + k - 1) * H + c] = sa[b][k][c];
+        }
+      }
+      for (int64_t c = 0; c < H; ++c) wt[(b * H + c) * K + K - 1] = xa[b][c];
+      if (K > 1) {
+        for (int64_t c = 0; c < H; ++c) ns[(b * (K - 1) + K - 2) * H + c] = xa[b][c];
+      }
+    }
+  });
+  const at::Tensor w2 = weight.contiguous().view({2 * H, H * K});
+  const at::Tensor win = window_t.view({B, H * K});
+  pre = bias.has_value() ? at::addmm(*bias, win, w2.t()) : at::mm(win, w2.t());
+  AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step_glu", [&] {
+    const scalar_t* pd = pre.data_ptr<scalar_t>();
+    const scalar_t* wt = window_t.data_ptr<scalar_t>();
+    scalar_t* yd = y.data_ptr<scalar_t>();
+    std::vector<scalar_t> res(residual ? H : 0);
+    for (int64_t b = 0; b < B; ++b) {
+      if (residual) {
+        for (int64_t c = 0; c < H; ++c) res[c] = wt[(b * H + c) * K + K - 1];
+      }
+      glu_row<scalar_t>(pd + b * 2 * H, residual ? res.data() : nullptr, static_cast<scalar_t>(scale), H, yd + b * H);
+    }
+  });
+  return {y, new_state};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fastqa, m) {
+  m.def(
+      "glu_conv1d_fwd(Tensor x, Tensor weight, Tensor? bias, Tensor? mask, int pad_left, bool residual, "
+      "float scale) -> (Tensor y, Tensor aux)");
+  m.def(
+      "glu_conv1d_bwd(Tensor grad_y, Tensor x, Tensor weight, Tensor? mask, Tensor aux, int pad_left, "
+      "bool residual, float scale, bool has_bias) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
+  m.def(
+      "glu_conv1d_step(Tensor x_t, Tensor state, Tensor weight, Tensor? bias, bool residual, float scale) "
+      "-> (Tensor y_t, Tensor new_state)");
+}
+
+TORCH_LIBRARY_IMPL(fastqa, CPU, m) {
+  m.impl("glu_conv1d_fwd", &glu_conv1d_fwd);
+  m.impl("glu_conv1d_bwd", &glu_conv1d_bwd);
+  m.impl("glu_conv1d_step", &glu_conv1d_step);
+}
+
+}  // namespace fastqa

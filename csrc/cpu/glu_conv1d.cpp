@@ -94,8 +94,9 @@ void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& x, int6
               "glu_conv1d: bias must be a CPU tensor of x's dtype");
 }
 
-// The weight as K contiguous [2H, H] taps (W_k = weight[:, :, k]); W_k.t() feeds BLAS without a copy.
-at::Tensor weight_taps(const at::Tensor& weight) { return weight.permute({2, 0, 1}).contiguous(); }
+// Tap W_k = weight[:, :, k] as a contiguous [2H, H] matrix (BLAS needs a unit stride; W_k.t() is then
+// free). One tap at a time keeps the extra memory at a third of the weight for K = 3.
+at::Tensor weight_tap(const at::Tensor& weight, int64_t k) { return weight.select(2, k).contiguous(); }
 
 // xp [B*Tp, H]: x with masked positions zeroed, pad_left zero rows before and K-1-pad_left after
 // every sequence. Reads x through its strides (channels-first views included).
@@ -189,24 +190,23 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
   check_bias(bias, x, g.H);
   at::Tensor mask_holder;
   const bool* m = mask_data(mask, mask_holder);
-  const at::Tensor w = weight_taps(weight);
   at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
-  at::Tensor pre = at::empty({g.N, 2 * g.H}, x.options());
-  at::Tensor y = at::empty({g.B, g.T, g.H}, x.options());
-
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd", [&] {
     fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
   });
+  at::Tensor pre = at::empty({g.N, 2 * g.H}, x.options());
   for (int64_t k = 0; k < g.K; ++k) {
     const at::Tensor rows = xp.narrow(0, k, g.N);
+    const at::Tensor w_t = weight_tap(weight, k).t();
     if (k > 0) {
-      pre.addmm_(rows, w[k].t());
+      pre.addmm_(rows, w_t);
     } else if (bias.has_value()) {
-      at::addmm_out(pre, *bias, rows, w[0].t());
+      at::addmm_out(pre, *bias, rows, w_t);
     } else {
-      at::mm_out(pre, rows, w[0].t());
+      at::mm_out(pre, rows, w_t);
     }
   }
+  at::Tensor y = at::empty({g.B, g.T, g.H}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd_epilogue", [&] {
     const scalar_t* xpd = xp.data_ptr<scalar_t>();
     const scalar_t* pd = pre.data_ptr<scalar_t>();
@@ -268,30 +268,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
     }
   });
 
-  const at::Tensor w = weight_taps(weight);
   at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_pad", [&] {
     fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
   });
-  // grad W_k = grad_pre^T @ xp[k : k+N]   (taps [K, 2H, H], then back to the Conv1d layout)
-  at::Tensor grad_w_taps = at::empty({g.K, 2 * g.H, g.H}, x.options());
-  for (int64_t k = 0; k < g.K; ++k) {
-    at::Tensor out = grad_w_taps[k];
-    at::mm_out(out, grad_pre.t(), xp.narrow(0, k, g.N));
+  // grad W_k = grad_pre^T @ xp[k : k+N], one [2H, H] tap at a time into the Conv1d layout.
+  at::Tensor grad_weight = at::empty({2 * g.H, g.H, g.K}, x.options());
+  {
+    at::Tensor grad_tap = at::empty({2 * g.H, g.H}, x.options());
+    for (int64_t k = 0; k < g.K; ++k) {
+      at::mm_out(grad_tap, grad_pre.t(), xp.narrow(0, k, g.N));
+      grad_weight.select(2, k).copy_(grad_tap);
+    }
   }
-  at::Tensor grad_weight = grad_w_taps.permute({1, 2, 0}).contiguous();
-
   // grad xp[k : k+N] += grad_pre @ W_k, written over xp (no longer needed) to save a buffer.
   at::Tensor grad_xp = xp;
   grad_xp.narrow(0, g.N, g.K - 1).zero_();
   for (int64_t k = 0; k < g.K; ++k) {
     at::Tensor out = grad_xp.narrow(0, k, g.N);
     if (k == 0) {
-      at::mm_out(out, grad_pre, w[0]);
+      at::mm_out(out, grad_pre, weight_tap(weight, 0));
     } else {
-      out.addmm_(grad_pre, w[k]);
+      out.addmm_(grad_pre, weight_tap(weight, k));
     }
   }
+  grad_pre.reset();  // done with it: free before grad_x is allocated
 
   at::Tensor grad_x = at::empty({g.B, g.T, g.H}, x.options());
   at::Tensor grad_bias = has_bias ? at::empty({2 * g.H}, x.options()) : at::empty({0}, x.options());

@@ -33,11 +33,12 @@ namespace {
 // thread count (deterministic backward).
 constexpr int64_t kRowBlock = 32;
 
-// Branch-free exp for float (Cephes-style range reduction + degree-6 polynomial, ~1 ulp) that the
-// compiler vectorises; std::exp on float does not vectorise without -ffast-math.
+// Branch-free exp for float (Cephes-style range reduction + polynomial, ~1 ulp) that the compiler
+// vectorises; std::exp on float does not vectorise without -ffast-math.
 inline float exp_vec(float v) {
   v = std::min(std::max(v, -87.0f), 88.0f);  // keeps 2^n a normal float
-  const float n = std::floor(v * 1.44269504088896341f + 0.5f);
+  // n = round(v / ln 2) by the 1.5 * 2^23 trick: std::floor/nearbyint do not vectorise here.
+  const float n = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = std::fma(n, -0.693359375f, v);
   r = std::fma(n, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
@@ -47,10 +48,8 @@ inline float exp_vec(float v) {
   p = std::fma(p, r, 1.6666665459e-1f);
   p = std::fma(p, r, 5.0000001201e-1f);
   p = std::fma(p, r * r, r) + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof(float));
-  return p * two_n;
+  // 2^n from its bit pattern (a builtin bit cast: memcpy through a local blocks vectorisation).
+  return p * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
 }
 inline double exp_vec(double v) { return std::exp(v); }  // float64 is for gradcheck: exactness first
 
@@ -94,9 +93,9 @@ void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& x, int6
               "glu_conv1d: bias must be a CPU tensor of x's dtype");
 }
 
-// Tap W_k = weight[:, :, k] as a contiguous [2H, H] matrix (BLAS needs a unit stride; W_k.t() is then
-// free). One tap at a time keeps the extra memory at a third of the weight for K = 3.
-at::Tensor weight_tap(const at::Tensor& weight, int64_t k) { return weight.select(2, k).contiguous(); }
+// The weight as K contiguous [2H, H] taps W_k = weight[:, :, k] (BLAS needs a unit stride; W_k.t() is
+// then free). One copy for all taps: every extra pass is a thread-pool round trip.
+at::Tensor weight_taps(const at::Tensor& weight) { return weight.permute({2, 0, 1}).contiguous(); }
 
 // xp [B*Tp, H]: x with masked positions zeroed, pad_left zero rows before and K-1-pad_left after
 // every sequence. Reads x through its strides (channels-first views included).
@@ -139,11 +138,20 @@ const bool* mask_data(const std::optional<at::Tensor>& mask, at::Tensor& holder)
   return holder.data_ptr<bool>();
 }
 
-// GLU + residual + scale over one row: y = (a * sigmoid(b) + res) * scale, res may be null.
+// Bias + GLU + residual + scale over one row: pre += bias (kept: it is the backward's aux), then
+// y = (a * sigmoid(b) + res) * scale. bias and res may be null.
 template <typename scalar_t>
-inline void glu_row(const scalar_t* pre, const scalar_t* res, scalar_t scale, int64_t H, scalar_t* y) {
-  const scalar_t* a = pre;
-  const scalar_t* bg = pre + H;
+inline void glu_row(scalar_t* pre, const scalar_t* bias, const scalar_t* res, scalar_t scale, int64_t H,
+                    scalar_t* y) {
+  scalar_t* a = pre;
+  scalar_t* bg = pre + H;
+  if (bias != nullptr) {
+#pragma omp simd
+    for (int64_t c = 0; c < H; ++c) {
+      a[c] += bias[c];
+      bg[c] += bias[H + c];
+    }
+  }
   if (res != nullptr) {
 #pragma omp simd
     for (int64_t c = 0; c < H; ++c) y[c] = (a[c] * sigmoid(bg[c]) + res[c]) * scale;
@@ -195,21 +203,17 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
     fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
   });
   at::Tensor pre = at::empty({g.N, 2 * g.H}, x.options());
-  for (int64_t k = 0; k < g.K; ++k) {
-    const at::Tensor rows = xp.narrow(0, k, g.N);
-    const at::Tensor w_t = weight_tap(weight, k).t();
-    if (k > 0) {
-      pre.addmm_(rows, w_t);
-    } else if (bias.has_value()) {
-      at::addmm_out(pre, *bias, rows, w_t);
-    } else {
-      at::mm_out(pre, rows, w_t);
-    }
-  }
+  {
+    const at::Tensor w = weight_taps(weight);
+    at::mm_out(pre, xp.narrow(0, 0, g.N), w[0].t());
+    for (int64_t k = 1; k < g.K; ++k) pre.addmm_(xp.narrow(0, k, g.N), w[k].t());
+  }  // the bias is added in the epilogue pass, which reads pre anyway
+  const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
   at::Tensor y = at::empty({g.B, g.T, g.H}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd_epilogue", [&] {
     const scalar_t* xpd = xp.data_ptr<scalar_t>();
-    const scalar_t* pd = pre.data_ptr<scalar_t>();
+    scalar_t* pd = pre.data_ptr<scalar_t>();
+    const scalar_t* bd = bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr;
     scalar_t* yd = y.data_ptr<scalar_t>();
     const scalar_t s = static_cast<scalar_t>(scale);
     at::parallel_for(0, g.B * g.T, kRowBlock, [&](int64_t begin, int64_t end) {
@@ -217,7 +221,7 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
       for (int64_t i = begin; i < end; ++i) {
         const int64_t b = i / g.T, t = i % g.T;
         const scalar_t* res = residual ? residual_row<scalar_t>(x, m, g, xpd, b, t, tmp.data()) : nullptr;
-        glu_row<scalar_t>(pd + (b * g.Tp + t) * 2 * g.H, res, s, g.H, yd + i * g.H);
+        glu_row<scalar_t>(pd + (b * g.Tp + t) * 2 * g.H, bd, res, s, g.H, yd + i * g.H);
       }
     });
   });
@@ -272,25 +276,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_pad", [&] {
     fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
   });
-  // grad W_k = grad_pre^T @ xp[k : k+N], one [2H, H] tap at a time into the Conv1d layout.
-  at::Tensor grad_weight = at::empty({2 * g.H, g.H, g.K}, x.options());
+  // grad W_k = grad_pre^T @ xp[k : k+N], as taps [K, 2H, H], then once into the Conv1d layout.
+  at::Tensor grad_weight;
   {
-    at::Tensor grad_tap = at::empty({2 * g.H, g.H}, x.options());
+    at::Tensor grad_taps = at::empty({g.K, 2 * g.H, g.H}, x.options());
     for (int64_t k = 0; k < g.K; ++k) {
-      at::mm_out(grad_tap, grad_pre.t(), xp.narrow(0, k, g.N));
-      grad_weight.select(2, k).copy_(grad_tap);
+      at::Tensor out = grad_taps[k];
+      at::mm_out(out, grad_pre.t(), xp.narrow(0, k, g.N));
     }
+    grad_weight = grad_taps.permute({1, 2, 0}).contiguous();
   }
   // grad xp[k : k+N] += grad_pre @ W_k, written over xp (no longer needed) to save a buffer.
   at::Tensor grad_xp = xp;
   grad_xp.narrow(0, g.N, g.K - 1).zero_();
-  for (int64_t k = 0; k < g.K; ++k) {
-    at::Tensor out = grad_xp.narrow(0, k, g.N);
-    if (k == 0) {
-      at::mm_out(out, grad_pre, weight_tap(weight, 0));
-    } else {
-      out.addmm_(grad_pre, weight_tap(weight, k));
-    }
+  {
+    const at::Tensor w = weight_taps(weight);
+    at::Tensor rows0 = grad_xp.narrow(0, 0, g.N);
+    at::mm_out(rows0, grad_pre, w[0]);
+    for (int64_t k = 1; k < g.K; ++k) grad_xp.narrow(0, k, g.N).addmm_(grad_pre, w[k]);
   }
   grad_pre.reset();  // done with it: free before grad_x is allocated
 
@@ -341,7 +344,6 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
 
   at::Tensor new_state = at::empty({B, K - 1, H}, x_t.options());
   at::Tensor window_t = at::empty({B, H, K}, x_t.options());  // [b, h, k]: matches weight.view(2H, H*K)
-  at::Tensor pre;
   at::Tensor y = at::empty({B, H}, x_t.options());
   AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step", [&] {
     const auto xa = x_t.accessor<scalar_t, 2>();
@@ -363,9 +365,11 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
   });
   const at::Tensor w2 = weight.contiguous().view({2 * H, H * K});
   const at::Tensor win = window_t.view({B, H * K});
-  pre = bias.has_value() ? at::addmm(*bias, win, w2.t()) : at::mm(win, w2.t());
+  at::Tensor pre = at::mm(win, w2.t());
+  const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step_glu", [&] {
-    const scalar_t* pd = pre.data_ptr<scalar_t>();
+    scalar_t* pd = pre.data_ptr<scalar_t>();
+    const scalar_t* bd = bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr;
     const scalar_t* wt = window_t.data_ptr<scalar_t>();
     scalar_t* yd = y.data_ptr<scalar_t>();
     std::vector<scalar_t> res(residual ? H : 0);
@@ -373,7 +377,8 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
       if (residual) {
         for (int64_t c = 0; c < H; ++c) res[c] = wt[(b * H + c) * K + K - 1];
       }
-      glu_row<scalar_t>(pd + b * 2 * H, residual ? res.data() : nullptr, static_cast<scalar_t>(scale), H, yd + b * H);
+      glu_row<scalar_t>(pd + b * 2 * H, bd, residual ? res.data() : nullptr, static_cast<scalar_t>(scale), H,
+                        yd + b * H);
     }
   });
   return {y, new_state};

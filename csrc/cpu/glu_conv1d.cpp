@@ -183,11 +183,16 @@ inline void add_row(const scalar_t* src, int64_t n, scalar_t* acc) {
   for (int64_t c = 0; c < n; ++c) acc[c] += src[c];
 }
 
-// dst = alpha * u + beta * v
+// dst = conv + res_scale * gy, conv may be null (a masked position: the conv never saw it).
 template <typename scalar_t>
-inline void axpby_row(scalar_t alpha, const scalar_t* u, scalar_t beta, const scalar_t* v, int64_t n, scalar_t* dst) {
+inline void grad_x_row(const scalar_t* conv, scalar_t res_scale, const scalar_t* gy, int64_t n, scalar_t* dst) {
+  if (conv != nullptr) {
 #pragma omp simd
-  for (int64_t c = 0; c < n; ++c) dst[c] = alpha * u[c] + beta * v[c];
+    for (int64_t c = 0; c < n; ++c) dst[c] = conv[c] + res_scale * gy[c];
+  } else {
+#pragma omp simd
+    for (int64_t c = 0; c < n; ++c) dst[c] = res_scale * gy[c];
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at::Tensor& weight,
@@ -309,10 +314,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
       for (int64_t i = begin; i < end; ++i) {
         const int64_t b = i / g.T, t = i % g.T;
         const bool kept = m == nullptr || m[i];
-        const scalar_t* src = gxp + (b * g.Tp + g.pad_left + t) * H;
-        const scalar_t* gy = gyd + i * H;
-        scalar_t* dst = gxd + i * H;
-        axpby_row<scalar_t>(kept ? scalar_t(1) : scalar_t(0), src, residual ? s : scalar_t(0), gy, H, dst);
+        const scalar_t* conv = kept ? gxp + (b * g.Tp + g.pad_left + t) * H : nullptr;
+        grad_x_row<scalar_t>(conv, residual ? s : scalar_t(0), gyd + i * H, H, gxd + i * H);
       }
     });
     if (has_bias) {  // fixed-order sum of the per-block partials
@@ -345,8 +348,9 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
   at::Tensor new_state = at::empty({B, K - 1, H}, x_t.options());
   at::Tensor window_t = at::empty({B, H, K}, x_t.options());  // [b, h, k]: matches weight.view(2H, H*K)
   at::Tensor y = at::empty({B, H}, x_t.options());
+  const at::Tensor x_c = x_t.contiguous();  // also the residual rows
   AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step", [&] {
-    const auto xa = x_t.accessor<scalar_t, 2>();
+    const auto xa = x_c.accessor<scalar_t, 2>();
     const auto sa = state.accessor<scalar_t, 3>();
     scalar_t* ns = new_state.data_ptr<scalar_t>();
     scalar_t* wt = window_t.data_ptr<scalar_t>();
@@ -370,14 +374,10 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
   AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step_glu", [&] {
     scalar_t* pd = pre.data_ptr<scalar_t>();
     const scalar_t* bd = bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr;
-    const scalar_t* wt = window_t.data_ptr<scalar_t>();
+    const scalar_t* xd = x_c.data_ptr<scalar_t>();
     scalar_t* yd = y.data_ptr<scalar_t>();
-    std::vector<scalar_t> res(residual ? H : 0);
     for (int64_t b = 0; b < B; ++b) {
-      if (residual) {
-        for (int64_t c = 0; c < H; ++c) res[c] = wt[(b * H + c) * K + K - 1];
-      }
-      glu_row<scalar_t>(pd + b * 2 * H, bd, residual ? res.data() : nullptr, static_cast<scalar_t>(scale), H,
+      glu_row<scalar_t>(pd + b * 2 * H, bd, residual ? xd + b * H : nullptr, static_cast<scalar_t>(scale), H,
                         yd + b * H);
     }
   });

@@ -179,6 +179,22 @@ def test_torch_compile_fullgraph(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_compile_step(backend):
+    """The decode step (forward-only kernel under no_grad) under torch.compile(fullgraph=True)."""
+    dev = device_of(backend)
+    torch.manual_seed(0)
+    layer = GLUConv1d(16, 3, causal=True, backend=backend).to(dev)
+    step = torch.compile(layer.step, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 4, 16, device=dev)
+    with torch.no_grad():
+        state = layer.initial_state(2)
+        for t in range(x.shape[1]):
+            y_t, state = step(x[:, t], state)
+        want = layer(x)[:, -1]
+    assert_close(y_t, want, name="compiled step")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_backward_deterministic(backend):
     shape = (2, 9, 16, 3) if interpreted(backend) else (3, 40, 64, 3)
     x, w, b = make(*shape, device=device_of(backend))

@@ -1,0 +1,407 @@
+// GLU convolution (ConvS2S), causal and centred, and its one-step decode: CPU kernels.
+//
+//   pre = conv1d(pad(x * mask), weight) + bias        x [B, T, H], weight [2H, H, K], pre [., 2H]
+//   g   = a * sigmoid(b),  [a; b] = pre split along channels (F.glu order)
+//   y   = (g + x) * scale  (residual)  or  g * scale
+//
+// Layout trick (no im2col tensor): the masked input is copied once into a zero-padded row buffer
+// xp [B*Tp, H], Tp = T + K - 1, one padded sequence after the other. Output position t of sequence
+// b lives at row r = b*Tp + t of the "padded row space", and
+//     pre[r] = bias + sum_k xp[r + k] @ W_k^T,          W_k = weight[:, :, k]  [2H, H]
+// i.e. K GEMMs on contiguous row-shifted slices of xp (rows r in [0, N), N = B*Tp - (K-1)). The
+// K-1 rows between two sequences are junk: ignored in the forward, zeroed in the backward.
+// aux = pre [N, 2H] in that row space: the only thing the backward needs beyond the inputs (xp is
+// rebuilt from x and mask, which is a cheap copy and saves holding a second activation).
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace fastqa {
+namespace {
+
+// Rows per parallel work item in the element-wise passes; also the fixed block of rows whose
+// bias-gradient partial sum is kept separately, so the reduction order never depends on the
+// thread count (deterministic backward).
+constexpr int64_t kRowBlock = 32;
+
+// Branch-free exp for float (Cephes-style range reduction + polynomial, ~1 ulp) that the compiler
+// vectorises; std::exp on float does not vectorise without -ffast-math.
+inline float exp_vec(float v) {
+  v = std::min(std::max(v, -87.0f), 88.0f);  // keeps 2^n a normal float
+  // n = round(v / ln 2) by the 1.5 * 2^23 trick: std::floor/nearbyint do not vectorise here.
+  const float n = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = std::fma(n, -0.693359375f, v);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r) + 1.0f;
+  // 2^n from its bit pattern (a builtin bit cast: memcpy through a local blocks vectorisation).
+  return p * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
+}
+inline double exp_vec(double v) { return std::exp(v); }  // float64 is for gradcheck: exactness first
+
+template <typename scalar_t>
+inline scalar_t sigmoid(scalar_t v) {
+  return scalar_t(1) / (scalar_t(1) + exp_vec(-v));
+}
+
+struct Geometry {
+  int64_t B, T, H, K, pad_left, Tp, N;  // Tp: padded length; N: rows of the padded row space
+};
+
+Geometry check_conv_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& mask,
+                         int64_t pad_left) {
+  TORCH_CHECK(x.dim() == 3, "glu_conv1d: x must be [B, T, H], got ", x.sizes());
+  TORCH_CHECK(weight.dim() == 3, "glu_conv1d: weight must be [2H, H, K], got ", weight.sizes());
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "glu_conv1d: the cpu kernels take CPU tensors");
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "glu_conv1d: weight dtype ", weight.scalar_type(),
+              " != x dtype ", x.scalar_type());
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), K = weight.size(2);
+  TORCH_CHECK(B > 0 && T > 0 && H > 0, "glu_conv1d: x must be non-empty, got ", x.sizes());
+  TORCH_CHECK(weight.size(0) == 2 * H && weight.size(1) == H, "glu_conv1d: weight must be [2H, H, K] = [",
+              2 * H, ", ", H, ", K], got ", weight.sizes());
+  TORCH_CHECK(K > 0, "glu_conv1d: kernel size must be positive");
+  TORCH_CHECK(pad_left >= 0 && pad_left < K, "glu_conv1d: pad_left must be in [0, K-1], got ", pad_left);
+  if (mask.has_value()) {
+    TORCH_CHECK(mask->scalar_type() == at::kBool, "glu_conv1d: mask must be bool, got ", mask->scalar_type());
+    TORCH_CHECK(mask->dim() == 2 && mask->size(0) == B && mask->size(1) == T, "glu_conv1d: mask must be [B, T] = [",
+                B, ", ", T, "], got ", mask->sizes());
+    TORCH_CHECK(mask->device().is_cpu(), "glu_conv1d: mask must be a CPU tensor");
+  }
+  const int64_t Tp = T + K - 1;
+  return {B, T, H, K, pad_left, Tp, B * Tp - (K - 1)};
+}
+
+void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& x, int64_t H) {
+  if (!bias.has_value()) return;
+  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == 2 * H, "glu_conv1d: bias must be [2H] = [", 2 * H, "], got ",
+              bias->sizes());
+  TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->device().is_cpu(),
+              "glu_conv1d: bias must be a CPU tensor of x's dtype");
+}
+
+// The weight as K contiguous [2H, H] taps W_k = weight[:, :, k] (BLAS needs a unit stride; W_k.t() is
+// then free). One copy for all taps: every extra pass is a thread-pool round trip.
+at::Tensor weight_taps(const at::Tensor& weight) { return weight.permute({2, 0, 1}).contiguous(); }
+
+// xp [B*Tp, H]: x with masked positions zeroed, pad_left zero rows before and K-1-pad_left after
+// every sequence. Reads x through its strides (channels-first views included).
+template <typename scalar_t>
+void fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, scalar_t* xp) {
+  const scalar_t* xd = x.data_ptr<scalar_t>();
+  const int64_t sb = x.stride(0), st = x.stride(1), sc = x.stride(2);
+  const int64_t H = g.H;
+  at::parallel_for(0, g.B * g.Tp, kRowBlock, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / g.Tp, t = row % g.Tp - g.pad_left;
+      scalar_t* dst = xp + row * H;
+      if (t < 0 || t >= g.T || (mask != nullptr && !mask[b * g.T + t])) {
+        std::fill(dst, dst + H, scalar_t(0));
+        continue;
+      }
+      const scalar_t* src = xd + b * sb + t * st;
+      if (sc == 1) {
+        std::memcpy(dst, src, H * sizeof(scalar_t));
+      } else {
+        for (int64_t c = 0; c < H; ++c) dst[c] = src[c * sc];
+      }
+    }
+  });
+}
+
+// Row (b, t) of x: its copy in xp where the mask kept it, else read through x's strides into tmp.
+template <typename scalar_t>
+const scalar_t* residual_row(const at::Tensor& x, const bool* mask, const Geometry& g, const scalar_t* xp,
+                             int64_t b, int64_t t, scalar_t* tmp) {
+  if (mask == nullptr || mask[b * g.T + t]) return xp + (b * g.Tp + g.pad_left + t) * g.H;
+  const scalar_t* src = x.data_ptr<scalar_t>() + b * x.stride(0) + t * x.stride(1);
+  for (int64_t c = 0; c < g.H; ++c) tmp[c] = src[c * x.stride(2)];
+  return tmp;
+}
+
+const bool* mask_data(const std::optional<at::Tensor>& mask, at::Tensor& holder) {
+  if (!mask.has_value()) return nullptr;
+  holder = mask->contiguous();
+  return holder.data_ptr<bool>();
+}
+
+// Bias + GLU + residual + scale over one row: pre += bias (kept: it is the backward's aux), then
+// y = (a * sigmoid(b) + res) * scale. bias and res may be null.
+template <typename scalar_t>
+inline void glu_row(scalar_t* pre, const scalar_t* bias, const scalar_t* res, scalar_t scale, int64_t H,
+                    scalar_t* y) {
+  scalar_t* a = pre;
+  scalar_t* bg = pre + H;
+  if (bias != nullptr) {
+#pragma omp simd
+    for (int64_t c = 0; c < H; ++c) {
+      a[c] += bias[c];
+      bg[c] += bias[H + c];
+    }
+  }
+  if (res != nullptr) {
+#pragma omp simd
+    for (int64_t c = 0; c < H; ++c) y[c] = (a[c] * sigmoid(bg[c]) + res[c]) * scale;
+  } else {
+#pragma omp simd
+    for (int64_t c = 0; c < H; ++c) y[c] = a[c] * sigmoid(bg[c]) * scale;
+  }
+}
+
+// d y / d pre for one row: ga = gy*scale*sigmoid(b), gb = gy*scale*a*sigmoid(b)*(1-sigmoid(b)).
+template <typename scalar_t>
+inline void glu_backward_row(const scalar_t* pre, const scalar_t* gy, scalar_t scale, int64_t H, scalar_t* grad_pre) {
+  const scalar_t* a = pre;
+  const scalar_t* bg = pre + H;
+  scalar_t* ga = grad_pre;
+  scalar_t* gb = grad_pre + H;
+#pragma omp simd
+  for (int64_t c = 0; c < H; ++c) {
+    const scalar_t sg = sigmoid(bg[c]);
+    const scalar_t gg = gy[c] * scale;
+    ga[c] = gg * sg;
+    gb[c] = gg * a[c] * sg * (scalar_t(1) - sg);
+  }
+}
+
+template <typename scalar_t>
+inline void add_row(const scalar_t* src, int64_t n, scalar_t* acc) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) acc[c] += src[c];
+}
+
+// dst = conv + res_scale * gy, conv may be null (a masked position: the conv never saw it).
+template <typename scalar_t>
+inline void grad_x_row(const scalar_t* conv, scalar_t res_scale, const scalar_t* gy, int64_t n, scalar_t* dst) {
+  if (conv != nullptr) {
+#pragma omp simd
+    for (int64_t c = 0; c < n; ++c) dst[c] = conv[c] + res_scale * gy[c];
+  } else {
+#pragma omp simd
+    for (int64_t c = 0; c < n; ++c) dst[c] = res_scale * gy[c];
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at::Tensor& weight,
+                                                  const std::optional<at::Tensor>& bias,
+                                                  const std::optional<at::Tensor>& mask, int64_t pad_left,
+                                                  bool residual, double scale) {
+  const Geometry g = check_conv_args(x, weight, mask, pad_left);
+  check_bias(bias, x, g.H);
+  at::Tensor mask_holder;
+  const bool* m = mask_data(mask, mask_holder);
+  at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd", [&] {
+    fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
+  });
+  at::Tensor pre = at::empty({g.N, 2 * g.H}, x.options());
+  {
+    const at::Tensor w = weight_taps(weight);
+    at::mm_out(pre, xp.narrow(0, 0, g.N), w[0].t());
+    for (int64_t k = 1; k < g.K; ++k) pre.addmm_(xp.narrow(0, k, g.N), w[k].t());
+  }  // the bias is added in the epilogue pass, which reads pre anyway
+  const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+  at::Tensor y = at::empty({g.B, g.T, g.H}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd_epilogue", [&] {
+    const scalar_t* xpd = xp.data_ptr<scalar_t>();
+    scalar_t* pd = pre.data_ptr<scalar_t>();
+    const scalar_t* bd = bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr;
+    scalar_t* yd = y.data_ptr<scalar_t>();
+    const scalar_t s = static_cast<scalar_t>(scale);
+    at::parallel_for(0, g.B * g.T, kRowBlock, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> tmp(m != nullptr && residual ? g.H : 0);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / g.T, t = i % g.T;
+        const scalar_t* res = residual ? residual_row<scalar_t>(x, m, g, xpd, b, t, tmp.data()) : nullptr;
+        glu_row<scalar_t>(pd + (b * g.Tp + t) * 2 * g.H, bd, res, s, g.H, yd + i * g.H);
+      }
+    });
+  });
+  return {y, pre};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& grad_y_in, const at::Tensor& x,
+                                                              const at::Tensor& weight,
+                                                              const std::optional<at::Tensor>& mask,
+                                                              const at::Tensor& aux, int64_t pad_left, bool residual,
+                                                              double scale, bool has_bias) {
+  const Geometry g = check_conv_args(x, weight, mask, pad_left);
+  TORCH_CHECK(grad_y_in.sizes() == x.sizes() && grad_y_in.scalar_type() == x.scalar_type(),
+              "glu_conv1d_bwd: grad_y must match x (", x.sizes(), "), got ", grad_y_in.sizes());
+  TORCH_CHECK(aux.dim() == 2 && aux.size(0) == g.N && aux.size(1) == 2 * g.H && aux.scalar_type() == x.scalar_type(),
+              "glu_conv1d_bwd: aux must be the forward's pre-activation [", g.N, ", ", 2 * g.H, "], got ",
+              aux.sizes());
+  at::Tensor mask_holder;
+  const bool* m = mask_data(mask, mask_holder);
+  const at::Tensor grad_y = grad_y_in.contiguous();
+  const at::Tensor pre = aux.contiguous();
+  const int64_t n_blocks = (g.B * g.T + kRowBlock - 1) / kRowBlock;
+  at::Tensor grad_pre = at::empty({g.N, 2 * g.H}, x.options());
+  at::Tensor bias_partials = at::empty({has_bias ? n_blocks : 0, 2 * g.H}, x.options());
+
+  // grad_pre = d y / d pre (junk rows zero), and per-block bias-gradient partials, in one pass.
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_glu", [&] {
+    const scalar_t* pd = pre.data_ptr<scalar_t>();
+    const scalar_t* gyd = grad_y.data_ptr<scalar_t>();
+    scalar_t* gpd = grad_pre.data_ptr<scalar_t>();
+    scalar_t* partials = has_bias ? bias_partials.data_ptr<scalar_t>() : nullptr;
+    const scalar_t s = static_cast<scalar_t>(scale);
+    const int64_t H = g.H;
+    at::parallel_for(0, n_blocks, 1, [&](int64_t block_begin, int64_t block_end) {
+      for (int64_t blk = block_begin; blk < block_end; ++blk) {
+        scalar_t* part = partials != nullptr ? partials + blk * 2 * H : nullptr;
+        if (part != nullptr) std::fill(part, part + 2 * H, scalar_t(0));
+        const int64_t row_end = std::min(g.B * g.T, (blk + 1) * kRowBlock);
+        for (int64_t i = blk * kRowBlock; i < row_end; ++i) {
+          const int64_t r = (i / g.T) * g.Tp + i % g.T;
+          glu_backward_row<scalar_t>(pd + r * 2 * H, gyd + i * H, s, H, gpd + r * 2 * H);
+          if (part != nullptr) add_row<scalar_t>(gpd + r * 2 * H, 2 * H, part);
+        }
+      }
+    });
+    for (int64_t b = 0; b + 1 < g.B; ++b) {  // the K-1 junk rows after each sequence but the last
+      std::fill(gpd + (b * g.Tp + g.T) * 2 * H, gpd + ((b + 1) * g.Tp) * 2 * H, scalar_t(0));
+    }
+  });
+
+  at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_pad", [&] {
+    fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
+  });
+  // grad W_k = grad_pre^T @ xp[k : k+N], as taps [K, 2H, H], then once into the Conv1d layout.
+  at::Tensor grad_weight;
+  {
+    at::Tensor grad_taps = at::empty({g.K, 2 * g.H, g.H}, x.options());
+    for (int64_t k = 0; k < g.K; ++k) {
+      at::Tensor out = grad_taps[k];
+      at::mm_out(out, grad_pre.t(), xp.narrow(0, k, g.N));
+    }
+    grad_weight = grad_taps.permute({1, 2, 0}).contiguous();
+  }
+  // grad xp[k : k+N] += grad_pre @ W_k, written over xp (no longer needed) to save a buffer.
+  at::Tensor grad_xp = xp;
+  grad_xp.narrow(0, g.N, g.K - 1).zero_();
+  {
+    const at::Tensor w = weight_taps(weight);
+    at::Tensor rows0 = grad_xp.narrow(0, 0, g.N);
+    at::mm_out(rows0, grad_pre, w[0]);
+    for (int64_t k = 1; k < g.K; ++k) grad_xp.narrow(0, k, g.N).addmm_(grad_pre, w[k]);
+  }
+  grad_pre.reset();  // done with it: free before grad_x is allocated
+
+  at::Tensor grad_x = at::empty({g.B, g.T, g.H}, x.options());
+  at::Tensor grad_bias = has_bias ? at::empty({2 * g.H}, x.options()) : at::empty({0}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_x", [&] {
+    const scalar_t* gxp = grad_xp.data_ptr<scalar_t>();
+    const scalar_t* gyd = grad_y.data_ptr<scalar_t>();
+    scalar_t* gxd = grad_x.data_ptr<scalar_t>();
+    const scalar_t s = static_cast<scalar_t>(scale);
+    const int64_t H = g.H;
+    at::parallel_for(0, g.B * g.T, kRowBlock, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / g.T, t = i % g.T;
+        const bool kept = m == nullptr || m[i];
+        const scalar_t* conv = kept ? gxp + (b * g.Tp + g.pad_left + t) * H : nullptr;
+        grad_x_row<scalar_t>(conv, residual ? s : scalar_t(0), gyd + i * H, H, gxd + i * H);
+      }
+    });
+    if (has_bias) {  // fixed-order sum of the per-block partials
+      scalar_t* gbd = grad_bias.data_ptr<scalar_t>();
+      const scalar_t* partials = bias_partials.data_ptr<scalar_t>();
+      std::fill(gbd, gbd + 2 * H, scalar_t(0));
+      for (int64_t blk = 0; blk < n_blocks; ++blk) add_row<scalar_t>(partials + blk * 2 * H, 2 * H, gbd);
+    }
+  });
+  return {grad_x, grad_weight, grad_bias};
+}
+
+std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const at::Tensor& state,
+                                                   const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                                   bool residual, double scale) {
+  TORCH_CHECK(x_t.dim() == 2, "glu_conv1d_step: x_t must be [B, H], got ", x_t.sizes());
+  TORCH_CHECK(weight.dim() == 3, "glu_conv1d_step: weight must be [2H, H, K], got ", weight.sizes());
+  const int64_t B = x_t.size(0), H = x_t.size(1), K = weight.size(2);
+  TORCH_CHECK(B > 0 && H > 0, "glu_conv1d_step: x_t must be non-empty, got ", x_t.sizes());
+  TORCH_CHECK(weight.size(0) == 2 * H && weight.size(1) == H && K > 0, "glu_conv1d_step: weight must be [2H, H, K] = [",
+              2 * H, ", ", H, ", K], got ", weight.sizes());
+  TORCH_CHECK(state.dim() == 3 && state.size(0) == B && state.size(1) == K - 1 && state.size(2) == H,
+              "glu_conv1d_step: state must be [B, K-1, H] = [", B, ", ", K - 1, ", ", H, "], got ", state.sizes());
+  TORCH_CHECK(x_t.device().is_cpu() && state.device().is_cpu() && weight.device().is_cpu(),
+              "glu_conv1d_step: the cpu kernels take CPU tensors");
+  TORCH_CHECK(state.scalar_type() == x_t.scalar_type() && weight.scalar_type() == x_t.scalar_type(),
+              "glu_conv1d_step: x_t, state and weight must share a dtype");
+  check_bias(bias, x_t, H);
+
+  at::Tensor new_state = at::empty({B, K - 1, H}, x_t.options());
+  at::Tensor window_t = at::empty({B, H, K}, x_t.options());  // [b, h, k]: matches weight.view(2H, H*K)
+  at::Tensor y = at::empty({B, H}, x_t.options());
+  const at::Tensor x_c = x_t.contiguous();  // also the residual rows
+  AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step", [&] {
+    const auto xa = x_c.accessor<scalar_t, 2>();
+    const auto sa = state.accessor<scalar_t, 3>();
+    scalar_t* ns = new_state.data_ptr<scalar_t>();
+    scalar_t* wt = window_t.data_ptr<scalar_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t k = 0; k + 1 < K; ++k) {
+        for (int64_t c = 0; c < H; ++c) wt[(b * H + c) * K + k] = sa[b][k][c];
+        if (k > 0) {  // new_state = window[1:] = (state[1:], x_t)
+          for (int64_t c = 0; c < H; ++c) ns[(b * (K - 1) + k - 1) * H + c] = sa[b][k][c];
+        }
+      }
+      for (int64_t c = 0; c < H; ++c) wt[(b * H + c) * K + K - 1] = xa[b][c];
+      if (K > 1) {
+        for (int64_t c = 0; c < H; ++c) ns[(b * (K - 1) + K - 2) * H + c] = xa[b][c];
+      }
+    }
+  });
+  const at::Tensor w2 = weight.contiguous().view({2 * H, H * K});
+  const at::Tensor win = window_t.view({B, H * K});
+  at::Tensor pre = at::mm(win, w2.t());
+  const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+  AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step_glu", [&] {
+    scalar_t* pd = pre.data_ptr<scalar_t>();
+    const scalar_t* bd = bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* xd = x_c.data_ptr<scalar_t>();
+    scalar_t* yd = y.data_ptr<scalar_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      glu_row<scalar_t>(pd + b * 2 * H, bd, residual ? xd + b * H : nullptr, static_cast<scalar_t>(scale), H,
+                        yd + b * H);
+    }
+  });
+  return {y, new_state};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fastqa, m) {
+  m.def(
+      "glu_conv1d_fwd(Tensor x, Tensor weight, Tensor? bias, Tensor? mask, int pad_left, bool residual, "
+      "float scale) -> (Tensor y, Tensor aux)");
+  m.def(
+      "glu_conv1d_bwd(Tensor grad_y, Tensor x, Tensor weight, Tensor? mask, Tensor aux, int pad_left, "
+      "bool residual, float scale, bool has_bias) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
+  m.def(
+      "glu_conv1d_step(Tensor x_t, Tensor state, Tensor weight, Tensor? bias, bool residual, float scale) "
+      "-> (Tensor y_t, Tensor new_state)");
+}
+
+TORCH_LIBRARY_IMPL(fastqa, CPU, m) {
+  m.impl("glu_conv1d_fwd", &glu_conv1d_fwd);
+  m.impl("glu_conv1d_bwd", &glu_conv1d_bwd);
+  m.impl("glu_conv1d_step", &glu_conv1d_step);
+}
+
+}  // namespace fastqa

@@ -1,0 +1,159 @@
+"""GLU convolution (ConvS2S), causal and centred, and its one-step decode: autograd Function + dispatch.
+
+Kernels (per compiled backend, identical schemas; ``ns`` = ``fastqa`` or ``fastqa_triton``)::
+
+    ns::glu_conv1d_fwd(x, weight, bias?, mask?, pad_left, residual, scale) -> (y, aux)
+    ns::glu_conv1d_bwd(grad_y, x, weight, mask?, aux, pad_left, residual, scale, has_bias)
+        -> (grad_x, grad_weight, grad_bias)          # grad_bias is empty when has_bias is False
+    ns::glu_conv1d_step(x_t, state, weight, bias?, residual, scale) -> (y_t, new_state)   # forward only
+
+``aux`` is whatever the backend's backward wants (the CPU kernel: the pre-activation in its padded
+row space, [B*(T+K-1) - (K-1), 2H]); the Function saves it and hands it back unread.
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from .. import reference
+from .._backend import cpu_available, resolve_backend
+from .._checks import check_nonempty_batch, check_optional, check_positive, check_tensor
+from ..reference.glu_conv1d import SQRT_HALF
+from ._registry import kernel, none_if_empty
+
+_MODULE = "glu_conv1d"
+
+__all__ = ["glu_conv1d", "glu_conv1d_step"]
+
+
+class _GLUConv1dFunction(torch.autograd.Function):
+    """y = GLU(conv(pad(x·mask)) + bias) (+ x) · scale through a backend's fused kernels."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mask: torch.Tensor | None,
+                pad_left: int, residual: bool, scale: float, backend: str) -> torch.Tensor:
+        y, aux = kernel(backend, _MODULE, "glu_conv1d_fwd")(x, weight, bias, mask, pad_left, residual, scale)
+        ctx.save_for_backward(x, weight, mask, aux)
+        ctx.pad_left, ctx.residual, ctx.scale, ctx.backend = pad_left, residual, scale, backend
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        x, weight, mask, aux = ctx.saved_tensors
+        grad_x, grad_weight, grad_bias = kernel(ctx.backend, _MODULE, "glu_conv1d_bwd")(
+            grad_y.contiguous(), x, weight, mask, aux, ctx.pad_left, ctx.residual, ctx.scale, ctx.has_bias)
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        return (grad_x if need_x else None, grad_weight if need_w else None,
+                none_if_empty(grad_bias) if need_b else None, None, None, None, None, None)
+
+
+def _check_flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _check_scale(scale: object) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number, got {type(scale).__name__}")
+    return float(scale)
+
+
+def _check_device(name: str, t: torch.Tensor) -> None:
+    if t.device.type == "meta":
+        raise ValueError(f"{name} must hold data (a CPU or CUDA tensor), got a meta tensor")
+
+
+def _check_weight(weight: object, like: torch.Tensor, channels: int) -> int:
+    """weight [2H, H, K] on like's device/dtype; returns K."""
+    check_tensor("weight", weight, shape=(2 * channels, channels, None), like=like)
+    if weight.shape[2] == 0:
+        raise ValueError(f"weight must have a kernel size K >= 1, got shape {tuple(weight.shape)}")
+    return weight.shape[2]
+
+
+def glu_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, causal: bool,
+               residual: bool = True, scale: float = SQRT_HALF, mask: torch.Tensor | None = None,
+               backend: str = "auto") -> torch.Tensor:
+    """Fused padding + conv1d H -> 2H + GLU + residual + scale (ConvS2S block).
+
+    x: [B, T, H] (any strides, e.g. a channels-first [B, H, T] tensor's transpose); weight: [2H, H, K]
+    (nn.Conv1d layout); bias: [2H] or None; mask: [B, T] bool, True = real token, or None (padded
+    positions are zeroed before the conv; the residual uses the unmasked x).
+    causal: K-1 zeros on the left; otherwise centred, which needs K odd ((K-1)/2 zeros each side).
+    Returns y: [B, T, H] = (a·sigmoid(b) + x)·scale, or a·sigmoid(b)·scale without the residual,
+    where [a; b] = conv(...) split along channels (F.glu order).
+    backend: "auto", "reference", "cpu" or "triton" (see ``fastqa.info()``).
+    """
+    check_tensor("x", x, ndim=3)
+    check_nonempty_batch("x", x)
+    check_positive("x", x, (1, 2))
+    _check_device("x", x)
+    channels = x.shape[2]
+    k = _check_weight(weight, x, channels)
+    check_optional("bias", bias, shape=(2 * channels,), like=x)
+    if mask is not None:
+        check_tensor("mask", mask, shape=(x.shape[0], x.shape[1]), dtype=torch.bool, floating=False, like=x)
+    causal = _check_flag("causal", causal)
+    residual = _check_flag("residual", residual)
+    scale = _check_scale(scale)
+    if not causal and k % 2 == 0:
+        raise ValueError(f"kernel size (weight.shape[2]) must be odd for centred (causal=False) padding, got {k}")
+
+    backend = resolve_backend(backend, "glu_conv1d", x.device, x.dtype)
+    if backend == "reference":
+        return reference.glu_conv1d(x, weight, bias, causal=causal, residual=residual, scale=scale, mask=mask)
+    pad_left = k - 1 if causal else (k - 1) // 2
+    return _GLUConv1dFunction.apply(x, weight, bias, mask, pad_left, residual, scale, backend)
+
+
+def glu_conv1d_step(x_t: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    *, residual: bool = True, scale: float = SQRT_HALF,
+                    backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """One position of the causal op, for incremental decoding.
+
+    x_t: [B, H]; state: [B, K-1, H], the K-1 previous inputs oldest first (zeros before the sequence
+    starts; [B, 0, H] for K = 1); weight: [2H, H, K]; bias: [2H] or None.
+    Returns (y_t [B, H], new_state [B, K-1, H]); stepping through a sequence reproduces
+    ``glu_conv1d(..., causal=True)`` position by position.
+
+    The fused step kernel is forward-only: it runs when no input needs a gradient (decoding under
+    ``torch.no_grad()`` or with frozen tensors); when autograd is recording for any input, the
+    reference (differentiable) implementation runs instead.
+    """
+    check_tensor("x_t", x_t, ndim=2)
+    check_nonempty_batch("x_t", x_t)
+    check_positive("x_t", x_t, (1,))
+    _check_device("x_t", x_t)
+    batch, channels = x_t.shape
+    k = _check_weight(weight, x_t, channels)
+    check_tensor("state", state, shape=(batch, k - 1, channels), like=x_t)
+    check_optional("bias", bias, shape=(2 * channels,), like=x_t)
+    residual = _check_flag("residual", residual)
+    scale = _check_scale(scale)
+
+    backend = resolve_backend(backend, "glu_conv1d_step", x_t.device, x_t.dtype)
+    tensors = (x_t, state, weight) if bias is None else (x_t, state, weight, bias)
+    if backend == "reference" or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        return reference.glu_conv1d_step(x_t, state, weight, bias, residual=residual, scale=scale)
+    return kernel(backend, _MODULE, "glu_conv1d_step")(x_t, state, weight, bias, residual, scale)
+
+
+if cpu_available():
+    @torch.library.register_fake("fastqa::glu_conv1d_fwd")
+    def _fwd_fake(x, weight, bias, mask, pad_left, residual, scale):
+        b, t, h = x.shape
+        k = weight.shape[2]
+        return x.new_empty((b, t, h)), x.new_empty((b * (t + k - 1) - (k - 1), 2 * h))
+
+    @torch.library.register_fake("fastqa::glu_conv1d_bwd")
+    def _bwd_fake(grad_y, x, weight, mask, aux, pad_left, residual, scale, has_bias):
+        b, t, h = x.shape
+        return (x.new_empty((b, t, h)), weight.new_empty(weight.shape),
+                weight.new_empty((weight.shape[0],) if has_bias else (0,)))
+
+    @torch.library.register_fake("fastqa::glu_conv1d_step")
+    def _step_fake(x_t, state, weight, bias, residual, scale):
+        return x_t.new_empty(x_t.shape), state.new_empty(state.shape)

@@ -1,0 +1,372 @@
+"""fastqa.glu_conv1d / glu_conv1d_step / layers.GLUConv1d against the pure-PyTorch reference."""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+import torch
+from helpers import assert_close, check_against_reference
+
+import fastqa
+from fastqa import reference
+from fastqa.layers import GLUConv1d
+from fastqa.ops._registry import kernel
+
+try:
+    import fastqa.triton_kernels.glu_conv1d  # noqa: F401  (registers fastqa_triton::glu_conv1d_*)
+    BACKENDS = ["cpu", "triton"]
+except ImportError:
+    BACKENDS = ["cpu"]
+# Under the Triton interpreter (no GPU) each program runs in Python: the real model widths and the
+# slowest sweeps run on CUDA only, the interpreter gets a subset (marked by `interpreted`).
+BIG_BACKENDS = ["cpu"] + (["triton"] if "triton" in BACKENDS and torch.cuda.is_available() else [])
+
+
+def interpreted(backend: str) -> bool:
+    return backend == "triton" and not torch.cuda.is_available()
+
+
+def device_of(backend: str) -> str:
+    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+
+
+def make(batch: int, length: int, channels: int, k: int, *, dtype=torch.float32, device="cpu", bias=True, seed=0):
+    """x [B, T, H], weight [2H, H, K] (nn.Conv1d-like scale), bias [2H] or None."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, length, channels, generator=g, dtype=dtype)
+    w = torch.randn(2 * channels, channels, k, generator=g, dtype=dtype) / (channels * k) ** 0.5
+    b = torch.randn(2 * channels, generator=g, dtype=dtype) if bias else None
+    return x.to(device), w.to(device), None if b is None else b.to(device)
+
+
+def random_mask(batch: int, length: int, device="cpu", seed=1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(batch, length, generator=g) > 0.3
+    mask[0, :] = False  # an all-padded sequence
+    if length > 1:
+        mask[:, length // 2] = False  # a position padded in every sequence
+    return mask.to(device)
+
+
+def compare(backend, x, w, b, **kwargs):
+    fn = functools.partial(fastqa.glu_conv1d, backend=backend)
+    args, names = ((x, w, b), ["x", "weight", "bias"]) if b is not None else ((x, w), ["x", "weight"])
+    check_against_reference(fn, reference.glu_conv1d, args, kwargs, names=names)
+
+
+# (batch, length, channels, kernel size): real ConvS2S width/kernel, then the edge shapes.
+REAL = [(2, 50, 512, 3), (3, 37, 256, 5)]
+EDGE = [(2, 1, 16, 3), (2, 2, 12, 5), (3, 9, 16, 1), (1, 13, 13, 3), (4, 7, 20, 7), (2, 3, 9, 3)]
+
+
+@pytest.mark.parametrize("backend", BIG_BACKENDS)
+@pytest.mark.parametrize("shape", REAL, ids=str)
+@pytest.mark.parametrize("causal", [True, False])
+def test_real_shapes(backend, shape, causal):
+    x, w, b = make(*shape, device=device_of(backend))
+    compare(backend, x, w, b, causal=causal)
+    compare(backend, x, w, b, causal=causal, mask=random_mask(*shape[:2], device=x.device))
+
+
+@pytest.mark.parametrize("backend,shape", [(b, s) for b in BACKENDS for s in EDGE
+                                           if not (interpreted(b) and s[3] > 5)], ids=str)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("masked", [False, True])
+def test_edge_shapes(backend, shape, causal, masked):
+    x, w, b = make(*shape, device=device_of(backend))
+    mask = random_mask(*shape[:2], device=x.device) if masked else None
+    compare(backend, x, w, b, causal=causal, mask=mask)
+
+
+@pytest.mark.parametrize("backend,bias", [(b, bias) for b in BACKENDS for bias in (True, False)
+                                          if bias or not interpreted(b)])
+@pytest.mark.parametrize("residual,scale", [(False, 1.0), (True, 0.25), (False, 0.5 ** 0.5)])
+def test_residual_scale_bias(backend, bias, residual, scale):
+    x, w, b = make(3, 11, 24, 3, device=device_of(backend), bias=bias)
+    compare(backend, x, w, b, causal=True, residual=residual, scale=scale,
+            mask=random_mask(3, 11, device=x.device))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_strided_inputs(backend, causal):
+    """Channels-first data as a transposed view, a sliced time axis, a non-contiguous weight and mask."""
+    dev = device_of(backend)
+    x, w, b = make(2, 15, 24, 3, device=dev)
+    channels_first = x.transpose(1, 2).contiguous().transpose(1, 2)  # [B, T, H] view of [B, H, T] memory
+    assert not channels_first.is_contiguous()
+    compare(backend, channels_first, w, b, causal=causal, mask=random_mask(2, 15, device=dev))
+    every_other = torch.randn(2, 30, 24, device=dev)[:, ::2]
+    w_strided = w.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+    mask_strided = random_mask(15, 2, device=dev).t()
+    compare(backend, every_other, w_strided, b, causal=causal, mask=mask_strided)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_all_masked_is_finite(backend):
+    """A fully padded batch: the conv sees only zeros; outputs and gradients stay finite."""
+    x, w, b = make(2, 6, 8, 3, device=device_of(backend))
+    mask = torch.zeros(2, 6, dtype=torch.bool, device=x.device)
+    compare(backend, x, w, b, causal=False, mask=mask)
+    x.requires_grad_()
+    y = fastqa.glu_conv1d(x, w, b, causal=True, mask=mask, residual=False, backend=backend)
+    # With every position padded the conv input is zero: y = GLU(bias)·scale at every position.
+    expected = torch.nn.functional.glu(b, dim=0) * 0.5 ** 0.5
+    assert_close(y, expected.expand_as(y), name="all-masked output")
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    assert torch.isfinite(grad).all() and not grad.any()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("masked", [False, True])
+def test_gradcheck(causal, masked):
+    x, w, b = make(2, 5, 4, 3, dtype=torch.float64)
+    mask = random_mask(2, 5) if masked else None
+    fn = functools.partial(fastqa.glu_conv1d, causal=causal, mask=mask, backend="cpu")
+    assert torch.autograd.gradcheck(fn, (x.requires_grad_(), w.requires_grad_(), b.requires_grad_()))
+
+
+def test_gradcheck_no_bias_no_residual():
+    x, w, _ = make(3, 4, 3, 2, dtype=torch.float64, bias=False)
+    fn = functools.partial(fastqa.glu_conv1d, causal=True, residual=False, scale=1.0, backend="cpu")
+    assert torch.autograd.gradcheck(fn, (x.requires_grad_(), w.requires_grad_()))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_only_needed_gradients(backend):
+    x, w, b = make(2, 7, 8, 3, device=device_of(backend))
+    w.requires_grad_()
+    y = fastqa.glu_conv1d(x, w, b, causal=True, backend=backend)
+    (gw,) = torch.autograd.grad(y.sum(), w)
+    y_ref = reference.glu_conv1d(x, w, b, causal=True)
+    (gw_ref,) = torch.autograd.grad(y_ref.sum(), w)
+    assert_close(gw, gw_ref, name="grad of weight")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opcheck(backend):
+    dev = device_of(backend)
+    x, w, b = make(2, 6, 8, 3, device=dev)
+    mask = random_mask(2, 6, device=dev)
+    fwd = kernel(backend, "glu_conv1d", "glu_conv1d_fwd")
+    bwd = kernel(backend, "glu_conv1d", "glu_conv1d_bwd")
+    step = kernel(backend, "glu_conv1d", "glu_conv1d_step")
+    for bias, m, pad_left, residual in [(b, mask, 1, True), (None, None, 2, False)]:
+        torch.library.opcheck(fwd, (x, w, bias, m, pad_left, residual, 0.7))
+        _, aux = fwd(x, w, bias, m, pad_left, residual, 0.7)
+        torch.library.opcheck(bwd, (torch.randn_like(x), x, w, m, aux, pad_left, residual, 0.7, bias is not None))
+    torch.library.opcheck(step, (x[:, 0], x[:, 1:3], w, b, True, 0.7))
+    torch.library.opcheck(step, (x[:, 0], x[:, 1:3], w, None, False, 1.0))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_compile_fullgraph(backend):
+    """Forward + backward of the layer under torch.compile(fullgraph=True, backend="aot_eager")."""
+    dev = device_of(backend)
+    torch.manual_seed(0)
+    layer = GLUConv1d(16, 3, causal=False, backend=backend).to(dev)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 9, 16, device=dev, requires_grad=True)
+    mask = random_mask(2, 9, device=dev)
+    outs = []
+    for module in (layer, compiled):
+        y = module(x, mask)
+        grads = torch.autograd.grad(y.square().sum(), [x, layer.conv.weight, layer.conv.bias])
+        outs.append((y, *grads))
+    for name, eager, comp in zip(["y", "x", "weight", "bias"], *outs):
+        assert_close(comp, eager, name=f"compiled {name}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_compile_step(backend):
+    """The decode step (forward-only kernel under no_grad) under torch.compile(fullgraph=True)."""
+    dev = device_of(backend)
+    torch.manual_seed(0)
+    layer = GLUConv1d(16, 3, causal=True, backend=backend).to(dev)
+    step = torch.compile(layer.step, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 4, 16, device=dev)
+    with torch.no_grad():
+        state = layer.initial_state(2)
+        for t in range(x.shape[1]):
+            y_t, state = step(x[:, t], state)
+        want = layer(x)[:, -1]
+    assert_close(y_t, want, name="compiled step")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backward_deterministic(backend):
+    shape = (2, 9, 16, 3) if interpreted(backend) else (3, 40, 64, 3)
+    x, w, b = make(*shape, device=device_of(backend))
+    mask = random_mask(*shape[:2], device=x.device)
+    leaves = [t.requires_grad_() for t in (x, w, b)]
+    y = fastqa.glu_conv1d(x, w, b, causal=True, mask=mask, backend=backend)
+    g = torch.randn_like(y)
+    first = torch.autograd.grad(y, leaves, g, retain_graph=True)
+    second = torch.autograd.grad(y, leaves, g)
+    for a, c in zip(first, second):
+        assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layer_state_dict_roundtrip(backend):
+    dev = device_of(backend)
+    torch.manual_seed(0)
+    layer = GLUConv1d(24, 5, causal=False, backend=backend).to(dev)
+    ref = reference.GLUConv1d(24, 5, causal=False).to(dev)
+    x = torch.randn(2, 8, 24, device=dev)
+    ref.load_state_dict(layer.state_dict())
+    assert_close(layer(x), ref(x), name="layer -> reference")
+    other = reference.GLUConv1d(24, 5, causal=False).to(dev)
+    layer.load_state_dict(other.state_dict())
+    assert_close(layer(x), other(x), name="reference -> layer")
+    assert set(layer.state_dict()) == set(other.state_dict())
+
+
+@pytest.mark.parametrize("style", ["parametrizations", "legacy"])
+def test_layer_weight_norm(style):
+    torch.manual_seed(0)
+    layer = GLUConv1d(12, 3, causal=True, backend="cpu")
+    if style == "parametrizations":
+        torch.nn.utils.parametrizations.weight_norm(layer.conv)
+    else:
+        with warnings.catch_warnings():  # deprecated in favour of parametrizations, still used by fairseq
+            warnings.simplefilter("ignore")
+            torch.nn.utils.weight_norm(layer.conv)
+    params = [p for p in layer.parameters()]
+    with torch.no_grad():  # change g and v after weight norm was applied: the layer must see the new weight
+        for p in params:
+            p.mul_(1.5).add_(0.1)
+    x = torch.randn(2, 7, 12)
+    y = layer(x)
+    g, v = (layer.conv.parametrizations.weight.original0, layer.conv.parametrizations.weight.original1) \
+        if style == "parametrizations" else (layer.conv.weight_g, layer.conv.weight_v)
+    weight = torch._weight_norm(v, g, 0)
+    y_ref = reference.glu_conv1d(x, weight, layer.conv.bias, causal=True)
+    assert_close(y, y_ref, name="weight-normed output")
+    got = torch.autograd.grad(y.sum(), [g, v])
+    want = torch.autograd.grad(y_ref.sum(), [g, v])
+    for name, a, c in zip(["g", "v"], got, want):
+        assert_close(a, c, name=f"grad of weight_{name}")
+
+
+# ----------------------------------------------------------------------------------------- step
+@pytest.mark.parametrize("backend,k,bias", [(b, k, bias) for b in BACKENDS for k in (1, 2, 3, 5) for bias in (True, False)
+                                            if not interpreted(b) or (k in (1, 3) and bias)])
+@pytest.mark.parametrize("residual", [True, False])
+def test_step_sequence_equals_causal(backend, k, residual, bias):
+    dev = device_of(backend)
+    torch.manual_seed(k)
+    layer = GLUConv1d(20, k, causal=True, residual=residual, bias=bias, backend=backend).to(dev)
+    x = torch.randn(3, 9, 20, device=dev)
+    with torch.no_grad():
+        full = layer(x)
+        state = layer.initial_state(3)
+        assert state.shape == (3, k - 1, 20)
+        steps = []
+        for t in range(x.shape[1]):
+            y_t, state = layer.step(x[:, t], state)
+            steps.append(y_t)
+    assert_close(torch.stack(steps, 1), full, name="stepped vs causal")
+    assert_close(state, x[:, x.shape[1] - (k - 1):], name="final state")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_step_kernel_vs_reference(backend):
+    """The forward-only kernel on strided x_t / state, against the reference step."""
+    dev = device_of(backend)
+    x, w, b = make(4, 6, 24, 3, device=dev)
+    state = x[:, 1:3].transpose(1, 2).contiguous().transpose(1, 2)  # non-contiguous [B, 2, H]
+    x_t = x[:, 0]  # non-contiguous [B, H]
+    for bias, residual, scale in [(b, True, 0.5 ** 0.5), (None, False, 1.0)]:
+        got = fastqa.glu_conv1d_step(x_t, state, w, bias, residual=residual, scale=scale, backend=backend)
+        want = reference.glu_conv1d_step(x_t, state, w, bias, residual=residual, scale=scale)
+        assert_close(got[0], want[0], name="y_t")
+        assert torch.equal(got[1], want[1])
+        assert got[1].data_ptr() != state.data_ptr()
+
+
+def test_step_with_grad_uses_autograd_path():
+    x, w, b = make(2, 3, 8, 3)
+    w.requires_grad_()
+    y_t, _ = fastqa.glu_conv1d_step(x[:, 2], x[:, :2], w, b, backend="cpu")
+    (gw,) = torch.autograd.grad(y_t.sum(), w)
+    y_ref, _ = reference.glu_conv1d_step(x[:, 2], x[:, :2], w, b)
+    (gw_ref,) = torch.autograd.grad(y_ref.sum(), w)
+    assert_close(gw, gw_ref, name="grad of weight through step")
+
+
+# --------------------------------------------------------------------------------- bad input
+def _bad_calls():
+    x, w, b = make(2, 5, 4, 3)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    op = functools.partial(fastqa.glu_conv1d, causal=True)
+    return [
+        ("x", ValueError, lambda: op(x[0], w, b)),
+        ("x", TypeError, lambda: op(x.long(), w, b)),
+        ("x", TypeError, lambda: op("x", w, b)),
+        ("x", ValueError, lambda: op(x[:0], w, b)),  # empty batch
+        ("x", ValueError, lambda: op(x[:, :0], w, b)),  # empty sequence
+        ("x", ValueError, lambda: op(x.to("meta"), w.to("meta"), b.to("meta"))),
+        ("weight", ValueError, lambda: op(x, w[:, :3], b)),  # channels mismatch
+        ("weight", ValueError, lambda: op(x, w[..., 0], b)),  # rank
+        ("weight", ValueError, lambda: op(x, w[..., :0], b)),  # K = 0
+        ("weight", TypeError, lambda: op(x, w.double(), b)),
+        ("weight", ValueError, lambda: op(x, w.to("meta"), b)),
+        ("bias", ValueError, lambda: op(x, w, b[:4])),
+        ("bias", TypeError, lambda: op(x, w, b.double())),
+        ("mask", ValueError, lambda: op(x, w, b, mask=mask[:1])),  # batch mismatch
+        ("mask", TypeError, lambda: op(x, w, b, mask=mask.float())),
+        ("mask", ValueError, lambda: op(x, w, b, mask=mask.to("meta"))),
+        ("kernel size", ValueError, lambda: fastqa.glu_conv1d(x, w[..., :2], b, causal=False)),
+        ("causal", TypeError, lambda: fastqa.glu_conv1d(x, w, b, causal="yes")),
+        ("residual", TypeError, lambda: op(x, w, b, residual=1)),
+        ("scale", TypeError, lambda: op(x, w, b, scale="0.7")),
+        ("backend", ValueError, lambda: op(x, w, b, backend="gpu")),
+        ("x_t", ValueError, lambda: fastqa.glu_conv1d_step(x, x[:, :2], w, b)),
+        ("x_t", ValueError, lambda: fastqa.glu_conv1d_step(x[:0, 0], x[:0, :2], w, b)),
+        ("state", ValueError, lambda: fastqa.glu_conv1d_step(x[:, 0], x[:, :3], w, b)),
+        ("state", ValueError, lambda: fastqa.glu_conv1d_step(x[:, 0], x[:1, :2], w, b)),  # batch mismatch
+        ("state", TypeError, lambda: fastqa.glu_conv1d_step(x[:, 0], x[:, :2].double(), w, b)),
+        ("weight", ValueError, lambda: fastqa.glu_conv1d_step(x[:, 0], x[:, :2], w[:6], b)),
+        ("bias", ValueError, lambda: fastqa.glu_conv1d_step(x[:, 0], x[:, :2], w, b[:3])),
+        ("scale", TypeError, lambda: fastqa.glu_conv1d_step(x[:, 0], x[:, :2], w, b, scale=None)),
+        ("causal", ValueError, lambda: GLUConv1d(4, 3, causal=False).step(x[:, 0], x[:, :2])),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_bad_calls())))
+def test_bad_input_raises_naming_argument(case):
+    name, exc, call = _bad_calls()[case]
+    with pytest.raises(exc, match=name):
+        call()
+
+
+# ----------------------------------------------------------------------------- backend choice
+def _is_fused(y: torch.Tensor) -> bool:
+    return type(y.grad_fn).__name__.startswith("_GLUConv1dFunction")
+
+
+def test_backend_selection(monkeypatch):
+    x, w, b = make(2, 5, 8, 3)
+    w.requires_grad_()
+    monkeypatch.delenv("FASTQA_BACKEND", raising=False)
+    assert _is_fused(fastqa.glu_conv1d(x, w, b, causal=True))  # auto on CPU float32 -> cpu
+    assert not _is_fused(fastqa.glu_conv1d(x, w, b, causal=True, backend="reference"))
+    monkeypatch.setenv("FASTQA_BACKEND", "reference")
+    y_ref = fastqa.glu_conv1d(x, w, b, causal=True)
+    assert not _is_fused(y_ref)
+    monkeypatch.setenv("FASTQA_BACKEND", "cpu")
+    y_cpu = fastqa.glu_conv1d(x, w, b, causal=True)
+    assert _is_fused(y_cpu)
+    assert_close(y_cpu, y_ref, name="forced cpu vs forced reference")
+    assert _is_fused(GLUConv1d(8, 3, causal=True)(x))  # the layer's "auto" follows the env too
+
+
+def test_forcing_triton_on_cpu_without_interpreter_raises(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x, w, b = make(2, 5, 8, 3)
+    with pytest.raises(RuntimeError, match="triton"):
+        fastqa.glu_conv1d(x, w, b, causal=True, backend="triton")
+    with pytest.raises(RuntimeError, match="triton"):
+        fastqa.glu_conv1d_step(x[:, 0], x[:, :2], w, b, backend="triton")

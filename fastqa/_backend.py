@@ -79,7 +79,7 @@ def _unusable_reason(backend: str, device: torch.device, dtype: torch.dtype) -> 
             return "the triton backend runs CPU tensors only under TRITON_INTERPRET=1"
         if device.type not in ("cpu", "cuda"):
             return f"the triton backend takes CUDA tensors, got {device.type} tensors"
-        if dtype not in _TRITON_DTYPES + (torch.float64,):
+        if dtype not in _TRITON_DTYPES:
             return f"the triton backend takes float32, float16 or bfloat16, got {dtype}"
         return None
     raise ValueError(f"backend must be one of 'auto', {', '.join(map(repr, BACKENDS))}; got {backend!r}")

@@ -34,6 +34,10 @@ EDGE_SHAPES = [
     (2, 33, 1, 24),   # question length 1
     (3, 65, 17, 5),   # odd everything
 ]
+# The Triton interpreter runs ~0.2 ms per operation per program: the model-sized case runs on the
+# Triton backend only on a GPU (tests/test_triton_context_query_attention.py covers its kernels in depth).
+CASES = [(b, shape) for b in BACKENDS for shape in EDGE_SHAPES] + [
+    (b, REAL) for b in BACKENDS if b == "cpu" or torch.cuda.is_available()]
 
 
 def make_inputs(batch, n, m, d, *, dtype=torch.float32, bias=True, seed=0):
@@ -64,16 +68,14 @@ def cqa(backend):
 
 # ------------------------------------------------------------------ forward + every gradient
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("shape", [REAL] + EDGE_SHAPES, ids=str)
+@pytest.mark.parametrize("backend, shape", CASES, ids=str)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_trilinear_similarity_matches_reference(backend, shape, bias):
     c, q, _, _, w, b = make_inputs(*shape, bias=bias)
     check_against_reference(sim(backend), reference.trilinear_similarity, (c, q, w, b), names=SIM_NAMES)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("shape", [REAL] + EDGE_SHAPES, ids=str)
+@pytest.mark.parametrize("backend, shape", CASES, ids=str)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_context_query_attention_matches_reference(backend, shape, bias):
     check_against_reference(cqa(backend), reference.context_query_attention, make_inputs(*shape, bias=bias),
@@ -151,7 +153,7 @@ def test_incoming_gradient_is_not_modified(backend):
 
 # ------------------------------------------------------------------ gradcheck, opcheck, compile
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ["cpu"])  # float64 is a CPU dtype; Triton takes fp32/fp16/bf16
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_gradcheck_float64(backend, bias):
     c, q, c_mask, q_mask, w, b = make_inputs(2, 5, 4, 3, dtype=torch.float64, bias=bias)

@@ -61,3 +61,10 @@ def check_positive(name: str, t: torch.Tensor, axes: Sequence[int]) -> None:
 
 def _fmt_shape(shape: Sequence[int | None]) -> str:
     return "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+
+
+def check_device(name: str, t: torch.Tensor) -> None:
+    """Kernels need data: a meta (or other data-less) tensor would otherwise slip through to the
+    reference as an automatic fallback."""
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be a CPU or CUDA tensor, got a tensor on {t.device}")

@@ -10,8 +10,8 @@ import torch
 
 from .. import reference
 from .._backend import cpu_available, resolve_backend
-from .._checks import check_nonempty_batch, check_positive, check_tensor
-from ._registry import kernel, none_if_empty
+from .._checks import check_device, check_nonempty_batch, check_positive, check_tensor
+from ._registry import autocast_dtype, cast_floating, kernel, none_if_empty
 
 __all__ = ["context_query_attention", "trilinear_similarity"]
 
@@ -60,15 +60,7 @@ class _ContextQueryAttentionFunction(torch.autograd.Function):
         return None, grad_c, grad_q, None, None, grad_weight, grad_bias
 
 
-def _check_device(name: str, t: torch.Tensor) -> None:
-    # A meta (or other) tensor would otherwise slip through to the reference as an automatic fallback.
-    if t.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"{name} must be on a cpu or cuda device, got {t.device}")
-
-
-def _check_similarity_args(c: object, q: object, weight: object, bias: object) -> None:
-    check_tensor("c", c, ndim=3)
-    _check_device("c", c)
+def _check_similarity_args(c: torch.Tensor, q: object, weight: object, bias: object) -> None:
     check_nonempty_batch("c", c)
     check_positive("c", c, (1, 2))
     check_tensor("q", q, shape=(c.shape[0], None, c.shape[2]), like=c)
@@ -80,6 +72,13 @@ def _check_similarity_args(c: object, q: object, weight: object, bias: object) -
             raise ValueError(f"bias must have shape [1] or [], got {tuple(bias.shape)}")
 
 
+def _autocast(c: object, *tensors: object) -> tuple:
+    """(c, *tensors) in the autocast dtype inside an autocast region; c checked first, as it names the device."""
+    check_tensor("c", c, ndim=3)
+    check_device("c", c)
+    return cast_floating(autocast_dtype(c.device), c, *tensors)
+
+
 def trilinear_similarity(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                          *, backend: str = "auto") -> torch.Tensor:
     """S[b, i, j] = w · [c_i; q_j; c_i ∘ q_j] (+ bias), without building [B, n, m, 3d].
@@ -87,6 +86,7 @@ def trilinear_similarity(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor,
     c: [B, n, d]; q: [B, m, d]; weight: [3d] = (w_c, w_q, w_cq); bias: [1], [] or None.
     Returns S: [B, n, m]. backend: "auto", "reference", "cpu" or "triton".
     """
+    c, q, weight, bias = _autocast(c, q, weight, bias)
     _check_similarity_args(c, q, weight, bias)
     backend = resolve_backend(backend, "trilinear_similarity", c.device, c.dtype)
     if backend == "reference":
@@ -104,6 +104,7 @@ def context_query_attention(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tens
     softmax over the real question words and S̿ over the real context words (a row or column with no
     real word gives zeros): A = S̄q, B = S̄(S̿ᵀc). Returns [c, A, c∘A, c∘B]: [B, n, 4d].
     """
+    c, q, weight, bias = _autocast(c, q, weight, bias)
     _check_similarity_args(c, q, weight, bias)
     check_tensor("c_mask", c_mask, shape=(c.shape[0], c.shape[1]), dtype=torch.bool, floating=False, like=c)
     check_tensor("q_mask", q_mask, shape=(q.shape[0], q.shape[1]), dtype=torch.bool, floating=False, like=c)

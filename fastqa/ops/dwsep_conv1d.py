@@ -12,10 +12,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._backend import cpu_available, resolve_backend
-from .._checks import check_nonempty_batch, check_optional, check_positive, check_tensor
+from .._checks import check_device, check_nonempty_batch, check_optional, check_positive, check_tensor
 from ..reference.dwsep_conv1d import ACTIVATIONS, PADDINGS, conv_padding
 from ..reference.dwsep_conv1d import dwsep_conv1d as dwsep_conv1d_reference
-from ._registry import kernel, none_if_empty
+from ._registry import autocast_dtype, cast_floating, kernel, none_if_empty
 
 _MODULE = "dwsep_conv1d"
 
@@ -76,8 +76,9 @@ def dwsep_conv1d(
     Returns y: [B, L, C_out].
     """
     check_tensor("x", x, ndim=3)
-    if x.device.type == "meta":
-        raise ValueError("x is a meta tensor (no data); dwsep_conv1d needs a tensor on a real device")
+    check_device("x", x)
+    x, dw_weight, pw_weight, pw_bias, dw_bias, residual = cast_floating(
+        autocast_dtype(x.device), x, dw_weight, pw_weight, pw_bias, dw_bias, residual)
     check_nonempty_batch("x", x)
     check_positive("x", x, (1, 2))
     _, length, c_in = x.shape

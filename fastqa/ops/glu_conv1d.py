@@ -18,9 +18,9 @@ import torch
 
 from .. import reference
 from .._backend import cpu_available, resolve_backend
-from .._checks import check_nonempty_batch, check_optional, check_positive, check_tensor
+from .._checks import check_device, check_nonempty_batch, check_optional, check_positive, check_tensor
 from ..reference.glu_conv1d import SQRT_HALF
-from ._registry import kernel, none_if_empty
+from ._registry import autocast_dtype, cast_floating, kernel, none_if_empty
 
 _MODULE = "glu_conv1d"
 
@@ -61,11 +61,6 @@ def _check_scale(scale: object) -> float:
     return float(scale)
 
 
-def _check_device(name: str, t: torch.Tensor) -> None:
-    if t.device.type == "meta":
-        raise ValueError(f"{name} must hold data (a CPU or CUDA tensor), got a meta tensor")
-
-
 def _check_weight(weight: object, like: torch.Tensor, channels: int) -> int:
     """weight [2H, H, K] on like's device/dtype; returns K."""
     check_tensor("weight", weight, shape=(2 * channels, channels, None), like=like)
@@ -88,9 +83,10 @@ def glu_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     backend: "auto", "reference", "cpu" or "triton" (see ``fastqa.info()``).
     """
     check_tensor("x", x, ndim=3)
+    check_device("x", x)
+    x, weight, bias = cast_floating(autocast_dtype(x.device), x, weight, bias)
     check_nonempty_batch("x", x)
     check_positive("x", x, (1, 2))
-    _check_device("x", x)
     channels = x.shape[2]
     k = _check_weight(weight, x, channels)
     check_optional("bias", bias, shape=(2 * channels,), like=x)
@@ -124,9 +120,10 @@ def glu_conv1d_step(x_t: torch.Tensor, state: torch.Tensor, weight: torch.Tensor
     reference (differentiable) implementation runs instead.
     """
     check_tensor("x_t", x_t, ndim=2)
+    check_device("x_t", x_t)
+    x_t, state, weight, bias = cast_floating(autocast_dtype(x_t.device), x_t, state, weight, bias)
     check_nonempty_batch("x_t", x_t)
     check_positive("x_t", x_t, (1,))
-    _check_device("x_t", x_t)
     batch, channels = x_t.shape
     k = _check_weight(weight, x_t, channels)
     check_tensor("state", state, shape=(batch, k - 1, channels), like=x_t)

@@ -140,13 +140,13 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> int | None:
     return peak
 
 
-def machine_peaks(device: torch.device, dtype: torch.dtype) -> dict[str, float]:
+def machine_peaks(device: torch.device, dtype: torch.dtype, *, quick: bool = False) -> dict[str, float]:
     """Measured GEMM FLOP/s (square matmul of ``dtype``) and memory bandwidth (a large copy: read +
-    write) -- the roofs of each case's lower bound."""
-    n = 4096 if device.type == "cuda" else 1024
+    write) -- the roofs of each case's lower bound. ``quick``: small sizes (a smoke test, not roofs)."""
+    n = 256 if quick else 4096 if device.type == "cuda" else 1024
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    numel = 2 ** 28 if device.type == "cuda" else 2 ** 25
+    numel = 2 ** 20 if quick else 2 ** 28 if device.type == "cuda" else 2 ** 25
     src = torch.empty(numel, device=device, dtype=torch.float32).fill_(1.0)
     dst = torch.empty_like(src)
     gemm = lambda: torch.mm(a, b)  # noqa: E731

@@ -91,13 +91,14 @@ def run_case_mode(case: Case, mode: str, prepared: Prepared, device: torch.devic
 
 def run(cases: Sequence[Case], *, device: torch.device, dtype: torch.dtype, settings: measure.Settings,
         compile_per_op: int | None = None, naive_limit_bytes: float = 4 * 2 ** 30,
-        progress: bool = True) -> dict[str, Any]:
+        progress: bool = True, peaks: dict[str, float] | None = None) -> dict[str, Any]:
     """Run ``cases`` (every mode of each) and return ``{"meta": ..., "records": [...], "skipped": [...]}``.
 
     compile_per_op: how many (case, mode) pairs of each op include torch.compile (None: all) --
-    compiling costs tens of seconds per graph on a small CPU.
+    compiling costs tens of seconds per graph on a small CPU. peaks: the roofs (``gemm_flops``,
+    ``mem_bw``), measured now when not given.
     """
-    peaks = measure.machine_peaks(device, dtype)
+    peaks = peaks or measure.machine_peaks(device, dtype)
     meta = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "host": platform.node(), "device": measure.device_name(device), "device_type": device.type,

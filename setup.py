@@ -71,9 +71,11 @@ class CMakeBuild(build_ext):
 
         cmake = _find_tool("cmake", "cmake")
         ninja = _find_tool("ninja", "ninja")
-        cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+        wanted = [os.environ["CXX"]] if os.environ.get("CXX") else ["c++", "g++", "clang++"]
+        cxx = next((found for found in map(shutil.which, wanted) if found), None)
         if cxx is None:
-            raise BuildError("fastqa: building the C++ extension needs a C++ compiler (g++ or clang++) on PATH.")
+            raise BuildError(f"fastqa: building the C++ extension needs a C++ compiler ({' or '.join(wanted)}), "
+                             "which was not found on PATH (or set FASTQA_NO_EXT=1 for the pure-Python package).")
 
         out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
         build_dir = Path(os.environ.get("FASTQA_BUILD_DIR", ROOT / "build" / "cmake")).resolve()

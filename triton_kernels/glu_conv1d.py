@@ -1,0 +1,522 @@
+"""Triton kernels for the GLU convolution (ConvS2S), causal and centred, and its one-step decode.
+
+Registers, on import, the custom ops ``fastqa_triton::glu_conv1d_fwd``, ``glu_conv1d_bwd`` and
+``glu_conv1d_step`` (schemas in ``_SCHEMAS``, identical to the C++ ``fastqa::`` ops) with fake
+implementations, so ``torch.compile(fullgraph=True)`` keeps them in the graph.
+
+Shapes: x [B, T, H]; weight [2H, H, K] (nn.Conv1d layout); bias [2H]; mask [B, T] bool;
+pre = conv(pad(x·mask)) [B, T, 2H] with ``pad_left`` zeros on the left and K-1-pad_left on the right,
+so pre[t, o] = bias[o] + sum_{k, c} weight[o, c, k] · h[t + k - pad_left, c] with h = x·mask (zero
+outside [0, T)); [a; b] = pre split along channels; y = (a·sigmoid(b) + x)·scale, or a·sigmoid(b)·scale
+without the residual.
+
+Tiling
+  forward   one program per (t-tile, output-channel tile n of H, batch row). The conv is K shifted
+            ``tl.dot``s: for each tap k and input-channel block, the input tile at rows t + k - pad_left
+            ([BLOCK_T, BLOCK_C], rows outside [0, T) and masked positions read as zero, so there is no
+            padded copy and no im2col tensor) is multiplied by the weight slices of the ``a`` and ``b``
+            halves ([BLOCK_C, BLOCK_N] each) into two fp32 accumulators. Epilogue: bias, GLU, residual
+            (unmasked x) and scale, one store of y and one of the pre-activation.
+  backward  (1) element-wise: d_pre = [dy·s; dy·a·s·(1-s)] (dy = grad_y·scale, s = sigmoid(b)) from
+            the saved pre-activation, stored in the input dtype like the reference autograd does;
+            the bias gradient as per-program fp32 column sums. (2) grad_x: a conv of d_pre with the
+            transposed weight, again K shifted ``tl.dot``s (rows t - k + pad_left), times the mask,
+            plus scale·grad_y for the residual. (3) grad_weight: one program per (2H tile, H tile,
+            tap k, split s); split s reduces the row tiles s, s + S, s + 2S, ... of all B·T rows
+            with ``tl.dot(d_pre^T, h_shifted)`` into an fp32 partial buffer [S, 2H, H, K] that is
+            summed afterwards: no atomics, so backward is deterministic (bitwise repeatable for a
+            fixed autotuning choice).
+  step      one program per (batch tile, output-channel tile). The weight is read as its natural
+            [2H, H·K] matrix (row o = weight[o].flatten(), index j = c·K + k, contiguous) and the
+            window (state, x_t) is gathered in the same order, so decoding reads the weight once per
+            batch tile, without a per-step transposed copy; the same program also writes its
+            channel slice of the rolled state (new_state = window[1:]): one launch per step.
+
+Saved / recomputed
+  aux = the pre-activation [B, T, 2H] = [a; b] (bias included), contiguous, in the input dtype (the
+  backward op gets no bias, so it could not recompute it). Backward recomputes h = x·mask on the
+  fly from x and mask; nothing else is saved.
+
+Layouts: x, x_t, grad_y, mask and state are read through their strides (non-contiguous input,
+e.g. a channels-first [B, H, T] tensor transposed, is not copied). The weight is copied once per
+forward/backward call into [K, H, 2H] so that the tiles the dots read are contiguous along output
+channels (the copy is O(H²K), the conv O(B·T·H²K)); the step uses ``weight.contiguous()`` (a no-op
+for nn.Conv1d weights); bias is made contiguous. Outputs (and aux) are contiguous.
+
+Precision: fp32 accumulation for fp32/fp16/bf16 inputs (fp64 in, fp64 accumulation, for gradcheck
+in the interpreter); outputs in the input dtype, grad_weight/grad_bias in the weight's dtype. For
+fp32 inputs the dots use TF32 exactly when ``torch.backends.cudnn.allow_tf32`` is set (what
+F.conv1d does on the same GPU), IEEE fp32 otherwise.
+
+Under ``TRITON_INTERPRET=1`` each kernel has a single small configuration (16-wide tiles), since
+the interpreter would otherwise benchmark every configuration, and bf16 dot operands are upcast to
+fp32 (exactly: the interpreter's dot would multiply bf16 bit patterns as integers; products of bf16
+values are exact in fp32, as on tensor cores). GPU speed has not been measured.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+_SCHEMAS = {
+    "glu_conv1d_fwd": "(Tensor x, Tensor weight, Tensor? bias, Tensor? mask, int pad_left, bool residual, "
+                      "float scale) -> (Tensor y, Tensor aux)",
+    "glu_conv1d_bwd": "(Tensor grad_y, Tensor x, Tensor weight, Tensor? mask, Tensor aux, int pad_left, "
+                      "bool residual, float scale, bool has_bias) -> (Tensor grad_x, Tensor grad_weight, "
+                      "Tensor grad_bias)",
+    "glu_conv1d_step": "(Tensor x_t, Tensor state, Tensor weight, Tensor? bias, bool residual, float scale) "
+                       "-> (Tensor y_t, Tensor new_state)",
+}
+
+
+def _configs(names: tuple[str, ...], gpu: list[tuple]) -> list[triton.Config]:
+    """Autotuning space: ``gpu`` rows are (*block sizes, num_warps, num_stages); one 16-wide config
+    in the interpreter."""
+    if _INTERPRET:
+        return [triton.Config({n: 16 for n in names}, num_warps=4, num_stages=1)]
+    return [triton.Config(dict(zip(names, row[:-2])), num_warps=row[-2], num_stages=row[-1]) for row in gpu]
+
+
+# (BLOCK_T, BLOCK_N, BLOCK_C, warps, stages); two accumulators of [BLOCK_T, BLOCK_N] per program.
+_FWD_CONFIGS = _configs(("BLOCK_T", "BLOCK_N", "BLOCK_C"), [
+    (64, 64, 32, 4, 3), (64, 64, 64, 4, 3), (128, 64, 32, 8, 3), (128, 64, 64, 8, 3),
+    (64, 32, 64, 4, 4), (32, 64, 64, 4, 4), (128, 128, 32, 8, 3), (64, 128, 32, 4, 3)])
+# (BLOCK_T, BLOCK_C, BLOCK_O, warps, stages)
+_DX_CONFIGS = _configs(("BLOCK_T", "BLOCK_C", "BLOCK_O"), [
+    (64, 64, 32, 4, 3), (64, 64, 64, 4, 3), (128, 64, 32, 8, 3), (128, 64, 64, 8, 3),
+    (64, 128, 32, 4, 3), (32, 64, 64, 4, 4), (128, 128, 32, 8, 3)])
+# (BLOCK_O, BLOCK_C, BLOCK_T, warps, stages)
+_DW_CONFIGS = _configs(("BLOCK_O", "BLOCK_C", "BLOCK_T"), [
+    (64, 64, 32, 4, 3), (64, 64, 64, 4, 3), (128, 64, 32, 8, 3), (64, 128, 32, 8, 3),
+    (128, 128, 32, 8, 3), (32, 64, 64, 4, 4)])
+# (BLOCK_N, warps, stages); BLOCK_T of this kernel is fixed (it sizes the bias partial buffer).
+_DPRE_CONFIGS = _configs(("BLOCK_N",), [(64, 2, 1), (128, 4, 1), (256, 4, 1), (256, 8, 1)])
+_DPRE_BLOCK_T = 16 if _INTERPRET else 32
+# (BLOCK_B, BLOCK_N, BLOCK_J, warps, stages)
+_STEP_CONFIGS = _configs(("BLOCK_B", "BLOCK_N", "BLOCK_J"), [
+    (16, 32, 64, 4, 3), (16, 64, 64, 4, 3), (16, 32, 128, 4, 3), (16, 64, 128, 8, 3),
+    (32, 64, 64, 4, 3), (64, 64, 64, 4, 3)])
+# Smallest row tile of the grad_weight kernel: bounds the number of splits worth launching.
+_DW_MIN_BLOCK_T = min(c.kwargs["BLOCK_T"] for c in _DW_CONFIGS)
+
+
+@triton.jit
+def _sigmoid(v):
+    # Written out (not tl.sigmoid) so fp64 accumulators work too; exp overflow gives exactly 0.
+    return 1.0 / (1.0 + tl.exp(-v))
+
+
+@triton.jit
+def _row_keep(mask_ptr, b, rows, T, sm_b, sm_t, HAS_MASK: tl.constexpr):
+    """Rows of h = x·mask that are real: inside [0, T) and, with a mask, not padding."""
+    keep = (rows >= 0) & (rows < T)
+    if HAS_MASK:
+        keep = keep & (tl.load(mask_ptr + b * sm_b + rows * sm_t, mask=keep, other=0) != 0)
+    return keep
+
+
+@triton.jit
+def _glu_conv1d_fwd_kernel(
+    x_ptr, w_ptr, bias_ptr, mask_ptr, y_ptr, pre_ptr,
+    T, H, K, pad_left, scale, ROWS_BUCKET,
+    sx_b, sx_t, sx_h, sw_k, sw_c, sw_o, sm_b, sm_t,
+    HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, RESIDUAL: tl.constexpr,
+    ACC_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """x: [B, T, H] strided; w: [K, H, 2H] (any strides); y: [B, T, H] and pre: [B, T, 2H] contiguous."""
+    b = tl.program_id(2).to(tl.int64)
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < H
+    dtype = x_ptr.dtype.element_ty
+    acc_a = tl.zeros([BLOCK_T, BLOCK_N], dtype=ACC_DTYPE)
+    acc_b = tl.zeros([BLOCK_T, BLOCK_N], dtype=ACC_DTYPE)
+    for k in range(K):
+        rows = offs_t + k - pad_left
+        keep = _row_keep(mask_ptr, b, rows, T, sm_b, sm_t, HAS_MASK)
+        for c0 in range(0, H, BLOCK_C):
+            offs_c = c0 + tl.arange(0, BLOCK_C)
+            c_ok = offs_c < H
+            h = tl.load(x_ptr + b * sx_b + rows[:, None] * sx_t + offs_c[None, :] * sx_h,
+                        mask=keep[:, None] & c_ok[None, :], other=0.0).to(DOT_DTYPE)
+            w_tile = w_ptr + k * sw_k + offs_c[:, None] * sw_c + offs_n[None, :] * sw_o
+            w_ok = c_ok[:, None] & n_ok[None, :]
+            w_a = tl.load(w_tile, mask=w_ok, other=0.0).to(DOT_DTYPE)
+            w_b = tl.load(w_tile + H * sw_o, mask=w_ok, other=0.0).to(DOT_DTYPE)
+            acc_a += tl.dot(h, w_a, input_precision=DOT_PRECISION)
+            acc_b += tl.dot(h, w_b, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc_a += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(ACC_DTYPE)[None, :]
+        acc_b += tl.load(bias_ptr + H + offs_n, mask=n_ok, other=0.0).to(ACC_DTYPE)[None, :]
+    t_ok = offs_t < T
+    out_ok = t_ok[:, None] & n_ok[None, :]
+    row = b * T + offs_t
+    pre_tile = pre_ptr + row[:, None] * (2 * H) + offs_n[None, :]
+    tl.store(pre_tile, acc_a.to(dtype), mask=out_ok)
+    tl.store(pre_tile + H, acc_b.to(dtype), mask=out_ok)
+    g = acc_a * _sigmoid(acc_b)
+    if RESIDUAL:  # the residual is the unmasked x
+        g += tl.load(x_ptr + b * sx_b + offs_t[:, None] * sx_t + offs_n[None, :] * sx_h,
+                     mask=out_ok, other=0.0).to(ACC_DTYPE)
+    tl.store(y_ptr + row[:, None] * H + offs_n[None, :], (g * scale).to(dtype), mask=out_ok)
+
+
+@triton.jit
+def _glu_dpre_kernel(
+    gy_ptr, pre_ptr, dpre_ptr, dbias_ptr,
+    T, H, scale,
+    sg_b, sg_t, sg_h,
+    HAS_BIAS: tl.constexpr, ACC_DTYPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """d_pre [B, T, 2H] (contiguous, input dtype) from grad_y (strided) and pre; with a bias, the
+    accumulator-precision column sums of d_pre of this row tile go to dbias[b·n_t_tiles + t_tile, :2H]."""
+    b = tl.program_id(2).to(tl.int64)
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < H
+    ok = (offs_t < T)[:, None] & n_ok[None, :]
+    dy = tl.load(gy_ptr + b * sg_b + offs_t[:, None] * sg_t + offs_n[None, :] * sg_h, mask=ok, other=0.0)
+    dy = dy.to(ACC_DTYPE) * scale
+    pre_tile = pre_ptr + (b * T + offs_t)[:, None] * (2 * H) + offs_n[None, :]
+    a = tl.load(pre_tile, mask=ok, other=0.0).to(ACC_DTYPE)
+    s = _sigmoid(tl.load(pre_tile + H, mask=ok, other=0.0).to(ACC_DTYPE))
+    d_a = dy * s
+    d_b = dy * a * s * (1.0 - s)
+    dpre_tile = dpre_ptr + (b * T + offs_t)[:, None] * (2 * H) + offs_n[None, :]
+    tl.store(dpre_tile, d_a.to(dpre_ptr.dtype.element_ty), mask=ok)
+    tl.store(dpre_tile + H, d_b.to(dpre_ptr.dtype.element_ty), mask=ok)
+    if HAS_BIAS:
+        part = dbias_ptr + (b * tl.num_programs(0) + tl.program_id(0)) * (2 * H) + offs_n
+        tl.store(part, tl.sum(d_a, axis=0), mask=n_ok)
+        tl.store(part + H, tl.sum(d_b, axis=0), mask=n_ok)
+
+
+@triton.jit
+def _glu_conv1d_dx_kernel(
+    dpre_ptr, w_ptr, gy_ptr, mask_ptr, dx_ptr,
+    T, H, K, pad_left, scale, ROWS_BUCKET,
+    sw_k, sw_c, sw_o, sg_b, sg_t, sg_h, sm_b, sm_t,
+    HAS_MASK: tl.constexpr, RESIDUAL: tl.constexpr,
+    ACC_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr,
+):
+    """grad_x[t, c] = mask[t]·sum_{k, o} d_pre[t - k + pad_left, o]·w[k, c, o] (+ scale·grad_y[t, c])."""
+    b = tl.program_id(2).to(tl.int64)
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = offs_c < H
+    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=ACC_DTYPE)
+    for k in range(K):
+        rows = offs_t - k + pad_left
+        r_ok = (rows >= 0) & (rows < T)
+        for o0 in range(0, 2 * H, BLOCK_O):
+            offs_o = o0 + tl.arange(0, BLOCK_O)
+            o_ok = offs_o < 2 * H
+            d = tl.load(dpre_ptr + (b * T + rows)[:, None] * (2 * H) + offs_o[None, :],
+                        mask=r_ok[:, None] & o_ok[None, :], other=0.0).to(DOT_DTYPE)
+            w = tl.load(w_ptr + k * sw_k + offs_o[:, None] * sw_o + offs_c[None, :] * sw_c,
+                        mask=o_ok[:, None] & c_ok[None, :], other=0.0).to(DOT_DTYPE)
+            acc += tl.dot(d, w, input_precision=DOT_PRECISION)
+    t_ok = offs_t < T
+    if HAS_MASK:  # h = x·mask, so d/dx of the conv path vanishes at padded positions
+        keep = tl.load(mask_ptr + b * sm_b + offs_t * sm_t, mask=t_ok, other=0) != 0
+        acc = tl.where(keep[:, None], acc, 0.0)
+    out_ok = t_ok[:, None] & c_ok[None, :]
+    if RESIDUAL:
+        acc += scale * tl.load(gy_ptr + b * sg_b + offs_t[:, None] * sg_t + offs_c[None, :] * sg_h,
+                               mask=out_ok, other=0.0).to(ACC_DTYPE)
+    tl.store(dx_ptr + (b * T + offs_t)[:, None] * H + offs_c[None, :], acc.to(dx_ptr.dtype.element_ty),
+             mask=out_ok)
+
+
+@triton.jit
+def _glu_conv1d_dw_kernel(
+    dpre_ptr, x_ptr, mask_ptr, part_ptr,
+    B, T, H, K, pad_left, SPLITS, ROWS_BUCKET,
+    sx_b, sx_t, sx_h, sm_b, sm_t,
+    HAS_MASK: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_O: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """part[s, o, c, k] = sum over the row tiles r ≡ s (mod SPLITS) of d_pre[r, o]·h[r + k - pad_left, c]."""
+    offs_o = tl.program_id(0) * BLOCK_O + tl.arange(0, BLOCK_O)
+    k = tl.program_id(1) % K
+    offs_c = (tl.program_id(1) // K) * BLOCK_C + tl.arange(0, BLOCK_C)
+    split = tl.program_id(2)
+    o_ok = offs_o < 2 * H
+    c_ok = offs_c < H
+    n_t_tiles = tl.cdiv(T, BLOCK_T)
+    acc = tl.zeros([BLOCK_O, BLOCK_C], dtype=ACC_DTYPE)
+    for tile in range(split, B * n_t_tiles, SPLITS):
+        b = (tile // n_t_tiles).to(tl.int64)
+        offs_t = (tile % n_t_tiles) * BLOCK_T + tl.arange(0, BLOCK_T)
+        d_t = tl.load(dpre_ptr + (b * T + offs_t)[None, :] * (2 * H) + offs_o[:, None],
+                      mask=o_ok[:, None] & (offs_t < T)[None, :], other=0.0).to(DOT_DTYPE)
+        rows = offs_t + k - pad_left
+        keep = _row_keep(mask_ptr, b, rows, T, sm_b, sm_t, HAS_MASK)
+        h = tl.load(x_ptr + b * sx_b + rows[:, None] * sx_t + offs_c[None, :] * sx_h,
+                    mask=keep[:, None] & c_ok[None, :], other=0.0).to(DOT_DTYPE)
+        acc += tl.dot(d_t, h, input_precision=DOT_PRECISION)
+    part = part_ptr + split.to(tl.int64) * (2 * H * H * K) + offs_o[:, None] * (H * K) + offs_c[None, :] * K + k
+    tl.store(part, acc.to(part_ptr.dtype.element_ty), mask=o_ok[:, None] & c_ok[None, :])
+
+
+@triton.jit
+def _glu_conv1d_step_kernel(
+    x_ptr, state_ptr, w_ptr, bias_ptr, y_ptr, new_state_ptr,
+    B, H, K, scale, B_BUCKET,
+    sx_b, sx_h, ss_b, ss_k, ss_h,
+    HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
+    ACC_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
+):
+    """y_t = GLU(window · W^T) (+ x_t)·scale with window = (state, x_t) [B, K, H] and W = weight as a
+    contiguous [2H, H·K] matrix; new_state[:, j] = window[:, j + 1] for this program's channels."""
+    offs_b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    b_ok = offs_b < B
+    n_ok = offs_n < H
+    row_x = offs_b.to(tl.int64) * sx_b
+    row_s = offs_b.to(tl.int64) * ss_b
+    dtype = x_ptr.dtype.element_ty
+    acc_a = tl.zeros([BLOCK_B, BLOCK_N], dtype=ACC_DTYPE)
+    acc_b = tl.zeros([BLOCK_B, BLOCK_N], dtype=ACC_DTYPE)
+    for j0 in range(0, H * K, BLOCK_J):
+        offs_j = j0 + tl.arange(0, BLOCK_J)
+        j_ok = offs_j < H * K
+        c = offs_j // K
+        k = offs_j % K
+        # window[b, k, c]: the state for taps k < K-1, x_t for the newest tap.
+        old = b_ok[:, None] & (j_ok & (k < K - 1))[None, :]
+        new = b_ok[:, None] & (j_ok & (k == K - 1))[None, :]
+        win = tl.where(new, tl.load(x_ptr + row_x[:, None] + c[None, :] * sx_h, mask=new, other=0.0),
+                       tl.load(state_ptr + row_s[:, None] + k[None, :] * ss_k + c[None, :] * ss_h, mask=old,
+                               other=0.0)).to(DOT_DTYPE)
+        w_tile = w_ptr + offs_n[None, :] * (H * K) + offs_j[:, None]
+        w_ok = j_ok[:, None] & n_ok[None, :]
+        w_a = tl.load(w_tile, mask=w_ok, other=0.0).to(DOT_DTYPE)
+        w_b = tl.load(w_tile + H * H * K, mask=w_ok, other=0.0).to(DOT_DTYPE)
+        acc_a += tl.dot(win, w_a, input_precision=DOT_PRECISION)
+        acc_b += tl.dot(win, w_b, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc_a += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(ACC_DTYPE)[None, :]
+        acc_b += tl.load(bias_ptr + H + offs_n, mask=n_ok, other=0.0).to(ACC_DTYPE)[None, :]
+    ok = b_ok[:, None] & n_ok[None, :]
+    x_t = tl.load(x_ptr + row_x[:, None] + offs_n[None, :] * sx_h, mask=ok, other=0.0)
+    g = acc_a * _sigmoid(acc_b)
+    if RESIDUAL:
+        g += x_t.to(ACC_DTYPE)
+    tl.store(y_ptr + offs_b[:, None] * H + offs_n[None, :], (g * scale).to(dtype), mask=ok)
+    # Rolling state, this program's channel slice: new_state[:, j] = state[:, j + 1], last = x_t.
+    new_rows = new_state_ptr + offs_b.to(tl.int64)[:, None] * ((K - 1) * H) + offs_n[None, :]
+    for j in range(K - 2):
+        old = tl.load(state_ptr + row_s[:, None] + (j + 1) * ss_k + offs_n[None, :] * ss_h, mask=ok, other=0.0)
+        tl.store(new_rows + j * H, old, mask=ok)
+    if K > 1:
+        tl.store(new_rows + (K - 2) * H, x_t, mask=ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------
+
+def _acc_dtype(dtype: torch.dtype) -> tl.dtype:
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32,
+              torch.float64: tl.float64}
+
+
+def _dot_dtype(dtype: torch.dtype) -> tl.dtype:
+    """Operand dtype of the dots: the input's, except bf16 in the interpreter, whose dot would multiply
+    the raw uint16 bit patterns; there the (exact) bf16 values are upcast to fp32 instead."""
+    return tl.float32 if _INTERPRET and dtype == torch.bfloat16 else _TL_DTYPES[dtype]
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """TF32 for fp32 exactly when cuDNN convs would use it; the choice is moot for 16-bit inputs."""
+    return "tf32" if dtype == torch.float32 and torch.backends.cudnn.allow_tf32 else "ieee"
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _weight_grad_splits(device: torch.device, rows: int, H: int, K: int) -> int:
+    """Row splits of the grad_weight reduction: on a GPU, enough programs to fill it about four times
+    (counted with nominal 64-wide tiles), at most one per smallest row tile, at most 64. One split
+    elsewhere: the interpreter runs programs one after another, so splitting only adds work."""
+    if device.type != "cuda":
+        return 1
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    tile_programs = triton.cdiv(2 * H, 64) * triton.cdiv(H, 64) * K
+    return max(1, min(triton.cdiv(4 * sms, tile_programs), triton.cdiv(rows, _DW_MIN_BLOCK_T), 64))
+
+
+def _check_conv_args(x: Tensor, weight: Tensor, mask: Optional[Tensor], pad_left: int) -> tuple[int, int, int, int]:
+    """Cheap shape checks of a direct call (the ops layer validates thoroughly); returns B, T, H, K."""
+    if x.dim() != 3:
+        raise ValueError(f"x must be [B, T, H], got shape {tuple(x.shape)}")
+    B, T, H = x.shape
+    if weight.dim() != 3 or weight.shape[0] != 2 * H or weight.shape[1] != H:
+        raise ValueError(f"weight must be [2H, H, K] = [{2 * H}, {H}, K], got {tuple(weight.shape)}")
+    K = weight.shape[2]
+    if K < 1:
+        raise ValueError(f"weight must have a kernel size K >= 1, got shape {tuple(weight.shape)}")
+    if not 0 <= pad_left < K:
+        raise ValueError(f"pad_left must be in [0, K-1] = [0, {K - 1}], got {pad_left}")
+    if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (B, T)):
+        raise ValueError(f"mask must be a bool [B, T] = [{B}, {T}] tensor, got {mask.dtype} {tuple(mask.shape)}")
+    return B, T, H, K
+
+
+def _mask_args(mask: Optional[Tensor], x: Tensor) -> tuple[Tensor, int, int]:
+    """The mask as bytes (bool pointers are awkward in Triton) and its strides; x stands in when absent."""
+    if mask is None:
+        return x, 0, 0
+    m = mask.view(torch.uint8)
+    return m, m.stride(0), m.stride(1)
+
+
+def _contiguous_or(t: Optional[Tensor], stand_in: Tensor) -> Tensor:
+    """An optional vector read with unit stride; ``stand_in`` fills the unused pointer when absent."""
+    return stand_in if t is None else t.contiguous()
+
+
+def _kco_weight(weight: Tensor) -> Tensor:
+    """weight [2H, H, K] as a contiguous [K, H, 2H]: tiles contiguous along output channels."""
+    return weight.permute(2, 1, 0).contiguous()
+
+
+def glu_conv1d_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Optional[Tensor], pad_left: int,
+                   residual: bool, scale: float) -> tuple[Tensor, Tensor]:
+    """x [B, T, H] -> (y [B, T, H], aux = pre-activation [B, T, 2H]), both contiguous, x's dtype."""
+    B, T, H, K = _check_conv_args(x, weight, mask, pad_left)
+    y = torch.empty((B, T, H), dtype=x.dtype, device=x.device)
+    pre = torch.empty((B, T, 2 * H), dtype=x.dtype, device=x.device)
+    if y.numel() == 0:
+        return y, pre
+    w = _kco_weight(weight)
+    m, sm_b, sm_t = _mask_args(mask, x)
+    grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(H, meta["BLOCK_N"]), B)  # noqa: E731
+    _glu_conv1d_fwd[grid](
+        x, w, _contiguous_or(bias, x), m, y, pre,
+        T, H, K, pad_left, float(scale), triton.next_power_of_2(B * T),
+        *x.stride(), *w.stride(), sm_b, sm_t,
+        HAS_BIAS=bias is not None, HAS_MASK=mask is not None, RESIDUAL=bool(residual),
+        ACC_DTYPE=_acc_dtype(x.dtype), DOT_DTYPE=_dot_dtype(x.dtype), DOT_PRECISION=_dot_precision(x.dtype))
+    return y, pre
+
+
+def glu_conv1d_bwd(grad_y: Tensor, x: Tensor, weight: Tensor, mask: Optional[Tensor], aux: Tensor, pad_left: int,
+                   residual: bool, scale: float, has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """-> (grad_x [B, T, H] in x's dtype, grad_weight [2H, H, K] and grad_bias [2H] (empty without a bias)
+    in weight's dtype). aux is the forward's pre-activation."""
+    B, T, H, K = _check_conv_args(x, weight, mask, pad_left)
+    if tuple(aux.shape) != (B, T, 2 * H) or tuple(grad_y.shape) != (B, T, H):
+        raise ValueError(f"grad_y must be [B, T, H] and aux [B, T, 2H]; got {tuple(grad_y.shape)}, {tuple(aux.shape)}")
+    dev = x.device
+    grad_x = torch.empty((B, T, H), dtype=x.dtype, device=dev)
+    grad_bias = torch.zeros((2 * H,) if has_bias else (0,), dtype=weight.dtype, device=dev)
+    if grad_x.numel() == 0:
+        return grad_x.zero_(), torch.zeros_like(weight, memory_format=torch.contiguous_format), grad_bias
+    aux = aux.contiguous()
+    m, sm_b, sm_t = _mask_args(mask, x)
+    acc, dot, prec = _acc_dtype(x.dtype), _dot_dtype(x.dtype), _dot_precision(x.dtype)
+    rows_bucket = triton.next_power_of_2(B * T)
+    part_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+
+    # (1) d_pre and the bias partials.
+    dpre = torch.empty((B, T, 2 * H), dtype=x.dtype, device=dev)
+    n_t = triton.cdiv(T, _DPRE_BLOCK_T)
+    dbias_part = torch.empty((B * n_t, 2 * H) if has_bias else (0,), dtype=part_dtype, device=dev)
+    _glu_dpre[lambda meta: (n_t, triton.cdiv(H, meta["BLOCK_N"]), B)](
+        grad_y, aux, dpre, dbias_part if has_bias else dpre, T, H, float(scale), *grad_y.stride(),
+        HAS_BIAS=bool(has_bias), ACC_DTYPE=acc, BLOCK_T=_DPRE_BLOCK_T)
+    if has_bias:
+        grad_bias = dbias_part.sum(0).to(weight.dtype)
+
+    # (2) grad_x.
+    w = _kco_weight(weight)
+    _glu_conv1d_dx[lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(H, meta["BLOCK_C"]), B)](
+        dpre, w, grad_y, m, grad_x, T, H, K, pad_left, float(scale), rows_bucket,
+        *w.stride(), *grad_y.stride(), sm_b, sm_t,
+        HAS_MASK=mask is not None, RESIDUAL=bool(residual), ACC_DTYPE=acc, DOT_DTYPE=dot, DOT_PRECISION=prec)
+
+    # (3) grad_weight: per-split fp32 partials, summed in a fixed order.
+    splits = _weight_grad_splits(dev, B * T, H, K)
+    part = torch.empty((splits, 2 * H, H, K), dtype=part_dtype, device=dev)
+    _glu_conv1d_dw[lambda meta: (triton.cdiv(2 * H, meta["BLOCK_O"]), triton.cdiv(H, meta["BLOCK_C"]) * K, splits)](
+        dpre, x, m, part, B, T, H, K, pad_left, splits, rows_bucket,
+        *x.stride(), sm_b, sm_t,
+        HAS_MASK=mask is not None, ACC_DTYPE=acc, DOT_DTYPE=dot, DOT_PRECISION=prec)
+    return grad_x, part.sum(0).to(weight.dtype), grad_bias
+
+
+def glu_conv1d_step(x_t: Tensor, state: Tensor, weight: Tensor, bias: Optional[Tensor], residual: bool,
+                    scale: float) -> tuple[Tensor, Tensor]:
+    """x_t [B, H], state [B, K-1, H] (oldest first) -> (y_t [B, H], new_state [B, K-1, H]), contiguous."""
+    if x_t.dim() != 2 or weight.dim() != 3:
+        raise ValueError(f"x_t must be [B, H] and weight [2H, H, K]; got {tuple(x_t.shape)}, {tuple(weight.shape)}")
+    B, H = x_t.shape
+    K = weight.shape[2]
+    if tuple(weight.shape[:2]) != (2 * H, H) or tuple(state.shape) != (B, K - 1, H):
+        raise ValueError(f"weight must be [{2 * H}, {H}, K] and state [{B}, K-1, {H}]; got "
+                         f"{tuple(weight.shape)}, {tuple(state.shape)}")
+    y = torch.empty((B, H), dtype=x_t.dtype, device=x_t.device)
+    new_state = torch.empty((B, K - 1, H), dtype=state.dtype, device=state.device)
+    if y.numel() == 0:
+        return y, new_state
+    w = weight.contiguous()  # read as [2H, H·K]
+    _glu_conv1d_step[lambda meta: (triton.cdiv(B, meta["BLOCK_B"]), triton.cdiv(H, meta["BLOCK_N"]))](
+        x_t, state, w, _contiguous_or(bias, x_t), y, new_state,
+        B, H, K, float(scale), triton.next_power_of_2(B),
+        *x_t.stride(), *state.stride(),
+        HAS_BIAS=bias is not None, RESIDUAL=bool(residual),
+        ACC_DTYPE=_acc_dtype(x_t.dtype), DOT_DTYPE=_dot_dtype(x_t.dtype), DOT_PRECISION=_dot_precision(x_t.dtype))
+    return y, new_state
+
+
+_glu_conv1d_fwd = triton.autotune(_FWD_CONFIGS, key=["H", "K", "ROWS_BUCKET"])(_glu_conv1d_fwd_kernel)
+_glu_dpre = triton.autotune(_DPRE_CONFIGS, key=["H"])(_glu_dpre_kernel)
+_glu_conv1d_dx = triton.autotune(_DX_CONFIGS, key=["H", "K", "ROWS_BUCKET"])(_glu_conv1d_dx_kernel)
+_glu_conv1d_dw = triton.autotune(_DW_CONFIGS, key=["H", "K", "ROWS_BUCKET"])(_glu_conv1d_dw_kernel)
+_glu_conv1d_step = triton.autotune(_STEP_CONFIGS, key=["H", "K", "B_BUCKET"])(_glu_conv1d_step_kernel)
+
+
+# ---------------------------------------------------------------------------------------------
+# Custom ops (device types unrestricted: CPU tensors run under TRITON_INTERPRET=1)
+# ---------------------------------------------------------------------------------------------
+
+def _register(name: str, impl, fake) -> None:
+    op = torch.library.custom_op(f"fastqa_triton::{name}", impl, mutates_args=(), schema=_SCHEMAS[name])
+    op.register_fake(fake)
+
+
+def _fwd_fake(x, weight, bias, mask, pad_left, residual, scale):
+    B, T, H = x.shape
+    return x.new_empty((B, T, H)), x.new_empty((B, T, 2 * H))
+
+
+def _bwd_fake(grad_y, x, weight, mask, aux, pad_left, residual, scale, has_bias):
+    return (x.new_empty(x.shape), weight.new_empty(weight.shape),
+            weight.new_empty((weight.shape[0],) if has_bias else (0,)))
+
+
+def _step_fake(x_t, state, weight, bias, residual, scale):
+    return x_t.new_empty(x_t.shape), state.new_empty(state.shape)
+
+
+_register("glu_conv1d_fwd", glu_conv1d_fwd, _fwd_fake)
+_register("glu_conv1d_bwd", glu_conv1d_bwd, _bwd_fake)
+_register("glu_conv1d_step", glu_conv1d_step, _step_fake)

@@ -82,6 +82,9 @@ def load_records(path: str | Path) -> list[dict]:
 _COLOURS = {"naive": "#bbbbbb", "compiled": "#4c72b0", "fastqa[cpu]": "#dd8452", "fastqa[triton]": "#c44e52"}
 
 
+_TICKS = [m * 10.0 ** e for e in range(-3, 4) for m in (1, 2, 5)]
+
+
 def _colour(impl: str) -> str:
     return _COLOURS.get(impl, "#55a868")
 
@@ -97,7 +100,9 @@ def speedup_chart(result: dict[str, Any], path: Path) -> None:
     groups = grouped(result["records"])
     ops = list(dict.fromkeys(op for op, _, _ in groups))
     impls = sorted({r["impl"] for g in groups.values() for r in g} - {"eager"}, key=_impl_key)
-    rows_per_op = {op: [k for k in groups if k[0] == op] for op in ops}
+    # Rows with nothing but eager (no other implementation ran) carry no speedup: left out.
+    rows_per_op = {op: [k for k in groups if k[0] == op and len(groups[k]) > 1] for op in ops}
+    ops = [op for op in ops if rows_per_op[op]] or ops[:1]
     heights = [max(1, len(rows_per_op[op])) * (0.3 * max(1, len(impls)) + 0.25) + 0.8 for op in ops]
     fig, axes = plt.subplots(len(ops), 1, figsize=(10, sum(heights) + 1.2), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
@@ -122,7 +127,9 @@ def speedup_chart(result: dict[str, Any], path: Path) -> None:
         ax.invert_yaxis()
         ax.set_title(op, loc="left", fontsize=10, fontweight="bold")
         ax.grid(axis="x", which="both", alpha=0.25)
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(_TICKS))
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     handles = [Patch(color=_colour(impl), label=impl) for impl in impls]
     meta = result["meta"]
     fig.suptitle(f"Speedup over the eager PyTorch reference (median time; > 1x is faster)\n"

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                         progress=not args.no_progress)
     args.out.mkdir(parents=True, exist_ok=True)
     report.write_json(result, args.out / "results.json")
+    (args.out / "results.md").write_text(report.markdown(result) + "\n")
     print(report.table(result))
     if result["records"]:
         report.speedup_chart(result, args.out / "speedup.png")

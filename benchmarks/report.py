@@ -69,6 +69,26 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The table as Markdown (results.md; pasted into the README)."""
+    meta = result["meta"]
+    lines = [f"{meta['date'][:10]}, {meta['device']}, {meta['threads']} threads, {meta['dtype']}, "
+             f"torch {meta['torch']}, triton {meta['triton']}, fastqa {meta['fastqa']}; measured roofs: GEMM "
+             f"{meta['gemm_flops'] / 1e9:.0f} GFLOP/s, copy {meta['mem_bw'] / 1e9:.1f} GB/s.", "",
+             "| op | case | mode | impl | median ms [p25-p75] | vs eager | vs compiled | x bound | peak MB | max err | compile s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (op, case, mode), group in grouped(result["records"]).items():
+        vs_eager, vs_compiled = speedups(group, "eager"), speedups(group, "compiled")
+        for r in group:
+            mem = "" if r["peak_mem_bytes"] is None else f"{r['peak_mem_bytes'] / 2 ** 20:.1f}"
+            comp = "" if r["compile_s"] is None else f"{r['compile_s']:.1f}"
+            lines.append(f"| {op} | {case} | {mode} | {r['impl']} | {_fmt_ms(r['median_ms'])} "
+                         f"[{_fmt_ms(r['p25_ms'])}-{_fmt_ms(r['p75_ms'])}] | {_fmt_x(vs_eager.get(r['impl']))} | "
+                         f"{_fmt_x(vs_compiled.get(r['impl']))} | {r['bound_ratio']:.1f} | {mem} | "
+                         f"{r['max_abs_err']:.1e} | {comp} |")
+    return "\n".join(lines)
+
+
 def write_json(result: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
 

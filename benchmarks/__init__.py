@@ -1,0 +1,9 @@
+"""fastqa benchmark suite: every op case against the naive, eager and compiled references.
+
+``python -m benchmarks [--quick] [--ops ...] [--cases ...] [--out DIR]`` (``make bench``) times each
+registered case, interleaving its implementations, and writes ``results.json`` and ``speedup.png``.
+``python -m benchmarks.compare OLD.json NEW.json`` flags regressions.
+
+Layout: ``registry`` (the pluggable case registry), ``cases`` (the op cases), ``measure`` (timing,
+peak memory, machine peaks), ``runner`` (runs cases into records), ``report`` (table, JSON, chart).
+"""

@@ -1,0 +1,144 @@
+"""The op cases of the benchmark issue, registered on import.
+
+Shapes are the issue's. Inputs are drawn once on the CPU in float64 from a seeded generator, with
+weights scaled like their layers' initialisation so outputs stay O(1) and errors are comparable.
+FLOPs count multiply-adds twice and only the GEMM-like terms (elementwise work is noise next to
+them); a backward costs twice its forward.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fastqa import reference as ref
+
+from .registry import OpCase, OpInputs, register
+
+
+def _randn(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+
+
+def _lengths_mask(gen: torch.Generator, batch: int, length: int) -> torch.Tensor:
+    """[B, L] bool padding mask, lengths uniform in [L/2, L], the first row full (as in a padded batch)."""
+    lengths = torch.randint(length // 2, length + 1, (batch,), generator=gen)
+    lengths[0] = length
+    return torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)
+
+
+def _fwd_bwd(fwd_flops: float):
+    return lambda mode: fwd_flops * (3.0 if mode == "fwd+bwd" else 1.0)
+
+
+# --- depthwise-separable conv1d -------------------------------------------------------------------
+
+def dwsep_case(B: int, L: int, C_in: int, C_out: int, K: int, *, relu_residual: bool,
+               quick: bool = False) -> OpCase:
+    def make_inputs(gen: torch.Generator) -> OpInputs:
+        kwargs = {"activation": "relu" if relu_residual else None}
+        if relu_residual:
+            kwargs["residual"] = _randn(gen, B, L, C_out)
+        args = (_randn(gen, B, L, C_in), _randn(gen, C_in, 1, K, scale=K ** -0.5),
+                _randn(gen, C_out, C_in, 1, scale=C_in ** -0.5), _randn(gen, C_out, scale=0.1))
+        return OpInputs(args, kwargs, (0, 1, 2, 3) + (("residual",) if relu_residual else ()))
+
+    chans = f"C{C_in}" if C_in == C_out else f"C{C_in}-{C_out}"
+    return OpCase(
+        op="dwsep_conv1d", name=f"B{B}_L{L}_{chans}_K{K}" + ("_relu_res" if relu_residual else ""),
+        shape={"B": B, "L": L, "C_in": C_in, "C_out": C_out, "K": K, "relu_residual": relu_residual},
+        make_inputs=make_inputs, reference=ref.dwsep_conv1d, fastqa_fn="dwsep_conv1d",
+        flops=_fwd_bwd(2.0 * B * L * C_in * (K + C_out)), quick=quick)
+
+
+# --- context-query attention ----------------------------------------------------------------------
+
+def cqa_case(B: int, n: int, m: int, d: int, *, quick: bool = False) -> OpCase:
+    def make_inputs(gen: torch.Generator) -> OpInputs:
+        args = (_randn(gen, B, n, d), _randn(gen, B, m, d), _lengths_mask(gen, B, n), _lengths_mask(gen, B, m),
+                _randn(gen, 3 * d, scale=(3 * d) ** -0.5), _randn(gen, 1, scale=0.1))
+        return OpInputs(args, {}, (0, 1, 4, 5))
+
+    # S (c∘w)qᵀ, A = S̄Q, S̿ᵀC, S̄(S̿ᵀC): four [n, m, d] products; plus c·w_c and q·w_q.
+    fwd = 2.0 * B * d * (4 * n * m + n + m)
+    # Naive: [B, n, m, 3d] concatenation plus its c∘q part in the forward; its gradients in the backward.
+    naive_elems = float(B * n * m * d)
+    return OpCase(
+        op="context_query_attention", name=f"B{B}_n{n}_m{m}_d{d}", shape={"B": B, "n": n, "m": m, "d": d},
+        make_inputs=make_inputs, reference=ref.context_query_attention, fastqa_fn="context_query_attention",
+        flops=_fwd_bwd(fwd), naive=ref.context_query_attention_naive,
+        naive_bytes=lambda mode: 4 * naive_elems * (10 if mode == "fwd+bwd" else 4), quick=quick)
+
+
+# --- GLU convolution ------------------------------------------------------------------------------
+
+def glu_conv1d_fairseq(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                       causal: bool = True) -> torch.Tensor:
+    """The tutorials' / fairseq fconv causal conv: K-1 zeros on *both* sides, the future outputs
+    computed and thrown away. Naive baseline of the causal cases only (``causal`` is accepted for
+    the reference's signature)."""
+    k, t = weight.shape[-1], x.shape[1]
+    h = F.conv1d(x.transpose(1, 2), weight, bias, padding=k - 1)[..., :t]
+    return (F.glu(h, dim=1).transpose(1, 2) + x) * math.sqrt(0.5)
+
+
+def glu_case(B: int, H: int, T: int, K: int, *, causal: bool, quick: bool = False) -> OpCase:
+    def make_inputs(gen: torch.Generator) -> OpInputs:
+        args = (_randn(gen, B, T, H), _randn(gen, 2 * H, H, K, scale=(H * K) ** -0.5), _randn(gen, 2 * H, scale=0.1))
+        kwargs = {"causal": causal}
+        if not causal:  # the centred op is the encoder's, which zeroes padded positions
+            kwargs["mask"] = _lengths_mask(gen, B, T)
+        return OpInputs(args, kwargs, (0, 1, 2))
+
+    return OpCase(
+        op="glu_conv1d", name=f"{'causal' if causal else 'centred'}_B{B}_H{H}_T{T}_K{K}",
+        shape={"B": B, "H": H, "T": T, "K": K, "causal": causal},
+        make_inputs=make_inputs, reference=ref.glu_conv1d, fastqa_fn="glu_conv1d",
+        flops=_fwd_bwd(4.0 * B * T * H * H * K), naive=glu_conv1d_fairseq if causal else None, quick=quick)
+
+
+def _decode(step):
+    """The decoding program around a one-step op: T steps with a rolling [B, K-1, H] state."""
+    def decode(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        state = x.new_zeros(x.shape[0], weight.shape[-1] - 1, x.shape[2])
+        ys = []
+        for t in range(x.shape[1]):
+            y, state = step(x[:, t], state, weight, bias)
+            ys.append(y)
+        return torch.stack(ys, dim=1)
+    return decode
+
+
+def _recompute(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Decoding without a state: re-run the causal op over the whole prefix at every step."""
+    return torch.stack([ref.glu_conv1d(x[:, : t + 1], weight, bias, causal=True)[:, -1]
+                        for t in range(x.shape[1])], dim=1)
+
+
+def glu_step_case(B: int, H: int, K: int, steps: int = 50, *, quick: bool = False) -> OpCase:
+    def make_inputs(gen: torch.Generator) -> OpInputs:
+        args = (_randn(gen, B, steps, H), _randn(gen, 2 * H, H, K, scale=(H * K) ** -0.5), _randn(gen, 2 * H, scale=0.1))
+        return OpInputs(args, {}, ())
+
+    return OpCase(
+        op="glu_conv1d_step", name=f"decode{steps}_B{B}_H{H}_K{K}", shape={"B": B, "H": H, "K": K, "steps": steps},
+        make_inputs=make_inputs, reference=ref.glu_conv1d_step, fastqa_fn="glu_conv1d_step",
+        program=_decode, flops=_fwd_bwd(4.0 * B * steps * H * H * K), naive=_recompute,
+        modes=("fwd",), quick=quick)
+
+
+for _case in (
+    dwsep_case(32, 400, 128, 128, 7, relu_residual=True, quick=True),
+    dwsep_case(32, 50, 128, 128, 7, relu_residual=False),
+    dwsep_case(32, 400, 500, 128, 5, relu_residual=False),
+    dwsep_case(64, 400, 128, 128, 7, relu_residual=False),
+    cqa_case(32, 400, 50, 128),
+    cqa_case(8, 400, 50, 128, quick=True),
+    cqa_case(32, 1000, 100, 128),
+    *(glu_case(B, H, T, K, causal=causal, quick=causal and (B, H, T, K) == (64, 256, 50, 5))
+      for causal in (True, False) for B, H, T, K in ((128, 512, 30, 3), (32, 512, 100, 3), (64, 256, 50, 5))),
+    glu_step_case(64, 512, 3),  # ConvS2S decoder width, 64 sentences
+    glu_step_case(8, 256, 3, quick=True),
+):
+    register(_case)

@@ -1,0 +1,114 @@
+"""The benchmark harness itself, on tiny shapes (no torch.compile): records, table, chart, compare."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from benchmarks import __main__ as cli
+from benchmarks import compare, measure, registry, report, runner
+from benchmarks.cases import cqa_case, dwsep_case, glu_case, glu_step_case
+
+FIELDS = {"op", "case", "shape", "impl", "mode", "median_ms", "p25_ms", "p75_ms", "peak_mem_bytes",
+          "max_abs_err", "bound_ms", "device", "torch", "triton", "fastqa"}
+TINY = measure.Settings(min_runs=10, max_runs=10, target_s=0.0, min_sample_s=0.0, warmup_calls=2, warmup_s=0.0)
+
+
+class _ModelLikeCase(registry.Case):
+    """A non-op case through the plug-in interface: one good implementation and one that fails."""
+    op, name, shape, modes = "toy_model", "tiny", {"n": 4}, ("fwd",)
+
+    def prepare(self, mode, device, dtype, *, compile, naive_limit_bytes):
+        x = torch.ones(4, device=device, dtype=dtype)
+
+        def broken():
+            raise RuntimeError("kernel exploded")
+        return registry.Prepared(runners={"eager": lambda: x * 2, "fastqa[cpu]": broken},
+                                 expected=torch.full((4,), 2.0, dtype=torch.float64), flops=8.0, bytes=32.0,
+                                 unavailable={"naive": "none for this case"})
+
+
+@pytest.fixture(scope="module")
+def result():
+    cases = [dwsep_case(2, 16, 8, 6, 3, relu_residual=True), cqa_case(2, 8, 4, 8),
+             glu_case(2, 8, 6, 3, causal=True), glu_step_case(2, 8, 3, steps=4), _ModelLikeCase()]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: a second thread only adds synchronisation on a busy machine
+    try:
+        return runner.run(cases, device=torch.device("cpu"), dtype=torch.float32, settings=TINY,
+                          compile_per_op=0, progress=False, peaks={"gemm_flops": 1e11, "mem_bw": 1e10})
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_records_have_the_issue_fields(result):
+    recs = result["records"]
+    assert {(r["op"], r["mode"]) for r in recs} >= {
+        ("dwsep_conv1d", "fwd"), ("dwsep_conv1d", "fwd+bwd"), ("context_query_attention", "fwd+bwd"),
+        ("glu_conv1d", "fwd+bwd"), ("glu_conv1d_step", "fwd"), ("toy_model", "fwd")}
+    for r in recs:
+        assert FIELDS <= r.keys(), FIELDS - r.keys()
+        assert r["runs"] >= 10
+        assert 0 < r["p25_ms"] <= r["median_ms"] <= r["p75_ms"]
+        assert r["bound_ms"] > 0 and r["peak_mem_bytes"] >= 0
+        # Every implementation (naive baselines included) computes the reference's result.
+        assert r["max_abs_err"] < 1e-4, r
+    impls = {r["impl"] for r in recs if r["op"] == "context_query_attention"}
+    assert {"naive", "eager"} <= impls and "compiled" not in impls
+    assert "naive" in {r["impl"] for r in recs if r["op"] == "glu_conv1d_step"}
+
+
+def test_failures_and_absences_are_reported_not_fatal(result):
+    skipped = {(s["op"], s["impl"]): s["reason"] for s in result["skipped"]}
+    assert "kernel exploded" in skipped[("toy_model", "fastqa[cpu]")]
+    assert skipped[("toy_model", "naive")] == "none for this case"
+    assert "compiled" in {impl for _, impl in skipped}
+    assert [r["impl"] for r in result["records"] if r["op"] == "toy_model"] == ["eager"]
+
+
+def test_table_json_and_chart(result, tmp_path):
+    text = report.table(result)
+    assert "dwsep_conv1d B2_L16_C8-6_K3_relu_res [fwd+bwd]" in text and "kernel exploded" in text
+    assert report.markdown(result).count("| dwsep_conv1d |") == 2  # eager, fwd and fwd+bwd
+    report.write_json(result, tmp_path / "results.json")
+    assert len(report.load_records(tmp_path / "results.json")) == len(result["records"])
+    report.speedup_chart(result, tmp_path / "speedup.png")
+    assert (tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_peak_memory_sees_a_temporary():
+    def fn():
+        t = torch.empty(2 ** 20, dtype=torch.float32).fill_(1.0)  # 4 MiB, freed before returning
+        return t.sum()
+    peak = measure.peak_memory(fn, torch.device("cpu"))
+    assert 4 * 2 ** 20 <= peak < 8 * 2 ** 20
+
+
+def test_machine_peaks_are_plausible():
+    peaks = measure.machine_peaks(torch.device("cpu"), torch.float32, quick=True)
+    assert 1e8 < peaks["gemm_flops"] < 1e14 and 1e8 < peaks["mem_bw"] < 1e13
+
+
+def test_cli_lists_and_filters(capsys):
+    assert cli.main(["--list", "--quick", "--ops", "glu_conv1d"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out and all(line.startswith("glu_conv1d/") and "(quick)" in line for line in out)
+    assert cli.main(["--list", "--cases", "no-such-case"]) == 2
+    assert cli.main(["--list", "--ops", "nope"]) == 2
+
+
+def _records(ms: dict[str, float]) -> dict:
+    return {"meta": {}, "records": [{"op": "op", "case": c, "impl": "fastqa[cpu]", "mode": "fwd", "median_ms": v}
+                                    for c, v in ms.items()]}
+
+
+@pytest.mark.parametrize("slowdown, flagged", [(1.20, True), (1.05, False), (0.80, False)])
+def test_compare_flags_only_real_regressions(tmp_path, capsys, slowdown, flagged):
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    old.write_text(json.dumps(_records({"a": 10.0, "b": 2.0, "gone": 1.0})))
+    new.write_text(json.dumps(_records({"a": 10.0 * slowdown, "b": 2.0, "added": 1.0})))
+    assert compare.main([str(old), str(new)]) == (1 if flagged else 0)
+    out = capsys.readouterr().out
+    assert ("REGRESSION" in out) == flagged
+    assert "only in OLD" in out and "gone" in out and "added" in out

@@ -4,7 +4,7 @@
 or upgrades torch: it compiles against whatever torch is importable, and stops with a sentence
 saying what is missing when torch, CMake, Ninja or a C++ compiler cannot be found.
 
-``FASTQA_NO_EXT=1`` skips the extension and installs the pure-Python package (reference backend,
+``FASTQA_NATIVE=0`` builds without ``-march=native`` (a portable wheel). ``FASTQA_NO_EXT=1`` skips the extension and installs the pure-Python package (reference backend,
 plus Triton where it is installed).
 """
 from __future__ import annotations
@@ -93,6 +93,8 @@ class CMakeBuild(build_ext):
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DFASTQA_OUTPUT_DIR={out_dir}",
             f"-DFASTQA_EXT_SUFFIX={Path(self.get_ext_fullpath(ext.name)).name[len('_C'):]}",
+            # -march=native by default (the extension is built where it runs); FASTQA_NATIVE=0 for a portable wheel.
+            f"-DFASTQA_NATIVE={'OFF' if os.environ.get('FASTQA_NATIVE', '1') == '0' else 'ON'}",
         ]
         jobs = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)
         try:

@@ -1,6 +1,9 @@
 """Drop-in modules: same parameters and state_dict keys as their twins in ``fastqa.reference``."""
 from .context_query_attention import ContextQueryAttention, TrilinearSimilarity
-from .dwsep_conv1d import DepthwiseSeparableConv1d
+from .dwsep_conv1d import DepthwiseSeparableConv1d, LayerNormDepthwiseSeparableConv1d
 from .glu_conv1d import GLUConv1d
 
-__all__ = ["ContextQueryAttention", "DepthwiseSeparableConv1d", "GLUConv1d", "TrilinearSimilarity"]
+__all__ = [
+    "ContextQueryAttention", "DepthwiseSeparableConv1d", "GLUConv1d", "LayerNormDepthwiseSeparableConv1d",
+    "TrilinearSimilarity",
+]

@@ -5,10 +5,13 @@ so their custom ops are registered before any ``torch.compile`` trace reaches th
 """
 from .._backend import triton_usable_here
 from .context_query_attention import context_query_attention, trilinear_similarity
-from .dwsep_conv1d import dwsep_conv1d
+from .dwsep_conv1d import dwsep_conv1d, ln_dwsep_conv1d
 from .glu_conv1d import glu_conv1d, glu_conv1d_step
 
 if triton_usable_here():
     from .. import triton_kernels  # noqa: F401  (registers torch.ops.fastqa_triton.*)
 
-__all__ = ["context_query_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "trilinear_similarity"]
+__all__ = [
+    "context_query_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "ln_dwsep_conv1d",
+    "trilinear_similarity",
+]

@@ -1,10 +1,15 @@
-"""Fused depthwise-separable conv1d: autograd Function, backend dispatch and the functional entry point.
+"""Fused depthwise-separable conv1d: autograd Functions, backend dispatch and the functional entry points.
 
 y = act(pointwise(depthwise(x) + dw_bias) + pw_bias) + residual, on channels-last [B, L, C] data, as
 ``fastqa.reference.dwsep_conv1d``. The compiled backends expose ``<ns>::dwsep_conv1d_fwd`` ->
 (y, aux) and ``<ns>::dwsep_conv1d_bwd`` with identical schemas; aux is whatever the backend's
 backward needs (the CPU kernel: the bool ReLU mask, or an empty tensor without ReLU) and is passed
 back unread.
+
+``ln_dwsep_conv1d`` puts a LayerNorm over the channels in front (QANet's whole conv sublayer,
+y = act(pw(dw(LN(x)))) + residual). Only Triton fuses it (``fastqa_triton::ln_dwsep_conv1d_fwd`` ->
+(y, aux, ln_stats), ``..._bwd``); the cpu backend runs ATen's layer_norm and then the fused
+``dwsep_conv1d`` kernels.
 """
 from __future__ import annotations
 
@@ -15,11 +20,12 @@ from .._backend import cpu_available, resolve_backend
 from .._checks import check_device, check_nonempty_batch, check_optional, check_positive, check_tensor
 from ..reference.dwsep_conv1d import ACTIVATIONS, PADDINGS, conv_padding
 from ..reference.dwsep_conv1d import dwsep_conv1d as dwsep_conv1d_reference
+from ..reference.dwsep_conv1d import ln_dwsep_conv1d as ln_dwsep_conv1d_reference
 from ._registry import autocast_dtype, cast_floating, kernel, none_if_empty
 
 _MODULE = "dwsep_conv1d"
 
-__all__ = ["dwsep_conv1d"]
+__all__ = ["dwsep_conv1d", "ln_dwsep_conv1d"]
 
 
 class _DwsepConv1dFunction(torch.autograd.Function):
@@ -55,6 +61,28 @@ class _DwsepConv1dFunction(torch.autograd.Function):
                 None, None)
 
 
+def _check_conv_args(x: torch.Tensor, dw_weight: torch.Tensor, pw_weight: torch.Tensor,
+                     pw_bias: torch.Tensor | None, dw_bias: torch.Tensor | None, residual: torch.Tensor | None,
+                     padding: str, activation: str | None) -> None:
+    """The checks shared by ``dwsep_conv1d`` and ``ln_dwsep_conv1d`` (after the autocast cast, so dtypes
+    are compared as the kernels will see them); x's rank and device are checked before the cast."""
+    check_nonempty_batch("x", x)
+    check_positive("x", x, (1, 2))
+    _, length, c_in = x.shape
+    check_tensor("dw_weight", dw_weight, shape=(c_in, 1, None), like=x)
+    check_positive("dw_weight", dw_weight, (2,))
+    check_tensor("pw_weight", pw_weight, shape=(None, c_in, 1), like=x)
+    check_positive("pw_weight", pw_weight, (0,))
+    c_out = pw_weight.shape[0]
+    check_optional("pw_bias", pw_bias, shape=(c_out,), like=x)
+    check_optional("dw_bias", dw_bias, shape=(c_in,), like=x)
+    check_optional("residual", residual, shape=(x.shape[0], length, c_out), like=x)
+    if not isinstance(padding, str) or padding not in PADDINGS:
+        raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
 def dwsep_conv1d(
     x: torch.Tensor,
     dw_weight: torch.Tensor,
@@ -79,21 +107,7 @@ def dwsep_conv1d(
     check_device("x", x)
     x, dw_weight, pw_weight, pw_bias, dw_bias, residual = cast_floating(
         autocast_dtype(x.device), x, dw_weight, pw_weight, pw_bias, dw_bias, residual)
-    check_nonempty_batch("x", x)
-    check_positive("x", x, (1, 2))
-    _, length, c_in = x.shape
-    check_tensor("dw_weight", dw_weight, shape=(c_in, 1, None), like=x)
-    check_positive("dw_weight", dw_weight, (2,))
-    check_tensor("pw_weight", pw_weight, shape=(None, c_in, 1), like=x)
-    check_positive("pw_weight", pw_weight, (0,))
-    c_out = pw_weight.shape[0]
-    check_optional("pw_bias", pw_bias, shape=(c_out,), like=x)
-    check_optional("dw_bias", dw_bias, shape=(c_in,), like=x)
-    check_optional("residual", residual, shape=(x.shape[0], length, c_out), like=x)
-    if not isinstance(padding, str) or padding not in PADDINGS:
-        raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    _check_conv_args(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, padding, activation)
 
     resolved = resolve_backend(backend, "dwsep_conv1d", x.device, x.dtype)
     if resolved == "reference":
@@ -102,6 +116,106 @@ def dwsep_conv1d(
     pad_left, _ = conv_padding(dw_weight.shape[-1], padding)
     return _DwsepConv1dFunction.apply(resolved, x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left,
                                       activation == "relu")
+
+
+class _LnDwsepConv1dFunction(torch.autograd.Function):
+    """The Triton-fused pre-LayerNorm variant; aux (ReLU mask) and ln_stats (row mean, 1/std) are saved
+    unread.
+
+    ``residual_is_x``: QANet adds the sublayer's own input back. Dynamo cannot trace an autograd.Function
+    given the same tensor twice, so x is then passed once (residual None) and its gradient gets grad_y here.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, eps: float,
+                dw_weight: torch.Tensor, dw_bias: torch.Tensor | None, pw_weight: torch.Tensor,
+                pw_bias: torch.Tensor | None, residual: torch.Tensor | None, residual_is_x: bool, pad_left: int,
+                relu: bool) -> torch.Tensor:
+        y, aux, ln_stats = kernel("triton", _MODULE, "ln_dwsep_conv1d_fwd")(
+            x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, x if residual_is_x else residual,
+            pad_left, relu)
+        ctx.save_for_backward(x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats)
+        ctx.residual_is_x, ctx.pad_left, ctx.relu = residual_is_x, pad_left, relu
+        return y
+
+    @staticmethod
+    @once_differentiable  # the _bwd kernel has no derivative of its own: double backward raises
+    def backward(ctx, grad_y: torch.Tensor):
+        x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        # Positions of x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias among forward's inputs.
+        grad_positions = (0, 1, 2, 4, 5, 6, 7)
+        grads = [None] * len(need)
+        if any(need[i] for i in grad_positions):
+            # The kernel reads grad_y through its strides and never writes it.
+            computed = kernel("triton", _MODULE, "ln_dwsep_conv1d_bwd")(
+                grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats,
+                ctx.pad_left, ctx.relu)
+            for i, g in zip(grad_positions, computed):
+                if need[i]:
+                    grads[i] = none_if_empty(g)
+        # The residual enters additively after the activation: its gradient is grad_y itself.
+        if ctx.residual_is_x and need[0]:
+            grads[0] = grads[0] + grad_y
+        elif need[8]:
+            grads[8] = grad_y
+        return tuple(grads)
+
+
+def ln_dwsep_conv1d(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor,
+    ln_bias: torch.Tensor,
+    dw_weight: torch.Tensor,
+    pw_weight: torch.Tensor,
+    pw_bias: torch.Tensor | None = None,
+    *,
+    dw_bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    padding: str = "same",
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """LayerNorm over the channels -> depthwise conv -> pointwise conv -> bias -> activation -> + residual.
+
+    QANet's conv sublayer in one call: ``ln_dwsep_conv1d(x, ..., residual=x)``. x: [B, L, C_in] (any
+    strides); ln_weight, ln_bias: [C_in]; eps: positive float; the other arguments as ``dwsep_conv1d``
+    (the zero padding comes after the LayerNorm). Returns y: [B, L, C_out].
+
+    Backends: "triton" fuses everything (LN(x) is never stored: the row statistics are, [B, 2, L]);
+    "cpu" has no fused LayerNorm -- it runs ATen's ``F.layer_norm`` (which materialises LN(x),
+    [B, L, C_in], and keeps it for backward) and then the fused ``dwsep_conv1d`` CPU kernels;
+    "reference" is ``fastqa.reference.ln_dwsep_conv1d``.
+    """
+    check_tensor("x", x, ndim=3)
+    check_device("x", x)
+    x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual = cast_floating(
+        autocast_dtype(x.device), x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual)
+    _check_conv_args(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, padding, activation)
+    c_in = x.shape[2]
+    check_tensor("ln_weight", ln_weight, shape=(c_in,), like=x)
+    check_tensor("ln_bias", ln_bias, shape=(c_in,), like=x)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not 0 < eps < float("inf"):
+        raise ValueError(f"eps must be a positive finite float, got {eps!r}")
+    eps = float(eps)
+
+    resolved = resolve_backend(backend, "ln_dwsep_conv1d", x.device, x.dtype)
+    if resolved == "reference":
+        return ln_dwsep_conv1d_reference(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias,
+                                         eps=eps, padding=padding, activation=activation, residual=residual)
+    pad_left, _ = conv_padding(dw_weight.shape[-1], padding)
+    relu = activation == "relu"
+    if resolved == "cpu":
+        # Arguments are validated above: straight to the Function rather than through dwsep_conv1d's checks.
+        h = torch.nn.functional.layer_norm(x, (c_in,), ln_weight, ln_bias, eps)
+        return _DwsepConv1dFunction.apply("cpu", h, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left,
+                                          relu)
+    residual_is_x = residual is x
+    return _LnDwsepConv1dFunction.apply(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias,
+                                        None if residual_is_x else residual, residual_is_x, pad_left, relu)
 
 
 if cpu_available():

@@ -8,11 +8,19 @@ from .context_query_attention import (
     trilinear_similarity,
     trilinear_similarity_naive,
 )
-from .dwsep_conv1d import DepthwiseSeparableConv1d, conv_padding, dwsep_conv1d
+from .dwsep_conv1d import (
+    DepthwiseSeparableConv1d,
+    LayerNormDepthwiseSeparableConv1d,
+    conv_padding,
+    dwsep_conv1d,
+    ln_dwsep_conv1d,
+)
 from .glu_conv1d import GLUConv1d, glu_conv1d, glu_conv1d_step
 
 __all__ = [
-    "ContextQueryAttention", "DepthwiseSeparableConv1d", "GLUConv1d", "TrilinearSimilarity",
+    "ContextQueryAttention", "DepthwiseSeparableConv1d", "GLUConv1d", "LayerNormDepthwiseSeparableConv1d",
+    "TrilinearSimilarity",
     "context_query_attention", "context_query_attention_naive", "conv_padding", "dwsep_conv1d",
-    "glu_conv1d", "glu_conv1d_step", "masked_softmax", "trilinear_similarity", "trilinear_similarity_naive",
+    "glu_conv1d", "glu_conv1d_step", "ln_dwsep_conv1d", "masked_softmax", "trilinear_similarity",
+    "trilinear_similarity_naive",
 ]

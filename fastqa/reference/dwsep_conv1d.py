@@ -1,4 +1,5 @@
-"""Pure-PyTorch depthwise-separable conv1d: the ground truth and fallback of ``fastqa.dwsep_conv1d``."""
+"""Pure-PyTorch depthwise-separable conv1d (and its pre-LayerNorm variant): the ground truth and fallback of
+``fastqa.dwsep_conv1d`` and ``fastqa.ln_dwsep_conv1d``."""
 from __future__ import annotations
 
 import torch
@@ -48,6 +49,30 @@ def dwsep_conv1d(
     return y
 
 
+def ln_dwsep_conv1d(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor,
+    ln_bias: torch.Tensor,
+    dw_weight: torch.Tensor,
+    pw_weight: torch.Tensor,
+    pw_bias: torch.Tensor | None = None,
+    *,
+    dw_bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    padding: str = "same",
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """y = act(pointwise(depthwise(LayerNorm(x)))) (+ residual): QANet's conv sublayer.
+
+    The LayerNorm is over the channels (x: [B, L, C_in]; ln_weight, ln_bias: [C_in]) and comes before
+    the zero padding; the rest is ``dwsep_conv1d``. Returns [B, L, C_out].
+    """
+    h = F.layer_norm(x, (x.shape[-1],), ln_weight, ln_bias, eps)
+    return dwsep_conv1d(h, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias, padding=padding,
+                        activation=activation, residual=residual)
+
+
 class DepthwiseSeparableConv1d(nn.Module):
     """Depthwise conv (kernel K, one filter per channel) then pointwise 1x1 conv, on [B, L, C] data.
 
@@ -74,3 +99,24 @@ class DepthwiseSeparableConv1d(nn.Module):
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}, padding={self.padding!r}"
+
+
+class LayerNormDepthwiseSeparableConv1d(DepthwiseSeparableConv1d):
+    """LayerNorm over the channels, then ``DepthwiseSeparableConv1d``, on [B, L, C] data.
+
+    Parameters: ``norm`` (``nn.LayerNorm(in_channels, eps=eps)``) plus ``depthwise`` and ``pointwise``
+    exactly as in ``DepthwiseSeparableConv1d``. QANet's conv sublayer is ``layer(x, residual=x)``.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, *, bias: bool = True,
+                 depthwise_bias: bool = False, activation: str | None = None, padding: str = "same",
+                 eps: float = 1e-5) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, bias=bias, depthwise_bias=depthwise_bias,
+                         activation=activation, padding=padding)
+        self.norm = nn.LayerNorm(in_channels, eps=eps)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [B, L, C_in]; residual: [B, L, C_out] or None -> [B, L, C_out]."""
+        return ln_dwsep_conv1d(x, self.norm.weight, self.norm.bias, self.depthwise.weight, self.pointwise.weight,
+                               self.pointwise.bias, dw_bias=self.depthwise.bias, eps=self.norm.eps,
+                               padding=self.padding, activation=self.activation, residual=residual)

@@ -1,0 +1,238 @@
+"""fastqa.ln_dwsep_conv1d and layers.LayerNormDepthwiseSeparableConv1d (pre-LayerNorm + depthwise-separable
+conv: QANet's conv sublayer) against the pure-PyTorch reference.
+
+The Triton backend runs in the interpreter here (conftest sets TRITON_INTERPRET=1 without a GPU), so
+every shape is small; tests/test_triton_dwsep_conv1d.py covers the kernels themselves in depth.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastqa
+from fastqa import reference
+from fastqa._backend import cpu_available
+from helpers import assert_close, check_against_reference
+
+pytestmark = pytest.mark.skipif(not cpu_available(), reason="fastqa._C is not built")
+
+
+def _triton_registered() -> bool:
+    try:
+        import fastqa.triton_kernels.dwsep_conv1d  # noqa: F401
+    except ImportError:
+        return False
+    return hasattr(torch.ops.fastqa_triton, "ln_dwsep_conv1d_fwd")
+
+
+BACKENDS = ["cpu"] + (["triton"] if _triton_registered() else [])
+NAMES = ["x", "ln_weight", "ln_bias", "dw_weight", "pw_weight", "pw_bias", "dw_bias", "residual"]
+
+
+def make_inputs(B, L, c_in, c_out, K, *, dw_bias=True, pw_bias=True, residual=True, dtype=torch.float32, seed=0):
+    """Positional args in NAMES order (absent optionals are None). The LayerNorm affine parameters are
+    away from (1, 0) so that their gradients and effect are visible."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=1.0, shift=0.0):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale + shift).to(dtype)
+
+    return [rand(B, L, c_in, scale=2.0, shift=0.5), rand(c_in, scale=0.3, shift=1.0), rand(c_in, scale=0.3),
+            rand(c_in, 1, K, scale=K ** -0.5), rand(c_out, c_in, 1, scale=c_in ** -0.5),
+            rand(c_out) if pw_bias else None, rand(c_in) if dw_bias else None,
+            rand(B, L, c_out) if residual else None]
+
+
+def as_leaves(args):
+    return [None if a is None else a.detach().clone().requires_grad_() for a in args]
+
+
+def fused(backend):
+    def fn(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual, **kw):
+        return fastqa.ln_dwsep_conv1d(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias,
+                                      residual=residual, backend=backend, **kw)
+    return fn
+
+
+def ref(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual, **kw):
+    return reference.ln_dwsep_conv1d(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias,
+                                     residual=residual, **kw)
+
+
+def compare(backend, args, **kw):
+    check_against_reference(fused(backend), ref, args, kw, names=NAMES, grad_args=[a is not None for a in args])
+
+
+# --- forward and every gradient against the reference -------------------------------------------------------
+
+def test_reference_is_layer_norm_then_dwsep():
+    x, lnw, lnb, dw, pw, pb, db, res = make_inputs(2, 7, 5, 4, 3)
+    h = torch.nn.functional.layer_norm(x, (5,), lnw, lnb, 1e-3)
+    want = reference.dwsep_conv1d(h, dw, pw, pb, dw_bias=db, padding="causal", activation="relu", residual=res)
+    got = reference.ln_dwsep_conv1d(x, lnw, lnb, dw, pw, pb, dw_bias=db, eps=1e-3, padding="causal",
+                                    activation="relu", residual=res)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("B, L, c_in, c_out, K, padding, activation", [
+    (2, 33, 24, 20, 5, "same", "relu"),
+    (1, 3, 5, 6, 7, "causal", "relu"),    # length < K
+    (2, 9, 12, 7, 1, "same", None),       # K = 1
+    (1, 8, 6, 6, 4, "same", "relu"),      # even K
+])
+def test_matches_reference(backend, B, L, c_in, c_out, K, padding, activation):
+    args = make_inputs(B, L, c_in, c_out, K)
+    compare(backend, args, padding=padding, activation=activation)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_optionals(backend):
+    args = make_inputs(2, 10, 6, 5, 3, dw_bias=False, pw_bias=False, residual=False)
+    compare(backend, args, padding="causal", eps=1e-3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_channels_first_view_and_residual_is_x(backend):
+    """x as a transposed view of channels-first data, and QANet's residual=x (x gets both gradients)."""
+    B, L, C, K = 2, 21, 12, 5
+    _, lnw, lnb, dw, _, _, db, _ = make_inputs(B, L, C, C, K)
+    pw, pb = torch.randn(C, C, 1) * C ** -0.5, torch.randn(C)
+    x = torch.randn(B, C, L).transpose(1, 2)
+    assert not x.is_contiguous()
+
+    def sublayer(fn):
+        return lambda x, lnw, lnb, dw, pw, pb, db, **kw: fn(x, lnw, lnb, dw, pw, pb, db, x, **kw)
+
+    check_against_reference(sublayer(fused(backend)), sublayer(ref), [x, lnw, lnb, dw, pw, pb, db],
+                            {"activation": "relu"}, names=NAMES[:7])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_upstream_gradient_untouched_and_residual_grad(backend):
+    leaves = as_leaves(make_inputs(2, 11, 6, 6, 3))
+    y = fused(backend)(*leaves, activation="relu")
+    grad = torch.randn(6, 11, 2).permute(2, 1, 0)  # non-contiguous upstream gradient
+    before = grad.clone()
+    y.backward(grad)
+    assert torch.equal(grad, before), "the incoming gradient was modified"
+    assert_close(leaves[7].grad, before, name="grad of residual")
+    assert all(t.grad is not None for t in leaves)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_only_some_inputs_need_grad(backend):
+    args = make_inputs(2, 10, 6, 5, 3)
+    for wanted in ([True] + [False] * 7, [False, True, True] + [False] * 5, [False] * 3 + [True] * 4 + [False],
+                   [False] * 7 + [True]):
+        check_against_reference(fused(backend), ref, args, {"activation": "relu"}, names=NAMES, grad_args=wanted)
+
+
+@pytest.mark.parametrize("padding, activation", [("same", "relu"), ("causal", None)])
+def test_gradcheck_float64_cpu(padding, activation):
+    leaves = as_leaves(make_inputs(2, 6, 3, 4, 3, dtype=torch.float64))
+    assert torch.autograd.gradcheck(
+        lambda *t: fused("cpu")(*t, padding=padding, activation=activation, eps=1e-3), leaves)
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="Triton kernels not registered here")
+def test_backward_bit_identical_triton():
+    args = make_inputs(2, 40, 24, 16, 7)
+    grad = torch.randn(2, 40, 16)
+    runs = []
+    for _ in range(2):
+        leaves = as_leaves(args)
+        y = fused("triton")(*leaves, activation="relu")
+        runs.append([y] + list(torch.autograd.grad(y, leaves, grad)))
+    for i, (a, b) in enumerate(zip(*runs)):
+        assert torch.equal(a, b), f"run-to-run difference in output/grad {i}"
+
+
+@pytest.mark.parametrize("backend", ["reference"] + (["triton"] if "triton" in BACKENDS else []))
+def test_autocast(backend):
+    args = make_inputs(2, 9, 8, 6, 3)
+    want = fused("reference")(*args, activation="relu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = fused(backend)(*args, activation="relu")
+    assert got.dtype == torch.bfloat16, "autocast ignored"
+    assert_close(got.float(), want, name="autocast", atol=0.15, rtol=0.05)
+
+
+# --- layer, compile ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_compile_fullgraph(backend):
+    """aot_eager: traces the autograd Functions and the fake kernels without the slow inductor codegen."""
+    torch.manual_seed(0)
+    layer = fastqa.layers.LayerNormDepthwiseSeparableConv1d(12, 12, 5, activation="relu", depthwise_bias=True,
+                                                            backend=backend)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 17, 12, requires_grad=True)
+    outs = []
+    for fn in (layer, compiled):
+        layer.zero_grad()
+        x.grad = None
+        y = fn(x, x)  # residual = x, as in QANet
+        y.square().sum().backward()
+        outs.append([y.detach(), x.grad] + [p.grad for p in layer.parameters()])
+    assert len(outs[0]) == 2 + 6  # y, x and norm / depthwise / pointwise weights and biases
+    for i, (got, want) in enumerate(zip(outs[1], outs[0])):
+        assert_close(got, want, name=f"compiled output/grad {i}")
+
+
+def test_layer_state_dict_round_trip():
+    torch.manual_seed(0)
+    kw = dict(activation="relu", depthwise_bias=True, eps=1e-3)
+    layer = fastqa.layers.LayerNormDepthwiseSeparableConv1d(16, 8, 7, **kw)
+    ref_layer = reference.LayerNormDepthwiseSeparableConv1d(16, 8, 7, **kw)
+    assert isinstance(layer, reference.LayerNormDepthwiseSeparableConv1d)
+    assert set(layer.state_dict()) == set(ref_layer.state_dict()) == {
+        "norm.weight", "norm.bias", "depthwise.weight", "depthwise.bias", "pointwise.weight", "pointwise.bias"}
+    with torch.no_grad():
+        layer.norm.weight.uniform_(0.5, 1.5)
+        layer.norm.bias.normal_()
+    ref_layer.load_state_dict(layer.state_dict())
+    x, residual = torch.randn(3, 20, 16), torch.randn(3, 20, 8)
+    assert_close(layer(x, residual), ref_layer(x, residual), name="layer vs reference layer")
+    with torch.no_grad():
+        for p in ref_layer.parameters():
+            p.mul_(0.5)
+    layer.load_state_dict(ref_layer.state_dict())
+    assert_close(layer(x), ref_layer(x), name="reloaded layer vs reference layer")
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference", "cpu"])
+def test_layer_backends(backend):
+    layer = fastqa.layers.LayerNormDepthwiseSeparableConv1d(6, 4, 3, padding="causal", backend=backend)
+    x = torch.randn(2, 8, 6)
+    want = reference.LayerNormDepthwiseSeparableConv1d.forward(layer, x)
+    assert_close(layer(x), want, name=f"layer {backend}")
+    assert f"backend={backend!r}" in repr(layer)
+
+
+# --- bad input -----------------------------------------------------------------------------------------------
+
+def _call(**change):
+    x, lnw, lnb, dw, pw, pb, db, res = make_inputs(2, 8, 6, 4, 3)
+    kw = {**dict(x=x, ln_weight=lnw, ln_bias=lnb, dw_weight=dw, pw_weight=pw, pw_bias=pb, dw_bias=db,
+                 residual=res, backend="cpu"), **change}
+    return fastqa.ln_dwsep_conv1d(kw.pop("x"), kw.pop("ln_weight"), kw.pop("ln_bias"), kw.pop("dw_weight"),
+                                  kw.pop("pw_weight"), kw.pop("pw_bias"), **kw)
+
+
+@pytest.mark.parametrize("name, exc, change", [
+    ("ln_weight", ValueError, lambda: dict(ln_weight=torch.ones(5))),
+    ("ln_weight", ValueError, lambda: dict(ln_weight=torch.ones(6, 1))),
+    ("ln_bias", ValueError, lambda: dict(ln_bias=torch.zeros(7))),
+    ("ln_bias", TypeError, lambda: dict(ln_bias=torch.zeros(6, dtype=torch.float64))),
+    ("eps", ValueError, lambda: dict(eps=0.0)),
+    ("eps", ValueError, lambda: dict(eps=-1e-5)),
+    ("eps", TypeError, lambda: dict(eps="1e-5")),
+    ("dw_weight", ValueError, lambda: dict(dw_weight=torch.randn(5, 1, 3))),  # the shared dwsep checks
+    ("residual", ValueError, lambda: dict(residual=torch.randn(2, 8, 3))),
+    ("x", ValueError, lambda: dict(x=torch.randn(0, 8, 6))),
+    ("activation", ValueError, lambda: dict(activation="gelu")),
+])
+def test_bad_arguments(name, exc, change):
+    with pytest.raises(exc, match=name):
+        _call(**change())

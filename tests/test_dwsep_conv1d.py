@@ -205,6 +205,27 @@ def test_torch_compile_fullgraph():
         assert_close(got, want, name=f"compiled output/grad {i}")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_residual_is_the_input(backend):
+    """layer(x, x): x is both the conv input and the residual -- eager and compiled (Dynamo refuses an
+    autograd.Function given one tensor twice, so the op passes it once)."""
+    torch.manual_seed(0)
+    layer = fastqa.layers.DepthwiseSeparableConv1d(12, 12, 5, activation="relu", backend=backend)
+    ref_layer = reference.DepthwiseSeparableConv1d(12, 12, 5, activation="relu")
+    ref_layer.load_state_dict(layer.state_dict())
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    x0 = torch.randn(2, 17, 12)
+    grads = []
+    for fn in (ref_layer, layer, compiled):
+        x = x0.clone().requires_grad_()
+        y = fn(x, x)
+        y.square().sum().backward()
+        grads.append((y.detach(), x.grad))
+    for got in grads[1:]:
+        assert_close(got[0], grads[0][0], name="output")
+        assert_close(got[1], grads[0][1], name="grad of x (input and residual)")
+
+
 # Model-sized where every thread gets tiles (cpu, or triton on a GPU); interpreter-sized otherwise.
 @pytest.mark.parametrize("backend, shape", [(b, (4, 400, 128, 128, 7)) for b in FULL_SIZE_BACKENDS]
                          + [(b, (2, 40, 24, 16, 7)) for b in BACKENDS if b not in FULL_SIZE_BACKENDS])

@@ -29,28 +29,34 @@ __all__ = ["dwsep_conv1d", "ln_dwsep_conv1d"]
 
 
 class _DwsepConv1dFunction(torch.autograd.Function):
-    """Backend-agnostic: the kernels come from ``kernel(backend, ...)``, aux is saved unread."""
+    """Backend-agnostic: the kernels come from ``kernel(backend, ...)``, aux is saved unread.
+
+    ``residual_is_x``: ``dwsep_conv1d(x, ..., residual=x)``. Dynamo cannot trace an autograd.Function
+    given the same tensor twice, so x is then passed once (residual None) and its gradient gets grad_y here.
+    """
 
     @staticmethod
     def forward(ctx, backend: str, x: torch.Tensor, dw_weight: torch.Tensor, dw_bias: torch.Tensor | None,
                 pw_weight: torch.Tensor, pw_bias: torch.Tensor | None, residual: torch.Tensor | None,
-                pad_left: int, relu: bool) -> torch.Tensor:
+                residual_is_x: bool, pad_left: int, relu: bool) -> torch.Tensor:
         y, aux = kernel(backend, _MODULE, "dwsep_conv1d_fwd")(
-            x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu)
+            x, dw_weight, dw_bias, pw_weight, pw_bias, x if residual_is_x else residual, pad_left, relu)
         ctx.save_for_backward(x, dw_weight, dw_bias, pw_weight, pw_bias, aux)
-        ctx.backend, ctx.pad_left, ctx.relu = backend, pad_left, relu
+        ctx.backend, ctx.residual_is_x, ctx.pad_left, ctx.relu = backend, residual_is_x, pad_left, relu
         return y
 
     @staticmethod
     @once_differentiable  # the _bwd kernels have no derivative of their own: double backward raises
     def backward(ctx, grad_y: torch.Tensor):
         x, dw_weight, dw_bias, pw_weight, pw_bias, aux = ctx.saved_tensors
-        _, need_x, need_dw, need_db, need_pw, need_pb, need_res, _, _ = ctx.needs_input_grad
+        _, need_x, need_dw, need_db, need_pw, need_pb, need_res, _, _, _ = ctx.needs_input_grad
         grad_x = grad_dw = grad_db = grad_pw = grad_pb = None
         if need_x or need_dw or need_db or need_pw or need_pb:
             grad_x, grad_dw, grad_db, grad_pw, grad_pb = kernel(ctx.backend, _MODULE, "dwsep_conv1d_bwd")(
                 grad_y.contiguous(), x, dw_weight, dw_bias, pw_weight, pw_bias, aux, ctx.pad_left, ctx.relu)
         # The residual enters additively after the activation: its gradient is grad_y itself.
+        if ctx.residual_is_x and need_x:
+            grad_x = grad_x + grad_y
         return (None,
                 grad_x if need_x else None,
                 grad_dw if need_dw else None,
@@ -58,7 +64,7 @@ class _DwsepConv1dFunction(torch.autograd.Function):
                 grad_pw if need_pw else None,
                 none_if_empty(grad_pb) if need_pb else None,
                 grad_y if need_res else None,
-                None, None)
+                None, None, None)
 
 
 def _check_conv_args(x: torch.Tensor, dw_weight: torch.Tensor, pw_weight: torch.Tensor,
@@ -114,7 +120,9 @@ def dwsep_conv1d(
         return dwsep_conv1d_reference(x, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias, padding=padding,
                                       activation=activation, residual=residual)
     pad_left, _ = conv_padding(dw_weight.shape[-1], padding)
-    return _DwsepConv1dFunction.apply(resolved, x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left,
+    residual_is_x = residual is x
+    return _DwsepConv1dFunction.apply(resolved, x, dw_weight, dw_bias, pw_weight, pw_bias,
+                                      None if residual_is_x else residual, residual_is_x, pad_left,
                                       activation == "relu")
 
 
@@ -211,8 +219,8 @@ def ln_dwsep_conv1d(
     if resolved == "cpu":
         # Arguments are validated above: straight to the Function rather than through dwsep_conv1d's checks.
         h = torch.nn.functional.layer_norm(x, (c_in,), ln_weight, ln_bias, eps)
-        return _DwsepConv1dFunction.apply("cpu", h, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left,
-                                          relu)
+        return _DwsepConv1dFunction.apply("cpu", h, dw_weight, dw_bias, pw_weight, pw_bias, residual, False,
+                                          pad_left, relu)
     residual_is_x = residual is x
     return _LnDwsepConv1dFunction.apply(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias,
                                         None if residual_is_x else residual, residual_is_x, pad_left, relu)

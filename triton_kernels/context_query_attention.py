@@ -383,6 +383,23 @@ def _cqa_bwd_prep_kernel(g_ptr, c_ptr, out_ptr, da_ptr, db_ptr, dd_ptr, n, m, d,
     tl.store(dd_ptr + b * n + offs_n, tl.sum(da * a + g3 * cb, axis=1), mask=n_ok)
 
 
+@triton.jit
+def _col_sweep_tile(c_ptr, cmask_ptr, lse_row_ptr, da_ptr, db_ptr, offs_n, offs_d, n_ok, d_ok, m_ok, d,
+                    s_cn, s_cd, s_kcn, qw, q_lin, w_c, real_q, lse_c, MMA: tl.constexpr, PREC: tl.constexpr):
+    """One context tile of the column backward, as both of its sweeps need it: the tile's c, the
+    transposed row and column probabilities Pᵀ, Pcᵀ [BLOCK_M, BLOCK_N] recomputed from the saved
+    log-sum-exps, and the tile's dA, dB rows."""
+    c = _load_rows(c_ptr, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
+    real_c = _load_real(cmask_ptr, offs_n, s_kcn, n_ok)
+    lse_r = tl.load(lse_row_ptr + offs_n, mask=n_ok, other=float("inf"))
+    st = _sim(qw, c, q_lin, _lin(c, w_c), MMA, PREC)
+    pt = _prob(st, lse_r[None, :], real_q[:, None] & n_ok[None, :])
+    pct = _prob(st, lse_c[:, None], real_c[None, :] & m_ok[:, None])
+    da = _load_rows(da_ptr, offs_n, offs_d, d, 1, n_ok, d_ok)
+    db = _load_rows(db_ptr, offs_n, offs_d, d, 1, n_ok, d_ok)
+    return c, pt, pct, da, db
+
+
 @triton.autotune(configs=_COL_CONFIGS, key=_KEY, reset_to_zero=["partial_ptr"])
 @triton.jit
 def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse_row_ptr, lse_col_ptr,
@@ -409,14 +426,9 @@ def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse
     for n0 in range(0, n, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < n
-        c = _load_rows(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
-        real_c = _load_real(cmask_ptr + b * s_kcb, offs_n, s_kcn, n_ok)
-        lse_r = tl.load(lse_row_ptr + b * n + offs_n, mask=n_ok, other=float("inf"))
-        st = _sim(qw, c, q_lin, _lin(c, w_c), MMA, PREC)
-        pt = _prob(st, lse_r[None, :], real_q[:, None] & n_ok[None, :])
-        pct = _prob(st, lse_c[:, None], real_c[None, :] & m_ok[:, None])
-        da = _load_rows(da_ptr + b * n * d, offs_n, offs_d, d, 1, n_ok, d_ok)
-        db = _load_rows(db_ptr + b * n * d, offs_n, offs_d, d, 1, n_ok, d_ok)
+        c, pt, pct, da, db = _col_sweep_tile(c_ptr + b * s_cb, cmask_ptr + b * s_kcb, lse_row_ptr + b * n,
+                                             da_ptr + b * n * d, db_ptr + b * n * d, offs_n, offs_d, n_ok, d_ok,
+                                             m_ok, d, s_cn, s_cd, s_kcn, qw, q_lin, w_c, real_q, lse_c, MMA, PREC)
         t += _mm(pct, c, MMA, PREC)
         dt += _mm(pt, db, MMA, PREC)
         dq += _mm(pt, da, MMA, PREC)
@@ -430,14 +442,9 @@ def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse
     for n0 in range(0, n, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < n
-        c = _load_rows(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
-        real_c = _load_real(cmask_ptr + b * s_kcb, offs_n, s_kcn, n_ok)
-        lse_r = tl.load(lse_row_ptr + b * n + offs_n, mask=n_ok, other=float("inf"))
-        st = _sim(qw, c, q_lin, _lin(c, w_c), MMA, PREC)
-        pt = _prob(st, lse_r[None, :], real_q[:, None] & n_ok[None, :])
-        pct = _prob(st, lse_c[:, None], real_c[None, :] & m_ok[:, None])
-        da = _load_rows(da_ptr + b * n * d, offs_n, offs_d, d, 1, n_ok, d_ok)
-        db = _load_rows(db_ptr + b * n * d, offs_n, offs_d, d, 1, n_ok, d_ok)
+        c, pt, pct, da, db = _col_sweep_tile(c_ptr + b * s_cb, cmask_ptr + b * s_kcb, lse_row_ptr + b * n,
+                                             da_ptr + b * n * d, db_ptr + b * n * d, offs_n, offs_d, n_ok, d_ok,
+                                             m_ok, d, s_cn, s_cd, s_kcn, qw, q_lin, w_c, real_q, lse_c, MMA, PREC)
         dd = tl.load(dd_ptr + b * n + offs_n, mask=n_ok, other=0.0)
         dpt = _mm_nt(q, da, MMA, PREC) + _mm_nt(t, db, MMA, PREC)  # dPᵀ
         dpct = _mm_nt(dt, c, MMA, PREC)  # dPcᵀ

@@ -100,6 +100,27 @@ int64_t tap_sum(T* out, const T* init, const T* w, const T* src, int64_t step, i
   return c0;
 }
 
+// Two consecutive output rows of a depthwise conv with all n taps inside the sequence: out[0, c] and
+// out[1, c] (rows C apart) from input rows src[0 .. n]. Each weight and each inner input row is loaded
+// once for both rows, which nearly halves the loads per multiply-add (the loop is load-bound).
+template <int64_t CB, typename T>
+int64_t tap_sum_pair(T* out, const T* init, const T* w, const T* src, int64_t n, int64_t C, int64_t c0) {
+  using Bk = Block<CB, T>;
+  for (; c0 + CB <= C; c0 += CB) {
+    typename Bk::V acc0 = init ? Bk::load(init + c0) : typename Bk::V{};
+    typename Bk::V acc1 = acc0, cur = Bk::load(src + c0);
+    for (int64_t k = 0; k < n; ++k) {
+      const typename Bk::V wk = Bk::load(w + k * C + c0), next = Bk::load(src + (k + 1) * C + c0);
+      acc0 += wk * cur;
+      acc1 += wk * next;
+      cur = next;
+    }
+    Bk::store(out + c0, acc0);
+    Bk::store(out + C + c0, acc1);
+  }
+  return c0;
+}
+
 // acc[c] += sum_{r < rows} a[r*C + c] * b[r*C + c] (b == nullptr: sum of a), for c in [c0, C) in blocks of CB.
 template <int64_t CB, typename T>
 int64_t column_dot(T* acc, const T* a, const T* b, int64_t rows, int64_t C, int64_t c0) {
@@ -121,7 +142,18 @@ int64_t column_dot(T* acc, const T* a, const T* b, int64_t rows, int64_t C, int6
 template <typename T>
 void depthwise_rows(const T* x, const T* wt, const T* bias, T* h, int64_t L, int64_t C, int64_t K,
                     int64_t pad, int64_t l0, int64_t l1) {
+  // Rows whose K taps all lie inside the sequence, [full_lo, full_hi), go in pairs.
+  const int64_t full_lo = std::max(l0, pad), full_hi = std::min(l1, L + pad - K + 1);
   for (int64_t l = l0; l < l1; ++l) {
+    if (l >= full_lo && l + 1 < full_hi) {
+      const T* src = x + (l - pad) * C;
+      T* out = h + (l - l0) * C;
+#define FASTQA_BLOCK(CB, c0) tap_sum_pair<CB>(out, bias, wt, src, K, C, c0)
+      FASTQA_FOR_CHANNEL_BLOCKS(FASTQA_BLOCK);
+#undef FASTQA_BLOCK
+      ++l;
+      continue;
+    }
     const int64_t k_lo = std::max<int64_t>(0, pad - l), k_hi = std::min(K, L + pad - l);
     const T* w = wt + k_lo * C;
     const T* src = x + (l + k_lo - pad) * C;

@@ -349,37 +349,47 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
   at::Tensor window_t = at::empty({B, H, K}, x_t.options());  // [b, h, k]: matches weight.view(2H, H*K)
   at::Tensor y = at::empty({B, H}, x_t.options());
   const at::Tensor x_c = x_t.contiguous();  // also the residual rows
+  const at::Tensor state_c = state.contiguous();
+  const at::Tensor w2 = weight.contiguous().view({2 * H, H * K});
+  const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+  // Rows per work item of the gather and the epilogue: small batches stay on one thread (the
+  // fork/join would cost more than the copy), large ones split so neither pass serialises the step.
+  const int64_t grain = std::max<int64_t>(1, 16384 / (H * K));
   AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step", [&] {
-    const auto xa = x_c.accessor<scalar_t, 2>();
-    const auto sa = state.accessor<scalar_t, 3>();
+    const scalar_t* xd = x_c.data_ptr<scalar_t>();
+    const scalar_t* sd = state_c.data_ptr<scalar_t>();
     scalar_t* ns = new_state.data_ptr<scalar_t>();
     scalar_t* wt = window_t.data_ptr<scalar_t>();
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t k = 0; k + 1 < K; ++k) {
-        for (int64_t c = 0; c < H; ++c) wt[(b * H + c) * K + k] = sa[b][k][c];
-        if (k > 0) {  // new_state = window[1:] = (state[1:], x_t)
-          for (int64_t c = 0; c < H; ++c) ns[(b * (K - 1) + k - 1) * H + c] = sa[b][k][c];
+    at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        // window[b] = (state[b], x_t[b]) interleaved per channel; writes run contiguously.
+        const scalar_t* srow = sd + b * (K - 1) * H;
+        const scalar_t* xrow = xd + b * H;
+        scalar_t* wrow = wt + b * H * K;
+        for (int64_t c = 0; c < H; ++c) {
+          for (int64_t k = 0; k + 1 < K; ++k) wrow[c * K + k] = srow[k * H + c];
+          wrow[c * K + K - 1] = xrow[c];
+        }
+        if (K > 1) {  // new_state = window[1:] = (state[1:], x_t)
+          scalar_t* nrow = ns + b * (K - 1) * H;
+          std::copy(srow + H, srow + (K - 1) * H, nrow);
+          std::copy(xrow, xrow + H, nrow + (K - 2) * H);
         }
       }
-      for (int64_t c = 0; c < H; ++c) wt[(b * H + c) * K + K - 1] = xa[b][c];
-      if (K > 1) {
-        for (int64_t c = 0; c < H; ++c) ns[(b * (K - 1) + K - 2) * H + c] = xa[b][c];
-      }
-    }
+    });
   });
-  const at::Tensor w2 = weight.contiguous().view({2 * H, H * K});
-  const at::Tensor win = window_t.view({B, H * K});
-  at::Tensor pre = at::mm(win, w2.t());
-  const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+  at::Tensor pre = at::mm(window_t.view({B, H * K}), w2.t());
   AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step_glu", [&] {
     scalar_t* pd = pre.data_ptr<scalar_t>();
     const scalar_t* bd = bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr;
     const scalar_t* xd = x_c.data_ptr<scalar_t>();
     scalar_t* yd = y.data_ptr<scalar_t>();
-    for (int64_t b = 0; b < B; ++b) {
-      glu_row<scalar_t>(pd + b * 2 * H, bd, residual ? xd + b * H : nullptr, static_cast<scalar_t>(scale), H,
-                        yd + b * H);
-    }
+    at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        glu_row<scalar_t>(pd + b * 2 * H, bd, residual ? xd + b * H : nullptr, static_cast<scalar_t>(scale), H,
+                          yd + b * H);
+      }
+    });
   });
   return {y, new_state};
 }

@@ -143,6 +143,14 @@ def _lin(x, w):
 
 
 @triton.jit
+def _operand_tile(ptr, offs_r, offs_d, s_r, s_d, r_ok, d_ok, w_lin, w_cq, bias):
+    """One side's rows of S = (c·w_c) + (q·w_q)ᵀ + (c∘w_cq)·qᵀ + bias, as every kernel loads them:
+    the rows x, their linear term x·w_lin + bias [R] and x∘w_cq [R, D] (both fp32)."""
+    x = _load_rows(ptr, offs_r, offs_d, s_r, s_d, r_ok, d_ok)
+    return x, _lin(x, w_lin) + bias, x.to(tl.float32) * w_cq[None, :]
+
+
+@triton.jit
 def _sim(xw, y, x_lin, y_lin, MMA: tl.constexpr, PREC: tl.constexpr):
     """Similarity tile [X, Y] in fp32 from xw = x∘w_cq [X, D], y [Y, D] and the linear terms."""
     return x_lin[:, None] + y_lin[None, :] + _mm_nt(xw, y, MMA, PREC)
@@ -296,9 +304,7 @@ def _cqa_fwd_col_kernel(c_ptr, q_ptr, cmask_ptr, w_ptr, bias_ptr, t_ptr, lse_col
     offs_d = tl.arange(0, BLOCK_D)
     m_ok, d_ok = offs_m < m, offs_d < d
     w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
-    q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
-    q_lin = _lin(q, w_q) + bias
-    qw = q.to(tl.float32) * w_cq[None, :]
+    q, q_lin, qw = _operand_tile(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok, w_q, w_cq, bias)
     run_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     run_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     t = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -328,10 +334,8 @@ def _cqa_fwd_row_kernel(c_ptr, q_ptr, qmask_ptr, w_ptr, bias_ptr, t_ptr, out_ptr
     offs_d = tl.arange(0, BLOCK_D)
     n_ok, d_ok = offs_n < n, offs_d < d
     w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
-    c = _load_rows(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
+    c, c_lin, cw = _operand_tile(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok, w_c, w_cq, bias)
     cf = c.to(tl.float32)
-    c_lin = _lin(c, w_c) + bias
-    cw = cf * w_cq[None, :]
     run_max = tl.full([BLOCK_N], float("-inf"), dtype=tl.float32)
     run_sum = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc_a = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -414,9 +418,7 @@ def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse
     offs_d = tl.arange(0, BLOCK_D)
     m_ok, d_ok = offs_m < m, offs_d < d
     w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
-    q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
-    q_lin = _lin(q, w_q) + bias
-    qw = q.to(tl.float32) * w_cq[None, :]
+    q, q_lin, qw = _operand_tile(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok, w_q, w_cq, bias)
     real_q = _load_real(qmask_ptr + b * s_kqb, offs_m, s_kqm, m_ok)
     lse_c = tl.load(lse_col_ptr + b * m + offs_m, mask=m_ok, other=float("inf"))
     t = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -469,9 +471,7 @@ def _cqa_bwd_row_kernel(g_ptr, c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_p
     offs_d = tl.arange(0, BLOCK_D)
     n_ok, d_ok = offs_n < n, offs_d < d
     w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
-    c = _load_rows(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
-    c_lin = _lin(c, w_c) + bias
-    cw = c.to(tl.float32) * w_cq[None, :]
+    c, c_lin, cw = _operand_tile(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok, w_c, w_cq, bias)
     real_c = _load_real(cmask_ptr + b * s_kcb, offs_n, s_kcn, n_ok)
     lse_r = tl.load(lse_row_ptr + b * n + offs_n, mask=n_ok, other=float("inf"))
     da = _load_rows(da_ptr + b * n * d, offs_n, offs_d, d, 1, n_ok, d_ok)

@@ -34,7 +34,7 @@ class _TrilinearSimilarityFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_s: torch.Tensor):
         c, q, weight, bias = ctx.saved_tensors
-        grads = kernel(ctx.backend, _MODULE, "trilinear_similarity_bwd")(grad_s.contiguous(), c, q, weight, bias)
+        grads = kernel(ctx.backend, _MODULE, "trilinear_similarity_bwd")(grad_s, c, q, weight, bias)
         grad_c, grad_q, grad_weight, grad_bias = _grads_needed(ctx.needs_input_grad[1:], grads)
         return None, grad_c, grad_q, grad_weight, grad_bias
 
@@ -54,7 +54,7 @@ class _ContextQueryAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col = ctx.saved_tensors
         grads = kernel(ctx.backend, _MODULE, "context_query_attention_bwd")(
-            grad_out.contiguous(), c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col)
+            grad_out, c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col)
         needs = ctx.needs_input_grad
         grad_c, grad_q, grad_weight, grad_bias = _grads_needed((needs[1], needs[2], needs[5], needs[6]), grads)
         return None, grad_c, grad_q, None, None, grad_weight, grad_bias

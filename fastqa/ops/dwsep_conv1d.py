@@ -53,7 +53,7 @@ class _DwsepConv1dFunction(torch.autograd.Function):
         grad_x = grad_dw = grad_db = grad_pw = grad_pb = None
         if need_x or need_dw or need_db or need_pw or need_pb:
             grad_x, grad_dw, grad_db, grad_pw, grad_pb = kernel(ctx.backend, _MODULE, "dwsep_conv1d_bwd")(
-                grad_y.contiguous(), x, dw_weight, dw_bias, pw_weight, pw_bias, aux, ctx.pad_left, ctx.relu)
+                grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, ctx.pad_left, ctx.relu)
         # The residual enters additively after the activation: its gradient is grad_y itself.
         if ctx.residual_is_x and need_x:
             grad_x = grad_x + grad_y

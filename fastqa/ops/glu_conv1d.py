@@ -43,7 +43,7 @@ class _GLUConv1dFunction(torch.autograd.Function):
     def backward(ctx, grad_y: torch.Tensor):
         x, weight, mask, aux = ctx.saved_tensors
         grad_x, grad_weight, grad_bias = kernel(ctx.backend, _MODULE, "glu_conv1d_bwd")(
-            grad_y.contiguous(), x, weight, mask, aux, ctx.pad_left, ctx.residual, ctx.scale, ctx.has_bias)
+            grad_y, x, weight, mask, aux, ctx.pad_left, ctx.residual, ctx.scale, ctx.has_bias)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         return (grad_x if need_x else None, grad_weight if need_w else None,
                 none_if_empty(grad_bias) if need_b else None, None, None, None, None, None)

@@ -24,7 +24,7 @@ $(VENV)/.build-deps-ok: $(VENV)/.torch-ok
 
 # Editable install: Python edits need nothing; C++ edits rebuild through CMake + Ninja (incremental).
 $(VENV)/.fastqa-installed: $(VENV)/.build-deps-ok $(EXT_SOURCES)
-	$(PY) -m pip install -q --no-build-isolation -e ".[test,bench,triton]"
+	$(PY) -m pip install -q --no-build-isolation -e ".[test,bench,triton,models]"
 	@touch $@
 
 install: $(VENV)/.fastqa-installed

@@ -1,0 +1,66 @@
+"""The ``fastqa`` command: ``fastqa <subcommand> ...`` (``fastqa --help`` lists them).
+
+Thin by design: each subcommand parses its arguments here (registered by ``fastqa.commands.<area>``) and
+calls the library. A user's mistake (a missing file, malformed data, a checkpoint of another model) is one
+line on stderr and exit status 2; ``FASTQA_DEBUG=1`` shows the traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Sequence
+
+from .commands import COMMAND_MODULES
+
+__all__ = ["parse_args", "main"]
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    from . import info
+
+    print(json.dumps(info(), indent=2, default=str))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastqa", description="Train, evaluate and use QANet (SQuAD) and "
+                                     "ConvS2S (translation) built from fastqa's fused layers.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    p = sub.add_parser("info", help="what is built and usable here (backends, versions, threads)")
+    p.set_defaults(func=_run_info)
+    for module in COMMAND_MODULES:
+        module.register(sub)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; returns the exit status (0 ok, 2 a user error, 1 an interrupted run)."""
+    args = parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("fastqa: interrupted", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError, OSError, KeyError) as e:
+        # UserError is a ValueError; OSError covers missing/unreadable files. Anything else is a bug and
+        # keeps its traceback.
+        if os.environ.get("FASTQA_DEBUG"):
+            raise
+        message = str(e) if not isinstance(e, KeyError) else f"missing key {e}"
+        if isinstance(e, OSError) and e.filename is not None and str(e.filename) not in message:
+            message = f"{e.filename}: {message}"
+        print(f"fastqa: error: {' '.join(message.split())}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # python -m fastqa.cli
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""The model-agnostic training loop: one process or torchrun + DistributedDataParallel.
+
+A model family plugs in as a ``Task`` (data order, collate, loss, optimizer, evaluation, what a checkpoint
+must carry); ``fit`` does the rest -- device, DDP, mixed precision, clipping, EMA, evaluation, atomic
+checkpoints, exact resume, tqdm progress, ``metrics.jsonl`` and the learning-curve PNG. Each piece is a
+small function so the loop reads top to bottom.
+
+Exact resume: the data order is a pure function of (seed, epoch) (``Task.train_batches``), so the
+checkpoint stores only the epoch and how many of its batches were done, plus every RNG state (of every
+rank). Evaluation runs under ``torch.random.fork_rng`` so it never moves the training RNG: a run that
+stopped, evaluated and resumed draws the same dropout masks as one that never stopped.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import UserError
+from . import distributed
+from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from .curves import MetricsLog, plot_learning_curve
+from .distributed import DistEnv
+from .ema import EMA
+
+__all__ = ["TrainSettings", "Task", "fit", "seed_everything"]
+
+log = logging.getLogger("fastqa.train")
+
+
+@dataclass
+class TrainSettings:
+    """How to train (not what): the same for every model family."""
+
+    out_dir: str
+    max_steps: int | None = None       # optimizer steps in all (resume counts the steps already done)
+    epochs: int | None = None          # passes over the training data; with neither limit: 1 epoch
+    clip_norm: float | None = None     # max global gradient norm
+    ema_decay: float | None = None     # keep an EMA of the weights; evaluation and prediction use it
+    eval_every: int = 1000             # steps between evaluations (0: only at epoch ends and at the end)
+    eval_each_epoch: bool = True
+    log_every: int = 50                # steps between train-loss rows in metrics.jsonl
+    seed: int = 0
+    amp: str | None = None             # "bf16" / "fp16": torch.autocast on CUDA (ignored on the CPU)
+    resume: bool = False
+    progress: bool = True
+    max_minutes: float | None = None   # wall-clock budget: stop, evaluate and checkpoint when it is spent
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "epochs"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise UserError(f"{name} must be >= 1, got {v}")
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise UserError(f"max_minutes must be > 0, got {self.max_minutes}")
+        if self.amp not in (None, "bf16", "fp16"):
+            raise UserError(f"amp must be None, 'bf16' or 'fp16', got {self.amp!r}")
+
+
+class Task(Protocol):
+    """What ``fit`` needs from a model family (QANet on SQuAD, ConvS2S on parallel text, ...)."""
+
+    kind: str
+    model: nn.Module
+
+    def train_batches(self, epoch: int) -> list[list[int]]:
+        """Global batches of example indices for ``epoch``, deterministic in (seed, epoch)."""
+
+    def collate(self, indices: list[int], device: torch.device) -> Any:
+        """The batch for ``loss``, on ``device``."""
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """Scalar mean loss over the batch's examples (``model`` may be DDP-wrapped: call it)."""
+
+    def configure_optimizer(self, model: nn.Module) -> tuple[torch.optim.Optimizer, Any]:
+        """(optimizer, LR scheduler stepped once per optimizer step, or None)."""
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Metrics on held-out data; called on rank 0 in eval mode under no_grad (EMA weights in)."""
+
+    def checkpoint_meta(self) -> dict:
+        """What loading the model needs besides weights: config, vocabularies, ..."""
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (call before building the model so its initial weights are fixed)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class _Progress:
+    """Where the run is: ``batch_in_epoch`` global batches of ``epoch`` are done, ``step`` steps in all."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+
+
+def _differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
+    """Keys under which two checkpoint metas differ (vocabularies compared whole)."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        out = []
+        for k in sorted(set(saved) | set(current), key=str):
+            out += _differences(saved.get(k), current.get(k), f"{prefix}{k}.")
+        return out
+    return [] if saved == current else [prefix.rstrip(".")]
+
+
+def _restore(task: Task, payload: dict, path: Path, optimizer, scheduler, ema: EMA | None,
+             env: DistEnv) -> _Progress:
+    """Load every piece of a run's state from its checkpoint, checking it belongs to this task."""
+    if payload.get("kind") != task.kind:
+        raise UserError(f"{path}: a {payload.get('kind')!r} checkpoint cannot resume a {task.kind!r} run")
+    differ = _differences(payload.get("meta"), task.checkpoint_meta())
+    if differ:
+        raise UserError(f"{path}: the checkpoint was trained with another config or vocabulary "
+                        f"(differs in: {', '.join(differ[:5])}); use another --out folder")
+    task.model.load_state_dict(payload["model"])
+    optimizer.load_state_dict(payload["optimizer"])
+    if scheduler is not None and payload.get("scheduler") is not None:
+        scheduler.load_state_dict(payload["scheduler"])
+    if ema is not None:
+        if payload.get("ema") is None:
+            raise UserError(f"{path}: the run kept no EMA; resume it without --ema")
+        ema.load_state_dict(payload["ema"], payload["ema_updates"])
+    rng = payload["rng"]
+    if len(rng) != env.world_size:
+        log.warning("resuming a %d-process run with %d processes: the data order is the same, dropout masks "
+                    "will differ", len(rng), env.world_size)
+    _set_rng_state(rng[env.rank % len(rng)])
+    return _Progress(step=payload["step"], epoch=payload["epoch"], batch_in_epoch=payload["batch_in_epoch"])
+
+
+def _save(task: Task, settings: TrainSettings, optimizer, scheduler, ema: EMA | None, progress: _Progress,
+          env: DistEnv) -> None:
+    """Atomic checkpoint by rank 0, with every rank's RNG state (gathered: all ranks must call this)."""
+    rng = distributed.all_gather_object(_rng_state(), env)
+    if env.is_main:
+        save_checkpoint(settings.out_dir, {
+            "kind": task.kind,
+            "meta": task.checkpoint_meta(),
+            "model": task.model.state_dict(),
+            "ema": ema.state_dict() if ema is not None else None,
+            "ema_updates": ema.updates if ema is not None else 0,
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "rng": rng,
+            "settings": asdict(settings),
+            **asdict(progress),
+        })
+
+
+def _evaluate(task: Task, ema: EMA | None, env: DistEnv) -> dict[str, float]:
+    """Rank 0 evaluates (EMA weights swapped in, RNG untouched); the other ranks wait for it."""
+    metrics: dict[str, float] = {}
+    if env.is_main:
+        model = task.model
+        was_training = model.training
+        model.eval()
+        with torch.random.fork_rng(devices=[env.device] if env.device.type == "cuda" else []), torch.no_grad():
+            if ema is not None:
+                with ema.swapped_in(model):
+                    metrics = dict(task.evaluate(model))
+            else:
+                metrics = dict(task.evaluate(model))
+        model.train(was_training)
+    distributed.barrier(env)
+    return metrics
+
+
+def _batches(task: Task, progress: _Progress, env: DistEnv) -> Iterator[tuple[list[int], list[int]]]:
+    """(global batch, this rank's shard) from where the run stands, epoch after epoch (forever)."""
+    from ..data.batching import shard
+
+    while True:
+        batches = task.train_batches(progress.epoch)
+        if not batches:
+            raise UserError("the training data gives no batch (is the training set empty after filtering?)")
+        for b in batches[progress.batch_in_epoch:]:
+            if len(b) < env.world_size:  # a rank with no example would stall DDP's all-reduce
+                progress.batch_in_epoch += 1
+                continue
+            yield b, shard(b, env.rank, env.world_size)
+        progress.epoch += 1
+        progress.batch_in_epoch = 0
+        yield [], []  # end-of-epoch marker: a checkpoint taken now resumes at the next epoch's start
+
+
+def _train_step(task: Task, model: nn.Module, optimizer, scheduler, batch_global: list[int], batch_local: list[int],
+                settings: TrainSettings, env: DistEnv, step: int) -> float:
+    """One optimizer step; returns the global-batch loss (every rank's shard weighted by its size)."""
+    batch = task.collate(batch_local, env.device)
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.amp or "")
+    with torch.autocast(env.device.type, dtype=amp_dtype, enabled=amp_dtype is not None and env.device.type == "cuda"):
+        loss = task.loss(model, batch)
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"the training loss is {loss.item()} at step {step + 1}; try a lower learning rate "
+                                 "or gradient clipping")
+    # DDP averages gradients over ranks; weighting by the shard's share makes that the global-batch mean
+    # even when the shards differ in size.
+    weight = len(batch_local) * env.world_size / len(batch_global)
+    optimizer.zero_grad(set_to_none=True)
+    (loss * weight).backward()
+    if settings.clip_norm is not None:
+        nn.utils.clip_grad_norm_(task.model.parameters(), settings.clip_norm)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    value = loss.detach() * weight / env.world_size
+    if env.distributed:
+        torch.distributed.all_reduce(value)
+    return float(value)
+
+
+def _total_steps(task: Task, settings: TrainSettings) -> int | None:
+    if settings.epochs is None:
+        return settings.max_steps
+    per_epoch = len(task.train_batches(0))
+    total = per_epoch * settings.epochs
+    return total if settings.max_steps is None else min(total, settings.max_steps)
+
+
+def _stop_reason(settings: TrainSettings, progress: _Progress, started: float, env: DistEnv) -> str | None:
+    if settings.max_steps is not None and progress.step >= settings.max_steps:
+        return "max_steps"
+    limit_epochs = settings.epochs if settings.epochs is not None else (1 if settings.max_steps is None else None)
+    if limit_epochs is not None and progress.epoch >= limit_epochs:
+        return "epochs"
+    over = settings.max_minutes is not None and time.monotonic() - started >= settings.max_minutes * 60
+    return "max_minutes" if distributed.any_true(over, env) else None
+
+
+def fit(task: Task, settings: TrainSettings) -> dict[str, float]:
+    """Train ``task.model`` as ``settings`` say; returns the last evaluation's metrics (plus ``step``)."""
+    env = distributed.init_distributed(settings.device)
+    out = Path(settings.out_dir)
+    ckpt_path = out / CHECKPOINT_NAME
+    if env.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    model = task.model.to(env.device)
+    optimizer, scheduler = task.configure_optimizer(model)
+    ema = EMA(model, settings.ema_decay) if settings.ema_decay else None
+    progress = _Progress()
+    if settings.resume:
+        progress = _restore(task, load_checkpoint(ckpt_path), ckpt_path, optimizer,
+                            scheduler, ema, env)
+        log.info("resumed %s at step %d (epoch %d, batch %d)", ckpt_path, progress.step, progress.epoch,
+                 progress.batch_in_epoch)
+    else:
+        if env.is_main and ckpt_path.exists():
+            raise UserError(f"{ckpt_path} exists: pass --resume to continue that run, or choose another --out")
+        torch.manual_seed(settings.seed + env.rank)  # dropout masks differ per rank, as each rank's data does
+    metrics_log = MetricsLog(out, resume_step=progress.step if settings.resume else None) if env.is_main else None
+    ddp_model = distributed.wrap_ddp(model, env)
+    model.train()
+
+    total = _total_steps(task, settings)
+    bar = None
+    if settings.progress and env.is_main:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=total, initial=progress.step, desc=f"{task.kind} train", dynamic_ncols=True)
+    started = time.monotonic()
+    window_start, window_steps, window_loss = time.monotonic(), 0, 0.0
+    last_eval: dict[str, float] = {}
+    saved_at = -1
+
+    def evaluate_and_save(reason: str) -> None:
+        nonlocal last_eval, saved_at
+        last_eval = _evaluate(task, ema, env)
+        _save(task, settings, optimizer, scheduler, ema, progress, env)
+        saved_at = progress.step
+        if env.is_main:
+            row = {"kind": "eval", "step": progress.step, "epoch": progress.epoch,
+                   "time": round(time.monotonic() - started, 2), **last_eval}
+            metrics_log.write(row)
+            plot_learning_curve(metrics_log.path, out / "curve.png", title=f"{task.kind}: {out.name}")
+            text = " | ".join(f"{k} {v:.4g}" for k, v in last_eval.items())
+            message = f"step {progress.step} ({reason}) | {text}"
+            (bar.write if bar is not None else log.info)(message)
+
+    batches = _batches(task, progress, env)
+    reason = _stop_reason(settings, progress, started, env)
+    while reason is None:
+        batch_global, batch_local = next(batches)
+        if not batch_global:  # an epoch ended
+            if settings.eval_each_epoch:
+                evaluate_and_save(f"end of epoch {progress.epoch - 1}")
+            reason = _stop_reason(settings, progress, started, env)
+            continue
+        loss = _train_step(task, ddp_model, optimizer, scheduler, batch_global, batch_local, settings, env,
+                           progress.step)
+        progress.step += 1
+        progress.batch_in_epoch += 1
+        if ema is not None:
+            ema.update(model)
+        window_steps += 1
+        window_loss += loss
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", epoch=progress.epoch)
+        if env.is_main and progress.step % settings.log_every == 0:
+            elapsed = time.monotonic() - window_start
+            metrics_log.write({"kind": "train", "step": progress.step, "epoch": progress.epoch,
+                               "loss": window_loss / window_steps, "lr": optimizer.param_groups[0]["lr"],
+                               "steps_per_s": window_steps / max(elapsed, 1e-9),
+                               "time": round(time.monotonic() - started, 2)})
+            window_start, window_steps, window_loss = time.monotonic(), 0, 0.0
+        reason = _stop_reason(settings, progress, started, env)
+        if reason is None and settings.eval_every and progress.step % settings.eval_every == 0:
+            evaluate_and_save("eval_every")
+    # The final evaluation and checkpoint, unless the last step already wrote them.
+    if saved_at != progress.step:
+        evaluate_and_save(reason)
+    if bar is not None:
+        bar.close()
+    return {"step": progress.step, **last_eval}

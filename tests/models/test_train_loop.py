@@ -1,0 +1,111 @@
+"""The shared training loop on a toy task: exact resume, torchrun/DDP equivalence, checkpoints, logs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastqa.errors import UserError
+from fastqa.train import TrainSettings, fit, load_checkpoint, save_checkpoint
+from fastqa.train.checkpoint import atomic_write_text
+from toy_task import ToyTask
+
+HERE = Path(__file__).resolve().parent
+
+
+def _settings(out, **kw) -> TrainSettings:
+    base = dict(out_dir=str(out), clip_norm=5.0, ema_decay=0.99, eval_every=5, log_every=1, progress=False)
+    base.update(kw)
+    return TrainSettings(**base)
+
+
+def _train_losses(out: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
+
+
+def test_fit_writes_run_folder_and_loss_falls(tmp_path):
+    result = fit(ToyTask(), _settings(tmp_path, max_steps=60))
+    assert result["step"] == 60 and "dev_loss" in result
+    losses = _train_losses(tmp_path)
+    assert sorted(losses) == list(range(1, 61))
+    assert sum(list(losses.values())[-10:]) < sum(list(losses.values())[:10])
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+    payload = load_checkpoint(tmp_path)
+    assert payload["kind"] == "toy" and payload["step"] == 60 and payload["ema"] is not None
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("stop_at", [7, 12])  # 12 = the end of an epoch (96 / 8 batches)
+def test_resume_reproduces_uninterrupted_losses_bit_for_bit(tmp_path, stop_at):
+    fit(ToyTask(), _settings(tmp_path / "full", max_steps=30))
+    fit(ToyTask(), _settings(tmp_path / "split", max_steps=stop_at))
+    fit(ToyTask(), _settings(tmp_path / "split", max_steps=30, resume=True))
+    assert _train_losses(tmp_path / "split") == _train_losses(tmp_path / "full")
+    full, split = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "split")
+    for k, v in full["model"].items():
+        assert torch.equal(v, split["model"][k]), k
+    for k, v in full["ema"].items():
+        assert torch.equal(v, split["ema"][k]), k
+
+
+def test_epochs_limit_and_eval_each_epoch(tmp_path):
+    result = fit(ToyTask(), _settings(tmp_path, epochs=2, eval_every=0))
+    assert result["step"] == 24
+    evals = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+    assert [e["step"] for e in evals] == [12, 24]
+
+
+def test_refuses_to_overwrite_and_to_resume_another_model(tmp_path):
+    fit(ToyTask(), _settings(tmp_path, max_steps=2))
+    with pytest.raises(UserError, match="--resume"):
+        fit(ToyTask(), _settings(tmp_path, max_steps=4))
+    with pytest.raises(UserError, match="another config"):
+        fit(ToyTask(hidden=8), _settings(tmp_path, max_steps=4, resume=True))
+    with pytest.raises(UserError, match="no such checkpoint"):
+        fit(ToyTask(), _settings(tmp_path / "empty", max_steps=4, resume=True))
+
+
+def test_checkpoint_errors_and_atomic_writes(tmp_path):
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match="junk.pt"):
+        load_checkpoint(tmp_path / "junk.pt")
+    torch.save({"something": 1}, tmp_path / "other.pt")
+    with pytest.raises(UserError, match="not a fastqa checkpoint"):
+        load_checkpoint(tmp_path / "other.pt")
+    atomic_write_text(tmp_path / "a.txt", "first")
+
+    class Boom(Exception):
+        pass
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise Boom()
+
+    save_checkpoint(tmp_path, {"step": 1})
+    with pytest.raises(Boom):
+        save_checkpoint(tmp_path, {"step": 2, "bad": Unpicklable()})
+    assert load_checkpoint(tmp_path)["step"] == 1  # the old checkpoint survives a failed write
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "checkpoint.pt", "junk.pt", "other.pt"]
+
+
+def test_torchrun_two_gloo_processes_equal_one_process(tmp_path):
+    """DDP over 2 CPU processes, each on half of every global batch, ends with the weights of 1 process
+    on the whole batch (fp32 reduction order aside)."""
+    steps = 8
+    fit(ToyTask(dropout=0.0), _settings(tmp_path / "one", max_steps=steps, eval_every=0))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(HERE / "toy_task.py"), str(tmp_path / "two"), str(steps)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = load_checkpoint(tmp_path / "one"), load_checkpoint(tmp_path / "two")
+    assert two["step"] == steps and len(two["rng"]) == 2
+    for k, v in one["model"].items():
+        torch.testing.assert_close(two["model"][k], v, atol=1e-5, rtol=1e-5, msg=k)
+    assert not torch.equal(one["model"]["0.weight"], ToyTask(dropout=0.0).model[0].weight)  # it trained

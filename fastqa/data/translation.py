@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
@@ -24,7 +25,7 @@ from .batching import bucket_batches, pad
 from .tokenize import tokenize
 from .vocab import EOS, PAD, SOS, UNK, Vocab
 
-__all__ = ["SPECIALS", "read_lines", "read_parallel", "tokenize_line", "tokenize_lines", "build_vocabs",
+__all__ = ["SPECIALS", "read_lines", "read_parallel", "guess_lang", "tokenize_line", "tokenize_lines", "build_vocabs",
            "ParallelData", "MTBatch", "encode_source", "collate"]
 
 # The model's ids: pad 0, unk 1, sos 2, eos 3 (ConvS2SConfig's defaults).
@@ -75,6 +76,23 @@ def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> t
         raise UserError(f"{os.fspath(src_path)} has {len(src)} lines but {os.fspath(tgt_path)} has {len(tgt)}: "
                         f"a parallel corpus needs one target line per source line")
     return src, tgt
+
+
+def guess_lang(path: str | os.PathLike, arg: str) -> str:
+    """The language code a parallel file's name ends in (``train.de.gz`` -> "de"), for spaCy's tokenizer."""
+    name = Path(path).name
+    if name.endswith(".gz"):
+        name = name[:-3]
+    suffix = Path(name).suffix.lstrip(".").lower()
+    if suffix.isalpha():
+        import spacy.util
+
+        try:
+            spacy.util.get_lang_class(suffix)  # only a language spaCy has a tokenizer for
+            return suffix
+        except Exception:
+            pass
+    raise UserError(f"{path}: cannot tell the language from the file name; pass {arg} (e.g. {arg} en)")
 
 
 def tokenize_line(text: str, lang: str, *, lowercase: bool = True) -> list[str]:

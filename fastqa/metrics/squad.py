@@ -1,0 +1,219 @@
+"""SQuAD exact match and F1 with the official v1.1 and v2.0 semantics, as pure functions.
+
+Both official scripts normalise an answer the same way: lowercase, drop ASCII punctuation, drop the
+articles a/an/the (as whole words), collapse whitespace. EM compares normalised strings; F1 counts the
+multiset overlap of the normalised whitespace tokens; each question takes the max over its gold answers.
+They differ in what they count:
+
+- v1.1 (`evaluate_v1`): every question of the data file counts; a question without a prediction
+  scores 0. Output keys ``exact_match``, ``f1``.
+- v2.0 (`evaluate_v2`): gold answers that normalise to "" are dropped; a question with none left has
+  the gold answer "", and then EM = F1 = 1 only for an empty prediction. Scores are averaged over the
+  predicted questions; ``HasAns_*`` / ``NoAns_*`` split them; a no-answer-probability file turns
+  predictions with probability > ``na_prob_thresh`` into "" and adds ``best_exact`` / ``best_f1`` and
+  their thresholds (the best single cut over the sorted probabilities).
+
+The sums run in the data file's order with Python floats, as the official scripts do, so the values
+equal theirs to the last digit.
+"""
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from typing import Any, Iterator, Mapping
+
+__all__ = [
+    "normalize_answer", "exact_match", "f1", "evaluate_v1", "evaluate_v2", "evaluate", "is_v2",
+    "format_result",
+]
+
+_PUNCTUATION = frozenset(string.punctuation)  # ASCII only, as the official scripts use
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+
+
+def normalize_answer(text: str) -> str:
+    """Lowercase, drop ASCII punctuation, drop a/an/the, collapse whitespace (official order)."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def exact_match(prediction: str, gold: str) -> int:
+    """1 if the normalised strings are equal, else 0."""
+    return int(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def _overlap_f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if same == 0:
+        return 0
+    precision = 1.0 * same / len(pred_tokens)
+    recall = 1.0 * same / len(gold_tokens)
+    return (2 * precision * recall) / (precision + recall)
+
+
+def f1(prediction: str, gold: str, *, v2: bool = False) -> float:
+    """Token-overlap F1 of the normalised answers.
+
+    v2=True adds the v2.0 rule: if either side has no tokens, 1 when both have none, else 0.
+    (v1.1 returns 0 for an empty side, through the zero overlap.)
+    """
+    pred_tokens = normalize_answer(prediction).split() if prediction else []
+    gold_tokens = normalize_answer(gold).split() if gold else []
+    if v2 and (not pred_tokens or not gold_tokens):
+        return int(pred_tokens == gold_tokens)
+    return _overlap_f1(pred_tokens, gold_tokens)
+
+
+def _questions(dataset: Any) -> Iterator[dict]:
+    """The question dicts of a SQuAD ``data`` list (or the whole JSON object), in file order."""
+    articles = dataset["data"] if isinstance(dataset, Mapping) else dataset
+    for article in articles:
+        for paragraph in article["paragraphs"]:
+            yield from paragraph["qas"]
+
+
+def is_v2(dataset: Any) -> bool:
+    """Whether a SQuAD JSON object uses v2.0 semantics (its version string, or unanswerable questions)."""
+    if isinstance(dataset, Mapping) and "version" in dataset:
+        return str(dataset["version"]).lstrip("v").startswith("2")
+    return any(qa.get("is_impossible", False) or not qa.get("answers") for qa in _questions(dataset))
+
+
+def evaluate_v1(dataset: Any, predictions: Mapping[str, str]) -> dict[str, float]:
+    """Official v1.1: ``{"exact_match", "f1"}`` in percent over every question of the data.
+
+    dataset: the SQuAD JSON object (or its ``data`` list). predictions: question id -> answer text.
+    A question without a prediction scores 0; a question without gold answers is an error (the
+    official v1.1 script fails on it too: use `evaluate_v2` for such data).
+    """
+    total = 0
+    em_sum = 0
+    f1_sum = 0.0
+    for qa in _questions(dataset):
+        total += 1
+        if qa["id"] not in predictions:
+            continue
+        golds = [answer["text"] for answer in qa["answers"]]
+        if not golds:
+            raise ValueError(f"question {qa['id']!r} has no gold answer: v1.1 scoring needs one (use v2.0)")
+        prediction = predictions[qa["id"]]
+        em_sum += max(exact_match(prediction, gold) for gold in golds)
+        f1_sum += max(f1(prediction, gold) for gold in golds)
+    if total == 0:
+        raise ValueError("the data has no questions to score")
+    return {"exact_match": 100.0 * em_sum / total, "f1": 100.0 * f1_sum / total}
+
+
+def _mean_dict(exact: Mapping[str, float], f1s: Mapping[str, float], qids: list[str] | None = None) -> dict:
+    keys = list(exact) if qids is None else qids
+    total = len(keys)
+    return {
+        "exact": 100.0 * sum(exact[k] for k in keys) / total,
+        "f1": 100.0 * sum(f1s[k] for k in keys) / total,
+        "total": total,
+    }
+
+
+def _best_threshold(predictions: Mapping[str, str], scores: Mapping[str, float],
+                    na_probs: Mapping[str, float], has_answer: Mapping[str, bool]) -> tuple[float, float]:
+    """Best score (percent) over the cuts "answer '' when na_prob > t" and the t that reaches it.
+
+    Start from "every question answered ''" (all unanswerable ones right), then walk the questions by
+    increasing na_prob (stable: ties keep the na-prob file's order), switching each to its prediction.
+    """
+    current = sum(1 for has in has_answer.values() if not has)
+    best, best_thresh = current, 0.0
+    for qid in sorted(na_probs, key=lambda k: na_probs[k]):
+        if qid not in scores:
+            continue
+        if has_answer[qid]:
+            current += scores[qid]
+        elif predictions[qid]:
+            current -= 1
+        if current > best:
+            best, best_thresh = current, na_probs[qid]
+    return 100.0 * best / len(scores), best_thresh
+
+
+def evaluate_v2(dataset: Any, predictions: Mapping[str, str], na_probs: Mapping[str, float] | None = None,
+                *, na_prob_thresh: float = 1.0) -> dict[str, float | int]:
+    """Official v2.0: ``exact, f1, total, HasAns_*, NoAns_*`` (+ ``best_*`` when na_probs is given).
+
+    dataset: the SQuAD JSON object (or its ``data`` list); predictions: question id -> answer text
+    ("" = no answer); na_probs: question id -> probability of no answer.
+    Every question needs a prediction (and a na-prob when na_probs is given): the official script
+    fails on a missing one, this raises a ValueError naming it.
+    """
+    has_answer: dict[str, bool] = {}
+    exact_raw: dict[str, float] = {}
+    f1_raw: dict[str, float] = {}
+    missing = []
+    for qa in _questions(dataset):
+        qid = qa["id"]
+        has_answer[qid] = bool(qa["answers"])
+        golds = [a["text"] for a in qa["answers"] if normalize_answer(a["text"])] or [""]
+        if qid not in predictions:
+            missing.append(qid)
+            continue
+        prediction = predictions[qid]
+        exact_raw[qid] = max(exact_match(prediction, gold) for gold in golds)
+        f1_raw[qid] = max(f1(prediction, gold, v2=True) for gold in golds)
+    if not has_answer:
+        raise ValueError("the data has no questions to score")
+    if missing:
+        raise ValueError(f"no prediction for {len(missing)} of {len(has_answer)} questions "
+                         f"(first: {missing[0]!r}); v2.0 scoring needs all of them")
+    given_na = na_probs is not None
+    if na_probs is None:
+        na_probs = {qid: 0.0 for qid in predictions}
+    else:
+        lacking = [qid for qid in exact_raw if qid not in na_probs]
+        if lacking:
+            raise ValueError(f"no no-answer probability for {len(lacking)} questions (first: {lacking[0]!r})")
+
+    def thresholded(raw: Mapping[str, float]) -> dict[str, float]:
+        # A question whose na_prob exceeds the threshold counts as answered "".
+        return {qid: (float(not has_answer[qid]) if na_probs[qid] > na_prob_thresh else score)
+                for qid, score in raw.items()}
+
+    exact_t, f1_t = thresholded(exact_raw), thresholded(f1_raw)
+    result: dict[str, float | int] = dict(_mean_dict(exact_t, f1_t))
+    for prefix, want in (("HasAns", True), ("NoAns", False)):
+        qids = [qid for qid, has in has_answer.items() if has == want]
+        if qids:
+            for key, value in _mean_dict(exact_t, f1_t, qids).items():
+                result[f"{prefix}_{key}"] = value
+    if given_na:
+        result["best_exact"], result["best_exact_thresh"] = _best_threshold(predictions, exact_raw, na_probs, has_answer)
+        result["best_f1"], result["best_f1_thresh"] = _best_threshold(predictions, f1_raw, na_probs, has_answer)
+    return result
+
+
+def evaluate(dataset: Any, predictions: Mapping[str, str], na_probs: Mapping[str, float] | None = None,
+             *, version: str | None = None, na_prob_thresh: float = 1.0) -> dict[str, float | int]:
+    """v1.1 or v2.0 scoring, chosen by ``version`` ("1.1" / "2.0") or else by the data's version string."""
+    if version is None:
+        v2 = is_v2(dataset)
+    elif version.lstrip("v") in ("1.1", "1"):
+        v2 = False
+    elif version.lstrip("v") in ("2.0", "2"):
+        v2 = True
+    else:
+        raise ValueError(f"version must be '1.1' or '2.0', got {version!r}")
+    if v2:
+        return evaluate_v2(dataset, predictions, na_probs, na_prob_thresh=na_prob_thresh)
+    if na_probs is not None:
+        raise ValueError("a no-answer probability file needs v2.0 scoring (the data says v1.1)")
+    return evaluate_v1(dataset, predictions)
+
+
+def format_result(result: Mapping[str, Any]) -> str:
+    """The JSON text the official script prints: v1.1 on one line, v2.0 indented by 2."""
+    import json
+
+    if "exact_match" in result:
+        return json.dumps(dict(result))
+    return json.dumps(dict(result), indent=2)

@@ -1,0 +1,287 @@
+"""ConvS2S (Gehring et al. 2017, as in fairseq's fconv) on fastqa's GLU convolutions.
+
+Top-down::
+
+    ConvS2S(src [B, S], tgt_in [B, T]) -> (logits [B, T, V], attention [B, T, S])
+      encoder: token + learned position embeddings e -> fc1 -> L x centred GLU conv block (padding zeroed
+               through the op's mask, residual, x sqrt(1/2)) -> fc2 -> keys z (padding zeroed, gradient
+               scaled by 1/(2 * decoder layers)); values (z + e) * sqrt(1/2)
+      decoder: token + position embeddings e -> fc1 -> L x [causal GLU conv (zeros on the left) ->
+               attention (d = (W g + b + e) * sqrt(1/2), softmax(d z^T) (z + e), x sqrt(s) for s real source
+               tokens, out-projection, + g, x sqrt(1/2)) -> + block input, x sqrt(1/2)] -> fc2 -> fc3
+    Weight normalisation on every linear map and convolution, fairseq's initialisation (N(0, 0.1)
+    embeddings; N(0, sqrt(c (1 - p) / fan_in)) weights, c = 4 for GLU convolutions; zero biases).
+
+``layers="fast"`` builds the convolutions from ``fastqa.layers.GLUConv1d`` (fused kernels),
+``"reference"`` from ``fastqa.reference.GLUConv1d`` (pure PyTorch); both have the same parameter names,
+so one state_dict loads into either. Incremental decoding (``decode_step``) advances every decoder
+layer by one ``GLUConv1d.step`` per token on an explicit :class:`~.decoding.DecoderState`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrizations
+
+import fastqa.layers
+import fastqa.reference
+
+from .config import ConvS2SConfig
+from .decoding import DecoderState
+
+__all__ = ["ConvS2S", "ConvS2SDecoder", "ConvS2SEncoder", "EncoderOut"]
+
+SQRT_HALF = math.sqrt(0.5)
+_GLU_CONV = {"fast": fastqa.layers.GLUConv1d, "reference": fastqa.reference.GLUConv1d}
+
+
+# --- building blocks: initialisation in one place ---------------------------------------------------------
+
+def _embedding(num: int, dim: int, padding_idx: int | None = None) -> nn.Embedding:
+    m = nn.Embedding(num, dim, padding_idx=padding_idx)
+    nn.init.normal_(m.weight, 0.0, 0.1)
+    if padding_idx is not None:
+        with torch.no_grad():
+            m.weight[padding_idx].zero_()
+    return m
+
+
+def _linear(in_features: int, out_features: int, dropout: float = 0.0) -> nn.Linear:
+    """Weight-normalised linear map; N(0, sqrt((1 - dropout) / in)) keeps the variance through dropout."""
+    m = nn.Linear(in_features, out_features)
+    nn.init.normal_(m.weight, 0.0, math.sqrt((1.0 - dropout) / in_features))
+    nn.init.zeros_(m.bias)
+    return parametrizations.weight_norm(m, dim=0)
+
+
+def _glu_conv(layers: str, channels: int, kernel_size: int, dropout: float, *, causal: bool) -> nn.Module:
+    """GLU conv block; weight-normalised per output channel, N(0, sqrt(4 (1 - dropout) / (K H))) (the 4
+    makes up for the GLU halving the variance twice). The encoder's block scales by sqrt(1/2) without
+    the residual, which the encoder adds itself (the residual is the block input before dropout); the
+    decoder's is a bare GLU (residual=False, scale=1): its attention sits between GLU and residual."""
+    scale = 1.0 if causal else SQRT_HALF
+    m = _GLU_CONV[layers](channels, kernel_size, causal=causal, residual=False, scale=scale)
+    nn.init.normal_(m.conv.weight, 0.0, math.sqrt(4.0 * (1.0 - dropout) / (kernel_size * channels)))
+    nn.init.zeros_(m.conv.bias)
+    parametrizations.weight_norm(m.conv, dim=0)
+    return m
+
+
+class _GradMultiply(torch.autograd.Function):
+    """Identity forward; gradient times ``scale`` backward (the encoder gets gradient from every
+    decoder layer's attention, so fairseq scales it by 1 / (2 * attention layers))."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
+def _check_tokens(name: str, ids: object, vocab_size: int, max_positions: int) -> torch.Tensor:
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.dtype != torch.long or ids.dim() != 2:
+        raise ValueError(f"{name} must be a [batch, length] int64 tensor, got {ids.dtype} of shape {tuple(ids.shape)}")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(f"{name} must not be empty, got shape {tuple(ids.shape)}")
+    if ids.shape[1] > max_positions:
+        raise ValueError(f"{name} has length {ids.shape[1]} > max_positions {max_positions}")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        where = tuple(int(i) for i in (ids == bad).nonzero()[0])
+        raise ValueError(f"{name} holds token id {bad} at {where}, outside the vocabulary [0, {vocab_size})")
+    return ids
+
+
+# --- encoder ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class EncoderOut:
+    """What the decoder attends to, per source sentence (computed once per batch).
+
+    keys: [B, S, E] (z, padding zeroed); values: [B, S, E] ((z + e) sqrt(1/2), times sqrt(s) with s the
+    sentence's real source tokens, so the attention output needs no further scaling);
+    bias: [B, 1, S] additive attention mask (0 real, most negative float at padding); mask: [B, S] bool.
+    """
+    keys: torch.Tensor
+    values: torch.Tensor
+    bias: torch.Tensor
+    mask: torch.Tensor
+
+    def index_select(self, sentences: torch.Tensor) -> "EncoderOut":
+        """The sentences ``sentences`` ([B'] int64) only."""
+        return EncoderOut(*(t.index_select(0, sentences) for t in (self.keys, self.values, self.bias, self.mask)))
+
+
+class ConvS2SEncoder(nn.Module):
+    def __init__(self, cfg: ConvS2SConfig, layers: str) -> None:
+        super().__init__()
+        self.pad_id = cfg.pad_id
+        self.embed_tokens = _embedding(cfg.src_vocab_size, cfg.embed_dim, cfg.pad_id)
+        self.embed_positions = _embedding(cfg.max_positions, cfg.embed_dim)
+        self.fc1 = _linear(cfg.embed_dim, cfg.hidden_dim, cfg.dropout)
+        self.convs = nn.ModuleList(_glu_conv(layers, cfg.hidden_dim, cfg.kernel_size, cfg.dropout, causal=False)
+                                   for _ in range(cfg.encoder_layers))
+        self.fc2 = _linear(cfg.hidden_dim, cfg.embed_dim)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.grad_scale = 1.0 / (2.0 * cfg.decoder_layers)
+
+    def forward(self, src: torch.Tensor) -> EncoderOut:
+        """src: [B, S] int64, padded with pad_id on either side -> EncoderOut."""
+        mask = src.ne(self.pad_id)                                   # [B, S]
+        # Positions count real tokens, so left padding gives the same positions as right padding.
+        positions = (mask.cumsum(1) - 1).clamp_(min=0)
+        e = self.dropout(self.embed_tokens(src) + self.embed_positions(positions))   # [B, S, E]
+        x = self.fc1(e)                                              # [B, S, H]
+        for conv in self.convs:
+            # conv(...) = GLU(conv(dropout(x) with padding zeroed)) * sqrt(1/2); the residual is x itself.
+            x = torch.add(conv(self.dropout(x), mask), x, alpha=SQRT_HALF)
+        z = self.fc2(x).masked_fill(~mask.unsqueeze(-1), 0.0)        # [B, S, E]
+        z = _GradMultiply.apply(z, self.grad_scale)
+        lengths = mask.sum(1, dtype=z.dtype)                         # [B]
+        values = (z + e) * (SQRT_HALF * lengths.sqrt()).view(-1, 1, 1)
+        bias = torch.zeros(mask.shape, dtype=z.dtype, device=z.device).masked_fill_(~mask, torch.finfo(z.dtype).min)
+        return EncoderOut(keys=z, values=values, bias=bias.unsqueeze(1), mask=mask)
+
+
+# --- decoder ---------------------------------------------------------------------------------------------------
+
+class _Attention(nn.Module):
+    """One decoder layer's attention over the encoder output."""
+
+    def __init__(self, hidden_dim: int, embed_dim: int) -> None:
+        super().__init__()
+        self.in_proj = _linear(hidden_dim, embed_dim)
+        self.out_proj = _linear(embed_dim, hidden_dim)
+
+    def forward(self, g: torch.Tensor, e: torch.Tensor, enc: EncoderOut) -> tuple[torch.Tensor, torch.Tensor]:
+        """g: [N, T, H] GLU output; e: [N, T, E] target embeddings; N = B * r rows, r per sentence
+        (beams), grouped by sentence. Returns ((out_proj(c) + g) sqrt(1/2) [N, T, H], weights [N, T, S])."""
+        n, t, _ = g.shape
+        b, s, emb = enc.keys.shape
+        d = (self.in_proj(g) + e).reshape(b, (n // b) * t, emb)      # the r rows of a sentence share its keys
+        scores = torch.baddbmm(enc.bias, d, enc.keys.transpose(1, 2), alpha=SQRT_HALF)   # [B, rT, S]
+        weights = torch.softmax(scores, dim=-1)
+        c = torch.bmm(weights, enc.values).reshape(n, t, emb)         # values carry sqrt(s)
+        out = torch.add(self.out_proj(c), g).mul_(SQRT_HALF)
+        return out, weights.reshape(n, t, s)
+
+
+class ConvS2SDecoder(nn.Module):
+    def __init__(self, cfg: ConvS2SConfig, layers: str) -> None:
+        super().__init__()
+        self.embed_tokens = _embedding(cfg.tgt_vocab_size, cfg.embed_dim, cfg.pad_id)
+        self.embed_positions = _embedding(cfg.max_positions, cfg.embed_dim)
+        self.fc1 = _linear(cfg.embed_dim, cfg.hidden_dim, cfg.dropout)
+        self.convs = nn.ModuleList(_glu_conv(layers, cfg.hidden_dim, cfg.kernel_size, cfg.dropout, causal=True)
+                                   for _ in range(cfg.decoder_layers))
+        self.attentions = nn.ModuleList(_Attention(cfg.hidden_dim, cfg.embed_dim) for _ in range(cfg.decoder_layers))
+        self.fc2 = _linear(cfg.hidden_dim, cfg.embed_dim)
+        self.fc3 = _linear(cfg.embed_dim, cfg.tgt_vocab_size, cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def _output(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(self.dropout(self.fc2(x)))
+
+    def forward(self, tgt_in: torch.Tensor, enc: EncoderOut, *, last_only: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """tgt_in: [N, T] int64 starting with sos (N = B * r, r rows per source sentence, grouped).
+        Returns (logits [N, T, V], attention averaged over layers [N, T, S]); with last_only the last
+        position's only ([N, 1, V], [N, 1, S]), for full-recompute decoding."""
+        t = tgt_in.shape[1]
+        e = self.dropout(self.embed_tokens(tgt_in) + self.embed_positions.weight[:t])   # [N, T, E]
+        x = self.fc1(e)                                                                 # [N, T, H]
+        attn = None
+        for i, (conv, attention) in enumerate(zip(self.convs, self.attentions)):
+            g = conv(self.dropout(x))                 # causal: K-1 zeros on the left, never the pad id
+            if last_only and i == len(self.convs) - 1:
+                # Only the last position is wanted from here on (its conv already saw the whole prefix).
+                g, e, x = g[:, -1:], e[:, -1:], x[:, -1:]
+                attn = None if attn is None else attn[:, -1:]
+            a, w = attention(g, e, enc)
+            attn = w if attn is None else attn + w
+            x = torch.add(a, x).mul_(SQRT_HALF)
+        return self._output(x), attn / len(self.convs)
+
+    def step(self, tokens: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, torch.Tensor, DecoderState]:
+        """One incremental step: tokens [N] (the newest token of each row, at position state.step).
+        Returns (logits [N, V], attention [N, S], the advanced state)."""
+        pos = state.step
+        e = self.embed_tokens(tokens) + self.embed_positions.weight[pos]   # [N, E]: only the newest token
+        x = self.fc1(e)
+        attn = None
+        new_states = []
+        for conv, attention, conv_state in zip(self.convs, self.attentions, state.conv_states):
+            g, conv_state = conv.step(x, conv_state)                        # [N, H], rolling [N, K-1, H]
+            new_states.append(conv_state)
+            a, w = attention(g.unsqueeze(1), e.unsqueeze(1), state.encoder)
+            attn = w if attn is None else attn + w
+            x = torch.add(a.squeeze(1), x).mul_(SQRT_HALF)
+        new_state = DecoderState(encoder=state.encoder, conv_states=new_states, step=pos + 1,
+                                 rows_per_sentence=state.rows_per_sentence)
+        return self._output(x), attn.squeeze(1) / len(self.convs), new_state
+
+
+# --- the model -------------------------------------------------------------------------------------------------
+
+class ConvS2S(nn.Module):
+    """Convolutional sequence-to-sequence model. ``layers`` ("fast" | "reference") overrides
+    ``config.layers``; the parameter names do not depend on it."""
+
+    def __init__(self, config: ConvS2SConfig, layers: str | None = None) -> None:
+        super().__init__()
+        if not isinstance(config, ConvS2SConfig):
+            raise TypeError(f"config must be a ConvS2SConfig, got {type(config).__name__}")
+        layers = config.layers if layers is None else layers
+        if layers not in _GLU_CONV:
+            raise ValueError(f"layers must be one of {tuple(_GLU_CONV)}, got {layers!r}")
+        self.config = config
+        self.layers = layers
+        self.encoder = ConvS2SEncoder(config, layers)
+        self.decoder = ConvS2SDecoder(config, layers)
+
+    def encode(self, src: torch.Tensor) -> EncoderOut:
+        """src: [B, S] int64 (padded with pad_id) -> EncoderOut."""
+        cfg = self.config
+        return self.encoder(_check_tokens("src", src, cfg.src_vocab_size, cfg.max_positions))
+
+    def decode(self, tgt_in: torch.Tensor, enc: EncoderOut, *, last_only: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher forcing over tgt_in [N, T] (N a multiple of the encoded batch, rows grouped by
+        sentence) -> (logits [N, T, V], attention [N, T, S]); see ConvS2SDecoder.forward."""
+        cfg = self.config
+        _check_tokens("tgt_in", tgt_in, cfg.tgt_vocab_size, cfg.max_positions)
+        if tgt_in.shape[0] % enc.keys.shape[0]:
+            raise ValueError(f"tgt_in has {tgt_in.shape[0]} rows, not a multiple of the {enc.keys.shape[0]} "
+                             f"encoded sentences")
+        return self.decoder(tgt_in, enc, last_only=last_only)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """src: [B, S], tgt_in: [B, T] (starts with sos) -> (logits [B, T, V_tgt], attention [B, T, S])."""
+        if isinstance(src, torch.Tensor) and isinstance(tgt_in, torch.Tensor) and src.shape[:1] != tgt_in.shape[:1]:
+            raise ValueError(f"src and tgt_in must have the same batch size, got {src.shape[0]} and {tgt_in.shape[0]}")
+        return self.decode(tgt_in, self.encode(src))
+
+    def initial_state(self, enc: EncoderOut, rows_per_sentence: int = 1, *, incremental: bool = True) -> DecoderState:
+        """Decoder state before the first token (sos at position 0): zero conv states
+        [B * rows_per_sentence, K-1, H] per layer (none for full-recompute decoding)."""
+        n = enc.keys.shape[0] * rows_per_sentence
+        states = [conv.initial_state(n, device=enc.keys.device, dtype=enc.keys.dtype)
+                  for conv in self.decoder.convs] if incremental else []
+        return DecoderState(encoder=enc, conv_states=states, step=0, rows_per_sentence=rows_per_sentence)
+
+    def decode_step(self, tokens: torch.Tensor, state: DecoderState
+                    ) -> tuple[torch.Tensor, torch.Tensor, DecoderState]:
+        """Incremental decoding: tokens [N] at position state.step -> (logits [N, V], attention [N, S],
+        new state). The state is not modified in place."""
+        if state.step >= self.config.max_positions:
+            raise ValueError(f"decoding position {state.step} is past max_positions {self.config.max_positions}")
+        return self.decoder.step(tokens, state)

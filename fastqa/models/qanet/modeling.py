@@ -1,0 +1,316 @@
+"""QANet (Yu et al. 2018) on fastqa's layers, top-down.
+
+QANet(config, layers="fast" | "reference" | "naive"):
+
+    words, chars ─► embedding: [frozen word vector (trainable <unk>); char CNN per word + max]
+                 ─► depthwise-separable resize to d ─► 2-layer highway
+                 ─► embedding-encoder block (shared by context and question)
+    context, question ─► context-query attention [c, a, c∘a, c∘b] ─► 1x1 resize 4d -> d
+                 ─► model encoder (blocks applied 3 times with shared weights): M0, M1, M2
+                 ─► start = log_softmax(w_s·[M0; M1]), end = log_softmax(w_e·[M0; M2])
+
+Every encoder block: timing signal, then pre-LayerNorm sublayers (convolutions, self-attention, feed-forward),
+each ``x + dropout(sublayer(LN(x)))`` with stochastic depth in training. ``layers`` picks the modules of the
+convolution sublayers, the embedding resizer and the context-query attention; the rest is ``torch.nn`` and
+the same for all three, so one state_dict loads into each.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ... import layers as fused
+from ... import reference
+from ..common import Highway, init_linear, masked_log_softmax, residual_dropout, survival_prob, timing_signal
+from .config import LAYERS, QANetConfig
+
+__all__ = ["LAYER_SETS", "CharEmbedding", "EncoderBlock", "FeedForward", "NaiveContextQueryAttention", "QANet",
+           "SelfAttention"]
+
+
+class NaiveContextQueryAttention(reference.ContextQueryAttention):
+    """The tutorials' context-query attention (similarity through a [B, n, m, 3d] concatenation): a benchmark
+    baseline with the parameters of ``reference.ContextQueryAttention``."""
+
+    def forward(self, c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor, q_mask: torch.Tensor) -> torch.Tensor:
+        """c: [B, n, d]; q: [B, m, d]; masks [B, n], [B, m] bool -> [B, n, 4d]."""
+        return reference.context_query_attention_naive(c, q, c_mask, q_mask, self.weight, self.bias)
+
+
+@dataclass(frozen=True)
+class _LayerSet:
+    ln_conv: type[nn.Module]  # LN + depthwise-separable conv (+ ReLU + residual): the conv sublayer
+    conv: type[nn.Module]     # depthwise-separable conv: the embedding resizer
+    cqa: type[nn.Module]      # context-query attention
+
+
+LAYER_SETS: dict[str, _LayerSet] = {
+    "fast": _LayerSet(fused.LayerNormDepthwiseSeparableConv1d, fused.DepthwiseSeparableConv1d,
+                      fused.ContextQueryAttention),
+    "reference": _LayerSet(reference.LayerNormDepthwiseSeparableConv1d, reference.DepthwiseSeparableConv1d,
+                           reference.ContextQueryAttention),
+    "naive": _LayerSet(reference.LayerNormDepthwiseSeparableConv1d, reference.DepthwiseSeparableConv1d,
+                       NaiveContextQueryAttention),
+}
+
+
+class CharEmbedding(nn.Module):
+    """Character embedding of each word: a conv over the characters of that word alone, ReLU, max.
+
+    Parameters: ``embed`` (nn.Embedding, the pad row zero) and ``conv`` (nn.Conv1d, 'same' zero padding).
+    Words never see their neighbours' characters (the conv runs over [B*n, W]); padding characters are
+    zero embeddings, like the conv's own zero padding, and are left out of the max, so a word's vector
+    does not depend on how far its batch pads W.
+    """
+
+    def __init__(self, vocab_size: int, dim: int, channels: int, kernel_size: int, *, pad_id: int,
+                 dropout: float) -> None:
+        super().__init__()
+        self.pad_id = pad_id
+        self.dropout = dropout
+        self.embed = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
+        self.conv = nn.Conv1d(dim, channels, kernel_size, padding=kernel_size // 2)
+
+    def forward(self, chars: torch.Tensor) -> torch.Tensor:
+        """chars: [B, n, W] char ids -> [B, n, channels] (zeros for all-padding words)."""
+        b, n, w = chars.shape
+        flat = chars.reshape(b * n, w)
+        e = F.dropout(self.embed(flat), self.dropout, self.training)       # [B*n, W, dim]
+        h = F.relu(self.conv(e.transpose(1, 2)))                            # [B*n, channels, W]
+        # After the ReLU every value is >= 0, so a 0 at padding characters never beats a real one.
+        h = h.masked_fill((flat == self.pad_id).unsqueeze(1), 0.0)
+        return h.amax(dim=2).reshape(b, n, -1)
+
+
+class SelfAttention(nn.Module):
+    """Pre-LN multi-head self-attention sublayer branch: out(SDPA(qkv(LN(x)))).
+
+    ``qkv`` is one nn.Linear(d, 3d) (the three projections as one GEMM); attention runs through
+    F.scaled_dot_product_attention with the key padding mask.
+    """
+
+    def __init__(self, d_model: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm = nn.LayerNorm(d_model)
+        self.qkv = init_linear(nn.Linear(d_model, 3 * d_model))
+        self.out = init_linear(nn.Linear(d_model, d_model))
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        """x: [B, L, d]; attn_mask: [B, 1, 1, L] bool (True = a key to attend to) -> [B, L, d]."""
+        b, length, d = x.shape
+        qkv = self.qkv(self.norm(x)).view(b, length, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=attn_mask)  # [B, h, L, d/h]
+        return self.out(o.transpose(1, 2).reshape(b, length, d))
+
+
+class FeedForward(nn.Module):
+    """Pre-LN feed-forward sublayer branch: ff2(relu(ff1(LN(x))))."""
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.ff1 = init_linear(nn.Linear(d_model, d_model))
+        self.ff2 = init_linear(nn.Linear(d_model, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, L, d] -> [B, L, d]."""
+        return self.ff2(F.relu(self.ff1(self.norm(x))))
+
+
+class EncoderBlock(nn.Module):
+    """QANet encoder block: + timing signal, conv sublayers, self-attention, feed-forward (all pre-LN).
+
+    Parameters: ``convs`` (the layer set's LayerNormDepthwiseSeparableConv1d, ReLU), ``attention``,
+    ``ffn``. Sublayer i of the block has the survival probability ``survival[i]``.
+    """
+
+    def __init__(self, d_model: int, heads: int, conv_layers: int, kernel_size: int, dropout: float,
+                 layer_set: _LayerSet) -> None:
+        super().__init__()
+        self.dropout = dropout
+        self.convs = nn.ModuleList(layer_set.ln_conv(d_model, d_model, kernel_size, activation="relu")
+                                   for _ in range(conv_layers))
+        self.attention = SelfAttention(d_model, heads)
+        self.ffn = FeedForward(d_model)
+
+    @property
+    def num_sublayers(self) -> int:
+        return len(self.convs) + 2
+
+    def forward(self, x: torch.Tensor, timing: torch.Tensor, attn_mask: torch.Tensor,
+                survival: list[float]) -> torch.Tensor:
+        """x: [B, L, d]; timing: [L, d]; attn_mask: [B, 1, 1, L] bool; survival: one float per sublayer."""
+        x = x + timing
+        for conv, s in zip(self.convs, survival):
+            if self.training:
+                x = residual_dropout(x, conv(x), dropout=self.dropout, survival=s, training=True)
+            else:
+                x = conv(x, residual=x)  # the fused residual add (no dropout to apply in evaluation)
+        s_att, s_ffn = survival[len(self.convs):]
+        x = residual_dropout(x, self.attention(x, attn_mask), dropout=self.dropout, survival=s_att,
+                             training=self.training)
+        return residual_dropout(x, self.ffn(x), dropout=self.dropout, survival=s_ffn, training=self.training)
+
+
+def _attn_mask(mask: torch.Tensor) -> torch.Tensor:
+    """[B, L] bool -> [B, 1, 1, L] SDPA key mask. A row with no real token attends to everything (its
+    outputs are masked later) instead of producing NaN."""
+    mask = mask | ~mask.any(dim=1, keepdim=True)
+    return mask[:, None, None, :]
+
+
+def _check_ids(name: str, t: object, ndim: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"QANet.forward: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.long:
+        raise TypeError(f"QANet.forward: {name} must be int64 (torch.long) ids, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"QANet.forward: {name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    return t
+
+
+class QANet(nn.Module):
+    """QANet reader (see the module docstring for the architecture).
+
+    ``QANet(config, layers=None)``: layers "fast" (fastqa.layers: fused kernels), "reference"
+    (fastqa.reference, pure PyTorch) or "naive" (reference + the [B, n, m, 3d] trilinear); None takes
+    ``config.layers``. forward -> (log_p_start, log_p_end), each [B, n] (or [B, 1 + n] with
+    ``config.no_answer``, index 0 = no answer). The word table ``word_vectors`` is a frozen parameter
+    (fill it with ``load_word_vectors``); ``unk_vector`` is the trainable <unk> vector.
+    """
+
+    def __init__(self, config: QANetConfig, layers: str | None = None) -> None:
+        super().__init__()
+        if not isinstance(config, QANetConfig):
+            raise TypeError(f"QANet: config must be a QANetConfig, got {type(config).__name__}")
+        layers = config.layers if layers is None else layers
+        if layers not in LAYERS:
+            raise ValueError(f"QANet: layers must be one of {LAYERS}, got {layers!r}")
+        if config.model_passes != 3:
+            raise ValueError(f"QANet: model_passes must be 3 (the heads read M0, M1, M2), got {config.model_passes}")
+        self.config = config
+        self.layer_impl = layers
+        ls = LAYER_SETS[layers]
+        c, d = config, config.d_model
+
+        # Frozen word vectors: a parameter without gradient (DDP broadcasts it once, not every step).
+        self.word_vectors = nn.Parameter(torch.empty(c.word_vocab_size, c.word_dim), requires_grad=False)
+        self.unk_vector = nn.Parameter(torch.empty(c.word_dim))
+        self.char_embedding = CharEmbedding(c.char_vocab_size, c.char_dim, c.char_channels, c.char_kernel,
+                                            pad_id=c.pad_id, dropout=c.char_dropout)
+        # [word; char] -> d first, then the highway at width d (as the authors' code: cheaper than at 500).
+        self.emb_resize = ls.conv(c.word_dim + c.char_channels, d, c.emb_resize_kernel)
+        self.highway = Highway(d, 2, c.dropout)
+        self.emb_encoder = EncoderBlock(d, c.heads, c.emb_conv_layers, c.emb_conv_kernel, c.dropout, ls)
+        self.cq_attention = ls.cqa(d)
+        self.cq_resize = init_linear(nn.Linear(4 * d, d))
+        self.model_encoder = nn.ModuleList(
+            EncoderBlock(d, c.heads, c.model_conv_layers, c.model_conv_kernel, c.dropout, ls)
+            for _ in range(c.model_blocks))
+        self.start_head = init_linear(nn.Linear(2 * d, 1))
+        self.end_head = init_linear(nn.Linear(2 * d, 1))
+        if c.no_answer:
+            # The null score reads the max-pooled head inputs, so it can tell answerable from unanswerable.
+            self.null_start = init_linear(nn.Linear(2 * d, 1))
+            self.null_end = init_linear(nn.Linear(2 * d, 1))
+        self._init_embeddings()
+
+        # Survival probabilities: l counts the sublayers of one stack (1..L), the same in each pass.
+        n_emb = self.emb_encoder.num_sublayers
+        self._emb_survival = [survival_prob(i + 1, n_emb, c.layer_dropout) for i in range(n_emb)]
+        per_block = self.model_encoder[0].num_sublayers
+        total = per_block * c.model_blocks
+        self._model_survival = [[survival_prob(b * per_block + i + 1, total, c.layer_dropout)
+                                 for i in range(per_block)] for b in range(c.model_blocks)]
+
+    def _init_embeddings(self) -> None:
+        """Random word vectors (replaced by ``load_word_vectors``) with a zero <pad> row; small <unk>."""
+        std = self.config.word_dim ** -0.5
+        with torch.no_grad():
+            nn.init.normal_(self.word_vectors, std=std)
+            self.word_vectors[self.config.pad_id].zero_()
+            self.word_vectors[self.config.unk_id].zero_()  # unused: <unk> reads unk_vector
+            nn.init.normal_(self.unk_vector, std=std)
+
+    @torch.no_grad()
+    def load_word_vectors(self, vectors: torch.Tensor) -> None:
+        """Copy ``vectors`` [word_vocab_size, word_dim] into the frozen table; the <pad> row stays zero and
+        the <unk> row is unused (the trainable ``unk_vector`` stands for <unk>)."""
+        if not isinstance(vectors, torch.Tensor) or not vectors.is_floating_point():
+            raise TypeError(f"load_word_vectors: vectors must be a floating-point tensor, got "
+                            f"{type(vectors).__name__ if not isinstance(vectors, torch.Tensor) else vectors.dtype}")
+        expected = tuple(self.word_vectors.shape)
+        if tuple(vectors.shape) != expected:
+            raise ValueError(f"load_word_vectors: vectors must have shape {expected} "
+                             f"[word_vocab_size, word_dim], got {tuple(vectors.shape)}")
+        self.word_vectors.copy_(vectors)
+        self.word_vectors[self.config.pad_id].zero_()
+        self.word_vectors[self.config.unk_id].zero_()
+
+    def _embed(self, words: torch.Tensor, chars: torch.Tensor) -> torch.Tensor:
+        """words: [B, L]; chars: [B, L, W] -> [B, L, d]."""
+        w = F.embedding(words, self.word_vectors)
+        w = torch.where((words == self.config.unk_id).unsqueeze(-1), self.unk_vector.to(w.dtype), w)
+        w = F.dropout(w, self.config.dropout, self.training)
+        x = torch.cat([w, self.char_embedding(chars)], dim=-1)
+        return self.highway(self.emb_resize(x))
+
+    def _model_pass(self, x: torch.Tensor, timing: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        for block, survival in zip(self.model_encoder, self._model_survival):
+            x = block(x, timing, attn_mask, survival)
+        return x
+
+    def forward(self, context_words: torch.Tensor, context_chars: torch.Tensor, question_words: torch.Tensor,
+                question_chars: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """context_words: [B, n]; context_chars: [B, n, W]; question_words: [B, m]; question_chars: [B, m, W']
+        (int64 ids, ``pad_id`` = padding). Returns (log_p_start, log_p_end): [B, n], or [B, 1 + n] with
+        ``no_answer`` (index 0 = no answer). Padded positions have a finite log-prob whose exp is exactly 0."""
+        cw, cc = _check_ids("context_words", context_words, 2), _check_ids("context_chars", context_chars, 3)
+        qw, qc = _check_ids("question_words", question_words, 2), _check_ids("question_chars", question_chars, 3)
+        if cc.shape[:2] != cw.shape:
+            raise ValueError(f"QANet.forward: context_chars {tuple(cc.shape)} must be [B, n, W] with "
+                             f"[B, n] = context_words' shape {tuple(cw.shape)}")
+        if qc.shape[:2] != qw.shape:
+            raise ValueError(f"QANet.forward: question_chars {tuple(qc.shape)} must be [B, m, W] with "
+                             f"[B, m] = question_words' shape {tuple(qw.shape)}")
+        if qw.shape[0] != cw.shape[0]:
+            raise ValueError(f"QANet.forward: question batch {qw.shape[0]} != context batch {cw.shape[0]}")
+        pad = self.config.pad_id
+        c_mask, q_mask = cw != pad, qw != pad
+
+        c, q = self._embed(cw, cc), self._embed(qw, qc)
+        d = c.shape[-1]
+        c_timing = timing_signal(c.shape[1], d, device=c.device, dtype=c.dtype)
+        q_timing = c_timing[: q.shape[1]] if q.shape[1] <= c.shape[1] else timing_signal(
+            q.shape[1], d, device=q.device, dtype=q.dtype)
+        c_attn = _attn_mask(c_mask)
+        c = self.emb_encoder(c, c_timing, c_attn, self._emb_survival)
+        q = self.emb_encoder(q, q_timing, _attn_mask(q_mask), self._emb_survival)
+
+        x = self.cq_resize(self.cq_attention(c, q, c_mask, q_mask))
+        x = F.dropout(x, self.config.dropout, self.training)
+        m0 = self._model_pass(x, c_timing, c_attn)
+        m1 = self._model_pass(m0, c_timing, c_attn)
+        m2 = self._model_pass(m1, c_timing, c_attn)
+
+        start_in, end_in = torch.cat([m0, m1], dim=-1), torch.cat([m0, m2], dim=-1)
+        start, end = self.start_head(start_in).squeeze(-1), self.end_head(end_in).squeeze(-1)  # [B, n]
+        mask = c_mask
+        if self.config.no_answer:
+            start = torch.cat([self.null_start(self._max_pool(start_in, c_mask)), start], dim=1)
+            end = torch.cat([self.null_end(self._max_pool(end_in, c_mask)), end], dim=1)
+            mask = torch.cat([c_mask.new_ones(c_mask.shape[0], 1), c_mask], dim=1)
+        return masked_log_softmax(start, mask), masked_log_softmax(end, mask)
+
+    @staticmethod
+    def _max_pool(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x: [B, n, C]; mask: [B, n] bool -> max over the real positions, [B, C] (0 for an empty row)."""
+        pooled = x.masked_fill(~mask.unsqueeze(-1), torch.finfo(x.dtype).min).amax(dim=1)
+        return torch.where(mask.any(dim=1, keepdim=True), pooled, torch.zeros_like(pooled))
+
+    def extra_repr(self) -> str:
+        return f"layers={self.layer_impl!r}"

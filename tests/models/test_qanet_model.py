@@ -1,0 +1,336 @@
+"""QANet model: shapes, masking, fast ≡ reference ≡ naive (outputs and gradients), state_dicts, the char CNN,
+dropout / stochastic depth, word vectors, config, and a short loss curve. Tiny configs: runs in seconds."""
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+from helpers import TOLERANCES, assert_close
+
+from fastqa.models.common import masked_log_softmax, timing_signal
+from fastqa.models.qanet import QANet, QANetConfig
+
+IMPLS = ("fast", "reference", "naive")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: extra threads only add synchronisation, which costs seconds per step on a loaded
+    shared CPU (OpenMP waits for descheduled threads). The previous setting is restored."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+W_VOCAB, C_VOCAB = 40, 25
+
+
+def tiny_config(**overrides) -> QANetConfig:
+    base = dict(word_vocab_size=W_VOCAB, char_vocab_size=C_VOCAB, word_dim=8, char_dim=6, char_channels=8,
+                char_kernel=3, d_model=16, heads=2, emb_resize_kernel=3, emb_conv_layers=2, emb_conv_kernel=5,
+                model_blocks=2, model_conv_layers=1, model_conv_kernel=3)
+    return QANetConfig(**{**base, **overrides})
+
+
+def make_batch(gen: torch.Generator, B: int = 3, n: int = 17, m: int = 6, W: int = 5,
+               c_lens: list[int] | None = None, q_lens: list[int] | None = None):
+    """Random ids (never pad/unk unless placed), padded to the given lengths; words have 1..W chars."""
+    cw = torch.randint(2, W_VOCAB, (B, n), generator=gen)
+    qw = torch.randint(2, W_VOCAB, (B, m), generator=gen)
+    cc = torch.randint(2, C_VOCAB, (B, n, W), generator=gen)
+    qc = torch.randint(2, C_VOCAB, (B, m, W), generator=gen)
+    for chars in (cc, qc):  # ragged word lengths: trailing padding characters
+        word_len = torch.randint(1, W + 1, chars.shape[:2], generator=gen)
+        chars.masked_fill_(torch.arange(W) >= word_len.unsqueeze(-1), 0)
+    for words, chars, lens in ((cw, cc, c_lens), (qw, qc, q_lens)):
+        for b, length in enumerate(lens or []):
+            words[b, length:] = 0
+            chars[b, length:] = 0
+    return cw, cc, qw, qc
+
+
+def built(cfg: QANetConfig, impl: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> QANet:
+    torch.manual_seed(seed)
+    return QANet(cfg, impl).to(dtype)
+
+
+@pytest.mark.parametrize("no_answer", [False, True])
+def test_shapes_masking_and_normalisation(no_answer):
+    gen = torch.Generator().manual_seed(0)
+    model = built(tiny_config(no_answer=no_answer), "fast").eval()
+    cw, cc, qw, qc = make_batch(gen, c_lens=[17, 9, 12], q_lens=[6, 3, 6])
+    with torch.no_grad():
+        log_s, log_e = model(cw, cc, qw, qc)
+    offset = 1 if no_answer else 0
+    for lp in (log_s, log_e):
+        assert lp.shape == (3, 17 + offset)
+        assert torch.isfinite(lp).all()  # padded positions: finite log-probs, never -inf/NaN
+        p = lp.exp()
+        assert (p[1, offset + 9:] == 0).all() and (p[2, offset + 12:] == 0).all()
+        assert (p[0] > 0).all() and (p[1, : offset + 9] > 0).all()
+        torch.testing.assert_close(p.sum(-1), torch.ones(3))
+
+
+def test_batch_one_and_context_longer_than_training():
+    gen = torch.Generator().manual_seed(1)
+    model = built(tiny_config(no_answer=True), "fast").eval()
+    for n in (1, 7, 600):  # 600: far longer than any training context (timing signal for any length)
+        cw, cc, qw, qc = make_batch(gen, B=1, n=n, m=4)
+        with torch.no_grad():
+            log_s, log_e = model(cw, cc, qw, qc)
+        assert log_s.shape == log_e.shape == (1, n + 1)
+        torch.testing.assert_close(log_s.exp().sum(), torch.tensor(1.0))
+
+
+def test_batched_example_equals_itself_alone_without_padding():
+    """An unpadded example in a batch of equal-length examples gives what it gives alone (batch 1)."""
+    gen = torch.Generator().manual_seed(2)
+    model = built(tiny_config(), "fast").eval()
+    cw, cc, qw, qc = make_batch(gen, B=4)
+    with torch.no_grad():
+        batched = model(cw, cc, qw, qc)
+        alone = model(cw[2:3], cc[2:3], qw[2:3], qc[2:3])
+    for got, want in zip(alone, batched):
+        assert_close(got[0], want[2], name="batch-1 output")
+
+
+def test_empty_question_gives_no_nan():
+    gen = torch.Generator().manual_seed(3)
+    model = built(tiny_config(), "fast").eval()
+    cw, cc, qw, qc = make_batch(gen, q_lens=[6, 0, 6])
+    with torch.no_grad():
+        log_s, log_e = model(cw, cc, qw, qc)
+    assert torch.isfinite(log_s).all() and torch.isfinite(log_e).all()
+
+
+@pytest.mark.parametrize("no_answer", [False, True])
+def test_fast_reference_naive_same_outputs_and_gradients(no_answer):
+    """Same weights in the three implementations: outputs (eval: fused residual path) and every parameter's
+    gradient (training path, dropout and stochastic depth off) agree within the float64 tolerance."""
+    cfg = tiny_config(no_answer=no_answer, dropout=0.0, char_dropout=0.0, layer_dropout=0.0)
+    gen = torch.Generator().manual_seed(4)
+    batch = make_batch(gen, c_lens=[17, 11, 14], q_lens=[6, 2, 5])
+    models = {impl: built(cfg, impl, seed=5, dtype=torch.float64) for impl in IMPLS}
+    state = models["reference"].state_dict()
+    for model in models.values():
+        model.load_state_dict(state)
+    weights = torch.rand(2, 3, 17 + no_answer, generator=gen, dtype=torch.float64)
+    outputs, grads = {}, {}
+    for impl, model in models.items():
+        with torch.no_grad():
+            outputs[impl] = model.eval()(*batch)
+        log_s, log_e = model.train()(*batch)
+        # A loss touching every position (padded ones have exp = 0, hence weight them via p, not log p).
+        loss = (weights[0] * log_s.exp()).sum() + (weights[1] * log_e.exp()).sum() - log_s[:, 3].sum()
+        loss.backward()
+        grads[impl] = {k: p.grad for k, p in model.named_parameters() if p.requires_grad}
+        assert all(g is not None for g in grads[impl].values()), f"{impl}: a parameter got no gradient"
+    atol, rtol = TOLERANCES[torch.float64]
+    for impl in ("fast", "naive"):
+        for i, (got, want) in enumerate(zip(outputs[impl], outputs["reference"])):
+            assert_close(got, want, name=f"{impl} output {i}", atol=atol, rtol=rtol)
+        for name, want in grads["reference"].items():
+            assert_close(grads[impl][name], want, name=f"{impl} grad of {name}", atol=atol, rtol=rtol)
+
+
+def test_float32_fast_matches_reference():
+    cfg = tiny_config(no_answer=True)
+    gen = torch.Generator().manual_seed(6)
+    batch = make_batch(gen, c_lens=[17, 8, 13])
+    fast, ref = built(cfg, "fast", seed=7).eval(), built(cfg, "reference", seed=8).eval()
+    ref.load_state_dict(fast.state_dict())
+    with torch.no_grad():
+        for got, want in zip(fast(*batch), ref(*batch)):
+            assert_close(got.exp(), want.exp(), name="float32 probabilities")
+
+
+def test_state_dict_round_trip_across_implementations():
+    cfg = tiny_config()
+    gen = torch.Generator().manual_seed(9)
+    batch = make_batch(gen)
+    source = built(cfg, "naive", seed=10).eval()
+    buf = io.BytesIO()
+    torch.save(source.state_dict(), buf)
+    keys = list(source.state_dict())
+    with torch.no_grad():
+        want = source(*batch)
+    for impl in IMPLS:
+        buf.seek(0)
+        target = built(cfg, impl, seed=11).eval()  # different random weights until loaded
+        assert list(target.state_dict()) == keys
+        target.load_state_dict(torch.load(buf, weights_only=True))  # strict: same names and shapes
+        with torch.no_grad():
+            for got, w in zip(target(*batch), want):
+                assert_close(got.exp(), w.exp(), name=f"{impl} after load")
+
+
+def test_char_cnn_keeps_words_apart_and_ignores_char_padding():
+    model = built(tiny_config(), "fast").eval()
+    gen = torch.Generator().manual_seed(12)
+    _, cc, _, _ = make_batch(gen, B=2, n=9, W=6)
+    with torch.no_grad():
+        base = model.char_embedding(cc)
+        changed = cc.clone()
+        changed[0, 4] = torch.randint(2, C_VOCAB, (6,), generator=gen)
+        out = model.char_embedding(changed)
+        assert not torch.equal(out[0, 4], base[0, 4])
+        others = torch.ones(2, 9, dtype=torch.bool)
+        others[0, 4] = False
+        assert torch.equal(out[others], base[others])  # neighbours (3 and 5) included
+        # More trailing padding characters (a batch with longer words) changes nothing.
+        wider = torch.nn.functional.pad(cc, (0, 7))
+        assert_close(model.char_embedding(wider), base, name="char embedding with wider W")
+        assert (base >= 0).all()
+
+
+def test_dropout_off_in_eval_on_in_training():
+    cfg = tiny_config(dropout=0.3, char_dropout=0.3, layer_dropout=0.0)
+    model = built(cfg, "fast")
+    batch = make_batch(torch.Generator().manual_seed(13))
+    model.eval()
+    with torch.no_grad():
+        a, b = model(*batch), model(*batch)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    model.train()
+    with torch.no_grad():
+        c, d = model(*batch), model(*batch)
+    assert not torch.equal(c[0], d[0])
+
+
+def test_stochastic_depth_only_in_training():
+    """layer_dropout alone (no dropout): training outputs vary from call to call; evaluation is deterministic
+    and equals the same weights with stochastic depth off (inverted scaling: eval uses the branches as they
+    are), which also equals a training-mode call without any dropout."""
+    gen = torch.Generator().manual_seed(14)
+    batch = make_batch(gen)
+    sd_model = built(tiny_config(dropout=0.0, char_dropout=0.0, layer_dropout=0.9), "reference")
+    plain = built(tiny_config(dropout=0.0, char_dropout=0.0, layer_dropout=0.0), "reference")
+    plain.load_state_dict(sd_model.state_dict())
+    with torch.no_grad():
+        sd_model.train()
+        t1, t2 = sd_model(*batch)[0], sd_model(*batch)[0]
+        assert not torch.equal(t1, t2)
+        sd_model.eval()
+        e1, e2 = sd_model(*batch)[0], sd_model(*batch)[0]
+        assert torch.equal(e1, e2)
+        assert_close(e1, plain.eval()(*batch)[0], name="eval with stochastic depth vs without")
+        assert_close(plain.train()(*batch)[0], e1, name="train mode without any dropout vs eval")
+    assert sd_model._model_survival[0][0] == pytest.approx(1 - 0.9 / 6)
+    assert sd_model._model_survival[-1][-1] == pytest.approx(0.1)
+
+
+def test_load_word_vectors_pad_zero_frozen_table_trainable_unk():
+    cfg = tiny_config()
+    model = built(cfg, "fast")
+    vectors = torch.randn(W_VOCAB, cfg.word_dim) + 1.0
+    model.load_word_vectors(vectors)
+    table = model.word_vectors
+    assert not table.requires_grad and model.unk_vector.requires_grad
+    assert (table[cfg.pad_id] == 0).all()
+    assert torch.equal(table[5], vectors[5])
+    cw, cc, qw, qc = make_batch(torch.Generator().manual_seed(15), c_lens=[17, 10, 12])
+    cw[0, 2] = cfg.unk_id
+    log_s, log_e = model.train()(cw, cc, qw, qc)
+    (-log_s[:, 0].sum() - log_e[:, 1].sum()).backward()
+    assert table.grad is None
+    assert model.unk_vector.grad is not None and model.unk_vector.grad.abs().sum() > 0
+    before = table.detach().clone()
+    torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.1).step()
+    assert torch.equal(table, before)
+    with pytest.raises(ValueError, match="vectors must have shape"):
+        model.load_word_vectors(torch.zeros(W_VOCAB + 1, cfg.word_dim))
+    with pytest.raises(TypeError, match="vectors"):
+        model.load_word_vectors(torch.zeros(W_VOCAB, cfg.word_dim, dtype=torch.long))
+
+
+def test_unk_words_read_the_unk_vector():
+    cfg = tiny_config()
+    model = built(cfg, "fast").eval()
+    words = torch.tensor([[cfg.unk_id, 5, cfg.pad_id]])
+    chars = torch.zeros(1, 3, 2, dtype=torch.long)
+    with torch.no_grad():
+        model.word_vectors[cfg.unk_id] = 100.0  # ignored: <unk> reads unk_vector
+        w = torch.nn.functional.embedding(words, model.word_vectors)
+        w = torch.where((words == cfg.unk_id).unsqueeze(-1), model.unk_vector, w)
+    assert torch.equal(w[0, 0], model.unk_vector.detach())
+
+
+@pytest.mark.parametrize("no_answer", [False, True])
+def test_a_few_dozen_steps_drive_the_loss_down(no_answer):
+    cfg = tiny_config(no_answer=no_answer, dropout=0.0, char_dropout=0.0, layer_dropout=0.0)
+    model = built(cfg, "fast", seed=16).train()
+    gen = torch.Generator().manual_seed(17)
+    batch = make_batch(gen, B=4, c_lens=[17, 12, 15, 9])
+    start = torch.tensor([3, 0, 7, 2])
+    end = torch.tensor([5, 4, 7, 8])
+    if no_answer:  # gold index + 1; (0, 0) for the unanswerable example
+        start, end = start + 1, end + 1
+        start[1], end[1] = 0, 0
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    losses = []
+    for _ in range(40):
+        log_s, log_e = model(*batch)
+        loss = torch.nn.functional.nll_loss(log_s, start) + torch.nn.functional.nll_loss(log_e, end)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < 0.25 * losses[0], losses
+
+
+def test_timing_signal_and_masked_log_softmax():
+    sig = timing_signal(1000, 6)
+    assert sig.shape == (1000, 6)
+    torch.testing.assert_close(sig[0], torch.tensor([0.0, 0, 0, 1, 1, 1]))
+    # channel 0 has timescale 1: sin(pos); channel 2 has timescale 1e4: sin(pos / 1e4)
+    torch.testing.assert_close(sig[:, 0], torch.sin(torch.arange(1000.0)))
+    torch.testing.assert_close(sig[:, 2], torch.sin(torch.arange(1000.0) / 1e4))
+    assert timing_signal(3, 5)[:, 4].abs().sum() == 0  # odd width: a zero last channel
+    logits = torch.tensor([[1.0, 2.0, 50.0]])
+    lp = masked_log_softmax(logits, torch.tensor([[True, True, False]]))
+    assert lp.exp()[0, 2] == 0 and torch.isfinite(lp).all()
+    torch.testing.assert_close(lp[0, :2], torch.log_softmax(logits[0, :2], 0))
+    assert not torch.isnan(lp.exp() * lp).any()
+
+
+def test_config_presets_round_trip_and_errors():
+    paper = QANetConfig.from_preset("paper", word_vocab_size=100, char_vocab_size=50)
+    assert (paper.d_model, paper.heads, paper.word_dim, paper.char_dim) == (128, 8, 300, 200)
+    assert (paper.emb_conv_layers, paper.emb_conv_kernel, paper.model_blocks, paper.model_conv_layers,
+            paper.model_conv_kernel, paper.model_passes) == (4, 7, 7, 2, 5, 3)
+    small = QANetConfig.from_preset("small", word_vocab_size=100, char_vocab_size=50, no_answer=True)
+    assert small.word_dim == 50 and small.no_answer
+    assert QANetConfig.from_dict(small.to_dict()) == small
+    with pytest.raises(ValueError, match="unknown QANet preset"):
+        QANetConfig.from_preset("huge", word_vocab_size=100, char_vocab_size=50)
+    with pytest.raises(ValueError, match="word_vocab_size"):
+        QANetConfig.from_preset("small", char_vocab_size=50)
+    with pytest.raises(ValueError, match="unknown QANetConfig field"):
+        QANetConfig.from_dict({**small.to_dict(), "colour": 1})
+    with pytest.raises(ValueError, match="multiple of heads"):
+        tiny_config(d_model=18, heads=4)
+    with pytest.raises(ValueError, match="dropout"):
+        tiny_config(dropout=1.0)
+    with pytest.raises(ValueError, match="layers"):
+        tiny_config(layers="turbo")
+    with pytest.raises(TypeError, match="d_model"):
+        tiny_config(d_model=16.0)
+    with pytest.raises(ValueError, match="model_conv_kernel"):
+        tiny_config(model_conv_kernel=4)
+    with pytest.raises(ValueError, match="layers"):
+        QANet(tiny_config(), "turbo")
+
+
+def test_forward_rejects_bad_inputs():
+    model = built(tiny_config(), "reference").eval()
+    cw, cc, qw, qc = make_batch(torch.Generator().manual_seed(18))
+    with pytest.raises(TypeError, match="context_words"):
+        model(cw.float(), cc, qw, qc)
+    with pytest.raises(ValueError, match="question_chars"):
+        model(cw, cc, qw, qc[:, :-1])
+    with pytest.raises(ValueError, match="context_chars"):
+        model(cw, cc[..., 0], qw, qc)
+    with pytest.raises(ValueError, match="batch"):
+        model(cw, cc, qw[:2], qc[:2])

@@ -24,6 +24,20 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _config_item(text: str) -> tuple[str, object]:
+    """"FIELD=VALUE" -> (field, value); the value is read as JSON (numbers, true/false), else kept a str."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
+    if key.strip() in ("src_vocab_size", "tgt_vocab_size", "layers"):
+        raise argparse.ArgumentTypeError(f"{key.strip()} is set from the data / --layers, not --config")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip(), value
+
+
 def _decoding_args(p: argparse.ArgumentParser, default_beam: int) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="run folder of mt-train (its checkpoint.pt)")
     p.add_argument("--beam", type=_positive_int, default=default_beam,
@@ -53,8 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-lowercase", action="store_true", help="keep case (default: lowercase, as the tutorial)")
     p.add_argument("--min-freq", type=_positive_int, default=2, help="vocabulary: tokens seen at least this often")
     p.add_argument("--preset", choices=("small", "tutorial"), default="small")
-    p.add_argument("--dropout", type=float, help="override the preset's dropout")
-    p.add_argument("--max-positions", type=_positive_int, help="override the preset's max_positions")
+    p.add_argument("--config", action="append", default=[], metavar="FIELD=VALUE", type=_config_item,
+                   help="override a ConvS2SConfig field of the preset (repeatable), e.g. --config dropout=0.1 "
+                   "--config encoder_layers=4")
     p.add_argument("--layers", choices=("fast", "reference"), default="fast")
     p.add_argument("--max-len", type=_positive_int, help="drop training pairs longer than this (tokens + <eos>)")
     p.add_argument("--batch-size", type=_positive_int, default=64, help="sentence pairs per step (all ranks)")
@@ -102,11 +117,7 @@ def run_train(args: argparse.Namespace) -> int:
     from ..pipelines.translation import MTOptions, train_translation
     from ..train.loop import TrainSettings
 
-    overrides = {}
-    if args.dropout is not None:
-        overrides["dropout"] = args.dropout
-    if args.max_positions is not None:
-        overrides["max_positions"] = args.max_positions
+    overrides = dict(args.config)
     opts = MTOptions(src=args.src, tgt=args.tgt, valid_src=args.valid_src, valid_tgt=args.valid_tgt,
                      src_lang=args.src_lang, tgt_lang=args.tgt_lang, lowercase=not args.no_lowercase,
                      min_freq=args.min_freq, preset=args.preset, config_overrides=overrides, layers=args.layers,

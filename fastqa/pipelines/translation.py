@@ -33,7 +33,7 @@ from ..train.checkpoint import inference_weights, load_checkpoint
 from ..train.loop import TrainSettings, fit, seed_everything
 
 __all__ = ["MTOptions", "MTTask", "build_task", "train_translation", "Translator", "AttentionMap",
-           "plot_attention_map"]
+           "plot_attention_map", "plot_format"]
 
 log = logging.getLogger("fastqa.mt")
 
@@ -374,8 +374,22 @@ class Translator:
         return amap
 
 
+def plot_format(path: str | os.PathLike) -> str:
+    """The image format of ``path`` by its suffix (png, pdf, svg...); UserError if matplotlib cannot write it
+    (checked before any work is done)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    fmt = Path(path).suffix.lstrip(".").lower()
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if fmt not in supported:
+        raise UserError(f"{path}: cannot write a plot in format {fmt or '(no suffix)'!r}; "
+                        f"use one of .{', .'.join(sorted(supported))}")
+    return fmt
+
+
 def plot_attention_map(amap: AttentionMap, path: str | os.PathLike) -> None:
     """Heat map: source tokens on the x axis, output tokens on the y axis (written atomically)."""
+    fmt = plot_format(path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -392,11 +406,8 @@ def plot_attention_map(amap: AttentionMap, path: str | os.PathLike) -> None:
     ax.set_ylabel("translation")
     fig.colorbar(im, ax=ax, fraction=0.04)
     fig.tight_layout()
-    fmt = Path(path).suffix.lstrip(".") or "png"
     try:
         with atomic_open(path, "wb") as f:
             fig.savefig(f, format=fmt)
-    except ValueError as e:  # an unknown image format
-        raise UserError(f"{path}: cannot write the plot ({e})") from None
     finally:
         plt.close(fig)

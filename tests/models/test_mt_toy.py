@@ -1,0 +1,215 @@
+"""ConvS2S translation end to end on generated data: a copy task learned through the real `mt-train` path,
+then the Python API (Translator), `translate` and `mt-eval` round trips, attention plot, resume, and the
+error paths (one line on stderr + exit status 2).
+
+The task: sentences of 3..8 random words from a 12-word vocabulary, target = the same words. A tiny model
+(2 + 2 layers, hidden 64) learns it in ~150 steps on one CPU thread.
+"""
+from __future__ import annotations
+
+import io
+import json
+import random
+import shutil
+
+import pytest
+import torch
+
+from fastqa.cli import main
+from fastqa.errors import UserError
+from fastqa.pipelines.translation import Translator
+from fastqa.train.checkpoint import load_checkpoint, save_checkpoint
+
+WORDS = "ka lo mi nu po ri sa tu ve xo ya zu".split()
+TINY = ["--config", "embed_dim=32", "--config", "hidden_dim=64", "--config", "encoder_layers=2",
+        "--config", "decoder_layers=2", "--config", "dropout=0", "--config", "max_positions=32"]
+
+
+def _sentences(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(n)]
+
+
+def _write(path, lines):
+    path.write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("copy")
+    train, valid, test = _sentences(2000, 0), _sentences(60, 1), _sentences(100, 2)
+    return {"dir": d, "train.de": _write(d / "train.de", train), "train.en": _write(d / "train.en", train),
+            "val.de": _write(d / "val.de", valid), "val.en": _write(d / "val.en", valid),
+            "test.de": _write(d / "test.de", test), "test.en": _write(d / "test.en", test), "test": test}
+
+
+def _train_args(c, out, *extra):
+    return ["mt-train", "--src", c["train.de"], "--tgt", c["train.en"], "--valid-src", c["val.de"],
+            "--valid-tgt", c["val.en"], "--out", str(out), *TINY, "--min-freq", "1", "--batch-size", "32",
+            "--lr", "3e-3", "--no-progress", "--threads", "1", "--log-every", "10", *extra]
+
+
+@pytest.fixture(scope="module")
+def model_dir(corpus):
+    out = corpus["dir"] / "run"
+    assert main(_train_args(corpus, out, "--max-steps", "150", "--valid-bleu", "30")) == 0
+    return out
+
+
+def test_mt_train_writes_a_run_folder(model_dir):
+    rows = [json.loads(ln) for ln in (model_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert train[-1]["step"] == 150 and train[-1]["loss"] < 0.5 * train[0]["loss"]
+    assert evals[-1]["step"] == 150 and evals[-1]["val_ppl"] < 1.5
+    assert evals[-1]["val_ppl"] == pytest.approx(2.718281828 ** evals[-1]["val_loss"], rel=1e-6)
+    assert "val_bleu" in evals[-1]
+    assert (model_dir / "curve.png").stat().st_size > 1000
+    payload = load_checkpoint(model_dir)
+    assert payload["kind"] == "convs2s" and payload["step"] == 150
+    assert payload["meta"]["src_vocab"]["itos"][:4] == ["<pad>", "<unk>", "<sos>", "<eos>"]
+    assert payload["meta"]["text"] == {"src_lang": "de", "tgt_lang": "en", "lowercase": True}
+
+
+def test_copy_task_learned(model_dir, corpus):
+    torch.set_num_threads(1)  # restored by the autouse fixture below
+    tr = Translator.load(model_dir)
+    want = [s.split() for s in corpus["test"]]
+    greedy = tr.translate_tokens(corpus["test"], beam=1)
+    exact = sum(g == w for g, w in zip(greedy, want)) / len(want)
+    assert exact >= 0.95, f"greedy exact-sequence accuracy {exact:.2f}"
+    beam = tr.translate_tokens(corpus["test"], beam=3)
+    assert sum(b == w for b, w in zip(beam, want)) / len(want) >= 0.95
+    # Full-recompute decoding gives the same tokens as incremental decoding.
+    assert tr.translate_tokens(corpus["test"][:20], beam=1, incremental=False) == greedy[:20]
+    # Reference layers load the same weights and translate the same.
+    assert Translator.load(model_dir, layers="reference").translate_tokens(corpus["test"][:20], beam=1) == greedy[:20]
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def test_translator_defined_results_for_odd_input(model_dir, capsys):
+    torch.set_num_threads(1)
+    tr = Translator.load(model_dir)
+    out = tr.translate(["ka lo mi", "", "   ", "KA LO MI", "ka QQQ mi"], beam=2)
+    assert out[0] == "ka lo mi" and out[1] == "" and out[2] == ""
+    assert out[3] == "ka lo mi"  # lowercased as in training
+    assert isinstance(out[4], str)  # an unknown word is read as <unk>: a translation, no error
+    assert tr.src_vocab.encode(tr.source_tokens("ka QQQ mi"))[1] == tr.src_vocab.unk_id
+    # Longer than the learned positions (32): translated from its first 31 tokens, with a warning.
+    long = tr.translate([" ".join(["ka"] * 40)], beam=1)
+    assert len(long) == 1 and "translating the first 31" in capsys.readouterr().err
+    with pytest.raises(TypeError):
+        tr.translate("ka lo")
+    with pytest.raises(ValueError, match="beam"):
+        tr.translate(["ka"], beam=0)
+    amap = tr.attention("ka lo mi nu")
+    assert amap.source == ["ka", "lo", "mi", "nu", "<eos>"] and amap.target[-1] == "<eos>"
+    assert amap.weights.shape == (len(amap.target), len(amap.source))
+    assert torch.allclose(amap.weights.sum(-1), torch.ones(len(amap.target)), atol=1e-5)
+    # A learned copy attends to the word it writes: the diagonal carries most of the weight.
+    assert amap.weights[:4].argmax(-1).tolist() == [0, 1, 2, 3]
+
+
+def test_translate_cli_stdin_and_file(model_dir, corpus, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("ka lo mi\n\nnu po ri sa"))  # no final newline
+    plot = tmp_path / "attn.png"
+    assert main(["translate", "--model", str(model_dir), "--beam", "1", "--threads", "1",
+                 "--plot-attention", str(plot)]) == 0
+    cap = capsys.readouterr()
+    assert cap.out == "ka lo mi\n\nnu po ri sa\n"
+    assert "sentences/s" in cap.err and plot.stat().st_size > 1000
+    src = _write(tmp_path / "in.de", ["ve xo ya", "zu tu ka"])
+    assert main(["translate", "--model", str(model_dir), "--input", src, "--no-incremental", "--beam", "2",
+                 "--threads", "1"]) == 0
+    assert capsys.readouterr().out == "ve xo ya\nzu tu ka\n"
+
+
+def test_mt_eval_cli(model_dir, corpus, tmp_path, capsys):
+    scores, hyps = tmp_path / "scores.json", tmp_path / "hyps.txt"
+    assert main(["mt-eval", "--model", str(model_dir), "--src", corpus["test.de"], "--ref", corpus["test.en"],
+                 "--beam", "1", "--threads", "1", "--json", str(scores), "--output", str(hyps)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("BLEU|nrefs:1|case:lc|eff:no|tok:13a") and out[1].startswith("tokenized BLEU")
+    s = json.loads(scores.read_text())
+    assert s["sacrebleu"] > 95 and s["tokenized_bleu"] > 95 and s["sentences"] == 100
+    assert f"= {s['sacrebleu']:.2f}" in out[0]
+    assert hyps.read_text().splitlines() == [h for h in hyps.read_text().splitlines()] and \
+        len(hyps.read_text().splitlines()) == 100
+
+
+def test_resume_continues_the_run(model_dir, corpus, tmp_path):
+    out = tmp_path / "resumed"
+    shutil.copytree(model_dir, out)
+    assert main(_train_args(corpus, out, "--max-steps", "160", "--resume")) == 0
+    assert load_checkpoint(out)["step"] == 160
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"][-2:] == [150, 160]
+
+
+# --- error paths: one line on stderr, exit status 2 ---------------------------------------------------------
+
+def _fails(argv, capsys, *needles):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fastqa: error: ") and err.count("\n") == 1, err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+def test_train_errors(corpus, tmp_path, capsys):
+    short = _write(tmp_path / "short.en", ["ka", "lo"])
+    args = _train_args(corpus, tmp_path / "o1", "--max-steps", "1")
+    i = args.index("--tgt")
+    _fails(args[:i + 1] + [short] + args[i + 2:], capsys, "train.de has 2000 lines", "short.en has 2")
+    empty = tmp_path / "empty.de"
+    empty.write_text("")
+    i = args.index("--valid-src")
+    _fails(args[:i + 1] + [str(empty)] + args[i + 2:], capsys, "empty.de: the file is empty")
+    _fails(_train_args(corpus, tmp_path / "none", "--max-steps", "1", "--resume"), capsys, "no such checkpoint")
+    _fails(_train_args(corpus, tmp_path / "o2", "--max-steps", "1", "--config", "kernel_size=4"), capsys,
+           "kernel_size must be odd")
+    odd = _write(tmp_path / "text.txt", ["ka"] * 2000)
+    i = args.index("--src")
+    _fails(args[:i + 1] + [odd] + args[i + 2:], capsys, "text.txt", "--src-lang")
+
+
+def test_checkpoint_from_another_vocabulary(model_dir, corpus, tmp_path, capsys):
+    # Resuming with data whose vocabulary differs is refused before anything is written.
+    out = tmp_path / "other"
+    shutil.copytree(model_dir, out)
+    other = _write(tmp_path / "other.en", [s.replace("ka", "kb") for s in _sentences(2000, 0)])
+    args = _train_args(corpus, out, "--max-steps", "160", "--resume")
+    i = args.index("--tgt")
+    _fails(args[:i + 1] + [other] + args[i + 2:], capsys, "another config or vocabulary", "tgt_vocab")
+    assert load_checkpoint(out)["step"] == 150
+    # A checkpoint whose vocabulary does not fit its model.
+    payload = load_checkpoint(model_dir)
+    payload["meta"]["tgt_vocab"]["itos"].append("extra")
+    bad = tmp_path / "bad"
+    save_checkpoint(bad, {k: v for k, v in payload.items() if k != "format"})
+    with pytest.raises(UserError, match="target vocabulary has 17 tokens but the model was built for 16"):
+        Translator.load(bad)
+    _fails(["translate", "--model", str(bad)], capsys, "mixes two vocabularies")
+    # A checkpoint of another model kind.
+    save_checkpoint(tmp_path / "qa", {"kind": "qanet", "meta": {}, "model": {}})
+    _fails(["translate", "--model", str(tmp_path / "qa")], capsys, "'qanet' checkpoint, not a translation model")
+
+
+def test_use_errors(model_dir, corpus, tmp_path, capsys):
+    _fails(["translate", "--model", str(tmp_path / "nowhere")], capsys, "no such checkpoint")
+    _fails(["mt-eval", "--model", str(model_dir), "--src", corpus["test.de"], "--ref", corpus["val.en"]], capsys,
+           "test.de has 100 lines", "val.en has 60")
+    empty = tmp_path / "empty.de"
+    empty.write_text("")
+    _fails(["translate", "--model", str(model_dir), "--input", str(empty)], capsys, "empty.de: the file is empty")
+    _fails(["translate", "--model", str(model_dir), "--input", corpus["test.de"], "--plot-attention",
+            str(tmp_path / "x.notaformat")], capsys, "x.notaformat")
+    assert not (tmp_path / "x.notaformat").exists()

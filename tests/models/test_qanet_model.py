@@ -184,6 +184,51 @@ def test_char_cnn_keeps_words_apart_and_ignores_char_padding():
         assert (base >= 0).all()
 
 
+def test_char_embedding_equals_the_per_word_conv():
+    """The table/embedding_bag form equals the plain definition -- embed, Conv1d over each word's characters
+    ('same' zero padding), ReLU, max over the real characters -- in value and in both parameters' gradients."""
+    torch.manual_seed(19)
+    model = built(tiny_config(char_kernel=5), "reference", dtype=torch.float64).eval()
+    ce = model.char_embedding
+    _, cc, _, _ = make_batch(torch.Generator().manual_seed(20), B=2, n=7, W=6)
+    cc[1, 6] = 0  # an all-padding word -> zeros
+
+    def plain(chars: torch.Tensor) -> torch.Tensor:
+        b, n, w = chars.shape
+        flat = chars.reshape(b * n, w)
+        h = torch.relu(ce.conv(ce.embed(flat).transpose(1, 2)))              # [B*n, C, W]
+        h = h.masked_fill((flat == 0).unsqueeze(1), 0.0)
+        return h.amax(dim=2).reshape(b, n, -1)
+
+    got, want = ce(cc), plain(cc)
+    atol, rtol = TOLERANCES[torch.float64]
+    assert_close(got, want, name="char embedding", atol=atol, rtol=rtol)
+    assert (got[1, 6] == 0).all()
+    g = torch.randn(got.shape, dtype=torch.float64)
+    params = [ce.embed.weight, ce.conv.weight, ce.conv.bias]
+    for name, a, b in zip(("embed", "conv.weight", "conv.bias"), torch.autograd.grad(got, params, g),
+                          torch.autograd.grad(want, params, g)):
+        assert_close(a, b, name=f"grad of {name}", atol=atol, rtol=rtol)
+
+
+def test_dropout_masks_rate_and_scale():
+    from fastqa.models.common import dropout, residual_dropout
+    torch.manual_seed(21)
+    q = 1 - round(0.1 * 65536) / 65536  # the keep probability, quantised to 1/65536
+    x = torch.ones(4, 500, 100)
+    y = dropout(x, 0.1, True)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.9) < 0.005
+    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / q))
+    assert dropout(x, 0.1, False) is x
+    # residual: x + branch * mask; survival 0.5 drops whole examples, the kept ones scaled by 1/(0.9*0.5)
+    r = residual_dropout(torch.zeros_like(x), x, dropout=0.1, survival=0.5, training=True)
+    per_example = (r != 0).float().mean(dim=(1, 2))
+    assert ((per_example == 0) | ((per_example - 0.9).abs() < 0.01)).all()
+    torch.testing.assert_close(r[r != 0], torch.full_like(r[r != 0], 1 / (q * 0.5)))
+    torch.testing.assert_close(residual_dropout(x, x, dropout=0.1, survival=0.5, training=False), 2 * x)
+
+
 def test_dropout_off_in_eval_on_in_training():
     cfg = tiny_config(dropout=0.3, char_dropout=0.3, layer_dropout=0.0)
     model = built(cfg, "fast")

@@ -24,7 +24,7 @@ from torch import nn
 
 from ... import layers as fused
 from ... import reference
-from ..common import Highway, init_linear, masked_log_softmax, residual_dropout, survival_prob, timing_signal
+from ..common import Highway, dropout, init_linear, masked_log_softmax, residual_dropout, survival_prob, timing_signal
 from .config import LAYERS, QANetConfig
 
 __all__ = ["LAYER_SETS", "CharEmbedding", "EncoderBlock", "FeedForward", "NaiveContextQueryAttention", "QANet",
@@ -58,12 +58,20 @@ LAYER_SETS: dict[str, _LayerSet] = {
 
 
 class CharEmbedding(nn.Module):
-    """Character embedding of each word: a conv over the characters of that word alone, ReLU, max.
+    """Character embedding of each word: a conv over the characters of that word alone, ReLU, max over the
+    word's characters, dropout.
 
-    Parameters: ``embed`` (nn.Embedding, the pad row zero) and ``conv`` (nn.Conv1d, 'same' zero padding).
-    Words never see their neighbours' characters (the conv runs over [B*n, W]); padding characters are
-    zero embeddings, like the conv's own zero padding, and are left out of the max, so a word's vector
-    does not depend on how far its batch pads W.
+    Parameters: ``embed`` (nn.Embedding, pad row zero) and ``conv`` (nn.Conv1d(dim, channels, K), 'same'
+    zero padding). Computed without the conv's GEMM: embedding then conv is linear in the one-hot
+    characters, so table[k, c] = embed(c) @ conv.weight[:, :, k].T ([K * V, channels], V x dim x K x
+    channels multiply-adds) is built once per call and the conv at character t is the sum over k of
+    table[k, char[t + k - K//2]] -- one ``F.embedding_bag`` (sum) over [B*n*W] bags of K rows. That
+    replaces 2 * B*n*W * dim * K * channels FLOPs (92 GFLOP forward for the paper model at batch 32)
+    by a gather. Windows never leave the word (each word's ids are padded on its own), padding
+    characters have zero rows, like the conv's zero padding, and are left out of the max, so a word's
+    vector depends neither on its neighbours nor on how far the batch pads W. The dropout is on the
+    character vector of the word (after the max), which the table needs: dropping embedding entries per
+    character occurrence would make every occurrence a different row.
     """
 
     def __init__(self, vocab_size: int, dim: int, channels: int, kernel_size: int, *, pad_id: int,
@@ -77,12 +85,19 @@ class CharEmbedding(nn.Module):
     def forward(self, chars: torch.Tensor) -> torch.Tensor:
         """chars: [B, n, W] char ids -> [B, n, channels] (zeros for all-padding words)."""
         b, n, w = chars.shape
+        vocab, k = self.embed.num_embeddings, self.conv.kernel_size[0]
+        emb = self.embed.weight
+        emb = emb.index_fill(0, torch.tensor([self.pad_id], device=emb.device), 0.0)  # zero padding, exactly
+        table = torch.einsum("vd,cdk->kvc", emb, self.conv.weight).reshape(k * vocab, -1)  # [K*V, C]
         flat = chars.reshape(b * n, w)
-        e = F.dropout(self.embed(flat), self.dropout, self.training)       # [B*n, W, dim]
-        h = F.relu(self.conv(e.transpose(1, 2)))                            # [B*n, channels, W]
-        # After the ReLU every value is >= 0, so a 0 at padding characters never beats a real one.
-        h = h.masked_fill((flat == self.pad_id).unsqueeze(1), 0.0)
-        return h.amax(dim=2).reshape(b, n, -1)
+        ids = F.pad(flat, (k // 2, k // 2), value=self.pad_id)                     # [B*n, W + K - 1]
+        bags = ids.unfold(1, k, 1) + torch.arange(0, k * vocab, vocab, device=ids.device)  # [B*n, W, K]
+        h = F.embedding_bag(bags.reshape(-1, k), table, mode="sum").view(b * n, w, -1)  # conv, no bias
+        # max over the real characters, then bias and ReLU (both monotone: relu(max + b) = max relu(. + b));
+        # an all-padding word gets relu(min + b) = 0.
+        h = h.masked_fill((flat == self.pad_id).unsqueeze(-1), torch.finfo(h.dtype).min).amax(dim=1)
+        out = F.relu(h + self.conv.bias)
+        return dropout(out, self.dropout, self.training).reshape(b, n, -1)
 
 
 class SelfAttention(nn.Module):
@@ -102,8 +117,10 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
         """x: [B, L, d]; attn_mask: [B, 1, 1, L] bool (True = a key to attend to) -> [B, L, d]."""
         b, length, d = x.shape
-        qkv = self.qkv(self.norm(x)).view(b, length, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        o = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=attn_mask)  # [B, h, L, d/h]
+        # split (not select) q, k, v: its backward is one cat, where select's zero-fills [3, B, h, L, d/h].
+        q, k, v = self.qkv(self.norm(x)).view(b, length, 3 * self.heads, d // self.heads).transpose(1, 2).split(
+            self.heads, dim=1)                                                              # [B, h, L, d/h]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return self.out(o.transpose(1, 2).reshape(b, length, d))
 
 
@@ -255,7 +272,7 @@ class QANet(nn.Module):
         """words: [B, L]; chars: [B, L, W] -> [B, L, d]."""
         w = F.embedding(words, self.word_vectors)
         w = torch.where((words == self.config.unk_id).unsqueeze(-1), self.unk_vector.to(w.dtype), w)
-        w = F.dropout(w, self.config.dropout, self.training)
+        w = dropout(w, self.config.dropout, self.training)
         x = torch.cat([w, self.char_embedding(chars)], dim=-1)
         return self.highway(self.emb_resize(x))
 
@@ -292,7 +309,7 @@ class QANet(nn.Module):
         q = self.emb_encoder(q, q_timing, _attn_mask(q_mask), self._emb_survival)
 
         x = self.cq_resize(self.cq_attention(c, q, c_mask, q_mask))
-        x = F.dropout(x, self.config.dropout, self.training)
+        x = dropout(x, self.config.dropout, self.training)
         m0 = self._model_pass(x, c_timing, c_attn)
         m1 = self._model_pass(m0, c_timing, c_attn)
         m2 = self._model_pass(m1, c_timing, c_attn)

@@ -212,9 +212,10 @@ def build_task(opts: MTOptions) -> MTTask:
 def train_translation(opts: MTOptions, settings: TrainSettings) -> dict[str, float]:
     """Build the task and train it with the shared loop; returns the last evaluation's metrics."""
     task = build_task(opts)
-    log.info("ConvS2S %s: %d parameters; vocabularies %s %d, %s %d; %d training pairs, %d validation pairs",
-             opts.preset, sum(p.numel() for p in task.model.parameters()), task.src_lang, len(task.src_vocab),
-             task.tgt_lang, len(task.tgt_vocab), len(task.train_data), len(task.valid_data))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun every rank builds the task; one reports it
+        log.info("ConvS2S %s: %d parameters; vocabularies %s %d, %s %d; %d training pairs, %d validation pairs",
+                 opts.preset, sum(p.numel() for p in task.model.parameters()), task.src_lang, len(task.src_vocab),
+                 task.tgt_lang, len(task.tgt_vocab), len(task.train_data), len(task.valid_data))
     return fit(task, settings)
 
 

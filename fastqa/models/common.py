@@ -6,12 +6,13 @@ Everything here is plain ``torch.nn`` (models import ``fastqa.layers`` and ``tor
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Highway", "dropout", "init_linear", "masked_log_softmax", "residual_dropout", "survival_prob", "timing_signal"]
+__all__ = ["Highway", "dropout", "init_linear", "masked_log_softmax", "residual_masks", "survival_prob", "timing_signal"]
 
 
 def timing_signal(length: int, channels: int, *, device: torch.device | None = None,
@@ -70,29 +71,27 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return x * keep.to(x.dtype).mul_(1.0 / q)
 
 
-def residual_dropout(x: torch.Tensor, branch: torch.Tensor, *, dropout: float, survival: float = 1.0,
-                     training: bool) -> torch.Tensor:
-    """x + branch with dropout on the branch (the sublayer output) only, never on the residual path.
+def residual_masks(shape: Sequence[int], *, dropout: float, survival: Sequence[float], device: torch.device,
+                   dtype: torch.dtype) -> torch.Tensor | None:
+    """Training-time multipliers of S sublayer outputs: sublayer i computes x + branch * masks[i].
 
-    In training, ``dropout`` zeroes branch entries and stochastic depth drops the whole branch of each
-    example with probability 1 - ``survival`` (per example, so every parameter takes part in every step,
-    as DistributedDataParallel needs); kept values are scaled by 1 / (P(keep) * survival), so evaluation
-    uses the branch as it is. Both masks make one [B, ...] multiplier: x + branch * mask (two passes).
-    x, branch: [B, ...], same shape.
+    Dropout on the branch (the sublayer output) only, never on the residual path; stochastic depth drops
+    sublayer i's whole branch for each example with probability 1 - survival[i] (per example, so every
+    parameter takes part in every step, as DistributedDataParallel needs). Kept entries are scaled by
+    1 / (P(keep) * survival[i]), so evaluation adds the branch as it is. All S masks are drawn at once
+    (a handful of ops per block instead of per sublayer). shape: a branch's [B, ...]; returns
+    [S, B, ...] of ``dtype``, or None when nothing is dropped (dropout 0 and every survival 1).
     """
-    if not training or (dropout == 0.0 and survival == 1.0):
-        return x + branch
-    scale_shape = (branch.shape[0],) + (1,) * (branch.dim() - 1)
-    if survival < 1.0:
-        scale = branch.new_empty(scale_shape).bernoulli_(survival)
-    else:
-        scale = branch.new_ones(scale_shape)
-    if dropout > 0.0:
-        keep, q = _keep_mask(branch.shape, dropout, branch.device)
-        mask = torch.mul(keep, scale.mul_(1.0 / (q * survival)))
-    else:
-        mask = scale.mul_(1.0 / survival)
-    return torch.addcmul(x, branch, mask)
+    if dropout == 0.0 and all(s == 1.0 for s in survival):
+        return None
+    count, batch = len(survival), shape[0]
+    surv = torch.tensor(survival, dtype=dtype).view(count, 1).to(device)
+    scale = (torch.rand(count, batch, dtype=dtype, device=device) < surv).to(dtype) / surv
+    scale = scale.view(count, batch, *([1] * (len(shape) - 1)))
+    if dropout == 0.0:
+        return scale
+    keep, q = _keep_mask(torch.Size((count, *shape)), dropout, device)
+    return torch.mul(keep, scale.mul_(1.0 / q))
 
 
 def init_linear(linear: nn.Linear) -> nn.Linear:

@@ -212,7 +212,7 @@ def test_char_embedding_equals_the_per_word_conv():
 
 
 def test_dropout_masks_rate_and_scale():
-    from fastqa.models.common import dropout, residual_dropout
+    from fastqa.models.common import dropout, residual_masks
     torch.manual_seed(21)
     q = 1 - round(0.1 * 65536) / 65536  # the keep probability, quantised to 1/65536
     x = torch.ones(4, 500, 100)
@@ -221,12 +221,16 @@ def test_dropout_masks_rate_and_scale():
     assert abs(kept.float().mean().item() - 0.9) < 0.005
     torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / q))
     assert dropout(x, 0.1, False) is x
-    # residual: x + branch * mask; survival 0.5 drops whole examples, the kept ones scaled by 1/(0.9*0.5)
-    r = residual_dropout(torch.zeros_like(x), x, dropout=0.1, survival=0.5, training=True)
-    per_example = (r != 0).float().mean(dim=(1, 2))
-    assert ((per_example == 0) | ((per_example - 0.9).abs() < 0.01)).all()
-    torch.testing.assert_close(r[r != 0], torch.full_like(r[r != 0], 1 / (q * 0.5)))
-    torch.testing.assert_close(residual_dropout(x, x, dropout=0.1, survival=0.5, training=False), 2 * x)
+    # Sublayer masks: survival 1 keeps every example; 0.5 drops whole examples, the kept ones 1/(q*0.5).
+    masks = residual_masks((64, 50, 20), dropout=0.1, survival=[1.0, 0.5], device=x.device, dtype=x.dtype)
+    assert masks.shape == (2, 64, 50, 20)
+    for mask, survival in zip(masks, (1.0, 0.5)):
+        per_example = (mask != 0).float().mean(dim=(1, 2))
+        assert ((per_example == 0) | ((per_example - 0.9).abs() < 0.05)).all()
+        dropped = (per_example == 0).float().mean().item()
+        assert (dropped == 0) if survival == 1.0 else (0.25 < dropped < 0.75)
+        torch.testing.assert_close(mask[mask != 0], torch.full_like(mask[mask != 0], 1 / (q * survival)))
+    assert residual_masks((4, 5), dropout=0.0, survival=[1.0], device=x.device, dtype=x.dtype) is None
 
 
 def test_dropout_off_in_eval_on_in_training():

@@ -24,7 +24,7 @@ from torch import nn
 
 from ... import layers as fused
 from ... import reference
-from ..common import Highway, dropout, init_linear, masked_log_softmax, residual_dropout, survival_prob, timing_signal
+from ..common import Highway, dropout, init_linear, masked_log_softmax, residual_masks, survival_prob, timing_signal
 from .config import LAYERS, QANetConfig
 
 __all__ = ["LAYER_SETS", "CharEmbedding", "EncoderBlock", "FeedForward", "NaiveContextQueryAttention", "QANet",
@@ -95,7 +95,7 @@ class CharEmbedding(nn.Module):
         h = F.embedding_bag(bags.reshape(-1, k), table, mode="sum").view(b * n, w, -1)  # conv, no bias
         # max over the real characters, then bias and ReLU (both monotone: relu(max + b) = max relu(. + b));
         # an all-padding word gets relu(min + b) = 0.
-        h = h.masked_fill((flat == self.pad_id).unsqueeze(-1), torch.finfo(h.dtype).min).amax(dim=1)
+        h = h.masked_fill_((flat == self.pad_id).unsqueeze(-1), torch.finfo(h.dtype).min).amax(dim=1)
         out = F.relu(h + self.conv.bias)
         return dropout(out, self.dropout, self.training).reshape(b, n, -1)
 
@@ -161,16 +161,18 @@ class EncoderBlock(nn.Module):
     def forward(self, x: torch.Tensor, timing: torch.Tensor, attn_mask: torch.Tensor,
                 survival: list[float]) -> torch.Tensor:
         """x: [B, L, d]; timing: [L, d]; attn_mask: [B, 1, 1, L] bool; survival: one float per sublayer."""
+        masks = residual_masks(x.shape, dropout=self.dropout, survival=survival, device=x.device,
+                               dtype=x.dtype) if self.training else None
         x = x + timing
-        for conv, s in zip(self.convs, survival):
-            if self.training:
-                x = residual_dropout(x, conv(x), dropout=self.dropout, survival=s, training=True)
-            else:
-                x = conv(x, residual=x)  # the fused residual add (no dropout to apply in evaluation)
-        s_att, s_ffn = survival[len(self.convs):]
-        x = residual_dropout(x, self.attention(x, attn_mask), dropout=self.dropout, survival=s_att,
-                             training=self.training)
-        return residual_dropout(x, self.ffn(x), dropout=self.dropout, survival=s_ffn, training=self.training)
+        for i, conv in enumerate(self.convs):
+            # No mask (evaluation): the fused residual add; else x + dropout(conv(x)) with stochastic depth.
+            x = conv(x, residual=x) if masks is None else torch.addcmul(x, conv(x), masks[i])
+        i = len(self.convs)
+        for sublayer in (self.attention, self.ffn):
+            branch = sublayer(x, attn_mask) if sublayer is self.attention else sublayer(x)
+            x = x + branch if masks is None else torch.addcmul(x, branch, masks[i])
+            i += 1
+        return x
 
 
 def _attn_mask(mask: torch.Tensor) -> torch.Tensor:

@@ -6,4 +6,7 @@ registered case, interleaving its implementations, and writes ``results.json`` a
 
 Layout: ``registry`` (the pluggable case registry), ``cases`` (the op cases), ``measure`` (timing,
 peak memory, machine peaks), ``runner`` (runs cases into records), ``report`` (table, JSON, chart).
+Imports go one way: a case module imports ``registry``; this package imports the case modules, so
+importing ``benchmarks`` (or any module of it) registers every case.
 """
+from . import cases  # noqa: F401,E402  (registers the op cases)

@@ -52,6 +52,23 @@ def dwsep_case(B: int, L: int, C_in: int, C_out: int, K: int, *, relu_residual: 
         flops=_fwd_bwd(2.0 * B * L * C_in * (K + C_out)), quick=quick)
 
 
+def ln_dwsep_case(B: int, L: int, C: int, K: int, *, quick: bool = False) -> OpCase:
+    """QANet's whole conv sublayer: LayerNorm -> depthwise-separable conv -> ReLU -> + its own input."""
+    def make_inputs(gen: torch.Generator) -> OpInputs:
+        args = (_randn(gen, B, L, C), 1.0 + _randn(gen, C, scale=0.1), _randn(gen, C, scale=0.1),
+                _randn(gen, C, 1, K, scale=K ** -0.5), _randn(gen, C, C, 1, scale=C ** -0.5), _randn(gen, C, scale=0.1))
+        return OpInputs(args, {"activation": "relu"}, (0, 1, 2, 3, 4, 5))
+
+    def residual_is_x(fn):
+        # The residual is the sublayer's own input, the same tensor, as QANet passes it.
+        return lambda x, *rest, **kw: fn(x, *rest, residual=x, **kw)
+
+    return OpCase(
+        op="ln_dwsep_conv1d", name=f"B{B}_L{L}_C{C}_K{K}_relu_res", shape={"B": B, "L": L, "C": C, "K": K},
+        make_inputs=make_inputs, reference=ref.ln_dwsep_conv1d, fastqa_fn="ln_dwsep_conv1d",
+        program=residual_is_x, flops=_fwd_bwd(2.0 * B * L * C * (K + C)), quick=quick)
+
+
 # --- context-query attention ----------------------------------------------------------------------
 
 def cqa_case(B: int, n: int, m: int, d: int, *, quick: bool = False) -> OpCase:
@@ -133,6 +150,7 @@ for _case in (
     dwsep_case(32, 50, 128, 128, 7, relu_residual=False),
     dwsep_case(32, 400, 500, 128, 5, relu_residual=False),
     dwsep_case(64, 400, 128, 128, 7, relu_residual=False),
+    ln_dwsep_case(32, 400, 128, 7),  # QANet's encoder conv sublayer
     cqa_case(32, 400, 50, 128),
     cqa_case(8, 400, 50, 128, quick=True),
     cqa_case(32, 1000, 100, 128),

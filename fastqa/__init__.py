@@ -3,7 +3,7 @@
 Functional ops live in ``fastqa.ops`` (re-exported here), drop-in modules in ``fastqa.layers``,
 the pure-PyTorch references in ``fastqa.reference``. ``fastqa.info()`` says which backends are usable.
 """
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402
 
 from . import layers, ops, reference  # noqa: E402
 from ._backend import BACKENDS, info  # noqa: E402

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ._version import __version__
+
 BACKENDS = ("reference", "cpu", "triton")
 _CPU_DTYPES = (torch.float32, torch.float64)
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -123,8 +125,6 @@ def info() -> dict[str, Any]:
             triton_version = importlib.import_module("triton").__version__
         except Exception as exc:  # a broken triton install should not break fastqa.info()
             triton_version = f"unimportable: {exc}"
-    from fastqa import __version__
-
     return {
         "fastqa": __version__,
         "torch": torch.__version__,

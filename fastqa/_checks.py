@@ -1,6 +1,7 @@
 """Argument checks shared by the ops: every message names the argument and what was expected."""
 from __future__ import annotations
 
+import numbers
 from typing import Sequence
 
 import torch
@@ -68,3 +69,74 @@ def check_device(name: str, t: torch.Tensor) -> None:
     reference as an automatic fallback."""
     if t.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{name} must be a CPU or CUDA tensor, got a tensor on {t.device}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Scalar arguments
+# ------------------------------------------------------------------------------------------------
+
+def check_flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_real(name: str, value: object) -> float:
+    """A real number (bool excluded), as a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    return float(value)
+
+
+def check_positive_float(name: str, value: object) -> float:
+    """A positive finite real number, as a float (e.g. a LayerNorm eps)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a positive finite float, got {value!r}")
+    return float(value)
+
+
+def check_choice(name: str, value: object, choices: Sequence[str | None]) -> None:
+    """``value`` is one of the strings (or None) in ``choices``; anything else (a tensor too) raises."""
+    if not any(value is c or (isinstance(value, str) and value == c) for c in choices):
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+# ------------------------------------------------------------------------------------------------
+# The prologue of every functional entry point
+# ------------------------------------------------------------------------------------------------
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype ``torch.autocast`` asks for on ``device``, or None outside an autocast region.
+
+    Custom ops are invisible to autocast, so the functional entries apply it themselves: under
+    autocast, floating inputs run in the autocast dtype, as nn.Conv1d / matmul would.
+    """
+    if device.type not in ("cuda", "cpu") or not torch.is_autocast_enabled(device.type):
+        return None
+    return torch.get_autocast_dtype(device.type)
+
+
+def cast_floating(dtype: torch.dtype | None, *tensors: torch.Tensor | None) -> tuple:
+    """``tensors`` with every floating one cast to ``dtype`` (None: unchanged)."""
+    if dtype is None:
+        return tensors
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
+
+
+def entry_prologue(name: str, first: object, ndim: int, *others: object) -> tuple:
+    """What every functional entry point does first, in this order: ``first`` (the activation whose
+    device and dtype the others must share) must be a floating tensor of rank ``ndim`` on a CPU or
+    CUDA device; under autocast, ``first`` and the floating ``others`` are cast to the autocast dtype;
+    then ``first`` must have a non-empty batch and non-zero sizes in every other dimension.
+
+    Returns (first, *others), cast. The others are checked by the caller, after the cast, so that
+    their dtypes are compared as the kernels will see them.
+    """
+    check_tensor(name, first, ndim=ndim)
+    check_device(name, first)
+    cast = cast_floating(autocast_dtype(first.device), first, *others)
+    check_nonempty_batch(name, cast[0])
+    check_positive(name, cast[0], range(1, ndim))
+    return cast

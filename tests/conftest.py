@@ -1,13 +1,38 @@
-"""Test set-up: Triton kernels run in the interpreter on CPU tensors when there is no GPU.
+"""Test set-up shared by every test file (op tests and the model tests alike).
 
-TRITON_INTERPRET must be set before triton.jit decorates the kernels, so it is set here, before any
-fastqa import.
+Triton kernels run in the interpreter on CPU tensors when there is no GPU: TRITON_INTERPRET must be
+set before triton.jit decorates the kernels, so it is set here, before any fastqa import.
+
+Fixtures: ``backend`` (every compiled backend usable here: "cpu" where fastqa._C is built, "triton"
+where Triton runs), ``device`` (the device that backend's tensors live on) and ``dtype`` (float32).
+The tolerance table is ``helpers.TOLERANCES`` (``from helpers import assert_close, TOLERANCES``).
 """
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 torch.backends.cudnn.deterministic = True
+
+from helpers import compiled_backends, device_of  # noqa: E402
+
+
+@pytest.fixture(params=compiled_backends())
+def backend(request) -> str:
+    """Each compiled backend usable here ("cpu", "triton")."""
+    return request.param
+
+
+@pytest.fixture
+def device(backend: str) -> torch.device:
+    """Where ``backend``'s tensors live."""
+    return device_of(backend)
+
+
+@pytest.fixture
+def dtype() -> torch.dtype:
+    """The dtype op tests run in unless they sweep dtypes."""
+    return torch.float32

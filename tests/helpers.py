@@ -1,9 +1,13 @@
-"""Comparison helpers shared by the op tests."""
+"""Helpers shared by the op tests and the model tests: which backends run here, the one tolerance
+table, and comparisons against the reference (``from helpers import assert_close, TOLERANCES``)."""
 from __future__ import annotations
 
+import importlib
 from typing import Callable, Sequence
 
 import torch
+
+from fastqa._backend import cpu_available, triton_usable_here
 
 # Per-dtype tolerances (atol, rtol) for kernels vs the float reference computed in the same dtype.
 TOLERANCES = {
@@ -12,6 +16,46 @@ TOLERANCES = {
     torch.float16: (5e-3, 5e-3),
     torch.bfloat16: (5e-2, 2e-2),
 }
+# A 16-bit kernel against the fp32 reference run on the same (rounded) inputs: the kernel's own
+# rounding of intermediates adds to the dtype's.
+LOW_PRECISION_TOLERANCES = {torch.float16: (1e-2, 1e-2), torch.bfloat16: (6e-2, 3e-2)}
+# (atol, rtol) of a Triton kernel in a dtype vs the float64 reference, atol relative to the largest
+# reference magnitude (weight gradients are sums over B * L rows).
+FLOAT64_REFERENCE_TOLERANCES = {
+    torch.float64: (1e-10, 1e-8),
+    torch.float32: (1e-5, 1e-4),
+    torch.float16: (4e-3, 1e-2),
+    torch.bfloat16: (3e-2, 3e-2),
+}
+# One number per dtype: |got - want| <= tol * max(1, max |want|) + tol * |want| (attention outputs).
+SCALED_TOLERANCES = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+# Model-sized shapes on a GPU: max |diff| <= tol * max(1, max |want|), against float64.
+GPU_MODEL_SHAPE_TOLERANCES = {torch.float32: 5e-3, torch.float16: 1e-2, torch.bfloat16: 4e-2}
+
+
+def compiled_backends() -> list[str]:
+    """The compiled backends usable here, in the order tests run them: "cpu" where fastqa._C is built,
+    "triton" where Triton runs (a CUDA device, or TRITON_INTERPRET=1, which tests/conftest.py sets)."""
+    backends = ["cpu"] if cpu_available() else []
+    if triton_usable_here():
+        importlib.import_module("fastqa.triton_kernels")  # registers torch.ops.fastqa_triton.*
+        backends.append("triton")
+    return backends
+
+
+def device_of(backend: str) -> torch.device:
+    """The device a backend's tensors live on: CUDA for Triton where there is a GPU, else the CPU."""
+    return torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
+
+
+def interpreted(backend: str) -> bool:
+    """Triton kernels running in the interpreter (slow: tests keep their shapes small there)."""
+    return backend == "triton" and not torch.cuda.is_available()
+
+
+def as_leaves(args: Sequence) -> list:
+    """Fresh leaf copies (requires_grad) of the tensors in ``args``; None stays None."""
+    return [None if a is None else a.detach().clone().requires_grad_() for a in args]
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, name: str,
@@ -82,3 +126,15 @@ def check_against_reference(fn: Callable, ref: Callable, args: Sequence, kwargs:
             continue
         assert g is not None, f"grad of {n}: missing"
         assert_close(g, w, name=f"grad of {n}", atol=atol, rtol=rtol)
+
+
+def kernel_ops(backend: str):
+    """The custom-op namespace of a compiled backend: torch.ops.fastqa (C++) or torch.ops.fastqa_triton."""
+    return {"cpu": torch.ops.fastqa, "triton": torch.ops.fastqa_triton}[backend]
+
+
+def ran_kernels(call: Callable[[], object]) -> bool:
+    """Whether ``call()`` ran a fused kernel (a fastqa / fastqa_triton custom op), as the profiler saw it."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        call()
+    return any(e.name.startswith(("fastqa::", "fastqa_triton::")) for e in prof.events())

@@ -3,12 +3,11 @@ import pytest
 import torch
 
 import fastqa
-from fastqa import _backend
-from helpers import assert_close
+from helpers import assert_close, compiled_backends
 
 # On CPU, autocast's bfloat16 runs on the reference backend (the C++ kernels are fp32/fp64) and, under
 # the Triton interpreter, on the Triton kernels.
-BACKENDS = ["reference"] + (["triton"] if _backend.triton_usable_here() else [])
+BACKENDS = ["reference"] + [b for b in compiled_backends() if b == "triton"]
 
 
 def _cases():

@@ -10,20 +10,12 @@ import fastqa
 from fastqa import reference
 from fastqa._backend import cpu_available
 from fastqa.reference.dwsep_conv1d import conv_padding
-from helpers import assert_close, check_against_reference
+from helpers import as_leaves, assert_close, check_against_reference, compiled_backends
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="fastqa._C is not built")
 
 
-def _triton_registered() -> bool:
-    try:
-        import fastqa.triton_kernels.dwsep_conv1d  # noqa: F401
-    except ImportError:
-        return False
-    return hasattr(torch.ops.fastqa_triton, "dwsep_conv1d_fwd")
-
-
-BACKENDS = ["cpu"] + (["triton"] if _triton_registered() else [])
+BACKENDS = compiled_backends()
 # The Triton interpreter runs ~0.2 ms per operation per program: model-sized shapes take minutes there,
 # so on CPU the Triton backend runs the small cases here (tests/test_triton_dwsep_conv1d.py covers its
 # kernels in depth) and the model-sized ones only on a GPU.
@@ -42,10 +34,6 @@ def make_inputs(B, L, c_in, c_out, K, *, dw_bias=False, pw_bias=True, residual=F
     return [rand(B, L, c_in), rand(c_in, 1, K, scale=K ** -0.5), rand(c_out, c_in, 1, scale=c_in ** -0.5),
             rand(c_out) if pw_bias else None, rand(c_in) if dw_bias else None,
             rand(B, L, c_out) if residual else None]
-
-
-def as_leaves(args):
-    return [None if a is None else a.clone().requires_grad_() for a in args]
 
 
 def fused(backend):

@@ -6,29 +6,16 @@ import warnings
 
 import pytest
 import torch
-from helpers import assert_close, check_against_reference
+from helpers import assert_close, check_against_reference, compiled_backends, device_of, interpreted, kernel_ops, ran_kernels
 
 import fastqa
 from fastqa import reference
 from fastqa.layers import GLUConv1d
-from fastqa.ops._registry import kernel
 
-try:
-    import fastqa.triton_kernels.glu_conv1d  # noqa: F401  (registers fastqa_triton::glu_conv1d_*)
-    BACKENDS = ["cpu", "triton"]
-except ImportError:
-    BACKENDS = ["cpu"]
+BACKENDS = compiled_backends()
 # Under the Triton interpreter (no GPU) each program runs in Python: the real model widths and the
 # slowest sweeps run on CUDA only, the interpreter gets a subset (marked by `interpreted`).
 BIG_BACKENDS = ["cpu"] + (["triton"] if "triton" in BACKENDS and torch.cuda.is_available() else [])
-
-
-def interpreted(backend: str) -> bool:
-    return backend == "triton" and not torch.cuda.is_available()
-
-
-def device_of(backend: str) -> str:
-    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
 
 
 def make(batch: int, length: int, channels: int, k: int, *, dtype=torch.float32, device="cpu", bias=True, seed=0):
@@ -149,9 +136,9 @@ def test_opcheck(backend):
     dev = device_of(backend)
     x, w, b = make(2, 6, 8, 3, device=dev)
     mask = random_mask(2, 6, device=dev)
-    fwd = kernel(backend, "glu_conv1d", "glu_conv1d_fwd")
-    bwd = kernel(backend, "glu_conv1d", "glu_conv1d_bwd")
-    step = kernel(backend, "glu_conv1d", "glu_conv1d_step")
+    fwd = kernel_ops(backend).glu_conv1d_fwd
+    bwd = kernel_ops(backend).glu_conv1d_bwd
+    step = kernel_ops(backend).glu_conv1d_step
     for bias, m, pad_left, residual in [(b, mask, 1, True), (None, None, 2, False)]:
         torch.library.opcheck(fwd, (x, w, bias, m, pad_left, residual, 0.7))
         _, aux = fwd(x, w, bias, m, pad_left, residual, 0.7)
@@ -343,24 +330,20 @@ def test_bad_input_raises_naming_argument(case):
 
 
 # ----------------------------------------------------------------------------- backend choice
-def _is_fused(y: torch.Tensor) -> bool:
-    return type(y.grad_fn).__name__.startswith("_GLUConv1dFunction")
-
-
 def test_backend_selection(monkeypatch):
     x, w, b = make(2, 5, 8, 3)
     w.requires_grad_()
     monkeypatch.delenv("FASTQA_BACKEND", raising=False)
-    assert _is_fused(fastqa.glu_conv1d(x, w, b, causal=True))  # auto on CPU float32 -> cpu
-    assert not _is_fused(fastqa.glu_conv1d(x, w, b, causal=True, backend="reference"))
+    assert ran_kernels(lambda: fastqa.glu_conv1d(x, w, b, causal=True))  # auto on CPU float32 -> cpu
+    assert not ran_kernels(lambda: fastqa.glu_conv1d(x, w, b, causal=True, backend="reference"))
     monkeypatch.setenv("FASTQA_BACKEND", "reference")
     y_ref = fastqa.glu_conv1d(x, w, b, causal=True)
-    assert not _is_fused(y_ref)
+    assert not ran_kernels(lambda: fastqa.glu_conv1d(x, w, b, causal=True))
     monkeypatch.setenv("FASTQA_BACKEND", "cpu")
     y_cpu = fastqa.glu_conv1d(x, w, b, causal=True)
-    assert _is_fused(y_cpu)
+    assert ran_kernels(lambda: fastqa.glu_conv1d(x, w, b, causal=True))
     assert_close(y_cpu, y_ref, name="forced cpu vs forced reference")
-    assert _is_fused(GLUConv1d(8, 3, causal=True)(x))  # the layer's "auto" follows the env too
+    assert ran_kernels(lambda: GLUConv1d(8, 3, causal=True)(x))  # the layer's "auto" follows the env too
 
 
 def test_forcing_triton_on_cpu_without_interpreter_raises(monkeypatch):

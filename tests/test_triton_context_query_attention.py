@@ -17,13 +17,13 @@ import math
 import pytest
 import torch
 
-from helpers import assert_close
+from helpers import device_of, SCALED_TOLERANCES, assert_close
 
 pytest.importorskip("triton")
 importlib.import_module("fastqa.triton_kernels.context_query_attention")  # registers fastqa_triton::*
 ref = importlib.import_module("fastqa.reference.context_query_attention")
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = device_of("triton")
 ops = torch.ops.fastqa_triton
 
 
@@ -34,8 +34,7 @@ def default_configs(monkeypatch):
     monkeypatch.setenv("FASTQA_TRITON_AUTOTUNE", "0")
 
 
-# Per dtype: |got - want| <= tol * scale + tol * |want|, scale = max |want| (at least 1).
-TOL = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+TOL = SCALED_TOLERANCES
 
 
 def make_inputs(batch: int, n: int, m: int, d: int, *, dtype: torch.dtype = torch.float32, bias: bool = True,

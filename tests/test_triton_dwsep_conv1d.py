@@ -13,23 +13,16 @@ pytest.importorskip("triton")
 
 from fastqa.reference.dwsep_conv1d import conv_padding, dwsep_conv1d as reference  # noqa: E402
 from fastqa.triton_kernels import dwsep_conv1d as kernels  # noqa: E402,F401  (registers the ops)
-from helpers import assert_close  # noqa: E402
+from helpers import device_of, FLOAT64_REFERENCE_TOLERANCES, assert_close  # noqa: E402
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DEVICE = device_of("triton")
 FWD = torch.ops.fastqa_triton.dwsep_conv1d_fwd
 BWD = torch.ops.fastqa_triton.dwsep_conv1d_bwd
 LN_FWD = torch.ops.fastqa_triton.ln_dwsep_conv1d_fwd
 LN_BWD = torch.ops.fastqa_triton.ln_dwsep_conv1d_bwd
 GRAD_NAMES = ("x", "dw_weight", "dw_bias", "pw_weight", "pw_bias", "ln_weight", "ln_bias")
 
-# (atol, rtol) of a kernel in this dtype vs the float64 reference; atol is relative to the largest
-# reference magnitude (weight gradients are sums over B * L rows).
-TOL = {
-    torch.float64: (1e-10, 1e-8),
-    torch.float32: (1e-5, 1e-4),
-    torch.float16: (4e-3, 1e-2),
-    torch.bfloat16: (3e-2, 3e-2),
-}
+TOL = FLOAT64_REFERENCE_TOLERANCES
 
 
 def make_inputs(B, L, C_in, C_out, K, *, dtype=torch.float32, dw_bias=True, pw_bias=True, residual=True,

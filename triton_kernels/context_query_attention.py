@@ -23,7 +23,7 @@ m <= 128 (at d <= 128), so the row softmax is a single tile for typical question
 (running max / running sum) softmax beyond (backward row programs, which need no softmax, use
 half as wide tiles). Under TRITON_INTERPRET=1 every kernel has one small configuration (16-wide
 tiles) so the tests run quickly and still take the multi-tile paths. FASTQA_TRITON_AUTOTUNE=0
-skips tuning on a GPU: every kernel then runs the first configuration of its list.
+skips tuning on a GPU (as for every op): every kernel then runs the first configuration of its list.
 
 Forward (context_query_attention_fwd), two kernels:
   1. column pass, per (m-tile, b): online softmax over the context of Sᵀ, accumulating T;
@@ -57,8 +57,9 @@ Inputs may have any strides (the kernels take strides; nothing is copied except 
 weight and bias, made contiguous). Masks are bool (any nonzero value counts as real). Outputs are
 contiguous, in the input dtype (grad_weight and grad_bias in the parameters' dtype). fp32, fp16
 and bf16 are supported with fp32 accumulation: softmax statistics and accumulators are fp32,
-tl.dot operands are in the input dtype (fp32 dots use TF32x3, i.e. near-fp32 accuracy on tensor
-cores, not plain TF32). In 16-bit dtypes D is formed from the rounded output (as flash attention
+tl.dot operands are in the input dtype (fp32 dots follow the package-wide policy of
+``_common.dot_precision``: TF32x3, i.e. near-fp32 accuracy on tensor cores, unless torch's float32
+matmul precision allows plain TF32). In 16-bit dtypes D is formed from the rounded output (as flash attention
 does with its output), so the attention's bias gradient, mathematically zero, comes back as
 rounding noise of that size. The Triton interpreter cannot multiply bf16 blocks, so under
 TRITON_INTERPRET=1 bf16 dot operands are upcast to fp32; on a GPU they stay bf16.
@@ -70,31 +71,26 @@ all fit H100 shared memory, the largest being the fp32 backward column kernel at
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from fastqa._checks import check_optional, check_tensor
 
-# Autotuning spaces; the first entry of each list is the default configuration (see _launch).
-# The interpreter would run every configuration, so it gets one small one.
-if _INTERPRET:
-    _ROW_CONFIGS = [triton.Config({"BLOCK_N": 16}, num_warps=1)]
-    _COL_CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1)]
-    _TILE_CONFIGS = [triton.Config({"BLOCK_N": 16, "BLOCK_M": 16}, num_warps=1)]
-    _ROW_TILE_MAX = 16  # so that a small test question already needs the online row softmax
-else:
-    # Smallest tiles first: the untuned default must fit shared memory at d = 256 in fp32 too.
-    _ROW_CONFIGS = [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=2)
-                    for bn in (16, 32, 64) for w in (4, 8)]
-    _COL_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=2)
-                    for bm, bn in ((16, 32), (32, 32), (16, 64), (64, 32)) for w in (4, 8)]
-    _TILE_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_M": bm}, num_warps=w, num_stages=2)
-                     for bn, bm in ((64, 64), (32, 32), (64, 128), (128, 64)) for w in (4, 8)]
-    _ROW_TILE_MAX = 128  # question tile of the row kernels: a whole typical question
+from ._common import INTERPRET, configs, dot_operand_dtype, dot_precision, launch, register
+
+# Autotuning spaces; the first entry of each list is the default configuration (``_common.launch``).
+# Smallest tiles first: the untuned default must fit shared memory at d = 256 in fp32 too.
+_ROW_CONFIGS = configs(("BLOCK_N",), [(bn, w, 2) for bn in (16, 32, 64) for w in (4, 8)])
+_COL_CONFIGS = configs(("BLOCK_M", "BLOCK_N"), [(bm, bn, w, 2) for bm, bn in ((16, 32), (32, 32), (16, 64), (64, 32))
+                                                for w in (4, 8)])
+_TILE_CONFIGS = configs(("BLOCK_N", "BLOCK_M"), [(bn, bm, w, 2) for bn, bm in ((64, 64), (32, 32), (64, 128), (128, 64))
+                                                 for w in (4, 8)])
+# Question tile of the row kernels: a whole typical question (the interpreter: 16, so that a small
+# test question already needs the online row softmax).
+_ROW_TILE_MAX = 16 if INTERPRET else 128
 # Tuned per power-of-two bucket of the lengths (n_key, m_key: kernel arguments read by the autotuner
 # only), not per exact length: batches padded to their longest context would retune constantly.
 _KEY = ["n_key", "m_key", "d"]
@@ -151,21 +147,21 @@ def _operand_tile(ptr, offs_r, offs_d, s_r, s_d, r_ok, d_ok, w_lin, w_cq, bias):
 
 
 @triton.jit
-def _sim(xw, y, x_lin, y_lin, MMA: tl.constexpr, PREC: tl.constexpr):
+def _sim(xw, y, x_lin, y_lin, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Similarity tile [X, Y] in fp32 from xw = x∘w_cq [X, D], y [Y, D] and the linear terms."""
-    return x_lin[:, None] + y_lin[None, :] + _mm_nt(xw, y, MMA, PREC)
+    return x_lin[:, None] + y_lin[None, :] + _mm_nt(xw, y, DOT_DTYPE, DOT_PRECISION)
 
 
 @triton.jit
-def _mm(a, b, MMA: tl.constexpr, PREC: tl.constexpr):
+def _mm(a, b, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """a [X, K] @ b [K, Y] with operands in the MMA dtype and an fp32 result."""
-    return tl.dot(a.to(MMA), b.to(MMA), input_precision=PREC)
+    return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), input_precision=DOT_PRECISION)
 
 
 @triton.jit
-def _mm_nt(a, b, MMA: tl.constexpr, PREC: tl.constexpr):
+def _mm_nt(a, b, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """a [X, K] @ b[Y, K]ᵀ."""
-    return tl.dot(a.to(MMA), tl.trans(b.to(MMA)), input_precision=PREC)
+    return tl.dot(a.to(DOT_DTYPE), tl.trans(b.to(DOT_DTYPE)), input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -222,7 +218,7 @@ def _col_epilogue(dq_ptr, partial_ptr, b, pid_m, offs_m, offs_d, m_ok, d_ok, m, 
 @triton.jit
 def _tri_fwd_kernel(c_ptr, q_ptr, w_ptr, bias_ptr, s_ptr, n, m, d, n_key, m_key,
                     s_cb, s_cn, s_cd, s_qb, s_qm, s_qd,
-                    HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, MMA: tl.constexpr, PREC: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     """S tile per (n-tile, m-tile, b) into contiguous s [B, n, m]."""
     b = tl.program_id(2).to(tl.int64)
@@ -233,7 +229,7 @@ def _tri_fwd_kernel(c_ptr, q_ptr, w_ptr, bias_ptr, s_ptr, n, m, d, n_key, m_key,
     w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
     c = _load_rows(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
     q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
-    s = _sim(c.to(tl.float32) * w_cq[None, :], q, _lin(c, w_c) + bias, _lin(q, w_q), MMA, PREC)
+    s = _sim(c.to(tl.float32) * w_cq[None, :], q, _lin(c, w_c) + bias, _lin(q, w_q), DOT_DTYPE, DOT_PRECISION)
     _store_rows(s_ptr + b * n * m, offs_n, offs_m, m, n_ok, m_ok, s)
 
 
@@ -241,7 +237,7 @@ def _tri_fwd_kernel(c_ptr, q_ptr, w_ptr, bias_ptr, s_ptr, n, m, d, n_key, m_key,
 @triton.jit
 def _tri_bwd_row_kernel(g_ptr, q_ptr, w_ptr, dc_ptr, n, m, d, n_key, m_key,
                         s_gb, s_gn, s_gm, s_qb, s_qm, s_qd,
-                        BLOCK_D: tl.constexpr, MMA: tl.constexpr, PREC: tl.constexpr,
+                        BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """grad_c_i = (Σ_j g_ij) w_c + w_cq ∘ (g Q)_i, per (n-tile, b)."""
     b = tl.program_id(1).to(tl.int64)
@@ -257,7 +253,7 @@ def _tri_bwd_row_kernel(g_ptr, q_ptr, w_ptr, dc_ptr, n, m, d, n_key, m_key,
         g = _load_rows(g_ptr + b * s_gb, offs_n, offs_m, s_gn, s_gm, n_ok, m_ok).to(tl.float32)
         q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
         rowsum += tl.sum(g, axis=1)
-        gq += _mm(g, q, MMA, PREC)
+        gq += _mm(g, q, DOT_DTYPE, DOT_PRECISION)
     dc = rowsum[:, None] * w_c[None, :] + w_cq[None, :] * gq
     _store_rows(dc_ptr + b * n * d, offs_n, offs_d, d, n_ok, d_ok, dc)
 
@@ -266,7 +262,7 @@ def _tri_bwd_row_kernel(g_ptr, q_ptr, w_ptr, dc_ptr, n, m, d, n_key, m_key,
 @triton.jit
 def _tri_bwd_col_kernel(g_ptr, c_ptr, q_ptr, w_ptr, dq_ptr, partial_ptr, n, m, d, n_key, m_key,
                         s_gb, s_gn, s_gm, s_cb, s_cn, s_cd, s_qb, s_qm, s_qd,
-                        BLOCK_D: tl.constexpr, MMA: tl.constexpr, PREC: tl.constexpr,
+                        BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """grad_q and the weight partials of S, per (m-tile, b), sweeping the context."""
     pid_m = tl.program_id(0)
@@ -284,7 +280,7 @@ def _tri_bwd_col_kernel(g_ptr, c_ptr, q_ptr, w_ptr, dq_ptr, partial_ptr, n, m, d
         gt = _load_rows(g_ptr + b * s_gb, offs_m, offs_n, s_gm, s_gn, m_ok, n_ok).to(tl.float32)  # gᵀ tile
         c = _load_rows(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
         colsum += tl.sum(gt, axis=1)
-        gc += _mm(gt, c, MMA, PREC)
+        gc += _mm(gt, c, DOT_DTYPE, DOT_PRECISION)
     _col_epilogue(dq_ptr, partial_ptr, b, pid_m, offs_m, offs_d, m_ok, d_ok, m, d,
                   q, w_q, w_cq, tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32), colsum, gc)
 
@@ -295,7 +291,7 @@ def _tri_bwd_col_kernel(g_ptr, c_ptr, q_ptr, w_ptr, dq_ptr, partial_ptr, n, m, d
 @triton.jit
 def _cqa_fwd_col_kernel(c_ptr, q_ptr, cmask_ptr, w_ptr, bias_ptr, t_ptr, lse_col_ptr, n, m, d, n_key, m_key,
                         s_cb, s_cn, s_cd, s_qb, s_qm, s_qd, s_kb, s_kn,
-                        HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, MMA: tl.constexpr, PREC: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Column softmax over the context (online, flash-style) and T = Pcᵀ C, per (m-tile, b)."""
     pid_m = tl.program_id(0)
@@ -313,10 +309,10 @@ def _cqa_fwd_col_kernel(c_ptr, q_ptr, cmask_ptr, w_ptr, bias_ptr, t_ptr, lse_col
         n_ok = offs_n < n
         c = _load_rows(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
         real_c = _load_real(cmask_ptr + b * s_kb, offs_n, s_kn, n_ok)
-        st = _sim(qw, c, q_lin, _lin(c, w_c), MMA, PREC)  # Sᵀ tile [BM, BN]
+        st = _sim(qw, c, q_lin, _lin(c, w_c), DOT_DTYPE, DOT_PRECISION)  # Sᵀ tile [BM, BN]
         st = tl.where(real_c[None, :], st, float("-inf"))
         p, alpha, run_max, run_sum = _online_step(st, run_max, run_sum)
-        t = t * alpha[:, None] + _mm(p, c, MMA, PREC)
+        t = t * alpha[:, None] + _mm(p, c, DOT_DTYPE, DOT_PRECISION)
     lse, inv = _finish_softmax(run_max, run_sum)
     _store_rows(t_ptr + b * m * d, offs_m, offs_d, d, m_ok, d_ok, t * inv[:, None])
     tl.store(lse_col_ptr + b * m + offs_m, lse, mask=m_ok)
@@ -326,7 +322,7 @@ def _cqa_fwd_col_kernel(c_ptr, q_ptr, cmask_ptr, w_ptr, bias_ptr, t_ptr, lse_col
 @triton.jit
 def _cqa_fwd_row_kernel(c_ptr, q_ptr, qmask_ptr, w_ptr, bias_ptr, t_ptr, out_ptr, lse_row_ptr,
                         n, m, d, n_key, m_key, s_cb, s_cn, s_cd, s_qb, s_qm, s_qd, s_kb, s_km,
-                        HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, MMA: tl.constexpr, PREC: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Row softmax over the question, A = P Q, B = P T and out = [c, A, c∘A, c∘B], per (n-tile, b)."""
     b = tl.program_id(1).to(tl.int64)
@@ -346,11 +342,11 @@ def _cqa_fwd_row_kernel(c_ptr, q_ptr, qmask_ptr, w_ptr, bias_ptr, t_ptr, out_ptr
         q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
         t = _load_rows(t_ptr + b * m * d, offs_m, offs_d, d, 1, m_ok, d_ok)
         real_q = _load_real(qmask_ptr + b * s_kb, offs_m, s_km, m_ok)
-        s = _sim(cw, q, c_lin, _lin(q, w_q), MMA, PREC)
+        s = _sim(cw, q, c_lin, _lin(q, w_q), DOT_DTYPE, DOT_PRECISION)
         s = tl.where(real_q[None, :], s, float("-inf"))
         p, alpha, run_max, run_sum = _online_step(s, run_max, run_sum)
-        acc_a = acc_a * alpha[:, None] + _mm(p, q, MMA, PREC)
-        acc_b = acc_b * alpha[:, None] + _mm(p, t, MMA, PREC)
+        acc_a = acc_a * alpha[:, None] + _mm(p, q, DOT_DTYPE, DOT_PRECISION)
+        acc_b = acc_b * alpha[:, None] + _mm(p, t, DOT_DTYPE, DOT_PRECISION)
     lse, inv = _finish_softmax(run_max, run_sum)
     a = acc_a * inv[:, None]
     out = out_ptr + b * n * 4 * d
@@ -389,14 +385,14 @@ def _cqa_bwd_prep_kernel(g_ptr, c_ptr, out_ptr, da_ptr, db_ptr, dd_ptr, n, m, d,
 
 @triton.jit
 def _col_sweep_tile(c_ptr, cmask_ptr, lse_row_ptr, da_ptr, db_ptr, offs_n, offs_d, n_ok, d_ok, m_ok, d,
-                    s_cn, s_cd, s_kcn, qw, q_lin, w_c, real_q, lse_c, MMA: tl.constexpr, PREC: tl.constexpr):
+                    s_cn, s_cd, s_kcn, qw, q_lin, w_c, real_q, lse_c, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One context tile of the column backward, as both of its sweeps need it: the tile's c, the
     transposed row and column probabilities Pᵀ, Pcᵀ [BLOCK_M, BLOCK_N] recomputed from the saved
     log-sum-exps, and the tile's dA, dB rows."""
     c = _load_rows(c_ptr, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
     real_c = _load_real(cmask_ptr, offs_n, s_kcn, n_ok)
     lse_r = tl.load(lse_row_ptr + offs_n, mask=n_ok, other=float("inf"))
-    st = _sim(qw, c, q_lin, _lin(c, w_c), MMA, PREC)
+    st = _sim(qw, c, q_lin, _lin(c, w_c), DOT_DTYPE, DOT_PRECISION)
     pt = _prob(st, lse_r[None, :], real_q[:, None] & n_ok[None, :])
     pct = _prob(st, lse_c[:, None], real_c[None, :] & m_ok[:, None])
     da = _load_rows(da_ptr, offs_n, offs_d, d, 1, n_ok, d_ok)
@@ -409,7 +405,7 @@ def _col_sweep_tile(c_ptr, cmask_ptr, lse_row_ptr, da_ptr, db_ptr, offs_n, offs_
 def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse_row_ptr, lse_col_ptr,
                         da_ptr, db_ptr, dd_ptr, t_ptr, dt_ptr, e_ptr, dq_ptr, partial_ptr, n, m, d, n_key, m_key,
                         s_cb, s_cn, s_cd, s_qb, s_qm, s_qd, s_kcb, s_kcn, s_kqb, s_kqm,
-                        HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, MMA: tl.constexpr, PREC: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Per (m-tile, b): T, dT, E, grad_q and the weight partials (two sweeps over the context)."""
     pid_m = tl.program_id(0)
@@ -430,10 +426,10 @@ def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse
         n_ok = offs_n < n
         c, pt, pct, da, db = _col_sweep_tile(c_ptr + b * s_cb, cmask_ptr + b * s_kcb, lse_row_ptr + b * n,
                                              da_ptr + b * n * d, db_ptr + b * n * d, offs_n, offs_d, n_ok, d_ok,
-                                             m_ok, d, s_cn, s_cd, s_kcn, qw, q_lin, w_c, real_q, lse_c, MMA, PREC)
-        t += _mm(pct, c, MMA, PREC)
-        dt += _mm(pt, db, MMA, PREC)
-        dq += _mm(pt, da, MMA, PREC)
+                                             m_ok, d, s_cn, s_cd, s_kcn, qw, q_lin, w_c, real_q, lse_c, DOT_DTYPE, DOT_PRECISION)
+        t += _mm(pct, c, DOT_DTYPE, DOT_PRECISION)
+        dt += _mm(pt, db, DOT_DTYPE, DOT_PRECISION)
+        dq += _mm(pt, da, DOT_DTYPE, DOT_PRECISION)
     e = tl.sum(t * dt, axis=1)
     _store_rows(t_ptr + b * m * d, offs_m, offs_d, d, m_ok, d_ok, t)
     _store_rows(dt_ptr + b * m * d, offs_m, offs_d, d, m_ok, d_ok, dt)
@@ -446,13 +442,13 @@ def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse
         n_ok = offs_n < n
         c, pt, pct, da, db = _col_sweep_tile(c_ptr + b * s_cb, cmask_ptr + b * s_kcb, lse_row_ptr + b * n,
                                              da_ptr + b * n * d, db_ptr + b * n * d, offs_n, offs_d, n_ok, d_ok,
-                                             m_ok, d, s_cn, s_cd, s_kcn, qw, q_lin, w_c, real_q, lse_c, MMA, PREC)
+                                             m_ok, d, s_cn, s_cd, s_kcn, qw, q_lin, w_c, real_q, lse_c, DOT_DTYPE, DOT_PRECISION)
         dd = tl.load(dd_ptr + b * n + offs_n, mask=n_ok, other=0.0)
-        dpt = _mm_nt(q, da, MMA, PREC) + _mm_nt(t, db, MMA, PREC)  # dPᵀ
-        dpct = _mm_nt(dt, c, MMA, PREC)  # dPcᵀ
+        dpt = _mm_nt(q, da, DOT_DTYPE, DOT_PRECISION) + _mm_nt(t, db, DOT_DTYPE, DOT_PRECISION)  # dPᵀ
+        dpct = _mm_nt(dt, c, DOT_DTYPE, DOT_PRECISION)  # dPcᵀ
         dst = pt * (dpt - dd[None, :]) + pct * (dpct - e[:, None])
         colsum += tl.sum(dst, axis=1)
-        dsc += _mm(dst, c, MMA, PREC)
+        dsc += _mm(dst, c, DOT_DTYPE, DOT_PRECISION)
     _col_epilogue(dq_ptr, partial_ptr, b, pid_m, offs_m, offs_d, m_ok, d_ok, m, d,
                   q, w_q, w_cq, dq, colsum, dsc)
 
@@ -463,7 +459,7 @@ def _cqa_bwd_row_kernel(g_ptr, c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_p
                         lse_row_ptr, lse_col_ptr, da_ptr, db_ptr, dd_ptr, t_ptr, dt_ptr, e_ptr, dc_ptr,
                         n, m, d, n_key, m_key, s_gb, s_gn, s_gd, s_cb, s_cn, s_cd, s_qb, s_qm, s_qd,
                         s_kcb, s_kcn, s_kqb, s_kqm, s_ob, s_on, s_od,
-                        HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, MMA: tl.constexpr, PREC: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """grad_c per (n-tile, b): g0 + g2∘A + g3∘B + (Σ_j dS_ij) w_c + w_cq∘(dS Q)_i + (Pc dT)_i."""
     b = tl.program_id(1).to(tl.int64)
@@ -490,16 +486,16 @@ def _cqa_bwd_row_kernel(g_ptr, c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_p
         t = _load_rows(t_ptr + b * m * d, offs_m, offs_d, d, 1, m_ok, d_ok)
         dt = _load_rows(dt_ptr + b * m * d, offs_m, offs_d, d, 1, m_ok, d_ok)
         e = tl.load(e_ptr + b * m + offs_m, mask=m_ok, other=0.0)
-        s = _sim(cw, q, c_lin, _lin(q, w_q), MMA, PREC)
+        s = _sim(cw, q, c_lin, _lin(q, w_q), DOT_DTYPE, DOT_PRECISION)
         p = _prob(s, lse_r[:, None], real_q[None, :] & n_ok[:, None])
         pc = _prob(s, lse_c[None, :], real_c[:, None] & m_ok[None, :])
-        dp = _mm_nt(da, q, MMA, PREC) + _mm_nt(db, t, MMA, PREC)
-        dpc = _mm_nt(c, dt, MMA, PREC)
+        dp = _mm_nt(da, q, DOT_DTYPE, DOT_PRECISION) + _mm_nt(db, t, DOT_DTYPE, DOT_PRECISION)
+        dpc = _mm_nt(c, dt, DOT_DTYPE, DOT_PRECISION)
         ds = p * (dp - dd[:, None]) + pc * (dpc - e[None, :])
         rowsum += tl.sum(ds, axis=1)
-        dsq += _mm(ds, q, MMA, PREC)
-        pc_dt += _mm(pc, dt, MMA, PREC)
-        bb += _mm(p, t, MMA, PREC)
+        dsq += _mm(ds, q, DOT_DTYPE, DOT_PRECISION)
+        pc_dt += _mm(pc, dt, DOT_DTYPE, DOT_PRECISION)
+        bb += _mm(p, t, DOT_DTYPE, DOT_PRECISION)
     g = g_ptr + b * s_gb
     g0 = _load_rows(g, offs_n, offs_d, s_gn, s_gd, n_ok, d_ok).to(tl.float32)
     g2 = _load_rows(g + 2 * d * s_gd, offs_n, offs_d, s_gn, s_gd, n_ok, d_ok).to(tl.float32)
@@ -511,31 +507,11 @@ def _cqa_bwd_row_kernel(g_ptr, c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_p
 
 # ----------------------------------------------------------------------------- launchers
 
-def _launch(kernel: triton.runtime.Autotuner, grid, *args, **kwargs) -> None:
-    """Launch an autotuned kernel, or, with FASTQA_TRITON_AUTOTUNE=0, its default (first) config.
-
-    Skipping the tuning saves compiling every configuration for every new shape bucket and dtype
-    (the tests at small shapes do this); the results are the same up to rounding.
-    """
-    if os.environ.get("FASTQA_TRITON_AUTOTUNE", "1") != "0":
-        kernel[grid](*args, **kwargs)
-    else:
-        kernel.fn[grid](*args, **kwargs, **kernel.configs[0].all_kwargs())
-
-
 def _consts(c: torch.Tensor, d: int) -> dict:
-    """Compile-time constants shared by every kernel: feature tile, MMA operand dtype, precision."""
-    if c.dtype == torch.float16:
-        mma = tl.float16
-    elif c.dtype == torch.bfloat16 and not _INTERPRET:  # the interpreter cannot multiply bf16 blocks
-        mma = tl.bfloat16
-    else:
-        mma = tl.float32
-    # fp32 operands: TF32x3 on NVIDIA (three tensor-core passes, close to fp32 accuracy; IEEE FMA
-    # dots compile about four times slower and run on CUDA cores), IEEE elsewhere. Plain TF32
-    # would cost ~1e-3 relative error. The precision is ignored for 16-bit operands.
-    prec = ("ieee" if torch.version.hip else "tf32x3") if mma == tl.float32 else "tf32"
-    return {"BLOCK_D": max(16, triton.next_power_of_2(d)), "MMA": mma, "PREC": prec}
+    """Compile-time constants shared by every kernel: feature tile, dot operand dtype and precision
+    (fp32 accumulation always; ``_common`` states the precision policy)."""
+    return {"BLOCK_D": max(16, triton.next_power_of_2(d)), "DOT_DTYPE": dot_operand_dtype(c.dtype),
+            "DOT_PRECISION": dot_precision(c.dtype)}
 
 
 def _keys(n: int, m: int) -> tuple[int, int]:
@@ -590,7 +566,7 @@ def _trilinear_fwd(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor,
     bias_arg, has_bias = _bias_args(bias, weight)
     s = torch.empty(batch, n, m, device=c.device, dtype=c.dtype)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), batch)  # noqa: E731
-    _launch(_tri_fwd_kernel, grid, c, q, weight, bias_arg, s, n, m, d, *_keys(n, m), *c.stride(), *q.stride(),
+    launch(_tri_fwd_kernel, grid, c, q, weight, bias_arg, s, n, m, d, *_keys(n, m), *c.stride(), *q.stride(),
             HAS_BIAS=has_bias, **_consts(c, d))
     return s
 
@@ -605,9 +581,9 @@ def _trilinear_bwd(grad_s: torch.Tensor, c: torch.Tensor, q: torch.Tensor, weigh
     grad_c = torch.empty_like(c, memory_format=torch.contiguous_format)
     grad_q = torch.empty_like(q, memory_format=torch.contiguous_format)
     partial = _partial_buffer(c, batch, m, d)
-    _launch(_tri_bwd_row_kernel, _row_grid(n, batch), grad_s, q, weight, grad_c, *sizes,
+    launch(_tri_bwd_row_kernel, _row_grid(n, batch), grad_s, q, weight, grad_c, *sizes,
             *grad_s.stride(), *q.stride(), BLOCK_M=_row_block_m(m, consts["BLOCK_D"], backward=True), **consts)
-    _launch(_tri_bwd_col_kernel, _col_grid(m, batch), grad_s, c, q, weight, grad_q, partial, *sizes,
+    launch(_tri_bwd_col_kernel, _col_grid(m, batch), grad_s, c, q, weight, grad_q, partial, *sizes,
             *grad_s.stride(), *c.stride(), *q.stride(), **consts)
     return (grad_c, grad_q) + _weight_grads(partial, weight, bias, d)
 
@@ -625,9 +601,9 @@ def _cqa_fwd(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor, q_mask: tor
     lse_col = torch.empty(batch, m, **f32)
     lse_row = torch.empty(batch, n, **f32)
     out = torch.empty(batch, n, 4 * d, device=c.device, dtype=c.dtype)
-    _launch(_cqa_fwd_col_kernel, _col_grid(m, batch), c, q, c_mask, weight, bias_arg, t, lse_col, *sizes,
+    launch(_cqa_fwd_col_kernel, _col_grid(m, batch), c, q, c_mask, weight, bias_arg, t, lse_col, *sizes,
             *c.stride(), *q.stride(), *c_mask.stride(), **consts)
-    _launch(_cqa_fwd_row_kernel, _row_grid(n, batch), c, q, q_mask, weight, bias_arg, t, out, lse_row, *sizes,
+    launch(_cqa_fwd_row_kernel, _row_grid(n, batch), c, q, q_mask, weight, bias_arg, t, out, lse_row, *sizes,
             *c.stride(), *q.stride(), *q_mask.stride(), BLOCK_M=_row_block_m(m, consts["BLOCK_D"]), **consts)
     return out, lse_row, lse_col
 
@@ -648,12 +624,12 @@ def _cqa_bwd(grad_out: torch.Tensor, c: torch.Tensor, q: torch.Tensor, c_mask: t
     grad_c = torch.empty_like(c, memory_format=torch.contiguous_format)
     grad_q = torch.empty_like(q, memory_format=torch.contiguous_format)
     partial = _partial_buffer(c, batch, m, d)
-    _launch(_cqa_bwd_prep_kernel, _row_grid(n, batch), grad_out, c, out, da, db, dd, *sizes,
+    launch(_cqa_bwd_prep_kernel, _row_grid(n, batch), grad_out, c, out, da, db, dd, *sizes,
             *grad_out.stride(), *c.stride(), *out.stride(), BLOCK_D=consts["BLOCK_D"])
-    _launch(_cqa_bwd_col_kernel, _col_grid(m, batch), c, q, c_mask, q_mask, weight, bias_arg, lse_row, lse_col,
+    launch(_cqa_bwd_col_kernel, _col_grid(m, batch), c, q, c_mask, q_mask, weight, bias_arg, lse_row, lse_col,
             da, db, dd, t, dt, e, grad_q, partial, *sizes, *c.stride(), *q.stride(), *c_mask.stride(),
             *q_mask.stride(), **consts)
-    _launch(_cqa_bwd_row_kernel, _row_grid(n, batch), grad_out, c, q, c_mask, q_mask, weight, bias_arg, out,
+    launch(_cqa_bwd_row_kernel, _row_grid(n, batch), grad_out, c, q, c_mask, q_mask, weight, bias_arg, out,
             lse_row, lse_col, da, db, dd, t, dt, e, grad_c, *sizes, *grad_out.stride(), *c.stride(), *q.stride(),
             *c_mask.stride(), *q_mask.stride(), *out.stride(),
             BLOCK_M=_row_block_m(m, consts["BLOCK_D"], backward=True), **consts)
@@ -662,26 +638,60 @@ def _cqa_bwd(grad_out: torch.Tensor, c: torch.Tensor, q: torch.Tensor, c_mask: t
 
 # ----------------------------------------------------------------------------- custom ops
 
-@torch.library.custom_op("fastqa_triton::trilinear_similarity_fwd", mutates_args=(),
-                         schema="(Tensor c, Tensor q, Tensor weight, Tensor? bias) -> Tensor s")
+def _check_args(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                masks: tuple = ()) -> None:
+    """Shapes, dtypes and devices the kernels rely on (they read by these sizes, unchecked)."""
+    check_tensor("c", c, ndim=3)
+    batch, n, d = c.shape
+    check_tensor("q", q, shape=(batch, None, d), like=c)
+    check_tensor("weight", weight, shape=(3 * d,), like=c)
+    if bias is not None and (bias.numel() != 1 or bias.dim() > 1):
+        raise ValueError(f"bias must have shape [1] or [], got {tuple(bias.shape)}")
+    check_optional("bias", bias, like=c)
+    for name, mask, length in zip(("c_mask", "q_mask"), masks, (n, q.shape[1])):
+        check_tensor(name, mask, shape=(batch, length), dtype=torch.bool, floating=False, like=c)
+
+
 def trilinear_similarity_fwd(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor,
                              bias: Optional[torch.Tensor]) -> torch.Tensor:
     """S = w·[c; q; c∘q] (+ bias): c [B, n, d], q [B, m, d], weight [3d], bias [1] -> s [B, n, m]."""
+    _check_args(c, q, weight, bias)
     return _trilinear_fwd(c, q, weight, bias)
 
 
-@trilinear_similarity_fwd.register_fake
-def _(c, q, weight, bias):
-    return c.new_empty(c.shape[0], c.shape[1], q.shape[1])
-
-
-@torch.library.custom_op("fastqa_triton::trilinear_similarity_bwd", mutates_args=(),
-                         schema="(Tensor grad_s, Tensor c, Tensor q, Tensor weight, Tensor? bias) "
-                                "-> (Tensor grad_c, Tensor grad_q, Tensor grad_weight, Tensor grad_bias)")
 def trilinear_similarity_bwd(grad_s: torch.Tensor, c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor,
                              bias: Optional[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """Gradients of trilinear_similarity; grad_bias is empty (numel 0) when bias is None."""
+    _check_args(c, q, weight, bias)
+    check_tensor("grad_s", grad_s, shape=(c.shape[0], c.shape[1], q.shape[1]), like=c)
     return _trilinear_bwd(grad_s, c, q, weight, bias)
+
+
+def context_query_attention_fwd(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor, q_mask: torch.Tensor,
+                                weight: torch.Tensor, bias: Optional[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """out [B, n, 4d] = [c, A, c∘A, c∘B]; aux_row [B, n] and aux_col [B, m]: fp32 row / column
+    log-sum-exps of the masked S (+inf where a row / column has no real token)."""
+    _check_args(c, q, weight, bias, (c_mask, q_mask))
+    return _cqa_fwd(c, q, c_mask, q_mask, weight, bias)
+
+
+def context_query_attention_bwd(grad_out: torch.Tensor, c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor,
+                                q_mask: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                                out: torch.Tensor, aux_row: torch.Tensor,
+                                aux_col: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Gradients of context_query_attention by recomputation from c, q and the forward's aux outputs;
+    grad_bias is empty (numel 0) when bias is None."""
+    _check_args(c, q, weight, bias, (c_mask, q_mask))
+    batch, n, d = c.shape
+    check_tensor("grad_out", grad_out, shape=(batch, n, 4 * d), like=c)
+    check_tensor("out", out, shape=(batch, n, 4 * d), like=c)
+    for name, aux, length in (("aux_row", aux_row, n), ("aux_col", aux_col, q.shape[1])):
+        check_tensor(name, aux, shape=(batch, length), dtype=torch.float32)
+    return _cqa_bwd(grad_out, c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col)
+
+
+def _trilinear_fwd_fake(c, q, weight, bias):
+    return c.new_empty(c.shape[0], c.shape[1], q.shape[1])
 
 
 def _fake_grads(c, q, weight, bias):
@@ -692,41 +702,29 @@ def _fake_grads(c, q, weight, bias):
             torch.empty_like(weight, **contiguous), grad_bias)
 
 
-@trilinear_similarity_bwd.register_fake
-def _(grad_s, c, q, weight, bias):
+def _trilinear_bwd_fake(grad_s, c, q, weight, bias):
     return _fake_grads(c, q, weight, bias)
 
 
-@torch.library.custom_op("fastqa_triton::context_query_attention_fwd", mutates_args=(),
-                         schema="(Tensor c, Tensor q, Tensor c_mask, Tensor q_mask, Tensor weight, Tensor? bias) "
-                                "-> (Tensor out, Tensor aux_row, Tensor aux_col)")
-def context_query_attention_fwd(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor, q_mask: torch.Tensor,
-                                weight: torch.Tensor, bias: Optional[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """out [B, n, 4d] = [c, A, c∘A, c∘B]; aux_row [B, n] and aux_col [B, m]: fp32 row / column
-    log-sum-exps of the masked S (+inf where a row / column has no real token)."""
-    return _cqa_fwd(c, q, c_mask, q_mask, weight, bias)
-
-
-@context_query_attention_fwd.register_fake
-def _(c, q, c_mask, q_mask, weight, bias):
+def _cqa_fwd_fake(c, q, c_mask, q_mask, weight, bias):
     batch, n, d = c.shape
     return (c.new_empty(batch, n, 4 * d), c.new_empty(batch, n, dtype=torch.float32),
             c.new_empty(batch, q.shape[1], dtype=torch.float32))
 
 
-@torch.library.custom_op("fastqa_triton::context_query_attention_bwd", mutates_args=(),
-                         schema="(Tensor grad_out, Tensor c, Tensor q, Tensor c_mask, Tensor q_mask, Tensor weight, "
-                                "Tensor? bias, Tensor out, Tensor aux_row, Tensor aux_col) "
-                                "-> (Tensor grad_c, Tensor grad_q, Tensor grad_weight, Tensor grad_bias)")
-def context_query_attention_bwd(grad_out: torch.Tensor, c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor,
-                                q_mask: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                                out: torch.Tensor, aux_row: torch.Tensor,
-                                aux_col: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Gradients of context_query_attention by recomputation from c, q and the forward's aux outputs;
-    grad_bias is empty (numel 0) when bias is None."""
-    return _cqa_bwd(grad_out, c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col)
-
-
-@context_query_attention_bwd.register_fake
-def _(grad_out, c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col):
+def _cqa_bwd_fake(grad_out, c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col):
     return _fake_grads(c, q, weight, bias)
+
+
+register("trilinear_similarity_fwd", trilinear_similarity_fwd,
+         "(Tensor c, Tensor q, Tensor weight, Tensor? bias) -> Tensor s", _trilinear_fwd_fake)
+register("trilinear_similarity_bwd", trilinear_similarity_bwd,
+         "(Tensor grad_s, Tensor c, Tensor q, Tensor weight, Tensor? bias) "
+         "-> (Tensor grad_c, Tensor grad_q, Tensor grad_weight, Tensor grad_bias)", _trilinear_bwd_fake)
+register("context_query_attention_fwd", context_query_attention_fwd,
+         "(Tensor c, Tensor q, Tensor c_mask, Tensor q_mask, Tensor weight, Tensor? bias) "
+         "-> (Tensor out, Tensor aux_row, Tensor aux_col)", _cqa_fwd_fake)
+register("context_query_attention_bwd", context_query_attention_bwd,
+         "(Tensor grad_out, Tensor c, Tensor q, Tensor c_mask, Tensor q_mask, Tensor weight, Tensor? bias, "
+         "Tensor out, Tensor aux_row, Tensor aux_col) "
+         "-> (Tensor grad_c, Tensor grad_q, Tensor grad_weight, Tensor grad_bias)", _cqa_bwd_fake)

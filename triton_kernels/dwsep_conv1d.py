@@ -65,18 +65,15 @@ in the launcher. Inputs and the incoming gradient are never written. Outputs and
 contiguous and in the input dtype (fp32 / fp16 / bf16; fp64 also runs, e.g. in the interpreter).
 
 Precision: fp32 accumulation everywhere (fp64 for fp64 inputs, so gradcheck can run in the
-interpreter). fp16 / bf16 operands go to tensor cores; for fp32 inputs
-``tl.dot`` uses TF32 only when ``torch.backends.cuda.matmul.allow_tf32`` is set (as torch's own
-matmul does), IEEE fp32 otherwise.
+interpreter). fp16 / bf16 operands go to tensor cores; fp32 dots follow the package-wide
+policy of ``_common.dot_precision`` (TF32x3 unless torch's float32 matmul precision allows TF32).
 
 Autotuning: block sizes and num_warps, keyed on the channel counts, K and a power-of-two bucket of
 the length (forward / grad_x) or of B * L (the split reductions). Under TRITON_INTERPRET=1 each
 kernel has a single small config (32 rows x 16 channels; 16 whole rows for the LayerNorm kernels)
 so the interpreter stays fast.
 """
-import functools
-import os
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import triton
@@ -84,35 +81,27 @@ import triton.language as tl
 
 from fastqa._checks import check_optional, check_tensor
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from ._common import accumulator_dtype, bucket, configs, dtype_constants, launch, register, sm_count
 
+_NAMES_LNC = ("BLOCK_L", "BLOCK_N", "BLOCK_C")
+_INTERPRET_LNC = {"BLOCK_L": 32, "BLOCK_N": 16, "BLOCK_C": 16}
 
-def _configs(gpu: list, interpret: dict, names: Tuple[str, ...]) -> list:
-    """gpu: (block sizes..., num_warps, num_stages) tuples; interpret: the one config used there."""
-    if _INTERPRET:
-        return [triton.Config(interpret, num_warps=4)]
-    return [triton.Config(dict(zip(names, c[:-2])), num_warps=c[-2], num_stages=c[-1]) for c in gpu]
-
-
-_FWD_CONFIGS = _configs(
-    [(32, 64, 32, 4, 3), (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (128, 64, 32, 4, 3),
-     (128, 128, 32, 8, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 2), (32, 128, 64, 4, 2)],
-    {"BLOCK_L": 32, "BLOCK_N": 16, "BLOCK_C": 16}, ("BLOCK_L", "BLOCK_N", "BLOCK_C"))
-_DH_CONFIGS = _configs(
-    [(32, 64, 64, 4, 3), (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (64, 64, 64, 4, 3),
-     (128, 64, 64, 8, 3), (128, 128, 32, 8, 2)],
-    {"BLOCK_L": 32, "BLOCK_N": 16, "BLOCK_C": 16}, ("BLOCK_L", "BLOCK_N", "BLOCK_C"))
-_DX_CONFIGS = _configs(
-    [(32, 64, 4, 2), (64, 64, 4, 2), (32, 128, 4, 2), (64, 128, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2)],
-    {"BLOCK_L": 32, "BLOCK_C": 16}, ("BLOCK_L", "BLOCK_C"))
-_DPW_CONFIGS = _configs(
-    [(32, 64, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (32, 128, 128, 8, 2),
-     (64, 128, 128, 8, 2), (128, 64, 64, 8, 2)],
-    {"BLOCK_L": 32, "BLOCK_N": 16, "BLOCK_C": 16}, ("BLOCK_L", "BLOCK_N", "BLOCK_C"))
+_FWD_CONFIGS = configs(_NAMES_LNC, [
+    (32, 64, 32, 4, 3), (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (128, 64, 32, 4, 3),
+    (128, 128, 32, 8, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 2), (32, 128, 64, 4, 2)], _INTERPRET_LNC)
+_DH_CONFIGS = configs(_NAMES_LNC, [
+    (32, 64, 64, 4, 3), (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (64, 64, 64, 4, 3),
+    (128, 64, 64, 8, 3), (128, 128, 32, 8, 2)], _INTERPRET_LNC)
+_DX_CONFIGS = configs(("BLOCK_L", "BLOCK_C"), [
+    (32, 64, 4, 2), (64, 64, 4, 2), (32, 128, 4, 2), (64, 128, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2)],
+    {"BLOCK_L": 32, "BLOCK_C": 16})
+_DPW_CONFIGS = configs(_NAMES_LNC, [
+    (32, 64, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (32, 128, 128, 8, 2),
+    (64, 128, 128, 8, 2), (128, 64, 64, 8, 2)], _INTERPRET_LNC)
 
 # Whole-row kernels of the LayerNorm variant: only the row count and warps are tuned.
-_STATS_CONFIGS = _configs([(4, 4, 1), (8, 4, 1), (16, 8, 1)], {"BLOCK_R": 16}, ("BLOCK_R",))
-_DXLN_CONFIGS = _configs([(16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 8, 2)], {"BLOCK_L": 16}, ("BLOCK_L",))
+_STATS_CONFIGS = configs(("BLOCK_R",), [(4, 4, 1), (8, 4, 1), (16, 8, 1)])
+_DXLN_CONFIGS = configs(("BLOCK_L",), [(16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 8, 2)])
 
 
 def _prune(configs: list, named_args: dict, **kwargs) -> list:
@@ -198,18 +187,9 @@ def _masked_grad(gy_ptr, bits_ptr, b, offs_l, offs_n, L, C_out, s_gb, s_gl, s_gn
 
 
 @triton.jit
-def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """acc + a @ b with fp32 accumulation.
-
-    UPCAST (set only for bf16 under TRITON_INTERPRET=1): the interpreter multiplies bf16 operands as
-    their raw uint16 bits (triton-lang/triton#11584, triton 3.9 here), so they go in as fp32 there --
-    the same products, since a product of two bf16 values is exact in fp32.
-    """
-    if UPCAST:
-        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-    return acc
+def _dot(a, b, acc, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """acc + a @ b with the operands in DOT_DTYPE (see ``_common.dot_operand_dtype``), fp32 accumulation."""
+    return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -229,7 +209,7 @@ def _fwd_kernel(x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_ptr, dwb_ptr, pww_ptr, p
                 s_xb, s_xl, s_xc, s_rb, s_rl, s_rc,
                 K: tl.constexpr, HAS_LN: tl.constexpr, HAS_DW_BIAS: tl.constexpr, HAS_PW_BIAS: tl.constexpr,
                 HAS_RES: tl.constexpr, RELU: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC: tl.constexpr,
+                DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_l = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -249,7 +229,7 @@ def _fwd_kernel(x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_ptr, dwb_ptr, pww_ptr, p
                            stats_b, lnw_ptr, lnb_ptr, K, HAS_DW_BIAS, HAS_LN, BLOCK_L, BLOCK_C, ACC)
         w = tl.load(pww_ptr + offs_n[None, :] * C_in + offs_c[:, None], mask=c_ok[:, None] & n_ok[None, :],
                     other=0.0)  # [BLOCK_C, BLOCK_N] = pw_weight^T slice
-        acc = _dot(h.to(w.dtype), w, acc, DOT_PRECISION, DOT_UPCAST)
+        acc = _dot(h.to(w.dtype), w, acc, DOT_DTYPE, DOT_PRECISION)
 
     if HAS_PW_BIAS:
         acc += tl.load(pwb_ptr + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
@@ -277,7 +257,7 @@ def _bwd_dh_kernel(gy_ptr, bits_ptr, x_ptr, stats_ptr, lnw_ptr, lnb_ptr, pww_ptr
                    s_gb, s_gl, s_gn, s_xb, s_xl, s_xc,
                    K: tl.constexpr, K_P2: tl.constexpr, HAS_LN: tl.constexpr, HAS_DW_BIAS: tl.constexpr,
                    RELU: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC: tl.constexpr,
+                   DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC: tl.constexpr,
                    BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_s = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -298,7 +278,7 @@ def _bwd_dh_kernel(gy_ptr, bits_ptr, x_ptr, stats_ptr, lnw_ptr, lnb_ptr, pww_ptr
             g = _masked_grad(gy_ptr, bits_ptr, b, offs_l, offs_n, L, C_out, s_gb, s_gl, s_gn, RELU)
             w = tl.load(pww_ptr + offs_n[:, None] * C_in + offs_c[None, :],
                         mask=(offs_n < C_out)[:, None] & c_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_C]
-            gh = _dot(g, w, gh, DOT_PRECISION, DOT_UPCAST)
+            gh = _dot(g, w, gh, DOT_DTYPE, DOT_PRECISION)
         # Rows past L have g = 0, hence gh = 0: they add nothing to the partials below.
         tl.store(gh_ptr + (b * L + offs_l)[:, None] * C_in + offs_c[None, :], gh,
                  mask=(offs_l < L)[:, None] & c_ok[None, :])
@@ -337,7 +317,7 @@ def _bwd_dpw_kernel(gy_ptr, bits_ptr, x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_pt
                     s_gb, s_gl, s_gn, s_xb, s_xl, s_xc,
                     K: tl.constexpr, HAS_LN: tl.constexpr, HAS_DW_BIAS: tl.constexpr, HAS_PW_BIAS: tl.constexpr,
                     RELU: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC: tl.constexpr,
+                    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC: tl.constexpr,
                     BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_s = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -358,7 +338,7 @@ def _bwd_dpw_kernel(gy_ptr, bits_ptr, x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_pt
         # Rows past L hold h = dw_bias but g = 0 there, so they add nothing.
         h = _depthwise_out(x_ptr + b * s_xb, dww_ptr, dwb_ptr, offs_l, offs_c, c_ok, L, s_xl, s_xc, pad_left,
                            stats_ptr + b * 2 * L, lnw_ptr, lnb_ptr, K, HAS_DW_BIAS, HAS_LN, BLOCK_L, BLOCK_C, ACC)
-        acc = _dot(tl.trans(g), h.to(g.dtype), acc, DOT_PRECISION, DOT_UPCAST)
+        acc = _dot(tl.trans(g), h.to(g.dtype), acc, DOT_DTYPE, DOT_PRECISION)
         acc_b += tl.sum(g.to(ACC), axis=0)
 
     tl.store(ppw_ptr + pid_s * C_out * C_in + offs_n[:, None] * C_in + offs_c[None, :], acc,
@@ -432,34 +412,12 @@ def _bwd_dx_ln_kernel(gh_ptr, dww_ptr, x_ptr, stats_ptr, lnw_ptr, gx_ptr, plnw_p
 # ----------------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------------
-def _bucket(n: int, cap: int) -> int:
-    """Power-of-two bucket of a size for the autotuning key (re-tune per bucket, not per value)."""
-    return min(triton.next_power_of_2(max(n, 1)), cap)
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Accumulation dtype: fp32, or fp64 for fp64 inputs (gradcheck)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _dtype_args(dtype: torch.dtype) -> dict:
-    """The dtype-dependent constexprs of the kernels: accumulator dtype, dot precision (see ``_dot``)."""
-    tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    return {"DOT_PRECISION": "tf32" if tf32 else "ieee", "DOT_UPCAST": _INTERPRET and dtype == torch.bfloat16,
-            "ACC": tl.float64 if dtype == torch.float64 else tl.float32}
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _num_splits(device: torch.device, B: int, L: int, programs_per_split: int) -> int:
     """Row groups of the split-reduction kernels: about two waves of programs on the GPU, at most one
     group per 16-row tile. Depends only on shapes and device, so the reduction order (and the bits of
     the weight gradients) is the same on every call."""
-    target = 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 3  # interpreter: a few groups, enough to exercise the reduction
+    # Interpreter: a few groups, enough to exercise the reduction.
+    target = 2 * sm_count(device) if device.type == "cuda" else 3
     return max(1, min(B * triton.cdiv(L, 16), triton.cdiv(target, programs_per_split)))
 
 
@@ -496,23 +454,23 @@ def _forward(x: torch.Tensor, ln: Optional[Tuple[torch.Tensor, torch.Tensor, flo
     check_optional("residual", residual, shape=(B, L, C_out), like=x)
     y = torch.empty((B, L, C_out), dtype=x.dtype, device=x.device)
     aux = torch.empty((B, L, triton.cdiv(C_out, 8)) if relu else (0,), dtype=torch.uint8, device=x.device)
-    stats = torch.empty((B, 2, L) if ln is not None else (0,), dtype=_acc_dtype(x.dtype), device=x.device)
+    stats = torch.empty((B, 2, L) if ln is not None else (0,), dtype=accumulator_dtype(x.dtype), device=x.device)
     if B * L == 0:
         return y, aux, stats
-    dtype_args = _dtype_args(x.dtype)
+    dtype_args = dtype_constants(x.dtype)
     lnw = lnb = x  # dummy pointers when there is no LayerNorm (never read)
     if ln is not None:
         _check_ln(x, ln[0], ln[1])
         lnw, lnb = ln[0].contiguous(), ln[1].contiguous()
-        _ln_stats_kernel[lambda meta: (triton.cdiv(B * L, meta["BLOCK_R"]),)](
-            x, stats, B * L, L, C_in, ln[2], x.stride(0), x.stride(1), x.stride(2),
-            ACC=dtype_args["ACC"], BLOCK_C=triton.next_power_of_2(C_in))
+        launch(_ln_stats_kernel, lambda meta: (triton.cdiv(B * L, meta["BLOCK_R"]),),
+               x, stats, B * L, L, C_in, ln[2], x.stride(0), x.stride(1), x.stride(2),
+               ACC=dtype_args["ACC"], BLOCK_C=triton.next_power_of_2(C_in))
     res = residual if residual is not None else y  # dummy pointer when absent (never read)
     grid = lambda meta: (triton.cdiv(L, meta["BLOCK_L"]), triton.cdiv(C_out, meta["BLOCK_N"]), B)  # noqa: E731
-    _fwd_kernel[grid](
-        x, stats, lnw, lnb, dw_weight.contiguous(), x if dw_bias is None else dw_bias.contiguous(),
+    launch(
+        _fwd_kernel, grid, x, stats, lnw, lnb, dw_weight.contiguous(), x if dw_bias is None else dw_bias.contiguous(),
         pw_weight.contiguous(), x if pw_bias is None else pw_bias.contiguous(), res, y, aux,
-        L, C_in, C_out, _bucket(L, 1024), pad_left,
+        L, C_in, C_out, bucket(L, 1024), pad_left,
         x.stride(0), x.stride(1), x.stride(2), res.stride(0), res.stride(1), res.stride(2),
         K=K, HAS_LN=ln is not None, HAS_DW_BIAS=dw_bias is not None, HAS_PW_BIAS=pw_bias is not None,
         HAS_RES=residual is not None, RELU=relu, **dtype_args)
@@ -522,16 +480,16 @@ def _forward(x: torch.Tensor, ln: Optional[Tuple[torch.Tensor, torch.Tensor, flo
 def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
               dw_weight: torch.Tensor, dw_bias: Optional[torch.Tensor], pw_weight: torch.Tensor,
               pw_bias: Optional[torch.Tensor], aux: torch.Tensor, pad_left: int, relu: bool
-              ) -> Tuple[torch.Tensor, ...]:
-    """(grad_x, grad_dw_weight, grad_dw_bias, grad_pw_weight, grad_pw_bias), then with
-    ``ln`` = (ln_weight, ln_bias, ln_stats) also (grad_ln_weight, grad_ln_bias)."""
+              ) -> Dict[str, torch.Tensor]:
+    """Gradients by input name: x, dw_weight, dw_bias, pw_weight, pw_bias, and with
+    ``ln`` = (ln_weight, ln_bias, ln_stats) also ln_weight, ln_bias; an absent bias's is empty."""
     _check_args(x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left)
     B, L, C_in = x.shape
     C_out, K = pw_weight.shape[0], dw_weight.shape[-1]
     check_tensor("grad_y", grad_y, shape=(B, L, C_out), like=x)
     if relu:
         check_tensor("aux", aux, shape=(B, L, triton.cdiv(C_out, 8)), dtype=torch.uint8, floating=False, like=x)
-    dev, acc = x.device, _acc_dtype(x.dtype)
+    dev, acc = x.device, accumulator_dtype(x.dtype)
     if ln is not None:
         _check_ln(x, ln[0], ln[1])
         check_tensor("ln_stats", ln[2], shape=(B, 2, L), dtype=acc)
@@ -540,15 +498,17 @@ def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Te
     absent = lambda: x.new_empty(0)  # noqa: E731  (a fresh one each: outputs must not alias)
     if B * L == 0:  # no rows: zero gradients, and no empty grid to launch
         zero = lambda t: torch.zeros_like(t, memory_format=torch.contiguous_format)  # noqa: E731
-        grads = (zero(x), zero(dw_weight), absent() if dw_bias is None else zero(dw_bias),
-                 zero(pw_weight), absent() if pw_bias is None else zero(pw_bias))
-        return grads if ln is None else grads + (zero(ln[0]), zero(ln[1]))
+        grads = {"x": zero(x), "dw_weight": zero(dw_weight), "dw_bias": absent() if dw_bias is None else zero(dw_bias),
+                 "pw_weight": zero(pw_weight), "pw_bias": absent() if pw_bias is None else zero(pw_bias)}
+        if ln is not None:
+            grads.update(ln_weight=zero(ln[0]), ln_bias=zero(ln[1]))
+        return grads
     grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
     dww, pww = dw_weight.contiguous(), pw_weight.contiguous()
     dwb = x if dw_bias is None else dw_bias.contiguous()
     stats, lnw, lnb = (ln[2], ln[0].contiguous(), ln[1].contiguous()) if ln is not None else (x, x, x)
-    dtype_args = _dtype_args(x.dtype)
-    rows_bucket = _bucket(B * L, 1 << 16)
+    dtype_args = dtype_constants(x.dtype)
+    rows_bucket = bucket(B * L, 1 << 16)
     strides = (grad_y.stride(0), grad_y.stride(1), grad_y.stride(2), x.stride(0), x.stride(1), x.stride(2))
 
     # grad_h (fp32 scratch) and the depthwise weight / bias partials.
@@ -556,38 +516,42 @@ def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Te
     s_dh = _num_splits(dev, B, L, triton.cdiv(C_in, 64))
     p_dww = torch.empty((s_dh, C_in, K), dtype=acc, device=dev)
     p_dwb = torch.empty((s_dh, C_in) if dw_bias is not None else (0,), dtype=acc, device=dev)
-    _bwd_dh_kernel[lambda meta: (s_dh, triton.cdiv(C_in, meta["BLOCK_C"]))](
-        grad_y, aux, x, stats, lnw, lnb, pww, gh, p_dwb, p_dww, B, L, C_in, C_out, rows_bucket, pad_left, *strides,
+    launch(
+        _bwd_dh_kernel, lambda meta: (s_dh, triton.cdiv(C_in, meta["BLOCK_C"])), grad_y, aux, x, stats, lnw, lnb, pww, gh, p_dwb, p_dww, B, L, C_in, C_out, rows_bucket, pad_left, *strides,
         K=K, K_P2=triton.next_power_of_2(K), HAS_LN=ln is not None, HAS_DW_BIAS=dw_bias is not None, RELU=relu,
         **dtype_args)
 
     # grad_x: the transposed depthwise conv of grad_h (then back through the LayerNorm).
     if ln is None:
-        _bwd_dx_kernel[lambda meta: (triton.cdiv(L, meta["BLOCK_L"]), triton.cdiv(C_in, meta["BLOCK_C"]), B)](
-            gh, dww, grad_x, L, C_in, _bucket(L, 1024), pad_left, K=K, ACC=dtype_args["ACC"])
+        launch(
+            _bwd_dx_kernel, lambda meta: (triton.cdiv(L, meta["BLOCK_L"]), triton.cdiv(C_in, meta["BLOCK_C"]), B),
+            gh, dww, grad_x, L, C_in, bucket(L, 1024), pad_left, K=K, ACC=dtype_args["ACC"])
     else:
         s_ln = _num_splits(dev, B, L, 1)
         p_lnw = torch.empty((s_ln, C_in), dtype=acc, device=dev)
         p_lnb = torch.empty((s_ln, C_in), dtype=acc, device=dev)
-        _bwd_dx_ln_kernel[(s_ln,)](
-            gh, dww, x, stats, lnw, grad_x, p_lnw, p_lnb, B, L, C_in, rows_bucket, pad_left,
+        launch(
+            _bwd_dx_ln_kernel, (s_ln,), gh, dww, x, stats, lnw, grad_x, p_lnw, p_lnb, B, L, C_in, rows_bucket, pad_left,
             x.stride(0), x.stride(1), x.stride(2), K=K, ACC=dtype_args["ACC"], BLOCK_C=triton.next_power_of_2(C_in))
 
     # Pointwise weight / bias partials, h recomputed from x.
     s_pw = _num_splits(dev, B, L, triton.cdiv(C_out, 64) * triton.cdiv(C_in, 64))
     p_pw = torch.empty((s_pw, C_out, C_in), dtype=acc, device=dev)
     p_pwb = torch.empty((s_pw, C_out) if pw_bias is not None else (0,), dtype=acc, device=dev)
-    _bwd_dpw_kernel[lambda meta: (s_pw, triton.cdiv(C_out, meta["BLOCK_N"]), triton.cdiv(C_in, meta["BLOCK_C"]))](
+    launch(
+        _bwd_dpw_kernel, lambda meta: (s_pw, triton.cdiv(C_out, meta["BLOCK_N"]), triton.cdiv(C_in, meta["BLOCK_C"])),
         grad_y, aux, x, stats, lnw, lnb, dww, dwb, p_pw, p_pwb, B, L, C_in, C_out, rows_bucket, pad_left, *strides,
         K=K, HAS_LN=ln is not None, HAS_DW_BIAS=dw_bias is not None, HAS_PW_BIAS=pw_bias is not None, RELU=relu,
         **dtype_args)
 
     dtype = x.dtype
-    grads = (grad_x, p_dww.sum(0).to(dtype).view(dw_weight.shape),
-             p_dwb.sum(0).to(dtype) if dw_bias is not None else absent(),
-             p_pw.sum(0).to(dtype).view(pw_weight.shape),
-             p_pwb.sum(0).to(dtype) if pw_bias is not None else absent())
-    return grads if ln is None else grads + (p_lnw.sum(0).to(dtype), p_lnb.sum(0).to(dtype))
+    grads = {"x": grad_x, "dw_weight": p_dww.sum(0).to(dtype).view(dw_weight.shape),
+             "dw_bias": p_dwb.sum(0).to(dtype) if dw_bias is not None else absent(),
+             "pw_weight": p_pw.sum(0).to(dtype).view(pw_weight.shape),
+             "pw_bias": p_pwb.sum(0).to(dtype) if pw_bias is not None else absent()}
+    if ln is not None:
+        grads.update(ln_weight=p_lnw.sum(0).to(dtype), ln_bias=p_lnb.sum(0).to(dtype))
+    return grads
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -608,13 +572,19 @@ LN_BWD_SCHEMA = ("(Tensor grad_y, Tensor x, Tensor ln_weight, Tensor ln_bias, Te
                  "Tensor grad_dw_bias, Tensor grad_pw_weight, Tensor grad_pw_bias)")
 
 
+# Gradient outputs of the _bwd ops, in schema order.
+_GRADS = ("x", "dw_weight", "dw_bias", "pw_weight", "pw_bias")
+_LN_GRADS = ("x", "ln_weight", "ln_bias", "dw_weight", "dw_bias", "pw_weight", "pw_bias")
+
+
 def _dwsep_fwd(x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu):
     y, aux, _ = _forward(x, None, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu)
     return y, aux
 
 
 def _dwsep_bwd(grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu):
-    return _backward(grad_y, x, None, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu)
+    grads = _backward(grad_y, x, None, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu)
+    return tuple(grads[name] for name in _GRADS)
 
 
 def _ln_dwsep_fwd(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu):
@@ -623,19 +593,9 @@ def _ln_dwsep_fwd(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_
 
 def _ln_dwsep_bwd(grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats, pad_left,
                   relu):
-    g = _backward(grad_y, x, (ln_weight, ln_bias, ln_stats), dw_weight, dw_bias, pw_weight, pw_bias, aux,
-                  pad_left, relu)
-    return (g[0], g[5], g[6]) + g[1:5]
-
-
-dwsep_conv1d_fwd = torch.library.custom_op("fastqa_triton::dwsep_conv1d_fwd", _dwsep_fwd, mutates_args=(),
-                                           schema=FWD_SCHEMA)
-dwsep_conv1d_bwd = torch.library.custom_op("fastqa_triton::dwsep_conv1d_bwd", _dwsep_bwd, mutates_args=(),
-                                           schema=BWD_SCHEMA)
-ln_dwsep_conv1d_fwd = torch.library.custom_op("fastqa_triton::ln_dwsep_conv1d_fwd", _ln_dwsep_fwd,
-                                              mutates_args=(), schema=LN_FWD_SCHEMA)
-ln_dwsep_conv1d_bwd = torch.library.custom_op("fastqa_triton::ln_dwsep_conv1d_bwd", _ln_dwsep_bwd,
-                                              mutates_args=(), schema=LN_BWD_SCHEMA)
+    grads = _backward(grad_y, x, (ln_weight, ln_bias, ln_stats), dw_weight, dw_bias, pw_weight, pw_bias, aux,
+                      pad_left, relu)
+    return tuple(grads[name] for name in _LN_GRADS)
 
 
 def _fwd_outputs_fake(x, pw_weight, relu):
@@ -650,25 +610,27 @@ def _param_grads_fake(x, dw_weight, dw_bias, pw_weight, pw_bias):
             x.new_empty(pw_weight.shape), x.new_empty(pw_bias.shape if pw_bias is not None else (0,)))
 
 
-@dwsep_conv1d_fwd.register_fake
 def _dwsep_fwd_fake(x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu):
     return _fwd_outputs_fake(x, pw_weight, relu)
 
 
-@dwsep_conv1d_bwd.register_fake
 def _dwsep_bwd_fake(grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu):
     return (x.new_empty(x.shape),) + _param_grads_fake(x, dw_weight, dw_bias, pw_weight, pw_bias)
 
 
-@ln_dwsep_conv1d_fwd.register_fake
 def _ln_dwsep_fwd_fake(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu):
     B, L, _ = x.shape
-    stats = x.new_empty((B, 2, L), dtype=_acc_dtype(x.dtype))
+    stats = x.new_empty((B, 2, L), dtype=accumulator_dtype(x.dtype))
     return _fwd_outputs_fake(x, pw_weight, relu) + (stats,)
 
 
-@ln_dwsep_conv1d_bwd.register_fake
 def _ln_dwsep_bwd_fake(grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats,
                        pad_left, relu):
     return ((x.new_empty(x.shape), x.new_empty(ln_weight.shape), x.new_empty(ln_bias.shape))
             + _param_grads_fake(x, dw_weight, dw_bias, pw_weight, pw_bias))
+
+
+dwsep_conv1d_fwd = register("dwsep_conv1d_fwd", _dwsep_fwd, FWD_SCHEMA, _dwsep_fwd_fake)
+dwsep_conv1d_bwd = register("dwsep_conv1d_bwd", _dwsep_bwd, BWD_SCHEMA, _dwsep_bwd_fake)
+ln_dwsep_conv1d_fwd = register("ln_dwsep_conv1d_fwd", _ln_dwsep_fwd, LN_FWD_SCHEMA, _ln_dwsep_fwd_fake)
+ln_dwsep_conv1d_bwd = register("ln_dwsep_conv1d_bwd", _ln_dwsep_bwd, LN_BWD_SCHEMA, _ln_dwsep_bwd_fake)

@@ -44,19 +44,14 @@ channels (the copy is O(H²K), the conv O(B·T·H²K)); the step uses ``weight.c
 for nn.Conv1d weights); bias is made contiguous. Outputs (and aux) are contiguous.
 
 Precision: fp32 accumulation for fp32/fp16/bf16 inputs (fp64 in, fp64 accumulation, for gradcheck
-in the interpreter); outputs in the input dtype, grad_weight/grad_bias in the weight's dtype. For
-fp32 inputs the dots use TF32 exactly when ``torch.backends.cudnn.allow_tf32`` is set (what
-F.conv1d does on the same GPU), IEEE fp32 otherwise.
-
-Under ``TRITON_INTERPRET=1`` each kernel has a single small configuration (16-wide tiles), since
-the interpreter would otherwise benchmark every configuration, and bf16 dot operands are upcast to
-fp32 (exactly: the interpreter's dot would multiply bf16 bit patterns as integers; products of bf16
-values are exact in fp32, as on tensor cores). GPU speed has not been measured.
+in the interpreter); outputs in the input dtype, grad_weight/grad_bias in the weight's dtype. fp32 dots
+follow the package-wide policy of ``_common.dot_precision`` (TF32x3 unless torch's float32 matmul
+precision allows TF32). Under ``TRITON_INTERPRET=1`` each kernel has a single small configuration
+(16-wide tiles), since the interpreter would otherwise benchmark every configuration, and bf16 dot
+operands are upcast to fp32 (``_common.dot_operand_dtype``). GPU speed has not been measured.
 """
 from __future__ import annotations
 
-import functools
-import os
 from typing import Optional
 
 import torch
@@ -64,7 +59,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from ._common import INTERPRET, accumulator_dtype, configs, dtype_constants, launch, register
 
 _SCHEMAS = {
     "glu_conv1d_fwd": "(Tensor x, Tensor weight, Tensor? bias, Tensor? mask, int pad_left, bool residual, "
@@ -77,31 +72,23 @@ _SCHEMAS = {
 }
 
 
-def _configs(names: tuple[str, ...], gpu: list[tuple]) -> list[triton.Config]:
-    """Autotuning space: ``gpu`` rows are (*block sizes, num_warps, num_stages); one 16-wide config
-    in the interpreter."""
-    if _INTERPRET:
-        return [triton.Config({n: 16 for n in names}, num_warps=4, num_stages=1)]
-    return [triton.Config(dict(zip(names, row[:-2])), num_warps=row[-2], num_stages=row[-1]) for row in gpu]
-
-
 # (BLOCK_T, BLOCK_N, BLOCK_C, warps, stages); two accumulators of [BLOCK_T, BLOCK_N] per program.
-_FWD_CONFIGS = _configs(("BLOCK_T", "BLOCK_N", "BLOCK_C"), [
+_FWD_CONFIGS = configs(("BLOCK_T", "BLOCK_N", "BLOCK_C"), [
     (64, 64, 32, 4, 3), (64, 64, 64, 4, 3), (128, 64, 32, 8, 3), (128, 64, 64, 8, 3),
     (64, 32, 64, 4, 4), (32, 64, 64, 4, 4), (128, 128, 32, 8, 3), (64, 128, 32, 4, 3)])
 # (BLOCK_T, BLOCK_C, BLOCK_O, warps, stages)
-_DX_CONFIGS = _configs(("BLOCK_T", "BLOCK_C", "BLOCK_O"), [
+_DX_CONFIGS = configs(("BLOCK_T", "BLOCK_C", "BLOCK_O"), [
     (64, 64, 32, 4, 3), (64, 64, 64, 4, 3), (128, 64, 32, 8, 3), (128, 64, 64, 8, 3),
     (64, 128, 32, 4, 3), (32, 64, 64, 4, 4), (128, 128, 32, 8, 3)])
 # (BLOCK_O, BLOCK_C, BLOCK_T, warps, stages)
-_DW_CONFIGS = _configs(("BLOCK_O", "BLOCK_C", "BLOCK_T"), [
+_DW_CONFIGS = configs(("BLOCK_O", "BLOCK_C", "BLOCK_T"), [
     (64, 64, 32, 4, 3), (64, 64, 64, 4, 3), (128, 64, 32, 8, 3), (64, 128, 32, 8, 3),
     (128, 128, 32, 8, 3), (32, 64, 64, 4, 4)])
 # (BLOCK_N, warps, stages); BLOCK_T of this kernel is fixed (it sizes the bias partial buffer).
-_DPRE_CONFIGS = _configs(("BLOCK_N",), [(64, 2, 1), (128, 4, 1), (256, 4, 1), (256, 8, 1)])
-_DPRE_BLOCK_T = 16 if _INTERPRET else 32
+_DPRE_CONFIGS = configs(("BLOCK_N",), [(64, 2, 1), (128, 4, 1), (256, 4, 1), (256, 8, 1)])
+_DPRE_BLOCK_T = 16 if INTERPRET else 32
 # (BLOCK_B, BLOCK_N, BLOCK_J, warps, stages)
-_STEP_CONFIGS = _configs(("BLOCK_B", "BLOCK_N", "BLOCK_J"), [
+_STEP_CONFIGS = configs(("BLOCK_B", "BLOCK_N", "BLOCK_J"), [
     (16, 32, 64, 4, 3), (16, 64, 64, 4, 3), (16, 32, 128, 4, 3), (16, 64, 128, 8, 3),
     (32, 64, 64, 4, 3), (64, 64, 64, 4, 3)])
 # Smallest row tile of the grad_weight kernel: bounds the number of splits worth launching.
@@ -129,7 +116,7 @@ def _glu_conv1d_fwd_kernel(
     T, H, K, pad_left, scale, ROWS_BUCKET,
     sx_b, sx_t, sx_h, sw_k, sw_c, sw_o, sm_b, sm_t,
     HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, RESIDUAL: tl.constexpr,
-    ACC_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ACC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """x: [B, T, H] strided; w: [K, H, 2H] (any strides); y: [B, T, H] and pre: [B, T, 2H] contiguous."""
@@ -138,8 +125,8 @@ def _glu_conv1d_fwd_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H
     dtype = x_ptr.dtype.element_ty
-    acc_a = tl.zeros([BLOCK_T, BLOCK_N], dtype=ACC_DTYPE)
-    acc_b = tl.zeros([BLOCK_T, BLOCK_N], dtype=ACC_DTYPE)
+    acc_a = tl.zeros([BLOCK_T, BLOCK_N], dtype=ACC)
+    acc_b = tl.zeros([BLOCK_T, BLOCK_N], dtype=ACC)
     for k in range(K):
         rows = offs_t + k - pad_left
         keep = _row_keep(mask_ptr, b, rows, T, sm_b, sm_t, HAS_MASK)
@@ -155,8 +142,8 @@ def _glu_conv1d_fwd_kernel(
             acc_a += tl.dot(h, w_a, input_precision=DOT_PRECISION)
             acc_b += tl.dot(h, w_b, input_precision=DOT_PRECISION)
     if HAS_BIAS:
-        acc_a += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(ACC_DTYPE)[None, :]
-        acc_b += tl.load(bias_ptr + H + offs_n, mask=n_ok, other=0.0).to(ACC_DTYPE)[None, :]
+        acc_a += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
+        acc_b += tl.load(bias_ptr + H + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
     t_ok = offs_t < T
     out_ok = t_ok[:, None] & n_ok[None, :]
     row = b * T + offs_t
@@ -166,7 +153,7 @@ def _glu_conv1d_fwd_kernel(
     g = acc_a * _sigmoid(acc_b)
     if RESIDUAL:  # the residual is the unmasked x
         g += tl.load(x_ptr + b * sx_b + offs_t[:, None] * sx_t + offs_n[None, :] * sx_h,
-                     mask=out_ok, other=0.0).to(ACC_DTYPE)
+                     mask=out_ok, other=0.0).to(ACC)
     tl.store(y_ptr + row[:, None] * H + offs_n[None, :], (g * scale).to(dtype), mask=out_ok)
 
 
@@ -175,7 +162,7 @@ def _glu_dpre_kernel(
     gy_ptr, pre_ptr, dpre_ptr, dbias_ptr,
     T, H, scale,
     sg_b, sg_t, sg_h,
-    HAS_BIAS: tl.constexpr, ACC_DTYPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """d_pre [B, T, 2H] (contiguous, input dtype) from grad_y (strided) and pre; with a bias, the
     accumulator-precision column sums of d_pre of this row tile go to dbias[b·n_t_tiles + t_tile, :2H]."""
@@ -185,10 +172,10 @@ def _glu_dpre_kernel(
     n_ok = offs_n < H
     ok = (offs_t < T)[:, None] & n_ok[None, :]
     dy = tl.load(gy_ptr + b * sg_b + offs_t[:, None] * sg_t + offs_n[None, :] * sg_h, mask=ok, other=0.0)
-    dy = dy.to(ACC_DTYPE) * scale
+    dy = dy.to(ACC) * scale
     pre_tile = pre_ptr + (b * T + offs_t)[:, None] * (2 * H) + offs_n[None, :]
-    a = tl.load(pre_tile, mask=ok, other=0.0).to(ACC_DTYPE)
-    s = _sigmoid(tl.load(pre_tile + H, mask=ok, other=0.0).to(ACC_DTYPE))
+    a = tl.load(pre_tile, mask=ok, other=0.0).to(ACC)
+    s = _sigmoid(tl.load(pre_tile + H, mask=ok, other=0.0).to(ACC))
     d_a = dy * s
     d_b = dy * a * s * (1.0 - s)
     dpre_tile = dpre_ptr + (b * T + offs_t)[:, None] * (2 * H) + offs_n[None, :]
@@ -206,7 +193,7 @@ def _glu_conv1d_dx_kernel(
     T, H, K, pad_left, scale, ROWS_BUCKET,
     sw_k, sw_c, sw_o, sg_b, sg_t, sg_h, sm_b, sm_t,
     HAS_MASK: tl.constexpr, RESIDUAL: tl.constexpr,
-    ACC_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ACC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr,
 ):
     """grad_x[t, c] = mask[t]·sum_{k, o} d_pre[t - k + pad_left, o]·w[k, c, o] (+ scale·grad_y[t, c])."""
@@ -214,7 +201,7 @@ def _glu_conv1d_dx_kernel(
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < H
-    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=ACC_DTYPE)
+    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=ACC)
     for k in range(K):
         rows = offs_t - k + pad_left
         r_ok = (rows >= 0) & (rows < T)
@@ -233,7 +220,7 @@ def _glu_conv1d_dx_kernel(
     out_ok = t_ok[:, None] & c_ok[None, :]
     if RESIDUAL:
         acc += scale * tl.load(gy_ptr + b * sg_b + offs_t[:, None] * sg_t + offs_c[None, :] * sg_h,
-                               mask=out_ok, other=0.0).to(ACC_DTYPE)
+                               mask=out_ok, other=0.0).to(ACC)
     tl.store(dx_ptr + (b * T + offs_t)[:, None] * H + offs_c[None, :], acc.to(dx_ptr.dtype.element_ty),
              mask=out_ok)
 
@@ -243,7 +230,7 @@ def _glu_conv1d_dw_kernel(
     dpre_ptr, x_ptr, mask_ptr, part_ptr,
     B, T, H, K, pad_left, SPLITS, ROWS_BUCKET,
     sx_b, sx_t, sx_h, sm_b, sm_t,
-    HAS_MASK: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_MASK: tl.constexpr, ACC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_O: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """part[s, o, c, k] = sum over the row tiles r ≡ s (mod SPLITS) of d_pre[r, o]·h[r + k - pad_left, c]."""
@@ -254,7 +241,7 @@ def _glu_conv1d_dw_kernel(
     o_ok = offs_o < 2 * H
     c_ok = offs_c < H
     n_t_tiles = tl.cdiv(T, BLOCK_T)
-    acc = tl.zeros([BLOCK_O, BLOCK_C], dtype=ACC_DTYPE)
+    acc = tl.zeros([BLOCK_O, BLOCK_C], dtype=ACC)
     for tile in range(split, B * n_t_tiles, SPLITS):
         b = (tile // n_t_tiles).to(tl.int64)
         offs_t = (tile % n_t_tiles) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -275,7 +262,7 @@ def _glu_conv1d_step_kernel(
     B, H, K, scale, B_BUCKET,
     sx_b, sx_h, ss_b, ss_k, ss_h,
     HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-    ACC_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ACC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
 ):
     """y_t = GLU(window · W^T) (+ x_t)·scale with window = (state, x_t) [B, K, H] and W = weight as a
@@ -287,8 +274,8 @@ def _glu_conv1d_step_kernel(
     row_x = offs_b.to(tl.int64) * sx_b
     row_s = offs_b.to(tl.int64) * ss_b
     dtype = x_ptr.dtype.element_ty
-    acc_a = tl.zeros([BLOCK_B, BLOCK_N], dtype=ACC_DTYPE)
-    acc_b = tl.zeros([BLOCK_B, BLOCK_N], dtype=ACC_DTYPE)
+    acc_a = tl.zeros([BLOCK_B, BLOCK_N], dtype=ACC)
+    acc_b = tl.zeros([BLOCK_B, BLOCK_N], dtype=ACC)
     for j0 in range(0, H * K, BLOCK_J):
         offs_j = j0 + tl.arange(0, BLOCK_J)
         j_ok = offs_j < H * K
@@ -307,13 +294,13 @@ def _glu_conv1d_step_kernel(
         acc_a += tl.dot(win, w_a, input_precision=DOT_PRECISION)
         acc_b += tl.dot(win, w_b, input_precision=DOT_PRECISION)
     if HAS_BIAS:
-        acc_a += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(ACC_DTYPE)[None, :]
-        acc_b += tl.load(bias_ptr + H + offs_n, mask=n_ok, other=0.0).to(ACC_DTYPE)[None, :]
+        acc_a += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
+        acc_b += tl.load(bias_ptr + H + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
     ok = b_ok[:, None] & n_ok[None, :]
     x_t = tl.load(x_ptr + row_x[:, None] + offs_n[None, :] * sx_h, mask=ok, other=0.0)
     g = acc_a * _sigmoid(acc_b)
     if RESIDUAL:
-        g += x_t.to(ACC_DTYPE)
+        g += x_t.to(ACC)
     tl.store(y_ptr + offs_b[:, None] * H + offs_n[None, :], (g * scale).to(dtype), mask=ok)
     # Rolling state, this program's channel slice: new_state[:, j] = state[:, j + 1], last = x_t.
     new_rows = new_state_ptr + offs_b.to(tl.int64)[:, None] * ((K - 1) * H) + offs_n[None, :]
@@ -328,37 +315,13 @@ def _glu_conv1d_step_kernel(
 # Launchers
 # ---------------------------------------------------------------------------------------------
 
-def _acc_dtype(dtype: torch.dtype) -> tl.dtype:
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
-_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32,
-              torch.float64: tl.float64}
-
-
-def _dot_dtype(dtype: torch.dtype) -> tl.dtype:
-    """Operand dtype of the dots: the input's, except bf16 in the interpreter, whose dot would multiply
-    the raw uint16 bit patterns; there the (exact) bf16 values are upcast to fp32 instead."""
-    return tl.float32 if _INTERPRET and dtype == torch.bfloat16 else _TL_DTYPES[dtype]
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    """TF32 for fp32 exactly when cuDNN convs would use it; the choice is moot for 16-bit inputs."""
-    return "tf32" if dtype == torch.float32 and torch.backends.cudnn.allow_tf32 else "ieee"
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _weight_grad_splits(device: torch.device, rows: int, H: int, K: int) -> int:
     """Row splits of the grad_weight reduction: on a GPU, enough programs to fill it about four times
     (counted with nominal 64-wide tiles), at most one per smallest row tile, at most 64. One split
     elsewhere: the interpreter runs programs one after another, so splitting only adds work."""
     if device.type != "cuda":
         return 1
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    sms = sm_count(device)
     tile_programs = triton.cdiv(2 * H, 64) * triton.cdiv(H, 64) * K
     return max(1, min(triton.cdiv(4 * sms, tile_programs), triton.cdiv(rows, _DW_MIN_BLOCK_T), 64))
 
@@ -409,12 +372,12 @@ def glu_conv1d_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Opti
     w = _kco_weight(weight)
     m, sm_b, sm_t = _mask_args(mask, x)
     grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(H, meta["BLOCK_N"]), B)  # noqa: E731
-    _glu_conv1d_fwd[grid](
-        x, w, _contiguous_or(bias, x), m, y, pre,
+    launch(
+        _glu_conv1d_fwd, grid, x, w, _contiguous_or(bias, x), m, y, pre,
         T, H, K, pad_left, float(scale), triton.next_power_of_2(B * T),
         *x.stride(), *w.stride(), sm_b, sm_t,
         HAS_BIAS=bias is not None, HAS_MASK=mask is not None, RESIDUAL=bool(residual),
-        ACC_DTYPE=_acc_dtype(x.dtype), DOT_DTYPE=_dot_dtype(x.dtype), DOT_PRECISION=_dot_precision(x.dtype))
+        **dtype_constants(x.dtype))
     return y, pre
 
 
@@ -432,34 +395,35 @@ def glu_conv1d_bwd(grad_y: Tensor, x: Tensor, weight: Tensor, mask: Optional[Ten
         return grad_x.zero_(), torch.zeros_like(weight, memory_format=torch.contiguous_format), grad_bias
     aux = aux.contiguous()
     m, sm_b, sm_t = _mask_args(mask, x)
-    acc, dot, prec = _acc_dtype(x.dtype), _dot_dtype(x.dtype), _dot_precision(x.dtype)
+    consts = dtype_constants(x.dtype)
     rows_bucket = triton.next_power_of_2(B * T)
-    part_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    part_dtype = accumulator_dtype(x.dtype)
 
     # (1) d_pre and the bias partials.
     dpre = torch.empty((B, T, 2 * H), dtype=x.dtype, device=dev)
     n_t = triton.cdiv(T, _DPRE_BLOCK_T)
     dbias_part = torch.empty((B * n_t, 2 * H) if has_bias else (0,), dtype=part_dtype, device=dev)
-    _glu_dpre[lambda meta: (n_t, triton.cdiv(H, meta["BLOCK_N"]), B)](
-        grad_y, aux, dpre, dbias_part if has_bias else dpre, T, H, float(scale), *grad_y.stride(),
-        HAS_BIAS=bool(has_bias), ACC_DTYPE=acc, BLOCK_T=_DPRE_BLOCK_T)
+    launch(
+        _glu_dpre, lambda meta: (n_t, triton.cdiv(H, meta["BLOCK_N"]), B), grad_y, aux, dpre, dbias_part if has_bias else dpre, T, H, float(scale), *grad_y.stride(),
+        HAS_BIAS=bool(has_bias), ACC=consts["ACC"], BLOCK_T=_DPRE_BLOCK_T)
     if has_bias:
         grad_bias = dbias_part.sum(0).to(weight.dtype)
 
     # (2) grad_x.
     w = _kco_weight(weight)
-    _glu_conv1d_dx[lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(H, meta["BLOCK_C"]), B)](
-        dpre, w, grad_y, m, grad_x, T, H, K, pad_left, float(scale), rows_bucket,
+    launch(
+        _glu_conv1d_dx, lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(H, meta["BLOCK_C"]), B), dpre, w, grad_y, m, grad_x, T, H, K, pad_left, float(scale), rows_bucket,
         *w.stride(), *grad_y.stride(), sm_b, sm_t,
-        HAS_MASK=mask is not None, RESIDUAL=bool(residual), ACC_DTYPE=acc, DOT_DTYPE=dot, DOT_PRECISION=prec)
+        HAS_MASK=mask is not None, RESIDUAL=bool(residual), **consts)
 
     # (3) grad_weight: per-split fp32 partials, summed in a fixed order.
     splits = _weight_grad_splits(dev, B * T, H, K)
     part = torch.empty((splits, 2 * H, H, K), dtype=part_dtype, device=dev)
-    _glu_conv1d_dw[lambda meta: (triton.cdiv(2 * H, meta["BLOCK_O"]), triton.cdiv(H, meta["BLOCK_C"]) * K, splits)](
+    launch(
+        _glu_conv1d_dw, lambda meta: (triton.cdiv(2 * H, meta["BLOCK_O"]), triton.cdiv(H, meta["BLOCK_C"]) * K, splits),
         dpre, x, m, part, B, T, H, K, pad_left, splits, rows_bucket,
         *x.stride(), sm_b, sm_t,
-        HAS_MASK=mask is not None, ACC_DTYPE=acc, DOT_DTYPE=dot, DOT_PRECISION=prec)
+        HAS_MASK=mask is not None, **consts)
     return grad_x, part.sum(0).to(weight.dtype), grad_bias
 
 
@@ -478,12 +442,12 @@ def glu_conv1d_step(x_t: Tensor, state: Tensor, weight: Tensor, bias: Optional[T
     if y.numel() == 0:
         return y, new_state
     w = weight.contiguous()  # read as [2H, H·K]
-    _glu_conv1d_step[lambda meta: (triton.cdiv(B, meta["BLOCK_B"]), triton.cdiv(H, meta["BLOCK_N"]))](
-        x_t, state, w, _contiguous_or(bias, x_t), y, new_state,
+    launch(
+        _glu_conv1d_step, lambda meta: (triton.cdiv(B, meta["BLOCK_B"]), triton.cdiv(H, meta["BLOCK_N"])), x_t, state, w, _contiguous_or(bias, x_t), y, new_state,
         B, H, K, float(scale), triton.next_power_of_2(B),
         *x_t.stride(), *state.stride(),
         HAS_BIAS=bias is not None, RESIDUAL=bool(residual),
-        ACC_DTYPE=_acc_dtype(x_t.dtype), DOT_DTYPE=_dot_dtype(x_t.dtype), DOT_PRECISION=_dot_precision(x_t.dtype))
+        **dtype_constants(x_t.dtype))
     return y, new_state
 
 
@@ -497,11 +461,6 @@ _glu_conv1d_step = triton.autotune(_STEP_CONFIGS, key=["H", "K", "B_BUCKET"])(_g
 # ---------------------------------------------------------------------------------------------
 # Custom ops (device types unrestricted: CPU tensors run under TRITON_INTERPRET=1)
 # ---------------------------------------------------------------------------------------------
-
-def _register(name: str, impl, fake) -> None:
-    op = torch.library.custom_op(f"fastqa_triton::{name}", impl, mutates_args=(), schema=_SCHEMAS[name])
-    op.register_fake(fake)
-
 
 def _fwd_fake(x, weight, bias, mask, pad_left, residual, scale):
     B, T, H = x.shape
@@ -517,6 +476,6 @@ def _step_fake(x_t, state, weight, bias, residual, scale):
     return x_t.new_empty(x_t.shape), state.new_empty(state.shape)
 
 
-_register("glu_conv1d_fwd", glu_conv1d_fwd, _fwd_fake)
-_register("glu_conv1d_bwd", glu_conv1d_bwd, _bwd_fake)
-_register("glu_conv1d_step", glu_conv1d_step, _step_fake)
+register("glu_conv1d_fwd", glu_conv1d_fwd, _SCHEMAS["glu_conv1d_fwd"], _fwd_fake)
+register("glu_conv1d_bwd", glu_conv1d_bwd, _SCHEMAS["glu_conv1d_bwd"], _bwd_fake)
+register("glu_conv1d_step", glu_conv1d_step, _SCHEMAS["glu_conv1d_step"], _step_fake)

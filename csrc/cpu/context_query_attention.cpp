@@ -17,6 +17,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "cpu/common.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -41,49 +43,12 @@ using at::Tensor;
 // Vectorisable scalar helpers
 // ------------------------------------------------------------------------------------------------
 
-// By-value min/max: std::min/max return references, which can stop gcc from vectorising a loop.
-template <typename T>
-inline T min_of(T a, T b) {
-  return b < a ? b : a;
-}
-template <typename T>
-inline T max_of(T a, T b) {
-  return a < b ? b : a;
-}
-
-// exp of a softmax argument. float: Cody-Waite range reduction + Cephes' degree-6 polynomial written
-// in plain arithmetic so the softmax loops vectorise (std::exp does not without -ffast-math);
-// relative error ~2 ulp. The clamp keeps 2^k a normal float: exp(-87) ~ 1.6e-38 is zero for a softmax.
-inline float softmax_exp(float x) {
-  x = min_of(max_of(x, -87.0f), 88.0f);
-  // k = round(x·log2 e) by the 1.5·2^23 trick: std::floor does not vectorise without -ffast-math.
-  const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = x - k * 0.693359375f + k * 2.12194440e-4f;  // x - k·ln2 in two parts
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  // 2^k from its exponent bits (a bit cast, not memcpy through memory, so the loop vectorises).
-  return y * __builtin_bit_cast(float, (static_cast<int32_t>(k) + 127) << 23);
-}
-
-// double serves gradcheck, where accuracy matters and speed does not.
-inline double softmax_exp(double x) { return std::exp(x); }
-
 template <typename T>
 inline T dot(const T* a, const T* b, int64_t len) {
   T s = 0;
 #pragma omp simd reduction(+ : s)
   for (int64_t k = 0; k < len; ++k) s += a[k] * b[k];
   return s;
-}
-
-template <typename T>
-T* ptr(const Tensor& t) {
-  return t.data_ptr<T>();
 }
 
 // at::empty for a large result that is written once, backed by transparent huge pages where the OS
@@ -378,7 +343,7 @@ void masked_softmaxes(T* pc, T* p, const T* c, const Weights<T>& w, const T* sq,
     T row_sum = 0;
 #pragma omp simd reduction(+ : row_sum)
     for (int64_t j = 0; j < m; ++j) {
-      pi[j] = softmax_exp(min_of(s[j] - row_max, T(0))) * q_real[j];
+      pi[j] = vec_exp(min_of(s[j] - row_max, T(0))) * q_real[j];
       row_sum += pi[j];
     }
     const T inv = row_sum > 0 ? T(1) / row_sum : T(0);
@@ -397,7 +362,7 @@ void masked_softmaxes(T* pc, T* p, const T* c, const Weights<T>& w, const T* sq,
     }
 #pragma omp simd
     for (int64_t j = 0; j < m; ++j) {
-      s[j] = softmax_exp(s[j] - col_max[j]);  // <= 0: this real row took part in col_max
+      s[j] = vec_exp(s[j] - col_max[j]);  // <= 0: this real row took part in col_max
       col_sum[j] += s[j];
     }
   }

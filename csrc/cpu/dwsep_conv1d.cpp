@@ -20,6 +20,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "cpu/common.h"
+
 #include <algorithm>
 #include <cstring>
 #include <tuple>
@@ -32,8 +34,6 @@ namespace {
 // ~200 rows, measured for C_in 500 -> C_out 128).
 constexpr int64_t kTileElems = 1 << 17;
 constexpr int64_t kMinTileRows = 32;
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Below this many multiply-adds a parallel task costs more in thread wake-up than it saves.
 constexpr int64_t kMinTaskWork = 1 << 18;
@@ -256,9 +256,7 @@ Shapes check_args(const char* op, const at::Tensor& x, const at::Tensor& dw_weig
                   const c10::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
                   const c10::optional<at::Tensor>& pw_bias, int64_t pad_left) {
   TORCH_CHECK(x.dim() == 3, op, ": x must be [B, L, C_in], got ", x.sizes());
-  TORCH_CHECK(x.device().is_cpu(), op, ": x must be a CPU tensor, got ", x.device());
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, op,
-              ": x must be float32 or float64, got ", x.scalar_type());
+  check_cpu_float(op, "x", x);
   const Shapes s{x.size(0), x.size(1), x.size(2), pw_weight.size(0), dw_weight.size(-1)};
   TORCH_CHECK(s.B > 0 && s.L > 0 && s.C_in > 0, op, ": x must be non-empty, got ", x.sizes());
   TORCH_CHECK(dw_weight.dim() == 3 && dw_weight.size(0) == s.C_in && dw_weight.size(1) == 1 && s.K > 0, op,
@@ -292,11 +290,6 @@ at::Tensor depthwise_kc(const at::Tensor& dw_weight) {
 }
 at::Tensor pointwise_2d(const at::Tensor& pw_weight) {
   return pw_weight.reshape({pw_weight.size(0), pw_weight.size(1)}).contiguous();
-}
-
-template <typename T>
-const T* data_or_null(const c10::optional<at::Tensor>& t) {
-  return t ? t->data_ptr<T>() : nullptr;
 }
 
 std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x_in, const at::Tensor& dw_weight,

@@ -17,6 +17,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "cpu/common.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -33,64 +35,44 @@ namespace {
 // thread count (deterministic backward).
 constexpr int64_t kRowBlock = 32;
 
-// Branch-free exp for float (Cephes-style range reduction + polynomial, ~1 ulp) that the compiler
-// vectorises; std::exp on float does not vectorise without -ffast-math.
-inline float exp_vec(float v) {
-  v = std::min(std::max(v, -87.0f), 88.0f);  // keeps 2^n a normal float
-  // n = round(v / ln 2) by the 1.5 * 2^23 trick: std::floor/nearbyint do not vectorise here.
-  const float n = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = std::fma(n, -0.693359375f, v);
-  r = std::fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p, r * r, r) + 1.0f;
-  // 2^n from its bit pattern (a builtin bit cast: memcpy through a local blocks vectorisation).
-  return p * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
-}
-inline double exp_vec(double v) { return std::exp(v); }  // float64 is for gradcheck: exactness first
-
-template <typename scalar_t>
-inline scalar_t sigmoid(scalar_t v) {
-  return scalar_t(1) / (scalar_t(1) + exp_vec(-v));
+template <typename T>
+inline T sigmoid(T v) {
+  return T(1) / (T(1) + vec_exp(-v));
 }
 
 struct Geometry {
   int64_t B, T, H, K, pad_left, Tp, N;  // Tp: padded length; N: rows of the padded row space
 };
 
-Geometry check_conv_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& mask,
-                         int64_t pad_left) {
-  TORCH_CHECK(x.dim() == 3, "glu_conv1d: x must be [B, T, H], got ", x.sizes());
-  TORCH_CHECK(weight.dim() == 3, "glu_conv1d: weight must be [2H, H, K], got ", weight.sizes());
-  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "glu_conv1d: the cpu kernels take CPU tensors");
-  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "glu_conv1d: weight dtype ", weight.scalar_type(),
+Geometry check_conv_args(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                         const std::optional<at::Tensor>& mask, int64_t pad_left) {
+  FASTQA_CHECK(x.dim() == 3, op, "x must be [B, T, H], got ", x.sizes());
+  FASTQA_CHECK(weight.dim() == 3, op, "weight must be [2H, H, K], got ", weight.sizes());
+  FASTQA_CHECK(x.device().is_cpu() && weight.device().is_cpu(), op, "the cpu kernels take CPU tensors");
+  FASTQA_CHECK(x.scalar_type() == weight.scalar_type(), op, "weight dtype ", weight.scalar_type(),
               " != x dtype ", x.scalar_type());
   const int64_t B = x.size(0), T = x.size(1), H = x.size(2), K = weight.size(2);
-  TORCH_CHECK(B > 0 && T > 0 && H > 0, "glu_conv1d: x must be non-empty, got ", x.sizes());
-  TORCH_CHECK(weight.size(0) == 2 * H && weight.size(1) == H, "glu_conv1d: weight must be [2H, H, K] = [",
+  FASTQA_CHECK(B > 0 && T > 0 && H > 0, op, "x must be non-empty, got ", x.sizes());
+  FASTQA_CHECK(weight.size(0) == 2 * H && weight.size(1) == H, op, "weight must be [2H, H, K] = [",
               2 * H, ", ", H, ", K], got ", weight.sizes());
-  TORCH_CHECK(K > 0, "glu_conv1d: kernel size must be positive");
-  TORCH_CHECK(pad_left >= 0 && pad_left < K, "glu_conv1d: pad_left must be in [0, K-1], got ", pad_left);
+  FASTQA_CHECK(K > 0, op, "kernel size must be positive");
+  FASTQA_CHECK(pad_left >= 0 && pad_left < K, op, "pad_left must be in [0, K-1], got ", pad_left);
   if (mask.has_value()) {
-    TORCH_CHECK(mask->scalar_type() == at::kBool, "glu_conv1d: mask must be bool, got ", mask->scalar_type());
-    TORCH_CHECK(mask->dim() == 2 && mask->size(0) == B && mask->size(1) == T, "glu_conv1d: mask must be [B, T] = [",
+    FASTQA_CHECK(mask->scalar_type() == at::kBool, op, "mask must be bool, got ", mask->scalar_type());
+    FASTQA_CHECK(mask->dim() == 2 && mask->size(0) == B && mask->size(1) == T, op, "mask must be [B, T] = [",
                 B, ", ", T, "], got ", mask->sizes());
-    TORCH_CHECK(mask->device().is_cpu(), "glu_conv1d: mask must be a CPU tensor");
+    FASTQA_CHECK(mask->device().is_cpu(), op, "mask must be a CPU tensor");
   }
   const int64_t Tp = T + K - 1;
   return {B, T, H, K, pad_left, Tp, B * Tp - (K - 1)};
 }
 
-void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& x, int64_t H) {
+void check_bias(const char* op, const std::optional<at::Tensor>& bias, const at::Tensor& x, int64_t H) {
   if (!bias.has_value()) return;
-  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == 2 * H, "glu_conv1d: bias must be [2H] = [", 2 * H, "], got ",
+  FASTQA_CHECK(bias->dim() == 1 && bias->size(0) == 2 * H, op, "bias must be [2H] = [", 2 * H, "], got ",
               bias->sizes());
-  TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->device().is_cpu(),
-              "glu_conv1d: bias must be a CPU tensor of x's dtype");
+  FASTQA_CHECK(bias->scalar_type() == x.scalar_type() && bias->device().is_cpu(), op,
+               "bias must be a CPU tensor of x's dtype");
 }
 
 // The weight as K contiguous [2H, H] taps W_k = weight[:, :, k] (BLAS needs a unit stride; W_k.t() is
@@ -99,22 +81,22 @@ at::Tensor weight_taps(const at::Tensor& weight) { return weight.permute({2, 0, 
 
 // xp [B*Tp, H]: x with masked positions zeroed, pad_left zero rows before and K-1-pad_left after
 // every sequence. Reads x through its strides (channels-first views included).
-template <typename scalar_t>
-void fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, scalar_t* xp) {
-  const scalar_t* xd = x.data_ptr<scalar_t>();
+template <typename T>
+void fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, T* xp) {
+  const T* xd = x.data_ptr<T>();
   const int64_t sb = x.stride(0), st = x.stride(1), sc = x.stride(2);
   const int64_t H = g.H;
   at::parallel_for(0, g.B * g.Tp, kRowBlock, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / g.Tp, t = row % g.Tp - g.pad_left;
-      scalar_t* dst = xp + row * H;
+      T* dst = xp + row * H;
       if (t < 0 || t >= g.T || (mask != nullptr && !mask[b * g.T + t])) {
-        std::fill(dst, dst + H, scalar_t(0));
+        std::fill(dst, dst + H, T(0));
         continue;
       }
-      const scalar_t* src = xd + b * sb + t * st;
+      const T* src = xd + b * sb + t * st;
       if (sc == 1) {
-        std::memcpy(dst, src, H * sizeof(scalar_t));
+        std::memcpy(dst, src, H * sizeof(T));
       } else {
         for (int64_t c = 0; c < H; ++c) dst[c] = src[c * sc];
       }
@@ -123,11 +105,11 @@ void fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, scala
 }
 
 // Row (b, t) of x: its copy in xp where the mask kept it, else read through x's strides into tmp.
-template <typename scalar_t>
-const scalar_t* residual_row(const at::Tensor& x, const bool* mask, const Geometry& g, const scalar_t* xp,
-                             int64_t b, int64_t t, scalar_t* tmp) {
+template <typename T>
+const T* residual_row(const at::Tensor& x, const bool* mask, const Geometry& g, const T* xp,
+                             int64_t b, int64_t t, T* tmp) {
   if (mask == nullptr || mask[b * g.T + t]) return xp + (b * g.Tp + g.pad_left + t) * g.H;
-  const scalar_t* src = x.data_ptr<scalar_t>() + b * x.stride(0) + t * x.stride(1);
+  const T* src = x.data_ptr<T>() + b * x.stride(0) + t * x.stride(1);
   for (int64_t c = 0; c < g.H; ++c) tmp[c] = src[c * x.stride(2)];
   return tmp;
 }
@@ -140,11 +122,11 @@ const bool* mask_data(const std::optional<at::Tensor>& mask, at::Tensor& holder)
 
 // Bias + GLU + residual + scale over one row: pre += bias (kept: it is the backward's aux), then
 // y = (a * sigmoid(b) + res) * scale. bias and res may be null.
-template <typename scalar_t>
-inline void glu_row(scalar_t* pre, const scalar_t* bias, const scalar_t* res, scalar_t scale, int64_t H,
-                    scalar_t* y) {
-  scalar_t* a = pre;
-  scalar_t* bg = pre + H;
+template <typename T>
+inline void glu_row(T* pre, const T* bias, const T* res, T scale, int64_t H,
+                    T* y) {
+  T* a = pre;
+  T* bg = pre + H;
   if (bias != nullptr) {
 #pragma omp simd
     for (int64_t c = 0; c < H; ++c) {
@@ -162,30 +144,30 @@ inline void glu_row(scalar_t* pre, const scalar_t* bias, const scalar_t* res, sc
 }
 
 // d y / d pre for one row: ga = gy*scale*sigmoid(b), gb = gy*scale*a*sigmoid(b)*(1-sigmoid(b)).
-template <typename scalar_t>
-inline void glu_backward_row(const scalar_t* pre, const scalar_t* gy, scalar_t scale, int64_t H, scalar_t* grad_pre) {
-  const scalar_t* a = pre;
-  const scalar_t* bg = pre + H;
-  scalar_t* ga = grad_pre;
-  scalar_t* gb = grad_pre + H;
+template <typename T>
+inline void glu_backward_row(const T* pre, const T* gy, T scale, int64_t H, T* grad_pre) {
+  const T* a = pre;
+  const T* bg = pre + H;
+  T* ga = grad_pre;
+  T* gb = grad_pre + H;
 #pragma omp simd
   for (int64_t c = 0; c < H; ++c) {
-    const scalar_t sg = sigmoid(bg[c]);
-    const scalar_t gg = gy[c] * scale;
+    const T sg = sigmoid(bg[c]);
+    const T gg = gy[c] * scale;
     ga[c] = gg * sg;
-    gb[c] = gg * a[c] * sg * (scalar_t(1) - sg);
+    gb[c] = gg * a[c] * sg * (T(1) - sg);
   }
 }
 
-template <typename scalar_t>
-inline void add_row(const scalar_t* src, int64_t n, scalar_t* acc) {
+template <typename T>
+inline void add_row(const T* src, int64_t n, T* acc) {
 #pragma omp simd
   for (int64_t c = 0; c < n; ++c) acc[c] += src[c];
 }
 
 // dst = conv + res_scale * gy, conv may be null (a masked position: the conv never saw it).
-template <typename scalar_t>
-inline void grad_x_row(const scalar_t* conv, scalar_t res_scale, const scalar_t* gy, int64_t n, scalar_t* dst) {
+template <typename T>
+inline void grad_x_row(const T* conv, T res_scale, const T* gy, int64_t n, T* dst) {
   if (conv != nullptr) {
 #pragma omp simd
     for (int64_t c = 0; c < n; ++c) dst[c] = conv[c] + res_scale * gy[c];
@@ -199,8 +181,9 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
                                                   const std::optional<at::Tensor>& bias,
                                                   const std::optional<at::Tensor>& mask, int64_t pad_left,
                                                   bool residual, double scale) {
-  const Geometry g = check_conv_args(x, weight, mask, pad_left);
-  check_bias(bias, x, g.H);
+  constexpr const char* op = "fastqa::glu_conv1d_fwd";
+  const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
+  check_bias(op, bias, x, g.H);
   at::Tensor mask_holder;
   const bool* m = mask_data(mask, mask_holder);
   at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
@@ -238,11 +221,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
                                                               const std::optional<at::Tensor>& mask,
                                                               const at::Tensor& aux, int64_t pad_left, bool residual,
                                                               double scale, bool has_bias) {
-  const Geometry g = check_conv_args(x, weight, mask, pad_left);
-  TORCH_CHECK(grad_y_in.sizes() == x.sizes() && grad_y_in.scalar_type() == x.scalar_type(),
-              "glu_conv1d_bwd: grad_y must match x (", x.sizes(), "), got ", grad_y_in.sizes());
-  TORCH_CHECK(aux.dim() == 2 && aux.size(0) == g.N && aux.size(1) == 2 * g.H && aux.scalar_type() == x.scalar_type(),
-              "glu_conv1d_bwd: aux must be the forward's pre-activation [", g.N, ", ", 2 * g.H, "], got ",
+  constexpr const char* op = "fastqa::glu_conv1d_bwd";
+  const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
+  FASTQA_CHECK(grad_y_in.sizes() == x.sizes() && grad_y_in.scalar_type() == x.scalar_type(),
+              op, "grad_y must match x (", x.sizes(), "), got ", grad_y_in.sizes());
+  FASTQA_CHECK(aux.dim() == 2 && aux.size(0) == g.N && aux.size(1) == 2 * g.H && aux.scalar_type() == x.scalar_type(),
+              op, "aux must be the forward's pre-activation [", g.N, ", ", 2 * g.H, "], got ",
               aux.sizes());
   at::Tensor mask_holder;
   const bool* m = mask_data(mask, mask_holder);
@@ -331,19 +315,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
 std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const at::Tensor& state,
                                                    const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                                    bool residual, double scale) {
-  TORCH_CHECK(x_t.dim() == 2, "glu_conv1d_step: x_t must be [B, H], got ", x_t.sizes());
-  TORCH_CHECK(weight.dim() == 3, "glu_conv1d_step: weight must be [2H, H, K], got ", weight.sizes());
+  constexpr const char* op = "fastqa::glu_conv1d_step";
+  FASTQA_CHECK(x_t.dim() == 2, op, "x_t must be [B, H], got ", x_t.sizes());
+  FASTQA_CHECK(weight.dim() == 3, op, "weight must be [2H, H, K], got ", weight.sizes());
   const int64_t B = x_t.size(0), H = x_t.size(1), K = weight.size(2);
-  TORCH_CHECK(B > 0 && H > 0, "glu_conv1d_step: x_t must be non-empty, got ", x_t.sizes());
-  TORCH_CHECK(weight.size(0) == 2 * H && weight.size(1) == H && K > 0, "glu_conv1d_step: weight must be [2H, H, K] = [",
+  FASTQA_CHECK(B > 0 && H > 0, op, "x_t must be non-empty, got ", x_t.sizes());
+  FASTQA_CHECK(weight.size(0) == 2 * H && weight.size(1) == H && K > 0, op, "weight must be [2H, H, K] = [",
               2 * H, ", ", H, ", K], got ", weight.sizes());
-  TORCH_CHECK(state.dim() == 3 && state.size(0) == B && state.size(1) == K - 1 && state.size(2) == H,
-              "glu_conv1d_step: state must be [B, K-1, H] = [", B, ", ", K - 1, ", ", H, "], got ", state.sizes());
-  TORCH_CHECK(x_t.device().is_cpu() && state.device().is_cpu() && weight.device().is_cpu(),
-              "glu_conv1d_step: the cpu kernels take CPU tensors");
-  TORCH_CHECK(state.scalar_type() == x_t.scalar_type() && weight.scalar_type() == x_t.scalar_type(),
-              "glu_conv1d_step: x_t, state and weight must share a dtype");
-  check_bias(bias, x_t, H);
+  FASTQA_CHECK(state.dim() == 3 && state.size(0) == B && state.size(1) == K - 1 && state.size(2) == H,
+              op, "state must be [B, K-1, H] = [", B, ", ", K - 1, ", ", H, "], got ", state.sizes());
+  FASTQA_CHECK(x_t.device().is_cpu() && state.device().is_cpu() && weight.device().is_cpu(),
+              op, "the cpu kernels take CPU tensors");
+  FASTQA_CHECK(state.scalar_type() == x_t.scalar_type() && weight.scalar_type() == x_t.scalar_type(),
+              op, "x_t, state and weight must share a dtype");
+  check_bias(op, bias, x_t, H);
 
   at::Tensor new_state = at::empty({B, K - 1, H}, x_t.options());
   at::Tensor window_t = at::empty({B, H, K}, x_t.options());  // [b, h, k]: matches weight.view(2H, H*K)

@@ -1,4 +1,4 @@
-"""Where each backend's kernels live, so the autograd Functions stay backend-agnostic.
+"""Where each backend's kernels live, so the autograd Functions stay backend-agnostic (and nothing else).
 
 Every op ``<name>`` has, per compiled backend, a pair of custom ops with identical schemas:
 ``<ns>::<name>_fwd`` and ``<ns>::<name>_bwd``, where ``ns`` is ``fastqa`` for the C++ CPU kernels
@@ -28,26 +28,3 @@ def kernel(backend: str, module: str, name: str) -> Any:
         # an import, and by the time a graph is traced the ops are registered.
         importlib.import_module(f"fastqa.triton_kernels.{module}")
     return getattr(getattr(torch.ops, _NAMESPACES[backend]), name)
-
-
-def none_if_empty(t: torch.Tensor) -> torch.Tensor | None:
-    """Kernels return an empty tensor for the gradient of an absent optional input."""
-    return None if t.numel() == 0 else t
-
-
-def autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """The dtype ``torch.autocast`` asks for on ``device``, or None outside an autocast region.
-
-    Custom ops are invisible to autocast, so the functional entries apply it themselves: under
-    autocast, floating inputs run in the autocast dtype, as nn.Conv1d / matmul would.
-    """
-    if device.type not in ("cuda", "cpu") or not torch.is_autocast_enabled(device.type):
-        return None
-    return torch.get_autocast_dtype(device.type)
-
-
-def cast_floating(dtype: torch.dtype | None, *tensors: torch.Tensor | None) -> tuple:
-    """``tensors`` with every floating one cast to ``dtype`` (None: unchanged)."""
-    if dtype is None:
-        return tensors
-    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)

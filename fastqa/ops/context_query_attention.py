@@ -10,20 +10,21 @@ import torch
 
 from .. import reference
 from .._backend import cpu_available, resolve_backend
-from .._checks import check_device, check_nonempty_batch, check_positive, check_tensor
-from ._registry import autocast_dtype, cast_floating, kernel, none_if_empty
+from .._checks import check_positive, check_tensor, entry_prologue
+from ._function import input_grads, once_differentiable
+from ._registry import kernel
 
 __all__ = ["context_query_attention", "trilinear_similarity"]
 
 _MODULE = "context_query_attention"
+_PARAMS = ("c", "q", "weight", "bias")  # the gradients both _bwd ops return, in order
 
 
-def _grads_needed(needs_input_grad: tuple[bool, ...], grads: tuple[torch.Tensor, ...]) -> list:
-    """Kernel gradients, None where autograd does not want them or the input was absent (empty)."""
-    return [none_if_empty(g) if need else None for need, g in zip(needs_input_grad, grads)]
+_SIM_INPUTS = ("backend", "c", "q", "weight", "bias")
 
 
 class _TrilinearSimilarityFunction(torch.autograd.Function):
+
     @staticmethod
     def forward(ctx, backend: str, c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None) -> torch.Tensor:
@@ -32,14 +33,18 @@ class _TrilinearSimilarityFunction(torch.autograd.Function):
         return kernel(backend, _MODULE, "trilinear_similarity_fwd")(c, q, weight, bias)
 
     @staticmethod
+    @once_differentiable("trilinear_similarity")
     def backward(ctx, grad_s: torch.Tensor):
         c, q, weight, bias = ctx.saved_tensors
         grads = kernel(ctx.backend, _MODULE, "trilinear_similarity_bwd")(grad_s, c, q, weight, bias)
-        grad_c, grad_q, grad_weight, grad_bias = _grads_needed(ctx.needs_input_grad[1:], grads)
-        return None, grad_c, grad_q, grad_weight, grad_bias
+        return input_grads(ctx, _SIM_INPUTS, **dict(zip(_PARAMS, grads)))
+
+
+_CQA_INPUTS = ("backend", "c", "q", "c_mask", "q_mask", "weight", "bias")
 
 
 class _ContextQueryAttentionFunction(torch.autograd.Function):
+
     @staticmethod
     def forward(ctx, backend: str, c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor, q_mask: torch.Tensor,
                 weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -51,18 +56,15 @@ class _ContextQueryAttentionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable("context_query_attention")
     def backward(ctx, grad_out: torch.Tensor):
         c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col = ctx.saved_tensors
         grads = kernel(ctx.backend, _MODULE, "context_query_attention_bwd")(
             grad_out, c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col)
-        needs = ctx.needs_input_grad
-        grad_c, grad_q, grad_weight, grad_bias = _grads_needed((needs[1], needs[2], needs[5], needs[6]), grads)
-        return None, grad_c, grad_q, None, None, grad_weight, grad_bias
+        return input_grads(ctx, _CQA_INPUTS, **dict(zip(_PARAMS, grads)))
 
 
 def _check_similarity_args(c: torch.Tensor, q: object, weight: object, bias: object) -> None:
-    check_nonempty_batch("c", c)
-    check_positive("c", c, (1, 2))
     check_tensor("q", q, shape=(c.shape[0], None, c.shape[2]), like=c)
     check_positive("q", q, (1,))
     check_tensor("weight", weight, shape=(3 * c.shape[2],), like=c)
@@ -72,13 +74,6 @@ def _check_similarity_args(c: torch.Tensor, q: object, weight: object, bias: obj
             raise ValueError(f"bias must have shape [1] or [], got {tuple(bias.shape)}")
 
 
-def _autocast(c: object, *tensors: object) -> tuple:
-    """(c, *tensors) in the autocast dtype inside an autocast region; c checked first, as it names the device."""
-    check_tensor("c", c, ndim=3)
-    check_device("c", c)
-    return cast_floating(autocast_dtype(c.device), c, *tensors)
-
-
 def trilinear_similarity(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                          *, backend: str = "auto") -> torch.Tensor:
     """S[b, i, j] = w · [c_i; q_j; c_i ∘ q_j] (+ bias), without building [B, n, m, 3d].
@@ -86,7 +81,7 @@ def trilinear_similarity(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor,
     c: [B, n, d]; q: [B, m, d]; weight: [3d] = (w_c, w_q, w_cq); bias: [1], [] or None.
     Returns S: [B, n, m]. backend: "auto", "reference", "cpu" or "triton".
     """
-    c, q, weight, bias = _autocast(c, q, weight, bias)
+    c, q, weight, bias = entry_prologue("c", c, 3, q, weight, bias)
     _check_similarity_args(c, q, weight, bias)
     backend = resolve_backend(backend, "trilinear_similarity", c.device, c.dtype)
     if backend == "reference":
@@ -104,7 +99,7 @@ def context_query_attention(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tens
     softmax over the real question words and S̿ over the real context words (a row or column with no
     real word gives zeros): A = S̄q, B = S̄(S̿ᵀc). Returns [c, A, c∘A, c∘B]: [B, n, 4d].
     """
-    c, q, weight, bias = _autocast(c, q, weight, bias)
+    c, q, weight, bias = entry_prologue("c", c, 3, q, weight, bias)
     _check_similarity_args(c, q, weight, bias)
     check_tensor("c_mask", c_mask, shape=(c.shape[0], c.shape[1]), dtype=torch.bool, floating=False, like=c)
     check_tensor("q_mask", q_mask, shape=(q.shape[0], q.shape[1]), dtype=torch.bool, floating=False, like=c)

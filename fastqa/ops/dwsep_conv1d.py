@@ -14,18 +14,22 @@ y = act(pw(dw(LN(x)))) + residual). Only Triton fuses it (``fastqa_triton::ln_dw
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
-
 from .._backend import cpu_available, resolve_backend
-from .._checks import check_device, check_nonempty_batch, check_optional, check_positive, check_tensor
+from .._checks import check_choice, check_optional, check_positive, check_positive_float, check_tensor, entry_prologue
 from ..reference.dwsep_conv1d import ACTIVATIONS, PADDINGS, conv_padding
 from ..reference.dwsep_conv1d import dwsep_conv1d as dwsep_conv1d_reference
 from ..reference.dwsep_conv1d import ln_dwsep_conv1d as ln_dwsep_conv1d_reference
-from ._registry import autocast_dtype, cast_floating, kernel, none_if_empty
+from ._function import input_grads, once_differentiable, wants
+from ._registry import kernel
 
 _MODULE = "dwsep_conv1d"
 
 __all__ = ["dwsep_conv1d", "ln_dwsep_conv1d"]
+
+
+# Forward inputs of the Functions, in order (see fastqa.ops._function).
+_DWSEP_INPUTS = ("backend", "x", "dw_weight", "pw_weight", "pw_bias", "dw_bias", "residual", "residual_is_x",
+                 "pad_left", "relu")
 
 
 class _DwsepConv1dFunction(torch.autograd.Function):
@@ -36,8 +40,8 @@ class _DwsepConv1dFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, backend: str, x: torch.Tensor, dw_weight: torch.Tensor, dw_bias: torch.Tensor | None,
-                pw_weight: torch.Tensor, pw_bias: torch.Tensor | None, residual: torch.Tensor | None,
+    def forward(ctx, backend: str, x: torch.Tensor, dw_weight: torch.Tensor, pw_weight: torch.Tensor,
+                pw_bias: torch.Tensor | None, dw_bias: torch.Tensor | None, residual: torch.Tensor | None,
                 residual_is_x: bool, pad_left: int, relu: bool) -> torch.Tensor:
         y, aux = kernel(backend, _MODULE, "dwsep_conv1d_fwd")(
             x, dw_weight, dw_bias, pw_weight, pw_bias, x if residual_is_x else residual, pad_left, relu)
@@ -46,34 +50,24 @@ class _DwsepConv1dFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable  # the _bwd kernels have no derivative of their own: double backward raises
+    @once_differentiable("dwsep_conv1d")
     def backward(ctx, grad_y: torch.Tensor):
         x, dw_weight, dw_bias, pw_weight, pw_bias, aux = ctx.saved_tensors
-        _, need_x, need_dw, need_db, need_pw, need_pb, need_res, _, _, _ = ctx.needs_input_grad
-        grad_x = grad_dw = grad_db = grad_pw = grad_pb = None
-        if need_x or need_dw or need_db or need_pw or need_pb:
-            grad_x, grad_dw, grad_db, grad_pw, grad_pb = kernel(ctx.backend, _MODULE, "dwsep_conv1d_bwd")(
+        grads = {}
+        if wants(ctx, _DWSEP_INPUTS, "x", "dw_weight", "pw_weight", "pw_bias", "dw_bias"):
+            computed = kernel(ctx.backend, _MODULE, "dwsep_conv1d_bwd")(
                 grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, ctx.pad_left, ctx.relu)
+            grads = dict(zip(("x", "dw_weight", "dw_bias", "pw_weight", "pw_bias"), computed))
         # The residual enters additively after the activation: its gradient is grad_y itself.
-        if ctx.residual_is_x and need_x:
-            grad_x = grad_x + grad_y
-        return (None,
-                grad_x if need_x else None,
-                grad_dw if need_dw else None,
-                none_if_empty(grad_db) if need_db else None,
-                grad_pw if need_pw else None,
-                none_if_empty(grad_pb) if need_pb else None,
-                grad_y if need_res else None,
-                None, None, None)
+        if ctx.residual_is_x and "x" in grads:
+            grads["x"] = grads["x"] + grad_y
+        return input_grads(ctx, _DWSEP_INPUTS, **grads, residual=grad_y)
 
 
 def _check_conv_args(x: torch.Tensor, dw_weight: torch.Tensor, pw_weight: torch.Tensor,
                      pw_bias: torch.Tensor | None, dw_bias: torch.Tensor | None, residual: torch.Tensor | None,
                      padding: str, activation: str | None) -> None:
-    """The checks shared by ``dwsep_conv1d`` and ``ln_dwsep_conv1d`` (after the autocast cast, so dtypes
-    are compared as the kernels will see them); x's rank and device are checked before the cast."""
-    check_nonempty_batch("x", x)
-    check_positive("x", x, (1, 2))
+    """The checks shared by ``dwsep_conv1d`` and ``ln_dwsep_conv1d``, after ``entry_prologue``."""
     _, length, c_in = x.shape
     check_tensor("dw_weight", dw_weight, shape=(c_in, 1, None), like=x)
     check_positive("dw_weight", dw_weight, (2,))
@@ -83,10 +77,8 @@ def _check_conv_args(x: torch.Tensor, dw_weight: torch.Tensor, pw_weight: torch.
     check_optional("pw_bias", pw_bias, shape=(c_out,), like=x)
     check_optional("dw_bias", dw_bias, shape=(c_in,), like=x)
     check_optional("residual", residual, shape=(x.shape[0], length, c_out), like=x)
-    if not isinstance(padding, str) or padding not in PADDINGS:
-        raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    check_choice("padding", padding, PADDINGS)
+    check_choice("activation", activation, ACTIVATIONS)
 
 
 def dwsep_conv1d(
@@ -109,10 +101,8 @@ def dwsep_conv1d(
     "causal" (K-1 zeros left); activation: None or "relu"; backend: "auto", "reference", "cpu", "triton".
     Returns y: [B, L, C_out].
     """
-    check_tensor("x", x, ndim=3)
-    check_device("x", x)
-    x, dw_weight, pw_weight, pw_bias, dw_bias, residual = cast_floating(
-        autocast_dtype(x.device), x, dw_weight, pw_weight, pw_bias, dw_bias, residual)
+    x, dw_weight, pw_weight, pw_bias, dw_bias, residual = entry_prologue(
+        "x", x, 3, dw_weight, pw_weight, pw_bias, dw_bias, residual)
     _check_conv_args(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, padding, activation)
 
     resolved = resolve_backend(backend, "dwsep_conv1d", x.device, x.dtype)
@@ -121,9 +111,17 @@ def dwsep_conv1d(
                                       activation=activation, residual=residual)
     pad_left, _ = conv_padding(dw_weight.shape[-1], padding)
     residual_is_x = residual is x
-    return _DwsepConv1dFunction.apply(resolved, x, dw_weight, dw_bias, pw_weight, pw_bias,
+    return _DwsepConv1dFunction.apply(resolved, x, dw_weight, pw_weight, pw_bias, dw_bias,
                                       None if residual_is_x else residual, residual_is_x, pad_left,
                                       activation == "relu")
+
+
+_LN_DWSEP_INPUTS = ("backend", "x", "ln_weight", "ln_bias", "dw_weight", "pw_weight", "pw_bias", "dw_bias",
+                    "residual", "residual_is_x", "eps", "pad_left", "relu")
+
+
+# The gradients the ln_dwsep_conv1d_bwd op returns, in order.
+_LN_DWSEP_GRADS = ("x", "ln_weight", "ln_bias", "dw_weight", "dw_bias", "pw_weight", "pw_bias")
 
 
 class _LnDwsepConv1dFunction(torch.autograd.Function):
@@ -135,39 +133,32 @@ class _LnDwsepConv1dFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, eps: float,
-                dw_weight: torch.Tensor, dw_bias: torch.Tensor | None, pw_weight: torch.Tensor,
-                pw_bias: torch.Tensor | None, residual: torch.Tensor | None, residual_is_x: bool, pad_left: int,
-                relu: bool) -> torch.Tensor:
-        y, aux, ln_stats = kernel("triton", _MODULE, "ln_dwsep_conv1d_fwd")(
+    def forward(ctx, backend: str, x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
+                dw_weight: torch.Tensor, pw_weight: torch.Tensor, pw_bias: torch.Tensor | None,
+                dw_bias: torch.Tensor | None, residual: torch.Tensor | None, residual_is_x: bool, eps: float,
+                pad_left: int, relu: bool) -> torch.Tensor:
+        y, aux, ln_stats = kernel(backend, _MODULE, "ln_dwsep_conv1d_fwd")(
             x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, x if residual_is_x else residual,
             pad_left, relu)
         ctx.save_for_backward(x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats)
-        ctx.residual_is_x, ctx.pad_left, ctx.relu = residual_is_x, pad_left, relu
+        ctx.backend, ctx.residual_is_x, ctx.pad_left, ctx.relu = backend, residual_is_x, pad_left, relu
         return y
 
     @staticmethod
-    @once_differentiable  # the _bwd kernel has no derivative of its own: double backward raises
+    @once_differentiable("ln_dwsep_conv1d")
     def backward(ctx, grad_y: torch.Tensor):
         x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        # Positions of x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias among forward's inputs.
-        grad_positions = (0, 1, 2, 4, 5, 6, 7)
-        grads = [None] * len(need)
-        if any(need[i] for i in grad_positions):
+        grads = {}
+        if wants(ctx, _LN_DWSEP_INPUTS, *_LN_DWSEP_GRADS):
             # The kernel reads grad_y through its strides and never writes it.
-            computed = kernel("triton", _MODULE, "ln_dwsep_conv1d_bwd")(
+            computed = kernel(ctx.backend, _MODULE, "ln_dwsep_conv1d_bwd")(
                 grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats,
                 ctx.pad_left, ctx.relu)
-            for i, g in zip(grad_positions, computed):
-                if need[i]:
-                    grads[i] = none_if_empty(g)
+            grads = dict(zip(_LN_DWSEP_GRADS, computed))
         # The residual enters additively after the activation: its gradient is grad_y itself.
-        if ctx.residual_is_x and need[0]:
-            grads[0] = grads[0] + grad_y
-        elif need[8]:
-            grads[8] = grad_y
-        return tuple(grads)
+        if ctx.residual_is_x and "x" in grads:
+            grads["x"] = grads["x"] + grad_y
+        return input_grads(ctx, _LN_DWSEP_INPUTS, **grads, residual=grad_y)
 
 
 def ln_dwsep_conv1d(
@@ -196,19 +187,13 @@ def ln_dwsep_conv1d(
     [B, L, C_in], and keeps it for backward) and then the fused ``dwsep_conv1d`` CPU kernels;
     "reference" is ``fastqa.reference.ln_dwsep_conv1d``.
     """
-    check_tensor("x", x, ndim=3)
-    check_device("x", x)
-    x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual = cast_floating(
-        autocast_dtype(x.device), x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual)
+    x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual = entry_prologue(
+        "x", x, 3, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual)
     _check_conv_args(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, padding, activation)
     c_in = x.shape[2]
     check_tensor("ln_weight", ln_weight, shape=(c_in,), like=x)
     check_tensor("ln_bias", ln_bias, shape=(c_in,), like=x)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
-    if not 0 < eps < float("inf"):
-        raise ValueError(f"eps must be a positive finite float, got {eps!r}")
-    eps = float(eps)
+    eps = check_positive_float("eps", eps)
 
     resolved = resolve_backend(backend, "ln_dwsep_conv1d", x.device, x.dtype)
     if resolved == "reference":
@@ -219,11 +204,11 @@ def ln_dwsep_conv1d(
     if resolved == "cpu":
         # Arguments are validated above: straight to the Function rather than through dwsep_conv1d's checks.
         h = torch.nn.functional.layer_norm(x, (c_in,), ln_weight, ln_bias, eps)
-        return _DwsepConv1dFunction.apply("cpu", h, dw_weight, dw_bias, pw_weight, pw_bias, residual, False,
+        return _DwsepConv1dFunction.apply("cpu", h, dw_weight, pw_weight, pw_bias, dw_bias, residual, False,
                                           pad_left, relu)
     residual_is_x = residual is x
-    return _LnDwsepConv1dFunction.apply(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias,
-                                        None if residual_is_x else residual, residual_is_x, pad_left, relu)
+    return _LnDwsepConv1dFunction.apply(resolved, x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias,
+                                        None if residual_is_x else residual, residual_is_x, eps, pad_left, relu)
 
 
 if cpu_available():

@@ -12,53 +12,42 @@ row space, [B*(T+K-1) - (K-1), 2H]); the Function saves it and hands it back unr
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 
 from .. import reference
 from .._backend import cpu_available, resolve_backend
-from .._checks import check_device, check_nonempty_batch, check_optional, check_positive, check_tensor
+from .._checks import check_flag, check_optional, check_real, check_tensor, entry_prologue
 from ..reference.glu_conv1d import SQRT_HALF
-from ._registry import autocast_dtype, cast_floating, kernel, none_if_empty
+from ._function import input_grads, once_differentiable
+from ._registry import kernel
 
 _MODULE = "glu_conv1d"
 
 __all__ = ["glu_conv1d", "glu_conv1d_step"]
 
 
+_GLU_INPUTS = ("backend", "x", "weight", "bias", "mask", "pad_left", "residual", "scale")
+
+
 class _GLUConv1dFunction(torch.autograd.Function):
     """y = GLU(conv(pad(x·mask)) + bias) (+ x) · scale through a backend's fused kernels."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mask: torch.Tensor | None,
-                pad_left: int, residual: bool, scale: float, backend: str) -> torch.Tensor:
+    def forward(ctx, backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                mask: torch.Tensor | None, pad_left: int, residual: bool, scale: float) -> torch.Tensor:
         y, aux = kernel(backend, _MODULE, "glu_conv1d_fwd")(x, weight, bias, mask, pad_left, residual, scale)
         ctx.save_for_backward(x, weight, mask, aux)
-        ctx.pad_left, ctx.residual, ctx.scale, ctx.backend = pad_left, residual, scale, backend
+        ctx.backend, ctx.pad_left, ctx.residual, ctx.scale = backend, pad_left, residual, scale
         ctx.has_bias = bias is not None
         return y
 
     @staticmethod
+    @once_differentiable("glu_conv1d")
     def backward(ctx, grad_y: torch.Tensor):
         x, weight, mask, aux = ctx.saved_tensors
-        grad_x, grad_weight, grad_bias = kernel(ctx.backend, _MODULE, "glu_conv1d_bwd")(
+        grads = kernel(ctx.backend, _MODULE, "glu_conv1d_bwd")(
             grad_y, x, weight, mask, aux, ctx.pad_left, ctx.residual, ctx.scale, ctx.has_bias)
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        return (grad_x if need_x else None, grad_weight if need_w else None,
-                none_if_empty(grad_bias) if need_b else None, None, None, None, None, None)
-
-
-def _check_flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
-
-
-def _check_scale(scale: object) -> float:
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a real number, got {type(scale).__name__}")
-    return float(scale)
+        return input_grads(ctx, _GLU_INPUTS, **dict(zip(("x", "weight", "bias"), grads)))
 
 
 def _check_weight(weight: object, like: torch.Tensor, channels: int) -> int:
@@ -82,19 +71,15 @@ def glu_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     where [a; b] = conv(...) split along channels (F.glu order).
     backend: "auto", "reference", "cpu" or "triton" (see ``fastqa.info()``).
     """
-    check_tensor("x", x, ndim=3)
-    check_device("x", x)
-    x, weight, bias = cast_floating(autocast_dtype(x.device), x, weight, bias)
-    check_nonempty_batch("x", x)
-    check_positive("x", x, (1, 2))
+    x, weight, bias = entry_prologue("x", x, 3, weight, bias)
     channels = x.shape[2]
     k = _check_weight(weight, x, channels)
     check_optional("bias", bias, shape=(2 * channels,), like=x)
     if mask is not None:
         check_tensor("mask", mask, shape=(x.shape[0], x.shape[1]), dtype=torch.bool, floating=False, like=x)
-    causal = _check_flag("causal", causal)
-    residual = _check_flag("residual", residual)
-    scale = _check_scale(scale)
+    causal = check_flag("causal", causal)
+    residual = check_flag("residual", residual)
+    scale = check_real("scale", scale)
     if not causal and k % 2 == 0:
         raise ValueError(f"kernel size (weight.shape[2]) must be odd for centred (causal=False) padding, got {k}")
 
@@ -102,7 +87,7 @@ def glu_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if backend == "reference":
         return reference.glu_conv1d(x, weight, bias, causal=causal, residual=residual, scale=scale, mask=mask)
     pad_left = k - 1 if causal else (k - 1) // 2
-    return _GLUConv1dFunction.apply(x, weight, bias, mask, pad_left, residual, scale, backend)
+    return _GLUConv1dFunction.apply(backend, x, weight, bias, mask, pad_left, residual, scale)
 
 
 def glu_conv1d_step(x_t: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -119,17 +104,13 @@ def glu_conv1d_step(x_t: torch.Tensor, state: torch.Tensor, weight: torch.Tensor
     ``torch.no_grad()`` or with frozen tensors); when autograd is recording for any input, the
     reference (differentiable) implementation runs instead.
     """
-    check_tensor("x_t", x_t, ndim=2)
-    check_device("x_t", x_t)
-    x_t, state, weight, bias = cast_floating(autocast_dtype(x_t.device), x_t, state, weight, bias)
-    check_nonempty_batch("x_t", x_t)
-    check_positive("x_t", x_t, (1,))
+    x_t, state, weight, bias = entry_prologue("x_t", x_t, 2, state, weight, bias)
     batch, channels = x_t.shape
     k = _check_weight(weight, x_t, channels)
     check_tensor("state", state, shape=(batch, k - 1, channels), like=x_t)
     check_optional("bias", bias, shape=(2 * channels,), like=x_t)
-    residual = _check_flag("residual", residual)
-    scale = _check_scale(scale)
+    residual = check_flag("residual", residual)
+    scale = check_real("scale", scale)
 
     backend = resolve_backend(backend, "glu_conv1d_step", x_t.device, x_t.dtype)
     tensors = (x_t, state, weight) if bias is None else (x_t, state, weight, bias)

@@ -1,0 +1,73 @@
+// What the CPU kernels share: vectorisable scalar math, small utilities and the argument-check
+// convention.
+//
+// Naming: templates over the element type take `T`; `scalar_t` appears only inside AT_DISPATCH
+// lambdas (ATen's name). Every TORCH_CHECK message starts with the op's full name,
+// "fastqa::<op>_fwd: ...", through FASTQA_CHECK (the Python entry points raise friendlier
+// ValueError/TypeError first; these guard direct calls of torch.ops.fastqa.*).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <c10/util/Optional.h>
+
+#include <cmath>
+#include <cstdint>
+
+#define FASTQA_CHECK(cond, op, ...) TORCH_CHECK(cond, op, ": ", __VA_ARGS__)
+
+namespace fastqa {
+
+// By-value min/max: std::min/max return references, which can stop gcc from vectorising a loop.
+template <typename T>
+inline T min_of(T a, T b) {
+  return b < a ? b : a;
+}
+template <typename T>
+inline T max_of(T a, T b) {
+  return a < b ? b : a;
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// exp that the compiler vectorises (std::exp on float does not without -ffast-math). float:
+// Cody-Waite range reduction + Cephes' degree-6 polynomial, ~1 ulp; the argument is clamped to
+// [-87, 88] so that 2^n stays a normal float (exp(-87) ~ 1.6e-38: zero for a softmax or a sigmoid).
+inline float vec_exp(float v) {
+  v = min_of(max_of(v, -87.0f), 88.0f);
+  // n = round(v / ln 2) by the 1.5 * 2^23 trick: std::floor/nearbyint do not vectorise here.
+  const float n = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = std::fma(n, -0.693359375f, v);  // v - n·ln2 in two parts
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r) + 1.0f;
+  // 2^n from its bit pattern (a builtin bit cast: memcpy through a local blocks vectorisation).
+  return p * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
+}
+// float64 serves gradcheck: exactness first.
+inline double vec_exp(double v) { return std::exp(v); }
+
+template <typename T>
+inline T* ptr(const at::Tensor& t) {
+  return t.data_ptr<T>();
+}
+
+// The data of an optional tensor, or nullptr when it is absent.
+template <typename T>
+inline const T* data_or_null(const c10::optional<at::Tensor>& t) {
+  return t.has_value() ? t->data_ptr<T>() : nullptr;
+}
+
+// A CPU float32/float64 tensor: the dtypes the CPU kernels are compiled for.
+inline void check_cpu_float(const char* op, const char* name, const at::Tensor& t) {
+  FASTQA_CHECK(t.device().is_cpu(), op, name, " must be a CPU tensor, got ", t.device());
+  FASTQA_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, op, name,
+               " must be float32 or float64, got ", t.scalar_type());
+}
+
+}  // namespace fastqa

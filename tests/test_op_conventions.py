@@ -1,0 +1,129 @@
+"""The conventions every op shares (fastqa.ops._function, triton_kernels._common): one clear error on
+double backward, the FASTQA_TRITON_AUTOTUNE switch, one fp32 dot precision policy."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastqa
+from helpers import compiled_backends, device_of
+
+
+def _calls(device: torch.device):
+    """(op name, differentiable inputs, fn(*inputs, backend) -> tensor) for every op with a backward."""
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(device)
+
+    x, dw, pw = rand(2, 9, 8), rand(8, 1, 3, scale=0.5), rand(6, 8, 1, scale=0.3)
+    lnw, lnb = 1 + rand(8, scale=0.1), rand(8, scale=0.1)
+    c, q, w = rand(2, 7, 4), rand(2, 5, 4), rand(12, scale=0.3)
+    cm, qm = torch.ones(2, 7, dtype=torch.bool, device=device), torch.ones(2, 5, dtype=torch.bool, device=device)
+    gw = rand(16, 8, 3, scale=0.2)
+    return [
+        ("dwsep_conv1d", (x, dw, pw), lambda x, dw, pw, backend: fastqa.dwsep_conv1d(
+            x, dw, pw, activation="relu", backend=backend)),
+        ("ln_dwsep_conv1d", (x, lnw, lnb, dw, pw), lambda x, lnw, lnb, dw, pw, backend: fastqa.ln_dwsep_conv1d(
+            x, lnw, lnb, dw, pw, backend=backend)),
+        ("trilinear_similarity", (c, q, w), lambda c, q, w, backend: fastqa.trilinear_similarity(
+            c, q, w, backend=backend)),
+        ("context_query_attention", (c, q, w), lambda c, q, w, backend: fastqa.context_query_attention(
+            c, q, cm, qm, w, backend=backend)),
+        ("glu_conv1d", (x, gw), lambda x, gw, backend: fastqa.glu_conv1d(x, gw, causal=True, backend=backend)),
+    ]
+
+
+OPS = [name for name, _, _ in _calls(torch.device("cpu"))]
+
+
+@pytest.mark.parametrize("backend", compiled_backends())
+@pytest.mark.parametrize("op", OPS)
+def test_double_backward_raises_one_clear_error(op, backend):
+    """create_graph=True works (first-order gradients are right); differentiating them raises a
+    RuntimeError naming the op and the way out, the same for every op and backend."""
+    _, inputs, fn = next(call for call in _calls(device_of(backend)) if call[0] == op)
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    ref_leaves = [t.clone().requires_grad_() for t in inputs]
+    grads = torch.autograd.grad((fn(*leaves, backend=backend) ** 2).sum(), leaves, create_graph=True)
+    ref_grads = torch.autograd.grad((fn(*ref_leaves, backend="reference") ** 2).sum(), ref_leaves, create_graph=True)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got.detach(), want.detach(), atol=2e-4, rtol=2e-4)
+    second = sum((g ** 2).sum() for g in grads)
+    # ln_dwsep_conv1d on cpu is ATen's layer_norm followed by the dwsep_conv1d kernels: that op is named.
+    named = "(ln_)?dwsep_conv1d" if op == "ln_dwsep_conv1d" and backend == "cpu" else op
+    with pytest.raises(RuntimeError, match=rf"fastqa\.{named}: double backward .* backend='reference'"):
+        second.backward()
+    # The message's advice works: the reference backend differentiates twice.
+    sum((g ** 2).sum() for g in ref_grads).backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in ref_leaves)
+
+
+def test_first_order_backward_needs_no_graph():
+    """A plain backward (no create_graph) returns gradients that carry no graph."""
+    _, (x, dw, pw), fn = _calls(torch.device("cpu"))[0]
+    x = x.clone().requires_grad_()
+    gx, = torch.autograd.grad(fn(x, dw, pw, backend="cpu").sum(), x)
+    assert gx.grad_fn is None and not gx.requires_grad
+
+
+triton = pytest.importorskip("triton")
+from fastqa.triton_kernels import _common  # noqa: E402
+
+
+class _FakeAutotuner:
+    """Records how ``_common.launch`` launched it."""
+
+    def __init__(self):
+        self.configs = [triton.Config({"BLOCK": 32}, num_warps=2, num_stages=3),
+                        triton.Config({"BLOCK": 64}, num_warps=4, num_stages=2)]
+        self.calls = []
+        outer = self
+
+        class _Fn:
+            def __getitem__(self, grid):
+                return lambda *args, **kwargs: outer.calls.append(("default config", grid, args, kwargs))
+
+        self.fn = _Fn()
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append(("autotuned", grid, args, kwargs))
+
+
+def test_autotune_switch_is_honoured_by_launch(monkeypatch):
+    kernel = _FakeAutotuner()
+    monkeypatch.delenv("FASTQA_TRITON_AUTOTUNE", raising=False)
+    _common.launch(kernel, (3,), 1, 2, FLAG=True)
+    monkeypatch.setenv("FASTQA_TRITON_AUTOTUNE", "0")
+    _common.launch(kernel, (3,), 1, 2, FLAG=True)
+    assert kernel.calls[0] == ("autotuned", (3,), (1, 2), {"FLAG": True})
+    how, grid, args, kwargs = kernel.calls[1]
+    assert (how, grid, args) == ("default config", (3,), (1, 2))
+    assert kwargs["FLAG"] is True and kwargs["BLOCK"] == 32 and kwargs["num_warps"] == 2
+
+
+def test_every_triton_launch_goes_through_the_switch():
+    """No launcher indexes an autotuned kernel directly (kernel[grid](...)): all use _common.launch."""
+    import inspect
+    import re
+
+    from fastqa.triton_kernels import context_query_attention, dwsep_conv1d, glu_conv1d
+    for module in (context_query_attention, dwsep_conv1d, glu_conv1d):
+        source = inspect.getsource(module)
+        assert not re.search(r"\b_\w+\[(grid|lambda|\()", source), module.__name__
+        assert "launch(" in source
+
+
+def test_one_fp32_dot_precision_policy():
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        want_default = "ieee" if torch.version.hip else "tf32x3"
+        assert _common.dot_precision(torch.float32) == want_default
+        torch.set_float32_matmul_precision("high")
+        assert _common.dot_precision(torch.float32) == ("ieee" if torch.version.hip else "tf32")
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert _common.dot_precision(torch.float64) == "ieee"
+    assert _common.accumulator_dtype(torch.bfloat16) == torch.float32
+    assert _common.accumulator_dtype(torch.float64) == torch.float64

@@ -1,0 +1,118 @@
+"""What every Triton launcher of fastqa shares: the interpreter flag, autotuning spaces and the autotune
+switch, accumulator / dot dtypes, the fp32 dot precision policy, the SM count and custom-op registration.
+
+Precision policy (the same for every op; the README's backend table states it): accumulation is fp32
+(fp64 for fp64 inputs, which only the interpreter runs, for gradcheck). ``tl.dot`` on fp32 operands
+follows torch's float32 matmul precision, as ``torch.matmul`` does:
+
+  * ``torch.get_float32_matmul_precision() == "highest"`` (torch's default): ``"tf32x3"`` -- three
+    TF32 tensor-core passes, error at the level of fp32 rounding (IEEE FMA dots would run on CUDA
+    cores, several times slower);
+  * ``"high"`` / ``"medium"`` (``torch.backends.cuda.matmul.allow_tf32 = True``): plain ``"tf32"``
+    (10-bit mantissa operands, ~1e-3 relative error);
+  * ROCm: ``"ieee"``.
+
+fp16 / bf16 operands go to tensor cores as they are (the precision argument is moot for them).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable, Optional, Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+#: True under TRITON_INTERPRET=1 (kernels run in Python on CPU tensors). Read once: triton.jit reads
+#: it when the kernels are decorated, so it cannot change afterwards.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32,
+              torch.float64: tl.float64}
+
+
+def configs(names: Sequence[str], gpu: Sequence[tuple], interpret: Optional[dict] = None) -> list:
+    """An autotuning space. ``gpu`` rows are (*block sizes in ``names`` order, num_warps, num_stages);
+    the first row is the default configuration (see ``launch``). The interpreter would run every
+    configuration, so it gets one small one: ``interpret`` (default: every block 16)."""
+    if INTERPRET:
+        return [triton.Config(dict(interpret or {n: 16 for n in names}), num_warps=4, num_stages=1)]
+    return [triton.Config(dict(zip(names, row[:-2])), num_warps=row[-2], num_stages=row[-1]) for row in gpu]
+
+
+def autotuning() -> bool:
+    """False when ``FASTQA_TRITON_AUTOTUNE=0``: every kernel then runs its first configuration."""
+    return os.environ.get("FASTQA_TRITON_AUTOTUNE", "1") != "0"
+
+
+def launch(kernel: triton.runtime.Autotuner, grid, *args, **kwargs) -> None:
+    """Launch an autotuned kernel, or, with ``FASTQA_TRITON_AUTOTUNE=0``, its default (first) config.
+
+    Skipping the tuning saves compiling every configuration for every new shape bucket and dtype; the
+    results are the same up to rounding (weight-gradient partials are laid out independently of the
+    block sizes, so determinism holds either way).
+    """
+    if autotuning():
+        kernel[grid](*args, **kwargs)
+    else:
+        kernel.fn[grid](*args, **kwargs, **kernel.configs[0].all_kwargs())
+
+
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """torch dtype of accumulators, partial buffers and saved statistics: fp32, fp64 for fp64 inputs."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def tl_dtype(dtype: torch.dtype) -> tl.dtype:
+    """The Triton dtype of a torch dtype."""
+    return _TL_DTYPES[dtype]
+
+
+def dot_operand_dtype(dtype: torch.dtype) -> tl.dtype:
+    """Operand dtype of ``tl.dot``: the input's, except bf16 in the interpreter, whose dot multiplies the
+    raw uint16 bit patterns (triton 3.9); there the bf16 values go in as fp32 -- the same products,
+    since a product of two bf16 values is exact in fp32, as on tensor cores."""
+    return tl.float32 if INTERPRET and dtype == torch.bfloat16 else _TL_DTYPES[dtype]
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``input_precision`` of every ``tl.dot`` for inputs of ``dtype``: the policy in the module docstring."""
+    if dtype == torch.float64:
+        return "ieee"
+    if dtype != torch.float32:
+        return "tf32"  # moot for 16-bit operands: Triton's own default
+    if torch.version.hip:
+        return "ieee"
+    return "tf32x3" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
+def dtype_constants(dtype: torch.dtype) -> dict:
+    """The dtype-dependent constexprs every kernel takes: ACC (accumulator), DOT_DTYPE (dot operands),
+    DOT_PRECISION (``tl.dot`` input precision)."""
+    return {"ACC": tl_dtype(accumulator_dtype(dtype)), "DOT_DTYPE": dot_operand_dtype(dtype),
+            "DOT_PRECISION": dot_precision(dtype)}
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (sizes the split reductions)."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def register(name: str, impl: Callable, schema: str, fake: Callable):
+    """Register ``fastqa_triton::<name>`` (device types unrestricted: CPU tensors run under
+    TRITON_INTERPRET=1) with its fake (shape-only) implementation for torch.compile / export."""
+    op = torch.library.custom_op(f"fastqa_triton::{name}", impl, mutates_args=(), schema=schema)
+    op.register_fake(fake)
+    return op
+
+
+def bucket(n: int, cap: Optional[int] = None) -> int:
+    """Power-of-two bucket of a size for an autotuning key (re-tune per bucket, not per value)."""
+    b = triton.next_power_of_2(max(n, 1))
+    return b if cap is None else min(b, cap)

@@ -71,6 +71,7 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=_positive_int, default=32, help="global batch size (default 32)")
     p.add_argument("--eval-batch-size", type=_positive_int, default=32)
     p.add_argument("--eval-every", type=int, default=1000, metavar="N", help="steps between evaluations (0: at the end)")
+    p.add_argument("--eval-each-epoch", action="store_true", help="also evaluate at the end of every epoch")
     p.add_argument("--log-every", type=_positive_int, default=50, metavar="N")
     p.add_argument("--lr", type=_positive_float, default=1e-3, help="peak learning rate (default 1e-3)")
     p.add_argument("--warmup", type=_positive_int, default=1000, metavar="N", help="log warm-up steps (default 1000)")
@@ -165,6 +166,7 @@ def run_train(args) -> int:
                              progress=rank0 and not args.no_progress)
     settings = TrainSettings(out_dir=args.out, max_steps=args.max_steps, epochs=args.epochs,
                              clip_norm=args.clip or None, ema_decay=args.ema or None, eval_every=args.eval_every,
+                             eval_each_epoch=args.eval_each_epoch,
                              log_every=args.log_every, seed=args.seed, amp="bf16", resume=args.resume,
                              progress=not args.no_progress, max_minutes=args.max_minutes, device=args.device)
     n_params = sum(p.numel() for p in task.model.parameters() if p.requires_grad)

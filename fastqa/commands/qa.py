@@ -157,6 +157,10 @@ def run_train(args) -> int:
         if path is not None and not os.path.isfile(path):
             raise UserError(f"{path}: no such file ({flag})")
     rank0 = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 reports
+    if not rank0:
+        import logging
+
+        logging.getLogger("fastqa").setLevel(logging.WARNING)
     recipe = Recipe(lr=args.lr, warmup_steps=args.warmup, batch_size=args.batch_size,
                     eval_batch_size=args.eval_batch_size, seed=args.seed)
     no_answer = {"auto": None, "yes": True, "no": False}[args.no_answer]

@@ -168,7 +168,7 @@ def _expect(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> An
     value = obj[key]
     if isinstance(value, bool) and kind is int or not isinstance(value, kind):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise UserError(f"{where}: {key!r} must be a {names}, got {type(value).__name__}")
+        raise UserError(f"{where}: {key!r} must be of type {names}, got {type(value).__name__}")
     return value
 
 

@@ -105,7 +105,7 @@ def test_read_errors_name_file_position_and_question(tmp_path):
     with pytest.raises(UserError, match=f"question '{qa['id']}'.*out of range"):
         read_squad(write_json(tmp_path / "neg.json", obj))
     qa["answers"][0]["answer_start"] = "7"
-    with pytest.raises(UserError, match="'answer_start' must be a int"):
+    with pytest.raises(UserError, match="'answer_start' must be of type int, got str"):
         read_squad(write_json(tmp_path / "str.json", obj))
     del obj["data"][0]["paragraphs"][0]["context"]
     with pytest.raises(UserError, match="article 0, paragraph 0: missing 'context'"):

@@ -41,7 +41,7 @@ class TrainSettings:
 
     out_dir: str
     max_steps: int | None = None       # optimizer steps in all (resume counts the steps already done)
-    epochs: int | None = None          # passes over the training data; with neither limit: 1 epoch
+    epochs: int | None = None          # passes over the training data; with no limit at all: 1 epoch
     clip_norm: float | None = None     # max global gradient norm
     ema_decay: float | None = None     # keep an EMA of the weights; evaluation and prediction use it
     eval_every: int = 1000             # steps between evaluations (0: only at epoch ends and at the end)
@@ -248,7 +248,9 @@ def _total_steps(task: Task, settings: TrainSettings) -> int | None:
 def _stop_reason(settings: TrainSettings, progress: _Progress, started: float, env: DistEnv) -> str | None:
     if settings.max_steps is not None and progress.step >= settings.max_steps:
         return "max_steps"
-    limit_epochs = settings.epochs if settings.epochs is not None else (1 if settings.max_steps is None else None)
+    # With no limit at all, one epoch; a time budget alone trains epoch after epoch until it is spent.
+    unlimited = settings.max_steps is not None or settings.max_minutes is not None
+    limit_epochs = settings.epochs if settings.epochs is not None else (None if unlimited else 1)
     if limit_epochs is not None and progress.epoch >= limit_epochs:
         return "epochs"
     over = settings.max_minutes is not None and time.monotonic() - started >= settings.max_minutes * 60

@@ -61,6 +61,11 @@ def test_epochs_limit_and_eval_each_epoch(tmp_path):
     assert [e["step"] for e in evals] == [12, 24]
 
 
+def test_time_budget_alone_runs_past_one_epoch(tmp_path):
+    result = fit(ToyTask(), _settings(tmp_path, max_minutes=0.02, eval_every=0, eval_each_epoch=False))
+    assert result["step"] > 12  # more than one epoch of 12 batches in ~1 s
+
+
 def test_refuses_to_overwrite_and_to_resume_another_model(tmp_path):
     fit(ToyTask(), _settings(tmp_path, max_steps=2))
     with pytest.raises(UserError, match="--resume"):

@@ -14,6 +14,8 @@ from typing import Iterator, TextIO
 
 __all__ = ["register"]
 
+_UNTIL_BUDGET_EPOCHS = 10_000
+
 
 def _positive_int(text: str) -> int:
     try:
@@ -103,7 +105,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--label-smoothing", type=float, default=0.0)
     p.add_argument("--epochs", type=_positive_int)
     p.add_argument("--max-steps", type=_positive_int)
-    p.add_argument("--max-minutes", type=float, help="wall-clock budget: then evaluate, checkpoint and stop")
+    p.add_argument("--max-minutes", type=float, help="wall-clock budget: then evaluate, checkpoint and stop "
+                   "(alone: train until it is spent; with --epochs/--max-steps: whichever comes first)")
     p.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (default: each epoch)")
     p.add_argument("--log-every", type=_positive_int, default=50)
     p.add_argument("--valid-bleu", type=int, default=0, metavar="N",
@@ -152,7 +155,11 @@ def _run_train(args: argparse.Namespace) -> int:
                      min_freq=args.min_freq, preset=args.preset, config_overrides=overrides, layers=args.layers,
                      max_len=args.max_len, batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
                      label_smoothing=args.label_smoothing, valid_bleu=args.valid_bleu, seed=args.seed)
-    settings = TrainSettings(out_dir=args.out, max_steps=args.max_steps, epochs=args.epochs,
+    epochs = args.epochs
+    if args.max_minutes is not None and epochs is None and args.max_steps is None:
+        # The loop trains one epoch when given no epoch/step limit; a budget alone means "until it is spent".
+        epochs = _UNTIL_BUDGET_EPOCHS
+    settings = TrainSettings(out_dir=args.out, max_steps=args.max_steps, epochs=epochs,
                              clip_norm=args.clip_norm, eval_every=args.eval_every, log_every=args.log_every,
                              seed=args.seed, resume=args.resume, progress=not args.no_progress,
                              max_minutes=args.max_minutes, device=args.device)

@@ -84,6 +84,13 @@ class _GradMultiply(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
+def _dense(y: torch.Tensor) -> torch.Tensor:
+    """[B, T, H] in row-major memory. The reference block returns a channels-first view; torch draws a
+    dropout mask in its input's memory order, so without this the same seed would drop different units
+    on fast and reference layers. (The copy is nearly free: the next linear map would make it anyway.)"""
+    return y.contiguous()
+
+
 def _check_tokens(name: str, ids: object, vocab_size: int, max_positions: int) -> torch.Tensor:
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
@@ -143,7 +150,7 @@ class ConvS2SEncoder(nn.Module):
         x = self.fc1(e)                                              # [B, S, H]
         for conv in self.convs:
             # conv(...) = GLU(conv(dropout(x) with padding zeroed)) * sqrt(1/2); the residual is x itself.
-            x = torch.add(conv(self.dropout(x), mask), x, alpha=SQRT_HALF)
+            x = torch.add(_dense(conv(self.dropout(x), mask)), x, alpha=SQRT_HALF)
         z = self.fc2(x).masked_fill(~mask.unsqueeze(-1), 0.0)        # [B, S, E]
         z = _GradMultiply.apply(z, self.grad_scale)
         lengths = mask.sum(1, dtype=z.dtype)                         # [B]
@@ -201,7 +208,7 @@ class ConvS2SDecoder(nn.Module):
         x = self.fc1(e)                                                                 # [N, T, H]
         attn = None
         for i, (conv, attention) in enumerate(zip(self.convs, self.attentions)):
-            g = conv(self.dropout(x))                 # causal: K-1 zeros on the left, never the pad id
+            g = _dense(conv(self.dropout(x)))         # causal: K-1 zeros on the left, never the pad id
             if last_only and i == len(self.convs) - 1:
                 # Only the last position is wanted from here on (its conv already saw the whole prefix).
                 g, e, x = g[:, -1:], e[:, -1:], x[:, -1:]

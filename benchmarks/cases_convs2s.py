@@ -1,0 +1,249 @@
+"""ConvS2S model cases: translation (incremental vs full-recompute decoding) and a training step
+(fast vs reference layers), registered on import like the op cases.
+
+Implementations of a translation case (mode "fwd": decoding runs without autograd):
+  naive        full-recompute decoding (the decoder re-run over the whole prefix per token, as the
+               tutorial), reference layers
+  eager        incremental decoding (one GLUConv1d.step per layer and token), reference layers
+  fastqa[cpu]  incremental decoding, fast layers (fused kernels)    (fastqa[triton] on a GPU)
+so naive / eager is what incremental decoding buys and eager / fastqa what the kernels buy. Weights are
+random (seeded), sources 12-30 tokens; with ``max_len_a=1, max_len_b=0`` every translation is as long
+as its source (random weights would otherwise run every sentence to 1.2|src| + 10). The result is the
+best hypothesis's tokens (padded with -1) and, for beam search, its score.
+
+A training-step case (mode "fwd+bwd") times forward + backward + gradient clipping + Adam on one
+batch, ``eager`` = reference layers, ``fastqa[cpu]`` = fast layers, same initial weights. Adam runs at
+learning rate 0 so the weights and the loss (the result) stay the same from call to call.
+
+``python -m benchmarks.cases_convs2s [--quick] [--threads 2]`` times the cases interleaved in one
+process and prints sentences/s and tokens/s (the registry's table has milliseconds only).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from fastqa.models.convs2s import ConvS2S, ConvS2SConfig, beam_search, greedy_decode
+
+from .registry import Case, Prepared, _fastqa_backends, register
+
+# Multi30k de->en vocabularies (spaCy tokens, min_freq 2), as the tutorial's.
+SRC_VOCAB, TGT_VOCAB = 7853, 5893
+
+
+def _config(preset: str) -> ConvS2SConfig:
+    return ConvS2SConfig.from_preset(preset, src_vocab_size=SRC_VOCAB, tgt_vocab_size=TGT_VOCAB)
+
+
+def _models(preset: str, device: torch.device, dtype: torch.dtype, *, train: bool) -> dict[str, ConvS2S]:
+    """{"reference": ..., "fast": ...} with the same (seeded) weights."""
+    torch.manual_seed(0)
+    fast = ConvS2S(_config(preset), layers="fast")
+    ref = ConvS2S(_config(preset), layers="reference")
+    ref.load_state_dict(fast.state_dict())
+    return {k: m.to(device, dtype).train(train) for k, m in (("reference", ref), ("fast", fast))}
+
+
+def _sources(n: int, lo: int, hi: int, device: torch.device, seed: int = 0) -> torch.Tensor:
+    """[n, hi] random source ids, lengths uniform in [lo, hi], right-padded with 0."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi + 1, (n,), generator=gen)
+    src = torch.randint(4, SRC_VOCAB, (n, hi), generator=gen)
+    src[torch.arange(hi).unsqueeze(0) >= lengths.unsqueeze(1)] = 0
+    return src.to(device)
+
+
+def _macs_per_token(cfg: ConvS2SConfig, src_len: float) -> tuple[float, float]:
+    """Multiply-adds per source token (encoder) and per target token (decoder, with attention over
+    src_len positions and the output projection)."""
+    e, h, k = cfg.embed_dim, cfg.hidden_dim, cfg.kernel_size
+    enc = 2 * e * h + cfg.encoder_layers * 2 * h * h * k
+    dec = 2 * e * h + cfg.decoder_layers * (2 * h * h * k + 2 * h * e + 2 * src_len * e) + e * cfg.tgt_vocab_size
+    return float(enc), float(dec)
+
+
+def _pad_rows(rows: list[list[int]]) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0)
+    return torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.long).reshape(len(rows), width)
+
+
+@dataclass
+class TranslateCase(Case):
+    """Translate ``sentences`` random sources with the ``preset`` model: greedy (beam 1) or beam search."""
+    preset: str
+    sentences: int
+    beam: int
+    quick: bool = False
+    min_len: int = 12
+    max_len: int = 30
+    op: str = "convs2s_translate"
+    name: str = ""
+    shape: dict[str, Any] = field(default_factory=dict)
+    modes: tuple[str, ...] = ("fwd",)
+
+    def __post_init__(self) -> None:
+        kind = "greedy" if self.beam == 1 else f"beam{self.beam}"
+        self.name = f"{self.preset}_S{self.sentences}_{kind}"
+        self.shape = {"preset": self.preset, "sentences": self.sentences, "beam": self.beam,
+                      "src_len": [self.min_len, self.max_len]}
+
+    def decoder(self, model: ConvS2S, src: torch.Tensor, incremental: bool) -> Callable[[], Any]:
+        if self.beam == 1:
+            return lambda: _pad_rows(greedy_decode(model, src, max_len_a=1.0, max_len_b=0, incremental=incremental))
+
+        def run() -> tuple[torch.Tensor, torch.Tensor]:
+            hyps = beam_search(model, src, beam=self.beam, max_len_a=1.0, max_len_b=0, incremental=incremental)
+            return _pad_rows([h[0].tokens for h in hyps]), torch.tensor([h[0].score for h in hyps])
+        return run
+
+    def prepare(self, mode: str, device: torch.device, dtype: torch.dtype, *, compile: bool,
+                naive_limit_bytes: float) -> Prepared:
+        models = _models(self.preset, device, dtype, train=False)
+        src = _sources(self.sentences, self.min_len, self.max_len, device)
+        backends, why = _fastqa_backends(device)
+        runners = {"naive": self.decoder(models["reference"], src, incremental=False),
+                   "eager": self.decoder(models["reference"], src, incremental=True)}
+        for b in backends:  # the fast layers pick the device's backend themselves ("auto")
+            runners[f"fastqa[{b}]"] = self.decoder(models["fast"], src, incremental=True)
+        unavailable = {"compiled": "not offered for decoding (a Python loop of data-dependent length)"}
+        if why is not None:
+            unavailable["fastqa"] = why
+        expected = runners["eager"]()
+        tokens = expected[0] if isinstance(expected, tuple) else expected
+        out_tokens = int(tokens.ne(-1).sum()) + tokens.shape[0]      # with each sentence's EOS
+        self.shape["out_tokens"] = out_tokens
+        cfg = models["fast"].config
+        src_tokens = int(src.ne(cfg.pad_id).sum())
+        enc, dec = _macs_per_token(cfg, src_tokens / self.sentences)
+        flops = 2.0 * (enc * src_tokens + dec * out_tokens * self.beam)
+        # Every step reads the decoder's weights once; steps = the longest translation + EOS.
+        dec_bytes = sum(p.numel() for p in models["fast"].decoder.parameters()) * dtype.itemsize
+        return Prepared(runners=runners, expected=expected, flops=flops, bytes=float(dec_bytes * (tokens.shape[1] + 1)),
+                        unavailable=unavailable)
+
+
+@dataclass
+class TrainStepCase(Case):
+    """One training step of the ``preset`` model on a [batch, src_len] -> [batch, tgt_len] batch."""
+    preset: str
+    batch: int
+    src_len: int
+    tgt_len: int
+    quick: bool = False
+    op: str = "convs2s_train_step"
+    name: str = ""
+    shape: dict[str, Any] = field(default_factory=dict)
+    modes: tuple[str, ...] = ("fwd+bwd",)
+
+    def __post_init__(self) -> None:
+        self.name = f"{self.preset}_B{self.batch}_S{self.src_len}_T{self.tgt_len}"
+        self.shape = {"preset": self.preset, "B": self.batch, "S": self.src_len, "T": self.tgt_len}
+
+    def prepare(self, mode: str, device: torch.device, dtype: torch.dtype, *, compile: bool,
+                naive_limit_bytes: float) -> Prepared:
+        models = _models(self.preset, device, dtype, train=True)
+        gen = torch.Generator().manual_seed(1)
+        src = torch.randint(4, SRC_VOCAB, (self.batch, self.src_len), generator=gen).to(device)
+        tgt = torch.randint(4, TGT_VOCAB, (self.batch, self.tgt_len + 1), generator=gen)
+        tgt[:, 0] = 2
+        tgt = tgt.to(device)
+
+        def step_fn(model: ConvS2S) -> Callable[[], torch.Tensor]:
+            # lr 0: Adam does all its work but leaves the weights (so the loss, the result) unchanged.
+            opt = torch.optim.Adam(model.parameters(), lr=0.0)
+
+            def step() -> torch.Tensor:
+                torch.manual_seed(0)  # the same dropout masks at every call
+                logits, _ = model(src, tgt[:, :-1])
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=0)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+                opt.step()
+                return loss.detach()
+            return step
+
+        backends, why = _fastqa_backends(device)
+        runners = {"eager": step_fn(models["reference"])}
+        for b in backends:
+            runners[f"fastqa[{b}]"] = step_fn(models["fast"])
+        unavailable = {"naive": "the reference layers are the baseline", "compiled": "not offered"}
+        if why is not None:
+            unavailable["fastqa"] = why
+        expected = runners["eager"]()
+        cfg = models["fast"].config
+        enc, dec = _macs_per_token(cfg, self.src_len)
+        flops = 3 * 2.0 * self.batch * (enc * self.src_len + dec * self.tgt_len)
+        param_bytes = sum(p.numel() for p in models["fast"].parameters()) * dtype.itemsize
+        # weights, gradients and Adam's two moments, each read and written about once.
+        return Prepared(runners=runners, expected=expected, flops=flops, bytes=float(8 * param_bytes),
+                        unavailable=unavailable)
+
+
+CONVS2S_CASES: list[Case] = [
+    TranslateCase("small", 200, beam=5),
+    TranslateCase("small", 200, beam=1),
+    TranslateCase("tutorial", 200, beam=1),
+    TranslateCase("small", 20, beam=5, quick=True),
+    TrainStepCase("tutorial", 64, 27, 28),
+    TrainStepCase("small", 64, 27, 28),
+    TrainStepCase("small", 8, 20, 20, quick=True),
+]
+
+
+def register_all() -> None:
+    """Add the cases to the benchmark registry (once)."""
+    from .registry import CASES
+    for case in CONVS2S_CASES:
+        if not any(c.id == case.id for c in CASES):
+            register(case)
+
+
+register_all()
+
+
+# --- direct interleaved timing with throughput ------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.cases_convs2s", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="the quick cases only")
+    p.add_argument("--cases", nargs="+", help="only cases whose id contains one of these")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median reported)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device("cpu")
+    cases = [c for c in CONVS2S_CASES if (c.quick or not args.quick)
+             and (not args.cases or any(s in c.id for s in args.cases))]
+    for case in cases:
+        for mode in case.modes:
+            t0 = time.perf_counter()
+            prepared = case.prepare(mode, device, torch.float32, compile=False, naive_limit_bytes=0)
+            print(f"{case.id} [{mode}] shape={case.shape} (prepared in {time.perf_counter() - t0:.0f}s)", flush=True)
+            samples: dict[str, list[float]] = {k: [] for k in prepared.runners}
+            names = list(prepared.runners)
+            for r in range(args.rounds):
+                for impl in names[r % len(names):] + names[:r % len(names)]:
+                    t0 = time.perf_counter()
+                    prepared.runners[impl]()
+                    samples[impl].append(time.perf_counter() - t0)
+            med = {k: statistics.median(v) for k, v in samples.items()}
+            for impl, s in med.items():
+                extra = ""
+                if isinstance(case, TranslateCase):
+                    extra = f"  {case.sentences / s:8.1f} sentences/s  {case.shape['out_tokens'] / s:9.0f} tokens/s"
+                ratios = "  ".join(f"{other}/{impl} {med[other] / s:5.2f}x" for other in med if other != impl)
+                print(f"  {impl:<12} median {s * 1e3:10.1f} ms  (runs: {', '.join(f'{x:.2f}' for x in samples[impl])} s)"
+                      f"{extra}  {ratios}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

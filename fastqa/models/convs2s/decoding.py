@@ -14,6 +14,7 @@ EOS, and its ``score`` is ``log_prob / (len(tokens) + 1) ** len_penalty`` (EOS c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -32,13 +33,17 @@ class DecoderState:
     """Everything incremental decoding carries from one step to the next; passed in and returned.
 
     encoder: the EncoderOut of B sentences; conv_states: per decoder layer the last K-1 inputs of its
-    causal convolution, [N, K-1, H] with N = B * rows_per_sentence rows grouped by sentence (empty for
-    full-recompute decoding); step: the position of the next token to feed (0 = sos).
+    causal convolution, [N, K-1, H] with N = B * rows_per_sentence rows grouped by sentence; memory: per
+    decoder layer, its attention's linear maps folded into the encoder output once per batch (keys
+    [B, H, S], score bias [B, 1, S], values [B, S, H]; see ``ConvS2SDecoder.attention_memory``), shared
+    by a sentence's rows; step: the position of the next token to feed (0 = sos). Full-recompute
+    decoding keeps only the encoder output (conv_states and memory empty).
     """
     encoder: "EncoderOut"
     conv_states: list[torch.Tensor]
     step: int
     rows_per_sentence: int = 1
+    memory: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
@@ -46,21 +51,23 @@ class DecoderState:
 
     def reorder(self, order: torch.Tensor) -> "DecoderState":
         """Row r of the new state is row order[r] of this one ([N] int64), for the surviving beams.
-        Rows stay with their sentence (the sentence's encoder output is shared, not copied)."""
+        Rows stay with their sentence (the sentence's encoder output and memory are shared, not copied)."""
         n, r = self.rows, self.rows_per_sentence
         if order.dtype != torch.long or order.shape != (n,):
             raise ValueError(f"order must be a [{n}] int64 tensor, got {order.dtype} of shape {tuple(order.shape)}")
         if r > 1 and not torch.equal(order.div(r, rounding_mode="floor"),
                                      torch.arange(n, device=order.device).div(r, rounding_mode="floor")):
             raise ValueError(f"order must keep every row among its sentence's {r} rows")
-        return DecoderState(self.encoder, [s.index_select(0, order) for s in self.conv_states], self.step, r)
+        return dataclasses.replace(self, conv_states=[s.index_select(0, order) for s in self.conv_states])
 
     def select(self, sentences: torch.Tensor) -> "DecoderState":
         """Only the sentences ``sentences`` ([B'] int64, indices into this state's sentences) and their rows."""
         r = self.rows_per_sentence
         rows = (sentences.unsqueeze(1) * r + torch.arange(r, device=sentences.device)).reshape(-1)
-        return DecoderState(self.encoder.index_select(sentences), [s.index_select(0, rows) for s in self.conv_states],
-                            self.step, r)
+        return dataclasses.replace(
+            self, encoder=self.encoder.index_select(sentences),
+            conv_states=[s.index_select(0, rows) for s in self.conv_states],
+            memory=[tuple(t.index_select(0, sentences) for t in layer) for layer in self.memory])
 
 
 @dataclass
@@ -110,7 +117,7 @@ def _stepper(model: "ConvS2S", incremental: bool
 
     def full(tokens: torch.Tensor, state: DecoderState):
         logits, attn = model.decode(tokens, state.encoder, last_only=True)
-        return logits[:, 0], attn[:, 0], DecoderState(state.encoder, [], state.step + 1, state.rows_per_sentence)
+        return logits[:, 0], attn[:, 0], dataclasses.replace(state, step=state.step + 1)
     return full
 
 

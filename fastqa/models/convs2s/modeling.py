@@ -19,6 +19,7 @@ layer by one ``GLUConv1d.step`` per token on an explicit :class:`~.decoding.Deco
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -218,23 +219,45 @@ class ConvS2SDecoder(nn.Module):
             x = torch.add(a, x).mul_(SQRT_HALF)
         return self._output(x), attn / len(self.convs)
 
+    def attention_memory(self, enc: EncoderOut) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per layer, its attention's linear maps folded into the encoder output, for incremental decoding.
+
+        scores = sqrt(1/2) (W_in g + b_in + e) . z = g . (sqrt(1/2) W_in^T z) + sqrt(1/2) (b_in . z + e . z), and
+        out_proj(weights @ values) = weights @ (values W_out^T) + b_out: computed once per batch, they turn
+        the two [E x H] projections of every row at every step into products with the S source positions.
+        Returns (keys [B, H, S], score bias [B, 1, S] with the padding mask, values [B, S, H]) per layer.
+        """
+        memory = []
+        for attention in self.attentions:
+            keys = torch.matmul(enc.keys, attention.in_proj.weight).mul_(SQRT_HALF).transpose(1, 2)
+            bias = torch.matmul(enc.keys, attention.in_proj.bias).mul_(SQRT_HALF).unsqueeze(1) + enc.bias
+            values = torch.matmul(enc.values, attention.out_proj.weight.t())
+            memory.append((keys, bias, values))
+        return memory
+
     def step(self, tokens: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, torch.Tensor, DecoderState]:
         """One incremental step: tokens [N] (the newest token of each row, at position state.step).
         Returns (logits [N, V], attention [N, S], the advanced state)."""
-        pos = state.step
+        enc, pos = state.encoder, state.step
+        b, s, emb = enc.keys.shape
+        n = tokens.shape[0]
         e = self.embed_tokens(tokens) + self.embed_positions.weight[pos]   # [N, E]: only the newest token
-        x = self.fc1(e)
+        x = self.fc1(e)                                                      # [N, H]
+        # The target-embedding part of the scores, shared by every layer: sqrt(1/2) e . z  [B, r, S].
+        ez = torch.bmm(e.view(b, n // b, emb), enc.keys.transpose(1, 2)).mul_(SQRT_HALF)
         attn = None
         new_states = []
-        for conv, attention, conv_state in zip(self.convs, self.attentions, state.conv_states):
+        for conv, attention, conv_state, (keys, bias, values) in zip(
+                self.convs, self.attentions, state.conv_states, state.memory):
             g, conv_state = conv.step(x, conv_state)                        # [N, H], rolling [N, K-1, H]
             new_states.append(conv_state)
-            a, w = attention(g.unsqueeze(1), e.unsqueeze(1), state.encoder)
+            g3 = g.view(b, n // b, -1)
+            w = torch.softmax(torch.baddbmm(ez + bias, g3, keys), dim=-1)   # [B, r, S]
+            a = torch.baddbmm(attention.out_proj.bias, w, values).add_(g3).mul_(SQRT_HALF)
             attn = w if attn is None else attn + w
-            x = torch.add(a.squeeze(1), x).mul_(SQRT_HALF)
-        new_state = DecoderState(encoder=state.encoder, conv_states=new_states, step=pos + 1,
-                                 rows_per_sentence=state.rows_per_sentence)
-        return self._output(x), attn.squeeze(1) / len(self.convs), new_state
+            x = torch.add(a.view(n, -1), x).mul_(SQRT_HALF)
+        new_state = dataclasses.replace(state, conv_states=new_states, step=pos + 1)
+        return self._output(x), attn.view(n, s) / len(self.convs), new_state
 
 
 # --- the model -------------------------------------------------------------------------------------------------
@@ -279,11 +302,14 @@ class ConvS2S(nn.Module):
 
     def initial_state(self, enc: EncoderOut, rows_per_sentence: int = 1, *, incremental: bool = True) -> DecoderState:
         """Decoder state before the first token (sos at position 0): zero conv states
-        [B * rows_per_sentence, K-1, H] per layer (none for full-recompute decoding)."""
+        [B * rows_per_sentence, K-1, H] per layer and the attention memory (neither for full-recompute
+        decoding)."""
+        if not incremental:
+            return DecoderState(encoder=enc, conv_states=[], step=0, rows_per_sentence=rows_per_sentence)
         n = enc.keys.shape[0] * rows_per_sentence
-        states = [conv.initial_state(n, device=enc.keys.device, dtype=enc.keys.dtype)
-                  for conv in self.decoder.convs] if incremental else []
-        return DecoderState(encoder=enc, conv_states=states, step=0, rows_per_sentence=rows_per_sentence)
+        states = [conv.initial_state(n, device=enc.keys.device, dtype=enc.keys.dtype) for conv in self.decoder.convs]
+        return DecoderState(encoder=enc, conv_states=states, step=0, rows_per_sentence=rows_per_sentence,
+                            memory=self.decoder.attention_memory(enc))
 
     def decode_step(self, tokens: torch.Tensor, state: DecoderState
                     ) -> tuple[torch.Tensor, torch.Tensor, DecoderState]:

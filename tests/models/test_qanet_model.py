@@ -368,6 +368,8 @@ def test_config_presets_round_trip_and_errors():
         tiny_config(d_model=16.0)
     with pytest.raises(ValueError, match="model_conv_kernel"):
         tiny_config(model_conv_kernel=4)
+    with pytest.raises(ValueError, match="model_passes"):
+        tiny_config(model_passes=2)
     with pytest.raises(ValueError, match="layers"):
         QANet(tiny_config(), "turbo")
 

@@ -54,8 +54,8 @@ class QANetConfig:
     char_kernel: the per-word character convolution (its max over the word's characters is the word's
     character vector). d_model / heads: encoder width and self-attention heads (d_model % heads == 0).
     emb_conv_layers / emb_conv_kernel: the embedding-encoder block (shared by context and question);
-    model_blocks, model_conv_layers / model_conv_kernel: the model-encoder stack, applied model_passes
-    times with shared weights. dropout: on word vectors and every sublayer output; char_dropout: on the
+    model_blocks, model_conv_layers / model_conv_kernel: the model-encoder stack, applied model_passes (= 3:
+    M0, M1, M2) times with shared weights. dropout: on word vectors and every sublayer output; char_dropout: on the
     character embeddings; layer_dropout: stochastic depth, sublayer l of L survives with probability
     1 - (l / L) * layer_dropout in training. emb_resize_kernel: kernel of the depthwise-separable conv that
     resizes [word; char] to d_model. max_word_len: characters kept per word by the data pipeline.
@@ -98,6 +98,8 @@ class QANetConfig:
                      "emb_resize_kernel", "emb_conv_layers", "emb_conv_kernel", "model_blocks",
                      "model_conv_layers", "model_conv_kernel", "model_passes", "max_word_len"):
             _check_int(name, getattr(self, name), 1)
+        if self.model_passes != 3:
+            raise ValueError(f"QANetConfig.model_passes must be 3 (the heads read M0, M1, M2), got {self.model_passes}")
         if self.d_model % self.heads:
             raise ValueError(f"QANetConfig.d_model ({self.d_model}) must be a multiple of heads ({self.heads})")
         for name in ("char_kernel", "emb_resize_kernel", "emb_conv_kernel", "model_conv_kernel"):

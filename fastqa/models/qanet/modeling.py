@@ -167,12 +167,11 @@ class EncoderBlock(nn.Module):
         for i, conv in enumerate(self.convs):
             # No mask (evaluation): the fused residual add; else x + dropout(conv(x)) with stochastic depth.
             x = conv(x, residual=x) if masks is None else torch.addcmul(x, conv(x), masks[i])
-        i = len(self.convs)
-        for sublayer in (self.attention, self.ffn):
-            branch = sublayer(x, attn_mask) if sublayer is self.attention else sublayer(x)
-            x = x + branch if masks is None else torch.addcmul(x, branch, masks[i])
-            i += 1
-        return x
+        n = len(self.convs)
+        branch = self.attention(x, attn_mask)
+        x = x + branch if masks is None else torch.addcmul(x, branch, masks[n])
+        branch = self.ffn(x)
+        return x + branch if masks is None else torch.addcmul(x, branch, masks[n + 1])
 
 
 def _attn_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -209,8 +208,6 @@ class QANet(nn.Module):
         layers = config.layers if layers is None else layers
         if layers not in LAYERS:
             raise ValueError(f"QANet: layers must be one of {LAYERS}, got {layers!r}")
-        if config.model_passes != 3:
-            raise ValueError(f"QANet: model_passes must be 3 (the heads read M0, M1, M2), got {config.model_passes}")
         self.config = config
         self.layer_impl = layers
         ls = LAYER_SETS[layers]

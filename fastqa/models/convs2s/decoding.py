@@ -204,6 +204,7 @@ def beam_search(model: "ConvS2S", src: torch.Tensor, *, beam: int = 5, len_penal
         state = model.initial_state(enc, k, incremental=incremental)
         step = _stepper(model, incremental)
         beam_offsets = torch.arange(k, device=device)
+        n_finished = torch.zeros(batch, dtype=torch.long, device=device)
         for t in range(int(max_len.max()) + 1):
             n_live = live.numel()
             logits, attn, state = step(tokens, state)                   # [N, V], [N, S]
@@ -211,7 +212,7 @@ def beam_search(model: "ConvS2S", src: torch.Tensor, *, beam: int = 5, len_penal
             logp = torch.log_softmax(logits.float(), dim=1)
             force = max_len.eq(t).repeat_interleave(k)
             _forbid(logp, model, force if bool(force.any()) else None)
-            cand = (scores.reshape(-1, 1) + logp).reshape(n_live, k * vocab)
+            cand = logp.add_(scores.reshape(-1, 1)).reshape(n_live, k * vocab)      # in place: [N, V] is big
             top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)   # [B', 2k], best first
             top_beam = top_idx.div(vocab, rounding_mode="floor")
             top_tok = top_idx - top_beam * vocab
@@ -230,8 +231,8 @@ def beam_search(model: "ConvS2S", src: torch.Tensor, *, beam: int = 5, len_penal
                     finished[orig].append(Hypothesis(
                         tokens=toks, score=lp / (len(toks) + 1) ** len_penalty, log_prob=lp,
                         attention=fin_attn[j][:, src_mask[orig]]))
-            done = torch.tensor([len(finished[int(s)]) >= k for s in live], dtype=torch.bool, device=device)
-            done |= max_len.le(t)
+            n_finished += fin.sum(1)
+            done = n_finished.ge(k) | max_len.le(t)
             if bool(done.all()):
                 break
 
@@ -248,7 +249,7 @@ def beam_search(model: "ConvS2S", src: torch.Tensor, *, beam: int = 5, len_penal
             if bool(done.any()):
                 keep = (~done).nonzero().squeeze(1)
                 rows = (keep.unsqueeze(1) * k + beam_offsets).reshape(-1)
-                live, max_len, scores = live[keep.cpu()], max_len[keep], scores[keep]
+                live, max_len, scores, n_finished = live[keep.cpu()], max_len[keep], scores[keep], n_finished[keep]
                 tokens, attn_hist = tokens[rows], attn_hist[rows]
                 state = state.select(keep)
     results = []

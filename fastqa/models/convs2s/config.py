@@ -6,8 +6,9 @@ Presets (vocabulary sizes always come from the data, so they are passed as overr
   layers, kernel 3, dropout 0.25 (about 40M parameters with the Multi30k vocabularies: the tutorial's
   37M plus the per-layer attention projections of Gehring et al., which its decoder shared).
 - ``small``: sized for training on a 2-core CPU in about an hour -- embedding 256, hidden 256,
-  5 encoder + 5 decoder layers, kernel 3 (receptive field 11 tokens on each side), dropout 0.2
-  (about 7.5M parameters with the Multi30k vocabularies).
+  5 encoder + 5 decoder layers, kernel 3 (an encoder position sees 11 source tokens, a decoder position
+  the 10 target tokens before it, and attention the whole source), dropout 0.2
+  (about 10M parameters with the Multi30k vocabularies, 5M of them in the embeddings and output layer).
 """
 from __future__ import annotations
 

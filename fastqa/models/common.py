@@ -85,8 +85,9 @@ def residual_masks(shape: Sequence[int], *, dropout: float, survival: Sequence[f
     if dropout == 0.0 and all(s == 1.0 for s in survival):
         return None
     count, batch = len(survival), shape[0]
-    surv = torch.tensor(survival, dtype=dtype).view(count, 1).to(device)
-    scale = (torch.rand(count, batch, dtype=dtype, device=device) < surv).to(dtype) / surv
+    # Drawn in float32 whatever ``dtype``: the same seed gives the same masks in every precision.
+    surv = torch.tensor(survival, dtype=torch.float32).view(count, 1).to(device)
+    scale = ((torch.rand(count, batch, device=device) < surv) / surv).to(dtype)
     scale = scale.view(count, batch, *([1] * (len(shape) - 1)))
     if dropout == 0.0:
         return scale

@@ -231,6 +231,12 @@ def test_dropout_masks_rate_and_scale():
         assert (dropped == 0) if survival == 1.0 else (0.25 < dropped < 0.75)
         torch.testing.assert_close(mask[mask != 0], torch.full_like(mask[mask != 0], 1 / (q * survival)))
     assert residual_masks((4, 5), dropout=0.0, survival=[1.0], device=x.device, dtype=x.dtype) is None
+    # The same seed draws the same masks in every precision (the float64 ground truth of a train step).
+    drawn = []
+    for dtype in (torch.float32, torch.float64):
+        torch.manual_seed(22)
+        drawn.append(residual_masks((8, 30, 4), dropout=0.1, survival=[0.9, 0.5], device=x.device, dtype=dtype))
+    torch.testing.assert_close(drawn[0].double(), drawn[1])
 
 
 def test_dropout_off_in_eval_on_in_training():

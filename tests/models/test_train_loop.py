@@ -114,3 +114,24 @@ def test_torchrun_two_gloo_processes_equal_one_process(tmp_path):
     for k, v in one["model"].items():
         torch.testing.assert_close(two["model"][k], v, atol=1e-5, rtol=1e-5, msg=k)
     assert not torch.equal(one["model"]["0.weight"], ToyTask(dropout=0.0).model[0].weight)  # it trained
+
+
+def test_ema_averages_trained_weights_and_skips_frozen_ones():
+    from torch import nn
+
+    from fastqa.train import EMA
+
+    model = nn.Linear(3, 2)
+    model.bias.requires_grad_(False)
+    ema = EMA(model, decay=0.5)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+        model.bias.add_(1.0)  # a frozen parameter changed behind the EMA's back stays as it was kept
+    before = ema.shadow["weight"].clone()
+    ema.update(model)
+    d = min(0.5, 2 / 11)
+    torch.testing.assert_close(ema.shadow["weight"], d * before + (1 - d) * model.weight.detach())
+    assert not torch.equal(ema.shadow["bias"], model.bias.detach())
+    with ema.swapped_in(model):
+        assert torch.equal(model.weight, ema.shadow["weight"])
+    assert not torch.equal(model.weight, ema.shadow["weight"])

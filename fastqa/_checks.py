@@ -24,6 +24,7 @@ def check_tensor(
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_dense(name, t)
     if ndim is None and shape is not None:
         ndim = len(shape)
     if ndim is not None and t.dim() != ndim:
@@ -43,6 +44,17 @@ def check_tensor(
         if floating and t.dtype != like.dtype:
             raise TypeError(f"{name} must have dtype {like.dtype} like the input, got {t.dtype}")
     return t
+
+
+def check_dense(name: str, t: torch.Tensor) -> None:
+    """A plain strided tensor: sparse, nested, quantized and other non-strided tensors (mkldnn, ...)
+    have no data the kernels can read (and torch's own errors about them name no argument)."""
+    if t.is_nested:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got a nested tensor")
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    if t.is_quantized:
+        raise TypeError(f"{name} must be a dense floating-point tensor, got a quantized tensor ({t.dtype})")
 
 
 def check_optional(name: str, t: object, **kwargs) -> torch.Tensor | None:

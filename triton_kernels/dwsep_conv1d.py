@@ -32,7 +32,8 @@ of the pointwise weight, accumulating in fp32. The epilogue adds pw_bias, applie
 residual and stores y once, in the input dtype. The depthwise output [B, L, C_in] never reaches
 memory.
 
-Saved (``aux``): with ``relu`` the ReLU mask (pre-activation > 0) bit-packed, uint8
+Saved (``aux``): with ``relu`` the ReLU mask (NOT pre-activation <= 0: a NaN passes its gradient, as
+torch's threshold_backward does) bit-packed, uint8
 [B, L, ceil(C_out / 8)], bit ``o % 8`` of byte ``o // 8`` for output channel o (1/8 of a byte per
 output element, instead of re-running the whole forward GEMM in backward). Without ``relu`` aux is
 an empty uint8 tensor. Nothing else is saved.
@@ -235,7 +236,7 @@ def _fwd_kernel(x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_ptr, dwb_ptr, pww_ptr, p
         acc += tl.load(pwb_ptr + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
     if RELU:
         # Pack the mask 8 channels per byte: bits are distinct, so the sum is an OR.
-        bits = tl.where(acc > 0, 1, 0) << (tl.arange(0, BLOCK_N) % 8)[None, :]
+        bits = tl.where(acc <= 0, 0, 1) << (tl.arange(0, BLOCK_N) % 8)[None, :]
         packed = tl.sum(tl.reshape(bits, (BLOCK_L, BLOCK_N // 8, 8)), axis=2).to(tl.uint8)
         n_bytes = (C_out + 7) // 8
         offs_byte = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)

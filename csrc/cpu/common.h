@@ -31,13 +31,17 @@ inline T max_of(T a, T b) {
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // exp that the compiler vectorises (std::exp on float does not without -ffast-math). float:
-// Cody-Waite range reduction + Cephes' degree-6 polynomial, ~1 ulp; the argument is clamped to
-// [-87, 88] so that 2^n stays a normal float (exp(-87) ~ 1.6e-38: zero for a softmax or a sigmoid).
+// Cody-Waite range reduction + Cephes' degree-6 polynomial, ~1 ulp, over the normal range
+// [ln FLT_MIN, ln FLT_MAX] = [-87.34, 88.72] (2^n is applied as two normal factors, so n = 128 is fine).
+// Outside it, as std::exp up to subnormals: exactly 0 below (a softmax probability or a sigmoid that
+// underflows is 0, not 1e-38 that a huge input could blow up again), +inf above, NaN stays NaN.
 inline float vec_exp(float v) {
-  v = min_of(max_of(v, -87.0f), 88.0f);
-  // n = round(v / ln 2) by the 1.5 * 2^23 trick: std::floor/nearbyint do not vectorise here.
-  const float n = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = std::fma(n, -0.693359375f, v);  // v - n·ln2 in two parts
+  constexpr float lo = -87.3365447505f, hi = 88.7228391117f;
+  // NaN is replaced by 0 for the arithmetic (no float -> int conversion of NaN) and selected back below.
+  const float u = v == v ? min_of(max_of(v, lo), hi) : 0.0f;
+  // n = round(u / ln 2) by the 1.5 * 2^23 trick: std::floor/nearbyint do not vectorise here.
+  const float n = (u * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = std::fma(n, -0.693359375f, u);  // u - n·ln2 in two parts
   r = std::fma(n, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
   p = std::fma(p, r, 1.3981999507e-3f);
@@ -46,8 +50,11 @@ inline float vec_exp(float v) {
   p = std::fma(p, r, 1.6666665459e-1f);
   p = std::fma(p, r, 5.0000001201e-1f);
   p = std::fma(p, r * r, r) + 1.0f;
-  // 2^n from its bit pattern (a builtin bit cast: memcpy through a local blocks vectorisation).
-  return p * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
+  // 2^n = 2^n1 · 2^n2 (n in [-126, 128], so both halves are normal) from their bit patterns (a builtin
+  // bit cast: memcpy through a local blocks vectorisation).
+  const int32_t ni = static_cast<int32_t>(n), n1 = ni / 2, n2 = ni - n1;
+  const float e = p * __builtin_bit_cast(float, (n1 + 127) << 23) * __builtin_bit_cast(float, (n2 + 127) << 23);
+  return v < lo ? 0.0f : (v > hi ? __builtin_inff() : (v == v ? e : v));
 }
 // float64 serves gradcheck: exactness first.
 inline double vec_exp(double v) { return std::exp(v); }

@@ -9,12 +9,14 @@
 // it and the epilogue. Each tile runs its own single-threaded GEMM (at::mm_out inside at::parallel_for;
 // MKL does not nest threads), so there is one pass over memory per tensor.
 //
-// aux (what the forward hands its backward): the ReLU mask (bool [B, L, C_out], pre-activation > 0)
-// when relu, else an empty bool tensor. The depthwise output is NOT saved: the backward recomputes it
+// aux (what the forward hands its backward): the ReLU mask (bool [B, L, C_out], !(pre-activation <= 0):
+// true for NaN, so a NaN's gradient passes as through torch.relu's threshold_backward) when relu, else
+// an empty bool tensor. The depthwise output is NOT saved: the backward recomputes it
 // tile by tile (K FMAs per element, cheaper than writing and re-reading [B, L, C_in]).
 //
-// Backward is deterministic: weight and bias gradients accumulate into one partial buffer per work
-// group (a fixed, contiguous range of tiles; one group per thread) and are summed in group order.
+// Backward is deterministic and independent of the thread count: its tiling does not depend on the
+// number of threads, and weight and bias gradients accumulate into one partial buffer per block (a fixed,
+// contiguous range of tiles, sized from the problem alone), summed in block order.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -38,16 +40,23 @@ constexpr int64_t kMinTileRows = 32;
 // Below this many multiply-adds a parallel task costs more in thread wake-up than it saves.
 constexpr int64_t kMinTaskWork = 1 << 18;
 
+// The backward tiles and blocks its work as if there were this many threads, whatever their number:
+// the weight gradients are then summed in one order, bit-identical for any thread count (blocks are
+// shared out among the threads there are; a machine with more threads than blocks leaves some idle).
+constexpr int64_t kBackwardThreads = 16;
+
 // Tiles of (sequence, row range); tile t covers sequence t / per_seq, rows [l0, l1). grain: tiles per
 // parallel task, so that small problems run on the calling thread.
 struct Tiling {
   int64_t L = 0, chunk = 0, per_seq = 0, count = 0, grain = 1;
 
-  Tiling(int64_t B, int64_t L_, int64_t C_in, int64_t C_out, int64_t K) : L(L_) {
+  // threads: how many threads the tiles should feed (the backward passes a constant, so that its tiles
+  // and hence its reduction order do not depend on the thread count).
+  Tiling(int64_t B, int64_t L_, int64_t C_in, int64_t C_out, int64_t K, int64_t threads) : L(L_) {
     const int64_t max_rows = std::max(kMinTileRows, kTileElems / std::max(C_in, C_out));
     int64_t pieces = ceil_div(L, max_rows);
     // Short batches of long sequences: split sequences so every thread has a tile.
-    pieces = std::max(pieces, std::min(L, ceil_div(at::get_num_threads(), B)));
+    pieces = std::max(pieces, std::min(L, ceil_div(threads, B)));
     chunk = ceil_div(L, pieces);
     per_seq = ceil_div(L, chunk);
     count = B * per_seq;
@@ -55,6 +64,8 @@ struct Tiling {
   }
   // How many parallel tasks (each a contiguous range of tiles) the work is worth.
   int64_t tasks() const { return std::max<int64_t>(1, std::min<int64_t>(count / grain, at::get_num_threads())); }
+  // The backward's reduction blocks: as tasks() with kBackwardThreads in place of the thread count.
+  int64_t blocks() const { return std::max<int64_t>(1, std::min<int64_t>(count / grain, kBackwardThreads)); }
   int64_t seq(int64_t t) const { return t / per_seq; }
   int64_t begin(int64_t t) const { return (t % per_seq) * chunk; }
   int64_t end(int64_t t) const { return std::min(L, begin(t) + chunk); }
@@ -213,7 +224,7 @@ void epilogue_rows(T* y, const T* bias, const T* residual, bool* mask, int64_t r
       bool* __restrict m = mask + r * C;
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) {
-        m[c] = row[c] > T(0);
+        m[c] = !(row[c] <= T(0));  // NaN: true, as torch's threshold_backward lets its gradient through
         row[c] = row[c] < T(0) ? T(0) : row[c];  // NaN stays NaN, as in torch.relu
       }
     }
@@ -319,7 +330,7 @@ std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x_in, cons
   at::Tensor aux = relu ? at::empty({s.B, s.L, s.C_out}, x.options().dtype(at::kBool))
                         : at::empty({0}, x.options().dtype(at::kBool));
   at::Tensor y2d = y.view({s.B * s.L, s.C_out});
-  const Tiling tiles(s.B, s.L, s.C_in, s.C_out, s.K);
+  const Tiling tiles(s.B, s.L, s.C_in, s.C_out, s.K, at::get_num_threads());
 
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dwsep_conv1d_fwd", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
@@ -369,11 +380,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_con
   const at::Tensor grad_y2d = grad_y.view({s.B * s.L, s.C_out});
   const int64_t pad_right = s.K - 1 - pad_left;
 
-  const Tiling tiles(s.B, s.L, s.C_in, s.C_out, s.K);
-  const int64_t groups = tiles.tasks();
+  const Tiling tiles(s.B, s.L, s.C_in, s.C_out, s.K, kBackwardThreads);
+  const int64_t groups = tiles.blocks();
   const auto opts = x.options();
   at::Tensor grad_x = at::empty({s.B, s.L, s.C_in}, opts);
-  // Per-group partials, zero-initialised so groups accumulate into them directly.
+  // Per-block partials, zero-initialised so blocks accumulate into them directly.
   at::Tensor part_pw = at::zeros({groups, s.C_out, s.C_in}, opts);
   at::Tensor part_pb = at::zeros({groups, pw_bias ? s.C_out : 0}, opts);
   at::Tensor part_dw = at::zeros({groups, s.K, s.C_in}, opts);
@@ -385,7 +396,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_con
     const scalar_t* dbp = data_or_null<scalar_t>(dw_bias);
     const scalar_t* gyp = grad_y.data_ptr<scalar_t>();
     const bool* mp = relu ? aux.data_ptr<bool>() : nullptr;
-    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    // At least two parallel items, so that a single block too runs inside the thread pool's parallel
+    // region whenever there are threads: its GEMMs then run single-threaded, as they do on one thread
+    // (a GEMM called outside the region may split its work by the thread count and round differently).
+    at::parallel_for(0, std::max<int64_t>(groups, 2), 1, [&](int64_t g0, int64_t g1) {
+      g1 = std::min(g1, groups);
+      if (g0 >= g1) return;
       const BelowAutograd below_autograd;
       const int64_t halo_rows = tiles.chunk + s.K - 1;
       at::Tensor h = at::empty({tiles.chunk, s.C_in}, opts);

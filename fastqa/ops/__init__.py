@@ -10,6 +10,9 @@ from .glu_conv1d import glu_conv1d, glu_conv1d_step
 
 if triton_usable_here():
     from .. import triton_kernels  # noqa: F401  (registers torch.ops.fastqa_triton.*)
+    from ._registry import register_triton_autograd
+
+    register_triton_autograd()
 
 __all__ = [
     "context_query_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "ln_dwsep_conv1d",

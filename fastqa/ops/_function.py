@@ -10,13 +10,21 @@
 * The backward kernels have no derivative of their own, so every backward is wrapped in
   ``once_differentiable(op)``: it runs without recording a graph, and differentiating its result
   (double backward) raises the same ``RuntimeError`` for every op, naming the op and what to use.
+* The same formula is registered on the forward custom op itself (``register_op_autograd``, what
+  ``torch.library.register_autograd`` registers), so a graph that calls the op directly -- a module
+  exported with ``torch.export`` -- trains with the same gradients and the same double-backward error.
+* Forward-mode AD (``torch.func.jvp``, ``torch.autograd.forward_ad``): the functional entry points run
+  the reference when an input carries a tangent (``has_tangent``); the custom ops themselves refuse
+  it with one clear ``RuntimeError`` rather than dropping the tangent.
 """
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Callable, Sequence
 
 import torch
+from torch.autograd import forward_ad
 from torch.autograd import function as _autograd_function
 
 
@@ -65,3 +73,54 @@ def once_differentiable(op: str) -> Callable:
         return wrapper
 
     return decorate
+
+
+def has_tangent(*tensors: torch.Tensor | None) -> bool:
+    """Whether forward-mode AD carries a tangent through any of ``tensors``: a dual tensor of
+    ``torch.autograd.forward_ad`` or an input of ``torch.func.jvp`` (which sets a dual level too)."""
+    if forward_ad._current_level < 0 or torch.compiler.is_compiling():
+        return False
+    return any(isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+
+
+def forward_ad_message(op: str, qualname: str) -> str:
+    return (f"fastqa.{op}: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) is not supported "
+            f"by the fused kernel op {qualname}; call the functional fastqa.{op} (it runs the reference "
+            f"when an input carries a tangent) or fastqa.{op}(..., backend='reference')")
+
+
+_REGISTERED: set[str] = set()
+
+
+def register_op_autograd(qualname: str, op: str, setup_context: Callable, backward: Callable) -> None:
+    """Register the autograd formula of the custom op ``qualname`` (``fastqa::<name>_fwd`` or
+    ``fastqa_triton::<name>_fwd``) on the op itself, as ``torch.library.register_autograd`` does:
+    ``setup_context(ctx, inputs, output)`` and ``backward(ctx, *grad_outputs)`` -> one gradient per op
+    input. The backward is ``once_differentiable(op)``; an input with a forward-mode tangent raises
+    ``forward_ad_message`` (torch's generated kernel would run the op without it and drop the tangent).
+    Idempotent."""
+    if qualname in _REGISTERED:
+        return
+    from torch._library.autograd import Info, make_autograd_impl
+
+    ns, name = qualname.split("::")
+    overload = getattr(getattr(torch.ops, ns), name).default
+    kernel_impl = make_autograd_impl(overload, Info(once_differentiable(op)(backward), setup_context))
+    message = forward_ad_message(op, qualname)
+
+    def autograd_kernel(keyset, *args, **kwargs):
+        if has_tangent(*args):
+            raise RuntimeError(message)
+        return kernel_impl(keyset, *args, **kwargs)
+
+    lib = torch.library.Library(ns, "FRAGMENT")
+    with warnings.catch_warnings():
+        # A torch.library.custom_op (the Triton ops) comes with an Autograd kernel of its own, which
+        # this one replaces (on purpose: that one drops forward-mode tangents); torch warns about it.
+        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel")
+        lib.impl(name, autograd_kernel, "Autograd", with_keyset=True, allow_override=True)
+    _LIBRARIES.append(lib)  # a Library deregisters its kernels when it is garbage-collected
+    _REGISTERED.add(qualname)
+
+
+_LIBRARIES: list = []

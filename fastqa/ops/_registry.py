@@ -6,15 +6,44 @@ Every op ``<name>`` has, per compiled backend, a pair of custom ops with identic
 (registered by ``fastqa.triton_kernels.<module>`` with torch.library.custom_op). What a forward
 saves for its backward (its "aux" outputs) is the backend's own business: the Function stores them
 and hands them back unread.
+
+Each op module also registers its autograd formula on its ``<ns>::<name>_fwd`` ops
+(``register_autograd_hook``): at once for the C++ ops, and for the Triton ops when their module is
+imported (``register_triton_autograd``, called by ``fastqa.ops`` after importing the kernels).
 """
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from .._backend import cpu_available
+
 _NAMESPACES = {"cpu": "fastqa", "triton": "fastqa_triton"}
+_AUTOGRAD_HOOKS: dict[str, list[Callable[[str], None]]] = {}
+
+
+def qualified(backend: str, name: str) -> str:
+    """The custom op's qualified name, e.g. qualified("cpu", "glu_conv1d_fwd") == "fastqa::glu_conv1d_fwd"."""
+    return f"{_NAMESPACES[backend]}::{name}"
+
+
+def register_autograd_hook(module: str, hook: Callable[[str], None]) -> None:
+    """``hook(backend)`` registers the autograd formulas of kernel module ``module``'s ops for a backend:
+    run now for "cpu" where the extension is built, and for "triton" by ``register_triton_autograd``."""
+    _AUTOGRAD_HOOKS.setdefault(module, []).append(hook)
+    if cpu_available():
+        hook("cpu")
+
+
+def register_triton_autograd(module: str | None = None) -> None:
+    """Register the autograd formulas of the Triton ops of ``module`` (all modules: None); the kernel
+    modules must have been imported. Idempotent."""
+    for name, hooks in _AUTOGRAD_HOOKS.items():
+        if module is None or name == module:
+            for hook in hooks:
+                hook("triton")
 
 
 def kernel(backend: str, module: str, name: str) -> Any:
@@ -27,4 +56,5 @@ def kernel(backend: str, module: str, name: str) -> Any:
         # Usually a no-op (fastqa.ops imports the kernels where Triton can run); dynamo cannot trace
         # an import, and by the time a graph is traced the ops are registered.
         importlib.import_module(f"fastqa.triton_kernels.{module}")
+        register_triton_autograd(module)
     return getattr(getattr(torch.ops, _NAMESPACES[backend]), name)

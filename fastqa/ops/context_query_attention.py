@@ -11,8 +11,8 @@ import torch
 from .. import reference
 from .._backend import cpu_available, resolve_backend
 from .._checks import check_positive, check_tensor, entry_prologue
-from ._function import input_grads, once_differentiable
-from ._registry import kernel
+from ._function import has_tangent, input_grads, once_differentiable, register_op_autograd
+from ._registry import kernel, qualified, register_autograd_hook
 
 __all__ = ["context_query_attention", "trilinear_similarity"]
 
@@ -21,6 +21,24 @@ _PARAMS = ("c", "q", "weight", "bias")  # the gradients both _bwd ops return, in
 
 
 _SIM_INPUTS = ("backend", "c", "q", "weight", "bias")
+_CQA_INPUTS = ("backend", "c", "q", "c_mask", "q_mask", "weight", "bias")
+
+
+def _sim_grads(ctx, grad_s: torch.Tensor) -> dict:
+    c, q, weight, bias = ctx.saved_tensors
+    return dict(zip(_PARAMS, kernel(ctx.backend, _MODULE, "trilinear_similarity_bwd")(grad_s, c, q, weight, bias)))
+
+
+def _cqa_save(ctx, backend: str, inputs: tuple, output: tuple) -> None:
+    """inputs: the forward op's (c, q, c_mask, q_mask, weight, bias); output: its (out, aux_row, aux_col).
+    ``out`` goes back to the backward so A = out[..., d:2d] is not recomputed; aux is backend-defined."""
+    ctx.backend = backend
+    ctx.save_for_backward(*inputs, *output)
+
+
+def _cqa_grads(ctx, grad_out: torch.Tensor) -> dict:
+    grads = kernel(ctx.backend, _MODULE, "context_query_attention_bwd")(grad_out, *ctx.saved_tensors)
+    return dict(zip(_PARAMS, grads))
 
 
 class _TrilinearSimilarityFunction(torch.autograd.Function):
@@ -35,12 +53,7 @@ class _TrilinearSimilarityFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable("trilinear_similarity")
     def backward(ctx, grad_s: torch.Tensor):
-        c, q, weight, bias = ctx.saved_tensors
-        grads = kernel(ctx.backend, _MODULE, "trilinear_similarity_bwd")(grad_s, c, q, weight, bias)
-        return input_grads(ctx, _SIM_INPUTS, **dict(zip(_PARAMS, grads)))
-
-
-_CQA_INPUTS = ("backend", "c", "q", "c_mask", "q_mask", "weight", "bias")
+        return input_grads(ctx, _SIM_INPUTS, **_sim_grads(ctx, grad_s))
 
 
 class _ContextQueryAttentionFunction(torch.autograd.Function):
@@ -48,20 +61,41 @@ class _ContextQueryAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, backend: str, c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor, q_mask: torch.Tensor,
                 weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        out, aux_row, aux_col = kernel(backend, _MODULE, "context_query_attention_fwd")(
-            c, q, c_mask, q_mask, weight, bias)
-        ctx.backend = backend
-        # `out` goes back to the backward so A = out[..., d:2d] is not recomputed; aux is backend-defined.
-        ctx.save_for_backward(c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col)
-        return out
+        inputs = (c, q, c_mask, q_mask, weight, bias)
+        output = kernel(backend, _MODULE, "context_query_attention_fwd")(*inputs)
+        _cqa_save(ctx, backend, inputs, output)
+        return output[0]
 
     @staticmethod
     @once_differentiable("context_query_attention")
     def backward(ctx, grad_out: torch.Tensor):
-        c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col = ctx.saved_tensors
-        grads = kernel(ctx.backend, _MODULE, "context_query_attention_bwd")(
-            grad_out, c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col)
-        return input_grads(ctx, _CQA_INPUTS, **dict(zip(_PARAMS, grads)))
+        return input_grads(ctx, _CQA_INPUTS, **_cqa_grads(ctx, grad_out))
+
+
+def _register_autograd(backend: str) -> None:
+    """The Functions' formulas on ``<ns>::trilinear_similarity_fwd`` / ``context_query_attention_fwd``
+    themselves: graphs that call the ops (torch.export) train with the same gradients."""
+    def sim_setup(ctx, inputs, output):
+        ctx.backend = backend
+        ctx.save_for_backward(*inputs)
+
+    def sim_backward(ctx, grad_s):
+        return input_grads(ctx, _SIM_INPUTS[1:], **_sim_grads(ctx, grad_s))
+
+    def cqa_setup(ctx, inputs, output):
+        ctx.mark_non_differentiable(*output[1:])
+        _cqa_save(ctx, backend, inputs, output)
+
+    def cqa_backward(ctx, grad_out, _grad_row, _grad_col):
+        return input_grads(ctx, _CQA_INPUTS[1:], **_cqa_grads(ctx, grad_out))
+
+    register_op_autograd(qualified(backend, "trilinear_similarity_fwd"), "trilinear_similarity", sim_setup,
+                         sim_backward)
+    register_op_autograd(qualified(backend, "context_query_attention_fwd"), "context_query_attention", cqa_setup,
+                         cqa_backward)
+
+
+register_autograd_hook(_MODULE, _register_autograd)
 
 
 def _check_similarity_args(c: torch.Tensor, q: object, weight: object, bias: object) -> None:
@@ -84,7 +118,7 @@ def trilinear_similarity(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor,
     c, q, weight, bias = entry_prologue("c", c, 3, q, weight, bias)
     _check_similarity_args(c, q, weight, bias)
     backend = resolve_backend(backend, "trilinear_similarity", c.device, c.dtype)
-    if backend == "reference":
+    if backend == "reference" or has_tangent(c, q, weight, bias):
         return reference.trilinear_similarity(c, q, weight, bias)
     return _TrilinearSimilarityFunction.apply(backend, c, q, weight, bias)
 
@@ -104,7 +138,7 @@ def context_query_attention(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tens
     check_tensor("c_mask", c_mask, shape=(c.shape[0], c.shape[1]), dtype=torch.bool, floating=False, like=c)
     check_tensor("q_mask", q_mask, shape=(q.shape[0], q.shape[1]), dtype=torch.bool, floating=False, like=c)
     backend = resolve_backend(backend, "context_query_attention", c.device, c.dtype)
-    if backend == "reference":
+    if backend == "reference" or has_tangent(c, q, weight, bias):
         return reference.context_query_attention(c, q, c_mask, q_mask, weight, bias)
     return _ContextQueryAttentionFunction.apply(backend, c, q, c_mask, q_mask, weight, bias)
 

@@ -19,8 +19,8 @@ from .._checks import check_choice, check_optional, check_positive, check_positi
 from ..reference.dwsep_conv1d import ACTIVATIONS, PADDINGS, conv_padding
 from ..reference.dwsep_conv1d import dwsep_conv1d as dwsep_conv1d_reference
 from ..reference.dwsep_conv1d import ln_dwsep_conv1d as ln_dwsep_conv1d_reference
-from ._function import input_grads, once_differentiable, wants
-from ._registry import kernel
+from ._function import has_tangent, input_grads, once_differentiable, register_op_autograd, wants
+from ._registry import kernel, qualified, register_autograd_hook
 
 _MODULE = "dwsep_conv1d"
 
@@ -30,6 +30,30 @@ __all__ = ["dwsep_conv1d", "ln_dwsep_conv1d"]
 # Forward inputs of the Functions, in order (see fastqa.ops._function).
 _DWSEP_INPUTS = ("backend", "x", "dw_weight", "pw_weight", "pw_bias", "dw_bias", "residual", "residual_is_x",
                  "pad_left", "relu")
+
+
+# The inputs of the custom op ns::dwsep_conv1d_fwd, in order (its autograd formula, _register_autograd).
+_DWSEP_OP_INPUTS = ("x", "dw_weight", "dw_bias", "pw_weight", "pw_bias", "residual", "pad_left", "relu")
+# The gradients the dwsep_conv1d_bwd op returns, in order.
+_DWSEP_GRADS = ("x", "dw_weight", "dw_bias", "pw_weight", "pw_bias")
+
+
+def _dwsep_save(ctx, backend: str, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left: int, relu: bool) -> None:
+    ctx.save_for_backward(x, dw_weight, dw_bias, pw_weight, pw_bias, aux)
+    ctx.backend, ctx.pad_left, ctx.relu = backend, pad_left, relu
+
+
+def _dwsep_grads(ctx, grad_y: torch.Tensor, wanted: bool) -> dict:
+    """The kernel's gradients (by _DWSEP_GRADS name) when ``wanted``, plus the residual's (grad_y)."""
+    grads = {}
+    if wanted:
+        x, dw_weight, dw_bias, pw_weight, pw_bias, aux = ctx.saved_tensors
+        computed = kernel(ctx.backend, _MODULE, "dwsep_conv1d_bwd")(
+            grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, ctx.pad_left, ctx.relu)
+        grads = dict(zip(_DWSEP_GRADS, computed))
+    # The residual enters additively after the activation: its gradient is grad_y itself.
+    grads["residual"] = grad_y
+    return grads
 
 
 class _DwsepConv1dFunction(torch.autograd.Function):
@@ -45,23 +69,17 @@ class _DwsepConv1dFunction(torch.autograd.Function):
                 residual_is_x: bool, pad_left: int, relu: bool) -> torch.Tensor:
         y, aux = kernel(backend, _MODULE, "dwsep_conv1d_fwd")(
             x, dw_weight, dw_bias, pw_weight, pw_bias, x if residual_is_x else residual, pad_left, relu)
-        ctx.save_for_backward(x, dw_weight, dw_bias, pw_weight, pw_bias, aux)
-        ctx.backend, ctx.residual_is_x, ctx.pad_left, ctx.relu = backend, residual_is_x, pad_left, relu
+        _dwsep_save(ctx, backend, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu)
+        ctx.residual_is_x = residual_is_x
         return y
 
     @staticmethod
     @once_differentiable("dwsep_conv1d")
     def backward(ctx, grad_y: torch.Tensor):
-        x, dw_weight, dw_bias, pw_weight, pw_bias, aux = ctx.saved_tensors
-        grads = {}
-        if wants(ctx, _DWSEP_INPUTS, "x", "dw_weight", "pw_weight", "pw_bias", "dw_bias"):
-            computed = kernel(ctx.backend, _MODULE, "dwsep_conv1d_bwd")(
-                grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, ctx.pad_left, ctx.relu)
-            grads = dict(zip(("x", "dw_weight", "dw_bias", "pw_weight", "pw_bias"), computed))
-        # The residual enters additively after the activation: its gradient is grad_y itself.
+        grads = _dwsep_grads(ctx, grad_y, wants(ctx, _DWSEP_INPUTS, *_DWSEP_GRADS))
         if ctx.residual_is_x and "x" in grads:
             grads["x"] = grads["x"] + grad_y
-        return input_grads(ctx, _DWSEP_INPUTS, **grads, residual=grad_y)
+        return input_grads(ctx, _DWSEP_INPUTS, **grads)
 
 
 def _check_conv_args(x: torch.Tensor, dw_weight: torch.Tensor, pw_weight: torch.Tensor,
@@ -106,7 +124,7 @@ def dwsep_conv1d(
     _check_conv_args(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, padding, activation)
 
     resolved = resolve_backend(backend, "dwsep_conv1d", x.device, x.dtype)
-    if resolved == "reference":
+    if resolved == "reference" or has_tangent(x, dw_weight, pw_weight, pw_bias, dw_bias, residual):
         return dwsep_conv1d_reference(x, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias, padding=padding,
                                       activation=activation, residual=residual)
     pad_left, _ = conv_padding(dw_weight.shape[-1], padding)
@@ -122,6 +140,29 @@ _LN_DWSEP_INPUTS = ("backend", "x", "ln_weight", "ln_bias", "dw_weight", "pw_wei
 
 # The gradients the ln_dwsep_conv1d_bwd op returns, in order.
 _LN_DWSEP_GRADS = ("x", "ln_weight", "ln_bias", "dw_weight", "dw_bias", "pw_weight", "pw_bias")
+
+
+# The inputs of the custom op fastqa_triton::ln_dwsep_conv1d_fwd, in order.
+_LN_DWSEP_OP_INPUTS = ("x", "ln_weight", "ln_bias", "eps", "dw_weight", "dw_bias", "pw_weight", "pw_bias",
+                       "residual", "pad_left", "relu")
+
+
+def _ln_dwsep_save(ctx, backend: str, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats,
+                   pad_left: int, relu: bool) -> None:
+    ctx.save_for_backward(x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats)
+    ctx.backend, ctx.pad_left, ctx.relu = backend, pad_left, relu
+
+
+def _ln_dwsep_grads(ctx, grad_y: torch.Tensor, wanted: bool) -> dict:
+    """The kernel's gradients (by _LN_DWSEP_GRADS name) when ``wanted``, plus the residual's (grad_y)."""
+    grads = {}
+    if wanted:
+        # The kernel reads grad_y through its strides and never writes it.
+        computed = kernel(ctx.backend, _MODULE, "ln_dwsep_conv1d_bwd")(
+            grad_y, *ctx.saved_tensors, ctx.pad_left, ctx.relu)
+        grads = dict(zip(_LN_DWSEP_GRADS, computed))
+    grads["residual"] = grad_y
+    return grads
 
 
 class _LnDwsepConv1dFunction(torch.autograd.Function):
@@ -140,25 +181,49 @@ class _LnDwsepConv1dFunction(torch.autograd.Function):
         y, aux, ln_stats = kernel(backend, _MODULE, "ln_dwsep_conv1d_fwd")(
             x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, x if residual_is_x else residual,
             pad_left, relu)
-        ctx.save_for_backward(x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats)
-        ctx.backend, ctx.residual_is_x, ctx.pad_left, ctx.relu = backend, residual_is_x, pad_left, relu
+        _ln_dwsep_save(ctx, backend, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats,
+                       pad_left, relu)
+        ctx.residual_is_x = residual_is_x
         return y
 
     @staticmethod
     @once_differentiable("ln_dwsep_conv1d")
     def backward(ctx, grad_y: torch.Tensor):
-        x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats = ctx.saved_tensors
-        grads = {}
-        if wants(ctx, _LN_DWSEP_INPUTS, *_LN_DWSEP_GRADS):
-            # The kernel reads grad_y through its strides and never writes it.
-            computed = kernel(ctx.backend, _MODULE, "ln_dwsep_conv1d_bwd")(
-                grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats,
-                ctx.pad_left, ctx.relu)
-            grads = dict(zip(_LN_DWSEP_GRADS, computed))
+        grads = _ln_dwsep_grads(ctx, grad_y, wants(ctx, _LN_DWSEP_INPUTS, *_LN_DWSEP_GRADS))
         # The residual enters additively after the activation: its gradient is grad_y itself.
         if ctx.residual_is_x and "x" in grads:
             grads["x"] = grads["x"] + grad_y
-        return input_grads(ctx, _LN_DWSEP_INPUTS, **grads, residual=grad_y)
+        return input_grads(ctx, _LN_DWSEP_INPUTS, **grads)
+
+
+def _register_autograd(backend: str) -> None:
+    """The Functions' formulas on ``<ns>::dwsep_conv1d_fwd`` (and the Triton-only
+    ``fastqa_triton::ln_dwsep_conv1d_fwd``) themselves: graphs that call the ops (torch.export) train too."""
+    def dwsep_setup(ctx, inputs, output):
+        x, dw_weight, dw_bias, pw_weight, pw_bias, _, pad_left, relu = inputs
+        ctx.mark_non_differentiable(output[1])
+        _dwsep_save(ctx, backend, x, dw_weight, dw_bias, pw_weight, pw_bias, output[1], pad_left, relu)
+
+    def dwsep_backward(ctx, grad_y, _grad_aux):
+        grads = _dwsep_grads(ctx, grad_y, wants(ctx, _DWSEP_OP_INPUTS, *_DWSEP_GRADS))
+        return input_grads(ctx, _DWSEP_OP_INPUTS, **grads)
+
+    register_op_autograd(qualified(backend, "dwsep_conv1d_fwd"), "dwsep_conv1d", dwsep_setup, dwsep_backward)
+    if backend == "cpu":
+        return
+
+    def ln_setup(ctx, inputs, output):
+        x, ln_weight, ln_bias, _, dw_weight, dw_bias, pw_weight, pw_bias, _, pad_left, relu = inputs
+        _, aux, ln_stats = output
+        ctx.mark_non_differentiable(aux, ln_stats)
+        _ln_dwsep_save(ctx, backend, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats,
+                       pad_left, relu)
+
+    def ln_backward(ctx, grad_y, _grad_aux, _grad_stats):
+        grads = _ln_dwsep_grads(ctx, grad_y, wants(ctx, _LN_DWSEP_OP_INPUTS, *_LN_DWSEP_GRADS))
+        return input_grads(ctx, _LN_DWSEP_OP_INPUTS, **grads)
+
+    register_op_autograd(qualified(backend, "ln_dwsep_conv1d_fwd"), "ln_dwsep_conv1d", ln_setup, ln_backward)
 
 
 def ln_dwsep_conv1d(
@@ -196,7 +261,7 @@ def ln_dwsep_conv1d(
     eps = check_positive_float("eps", eps)
 
     resolved = resolve_backend(backend, "ln_dwsep_conv1d", x.device, x.dtype)
-    if resolved == "reference":
+    if resolved == "reference" or has_tangent(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual):
         return ln_dwsep_conv1d_reference(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias,
                                          eps=eps, padding=padding, activation=activation, residual=residual)
     pad_left, _ = conv_padding(dw_weight.shape[-1], padding)
@@ -210,6 +275,8 @@ def ln_dwsep_conv1d(
     return _LnDwsepConv1dFunction.apply(resolved, x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias,
                                         None if residual_is_x else residual, residual_is_x, eps, pad_left, relu)
 
+
+register_autograd_hook(_MODULE, _register_autograd)
 
 if cpu_available():
     # Shapes only, for torch.compile / opcheck; must match the C++ kernels' outputs (all contiguous).

@@ -18,8 +18,8 @@ from .. import reference
 from .._backend import cpu_available, resolve_backend
 from .._checks import check_flag, check_optional, check_real, check_tensor, entry_prologue
 from ..reference.glu_conv1d import SQRT_HALF
-from ._function import input_grads, once_differentiable
-from ._registry import kernel
+from ._function import has_tangent, input_grads, once_differentiable, register_op_autograd
+from ._registry import kernel, qualified, register_autograd_hook
 
 _MODULE = "glu_conv1d"
 
@@ -27,6 +27,23 @@ __all__ = ["glu_conv1d", "glu_conv1d_step"]
 
 
 _GLU_INPUTS = ("backend", "x", "weight", "bias", "mask", "pad_left", "residual", "scale")
+# The inputs of the custom op ns::glu_conv1d_fwd, in order (its autograd formula, _register_autograd).
+_GLU_OP_INPUTS = _GLU_INPUTS[1:]
+
+
+def _glu_save(ctx, backend: str, inputs: tuple, aux: torch.Tensor) -> None:
+    """What the backward needs, from the forward op's inputs (_GLU_OP_INPUTS order) and its aux."""
+    x, weight, bias, mask, pad_left, residual, scale = inputs
+    ctx.save_for_backward(x, weight, mask, aux)
+    ctx.backend, ctx.pad_left, ctx.residual, ctx.scale = backend, pad_left, residual, scale
+    ctx.has_bias = bias is not None
+
+
+def _glu_grads(ctx, grad_y: torch.Tensor) -> dict:
+    x, weight, mask, aux = ctx.saved_tensors
+    grads = kernel(ctx.backend, _MODULE, "glu_conv1d_bwd")(
+        grad_y, x, weight, mask, aux, ctx.pad_left, ctx.residual, ctx.scale, ctx.has_bias)
+    return dict(zip(("x", "weight", "bias"), grads))
 
 
 class _GLUConv1dFunction(torch.autograd.Function):
@@ -35,19 +52,27 @@ class _GLUConv1dFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 mask: torch.Tensor | None, pad_left: int, residual: bool, scale: float) -> torch.Tensor:
-        y, aux = kernel(backend, _MODULE, "glu_conv1d_fwd")(x, weight, bias, mask, pad_left, residual, scale)
-        ctx.save_for_backward(x, weight, mask, aux)
-        ctx.backend, ctx.pad_left, ctx.residual, ctx.scale = backend, pad_left, residual, scale
-        ctx.has_bias = bias is not None
+        inputs = (x, weight, bias, mask, pad_left, residual, scale)
+        y, aux = kernel(backend, _MODULE, "glu_conv1d_fwd")(*inputs)
+        _glu_save(ctx, backend, inputs, aux)
         return y
 
     @staticmethod
     @once_differentiable("glu_conv1d")
     def backward(ctx, grad_y: torch.Tensor):
-        x, weight, mask, aux = ctx.saved_tensors
-        grads = kernel(ctx.backend, _MODULE, "glu_conv1d_bwd")(
-            grad_y, x, weight, mask, aux, ctx.pad_left, ctx.residual, ctx.scale, ctx.has_bias)
-        return input_grads(ctx, _GLU_INPUTS, **dict(zip(("x", "weight", "bias"), grads)))
+        return input_grads(ctx, _GLU_INPUTS, **_glu_grads(ctx, grad_y))
+
+
+def _register_autograd(backend: str) -> None:
+    """The Function's formula on ``<ns>::glu_conv1d_fwd`` itself (graphs that call the op: torch.export)."""
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        _glu_save(ctx, backend, inputs, output[1])
+
+    def backward(ctx, grad_y, _grad_aux):
+        return input_grads(ctx, _GLU_OP_INPUTS, **_glu_grads(ctx, grad_y))
+
+    register_op_autograd(qualified(backend, "glu_conv1d_fwd"), "glu_conv1d", setup_context, backward)
 
 
 def _check_weight(weight: object, like: torch.Tensor, channels: int) -> int:
@@ -84,7 +109,7 @@ def glu_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         raise ValueError(f"kernel size (weight.shape[2]) must be odd for centred (causal=False) padding, got {k}")
 
     backend = resolve_backend(backend, "glu_conv1d", x.device, x.dtype)
-    if backend == "reference":
+    if backend == "reference" or has_tangent(x, weight, bias):
         return reference.glu_conv1d(x, weight, bias, causal=causal, residual=residual, scale=scale, mask=mask)
     pad_left = k - 1 if causal else (k - 1) // 2
     return _GLUConv1dFunction.apply(backend, x, weight, bias, mask, pad_left, residual, scale)
@@ -101,8 +126,9 @@ def glu_conv1d_step(x_t: torch.Tensor, state: torch.Tensor, weight: torch.Tensor
     ``glu_conv1d(..., causal=True)`` position by position.
 
     The fused step kernel is forward-only: it runs when no input needs a gradient (decoding under
-    ``torch.no_grad()`` or with frozen tensors); when autograd is recording for any input, the
-    reference (differentiable) implementation runs instead.
+    ``torch.no_grad()`` or with frozen tensors); when autograd is recording for any input, or an input
+    carries a forward-mode tangent (torch.func.jvp, forward_ad), the reference (differentiable)
+    implementation runs instead.
     """
     x_t, state, weight, bias = entry_prologue("x_t", x_t, 2, state, weight, bias)
     batch, channels = x_t.shape
@@ -114,10 +140,13 @@ def glu_conv1d_step(x_t: torch.Tensor, state: torch.Tensor, weight: torch.Tensor
 
     backend = resolve_backend(backend, "glu_conv1d_step", x_t.device, x_t.dtype)
     tensors = (x_t, state, weight) if bias is None else (x_t, state, weight, bias)
-    if backend == "reference" or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+    if (backend == "reference" or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+            or has_tangent(*tensors)):
         return reference.glu_conv1d_step(x_t, state, weight, bias, residual=residual, scale=scale)
     return kernel(backend, _MODULE, "glu_conv1d_step")(x_t, state, weight, bias, residual, scale)
 
+
+register_autograd_hook(_MODULE, _register_autograd)
 
 if cpu_available():
     @torch.library.register_fake("fastqa::glu_conv1d_fwd")

@@ -37,24 +37,25 @@ from .registry import Case, Prepared, _fastqa_backends, register
 SRC_VOCAB, TGT_VOCAB = 7853, 5893
 
 
-def _config(preset: str) -> ConvS2SConfig:
-    return ConvS2SConfig.from_preset(preset, src_vocab_size=SRC_VOCAB, tgt_vocab_size=TGT_VOCAB)
+def _config(preset: str, overrides: dict[str, Any]) -> ConvS2SConfig:
+    return ConvS2SConfig.from_preset(preset, **{"src_vocab_size": SRC_VOCAB, "tgt_vocab_size": TGT_VOCAB, **overrides})
 
 
-def _models(preset: str, device: torch.device, dtype: torch.dtype, *, train: bool) -> dict[str, ConvS2S]:
+def _models(preset: str, overrides: dict[str, Any], device: torch.device, dtype: torch.dtype, *,
+            train: bool) -> dict[str, ConvS2S]:
     """{"reference": ..., "fast": ...} with the same (seeded) weights."""
     torch.manual_seed(0)
-    fast = ConvS2S(_config(preset), layers="fast")
-    ref = ConvS2S(_config(preset), layers="reference")
+    fast = ConvS2S(_config(preset, overrides), layers="fast")
+    ref = ConvS2S(_config(preset, overrides), layers="reference")
     ref.load_state_dict(fast.state_dict())
     return {k: m.to(device, dtype).train(train) for k, m in (("reference", ref), ("fast", fast))}
 
 
-def _sources(n: int, lo: int, hi: int, device: torch.device, seed: int = 0) -> torch.Tensor:
+def _sources(n: int, lo: int, hi: int, device: torch.device, vocab: int = SRC_VOCAB, seed: int = 0) -> torch.Tensor:
     """[n, hi] random source ids, lengths uniform in [lo, hi], right-padded with 0."""
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(lo, hi + 1, (n,), generator=gen)
-    src = torch.randint(4, SRC_VOCAB, (n, hi), generator=gen)
+    src = torch.randint(4, vocab, (n, hi), generator=gen)
     src[torch.arange(hi).unsqueeze(0) >= lengths.unsqueeze(1)] = 0
     return src.to(device)
 
@@ -75,13 +76,15 @@ def _pad_rows(rows: list[list[int]]) -> torch.Tensor:
 
 @dataclass
 class TranslateCase(Case):
-    """Translate ``sentences`` random sources with the ``preset`` model: greedy (beam 1) or beam search."""
+    """Translate ``sentences`` random sources with the ``preset`` model (ConvS2SConfig ``overrides`` on
+    top, e.g. for tests): greedy (beam 1) or beam search."""
     preset: str
     sentences: int
     beam: int
     quick: bool = False
     min_len: int = 12
     max_len: int = 30
+    overrides: dict[str, Any] = field(default_factory=dict)
     op: str = "convs2s_translate"
     name: str = ""
     shape: dict[str, Any] = field(default_factory=dict)
@@ -104,8 +107,8 @@ class TranslateCase(Case):
 
     def prepare(self, mode: str, device: torch.device, dtype: torch.dtype, *, compile: bool,
                 naive_limit_bytes: float) -> Prepared:
-        models = _models(self.preset, device, dtype, train=False)
-        src = _sources(self.sentences, self.min_len, self.max_len, device)
+        models = _models(self.preset, self.overrides, device, dtype, train=False)
+        src = _sources(self.sentences, self.min_len, self.max_len, device, models["fast"].config.src_vocab_size)
         backends, why = _fastqa_backends(device)
         runners = {"naive": self.decoder(models["reference"], src, incremental=False),
                    "eager": self.decoder(models["reference"], src, incremental=True)}
@@ -130,12 +133,14 @@ class TranslateCase(Case):
 
 @dataclass
 class TrainStepCase(Case):
-    """One training step of the ``preset`` model on a [batch, src_len] -> [batch, tgt_len] batch."""
+    """One training step of the ``preset`` model (with ConvS2SConfig ``overrides``) on a
+    [batch, src_len] -> [batch, tgt_len] batch."""
     preset: str
     batch: int
     src_len: int
     tgt_len: int
     quick: bool = False
+    overrides: dict[str, Any] = field(default_factory=dict)
     op: str = "convs2s_train_step"
     name: str = ""
     shape: dict[str, Any] = field(default_factory=dict)
@@ -147,10 +152,11 @@ class TrainStepCase(Case):
 
     def prepare(self, mode: str, device: torch.device, dtype: torch.dtype, *, compile: bool,
                 naive_limit_bytes: float) -> Prepared:
-        models = _models(self.preset, device, dtype, train=True)
+        models = _models(self.preset, self.overrides, device, dtype, train=True)
+        cfg = models["fast"].config
         gen = torch.Generator().manual_seed(1)
-        src = torch.randint(4, SRC_VOCAB, (self.batch, self.src_len), generator=gen).to(device)
-        tgt = torch.randint(4, TGT_VOCAB, (self.batch, self.tgt_len + 1), generator=gen)
+        src = torch.randint(4, cfg.src_vocab_size, (self.batch, self.src_len), generator=gen).to(device)
+        tgt = torch.randint(4, cfg.tgt_vocab_size, (self.batch, self.tgt_len + 1), generator=gen)
         tgt[:, 0] = 2
         tgt = tgt.to(device)
 
@@ -177,7 +183,6 @@ class TrainStepCase(Case):
         if why is not None:
             unavailable["fastqa"] = why
         expected = runners["eager"]()
-        cfg = models["fast"].config
         enc, dec = _macs_per_token(cfg, self.src_len)
         flops = 3 * 2.0 * self.batch * (enc * self.src_len + dec * self.tgt_len)
         param_bytes = sum(p.numel() for p in models["fast"].parameters()) * dtype.itemsize

@@ -241,15 +241,17 @@ def test_dropout_only_in_training():
     assert torch.equal(model(src, tgt)[0], model(src, tgt)[0])
 
 
+@pytest.mark.parametrize("fold_attention", [False, True])
 @pytest.mark.parametrize("layers", ["fast", "reference"])
-def test_step_by_step_equals_teacher_forcing(layers):
+def test_step_by_step_equals_teacher_forcing(layers, fold_attention):
     torch.manual_seed(19)
     model = ConvS2S(tiny_config(), layers=layers).eval()
     src, tgt = batch(torch.Generator().manual_seed(20))
     with torch.no_grad():
         logits, attn = model(src, tgt)
         enc = model.encode(src)
-        state = model.initial_state(enc)
+        state = model.initial_state(enc, fold_attention=fold_attention)
+        assert len(state.memory) == (model.config.decoder_layers if fold_attention else 0)
         for t in range(tgt.shape[1]):
             step_logits, step_attn, new_state = model.decode_step(tgt[:, t], state)
             assert new_state is not state and new_state.step == state.step + 1 == t + 1

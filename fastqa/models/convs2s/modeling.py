@@ -243,19 +243,23 @@ class ConvS2SDecoder(nn.Module):
         n = tokens.shape[0]
         e = self.embed_tokens(tokens) + self.embed_positions.weight[pos]   # [N, E]: only the newest token
         x = self.fc1(e)                                                      # [N, H]
-        # The target-embedding part of the scores, shared by every layer: sqrt(1/2) e . z  [B, r, S].
-        ez = torch.bmm(e.view(b, n // b, emb), enc.keys.transpose(1, 2)).mul_(SQRT_HALF)
+        if state.memory:  # the target-embedding part of the scores, shared by every layer: sqrt(1/2) e . z
+            ez = torch.bmm(e.view(b, n // b, emb), enc.keys.transpose(1, 2)).mul_(SQRT_HALF)   # [B, r, S]
         attn = None
         new_states = []
-        for conv, attention, conv_state, (keys, bias, values) in zip(
-                self.convs, self.attentions, state.conv_states, state.memory):
+        for i, (conv, attention, conv_state) in enumerate(zip(self.convs, self.attentions, state.conv_states)):
             g, conv_state = conv.step(x, conv_state)                        # [N, H], rolling [N, K-1, H]
             new_states.append(conv_state)
-            g3 = g.view(b, n // b, -1)
-            w = torch.softmax(torch.baddbmm(ez + bias, g3, keys), dim=-1)   # [B, r, S]
-            a = torch.baddbmm(attention.out_proj.bias, w, values).add_(g3).mul_(SQRT_HALF)
+            if state.memory:
+                keys, bias, values = state.memory[i]
+                g3 = g.view(b, n // b, -1)
+                w = torch.softmax(torch.baddbmm(ez + bias, g3, keys), dim=-1)   # [B, r, S]
+                a = torch.baddbmm(attention.out_proj.bias, w, values).add_(g3).mul_(SQRT_HALF).view(n, -1)
+            else:
+                a, w = attention(g.unsqueeze(1), e.unsqueeze(1), enc)
+                a = a.squeeze(1)
             attn = w if attn is None else attn + w
-            x = torch.add(a.view(n, -1), x).mul_(SQRT_HALF)
+            x = torch.add(a, x).mul_(SQRT_HALF)
         new_state = dataclasses.replace(state, conv_states=new_states, step=pos + 1)
         return self._output(x), attn.view(n, s) / len(self.convs), new_state
 
@@ -300,16 +304,23 @@ class ConvS2S(nn.Module):
             raise ValueError(f"src and tgt_in must have the same batch size, got {src.shape[0]} and {tgt_in.shape[0]}")
         return self.decode(tgt_in, self.encode(src))
 
-    def initial_state(self, enc: EncoderOut, rows_per_sentence: int = 1, *, incremental: bool = True) -> DecoderState:
+    def initial_state(self, enc: EncoderOut, rows_per_sentence: int = 1, *, incremental: bool = True,
+                      fold_attention: bool | None = None) -> DecoderState:
         """Decoder state before the first token (sos at position 0): zero conv states
-        [B * rows_per_sentence, K-1, H] per layer and the attention memory (neither for full-recompute
-        decoding)."""
+        [B * rows_per_sentence, K-1, H] per layer (none for full-recompute decoding).
+
+        fold_attention: precompute the attention memory (``ConvS2SDecoder.attention_memory``). It costs
+        two [E x H] products per source position and saves two per row and step, so it pays when a
+        sentence's rows times its steps exceed its source length: by default with beams (rows > 1), not
+        for greedy decoding.
+        """
         if not incremental:
             return DecoderState(encoder=enc, conv_states=[], step=0, rows_per_sentence=rows_per_sentence)
         n = enc.keys.shape[0] * rows_per_sentence
         states = [conv.initial_state(n, device=enc.keys.device, dtype=enc.keys.dtype) for conv in self.decoder.convs]
+        fold = rows_per_sentence > 1 if fold_attention is None else fold_attention
         return DecoderState(encoder=enc, conv_states=states, step=0, rows_per_sentence=rows_per_sentence,
-                            memory=self.decoder.attention_memory(enc))
+                            memory=self.decoder.attention_memory(enc) if fold else [])
 
     def decode_step(self, tokens: torch.Tensor, state: DecoderState
                     ) -> tuple[torch.Tensor, torch.Tensor, DecoderState]:

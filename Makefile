@@ -8,7 +8,7 @@ BENCH_ARGS ?=
 PYTEST_ARGS ?=
 EXT_SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') CMakeLists.txt setup.py pyproject.toml
 
-.PHONY: test bench install clean
+.PHONY: test bench bench-models install clean
 
 $(PY):
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -34,6 +34,10 @@ test: install
 
 bench: install
 	$(PY) -m benchmarks $(BENCH_ARGS)
+
+# The model cases (QANet train step / inference, ConvS2S translation and train step): tens of minutes.
+bench-models: install
+	$(PY) -m benchmarks --models --ops qanet convs2s_translate convs2s_train_step $(BENCH_ARGS)
 
 clean:
 	rm -rf build $(VENV) fastqa/_C*.so *.egg-info

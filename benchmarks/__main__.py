@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="the quick cases only, 10 timed runs each, torch.compile on one (case, mode) per op")
+    p.add_argument("--models", action="store_true",
+                   help="also the model cases (QANet, ConvS2S: minutes each); naming them in --ops/--cases also works")
     p.add_argument("--ops", nargs="+", help="only these ops (names or comma lists)")
     p.add_argument("--cases", nargs="+", help="only cases whose id (op/name) contains one of these")
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="where results.json and speedup.png go")
@@ -61,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        cases = registry.select(_split(args.ops), _split(args.cases), quick=args.quick)
+        cases = registry.select(_split(args.ops), _split(args.cases), quick=args.quick, models=args.models)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

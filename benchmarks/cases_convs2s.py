@@ -78,6 +78,7 @@ def _pad_rows(rows: list[list[int]]) -> torch.Tensor:
 class TranslateCase(Case):
     """Translate ``sentences`` random sources with the ``preset`` model (ConvS2SConfig ``overrides`` on
     top, e.g. for tests): greedy (beam 1) or beam search."""
+    model_case = True
     preset: str
     sentences: int
     beam: int
@@ -135,6 +136,7 @@ class TranslateCase(Case):
 class TrainStepCase(Case):
     """One training step of the ``preset`` model (with ConvS2SConfig ``overrides``) on a
     [batch, src_len] -> [batch, tgt_len] batch."""
+    model_case = True
     preset: str
     batch: int
     src_len: int

@@ -139,6 +139,7 @@ def build_models(cfg: QANetConfig, impls: list[str], device: torch.device, dtype
 @dataclass
 class QANetCase(Case):
     """QANet ``paper`` at batch B, context n, question m (see the module docstring)."""
+    model_case = True
     B: int
     n: int = 400
     m: int = 50

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
@@ -42,7 +42,9 @@ class Prepared:
 
 
 class Case(ABC):
-    """A registered workload. ``quick`` cases make up ``--quick`` runs."""
+    """A registered workload. ``quick`` cases make up ``--quick`` runs; model cases (a whole train step or
+    translation: minutes per case) run only when asked for (``--models``, or named by ``--ops``/``--cases``)."""
+    model_case: ClassVar[bool] = False
     op: str
     name: str
     shape: dict[str, Any]
@@ -220,8 +222,9 @@ def register(case: Case) -> Case:
 
 
 def select(ops: Sequence[str] | None = None, cases: Sequence[str] | None = None,
-           quick: bool = False) -> list[Case]:
-    """Registered cases filtered by op name (exact), case (substring of the id) and the quick flag."""
+           quick: bool = False, models: bool = False) -> list[Case]:
+    """Registered cases filtered by op name (exact), case (substring of the id) and the quick flag; model
+    cases only with ``models`` or when ``ops``/``cases`` name them."""
     known = {c.op for c in CASES}
     for op in ops or ():
         if op not in known:
@@ -229,4 +232,5 @@ def select(ops: Sequence[str] | None = None, cases: Sequence[str] | None = None,
     return [c for c in CASES
             if (not ops or c.op in ops)
             and (not cases or any(s in c.id for s in cases))
-            and (c.quick or not quick)]
+            and (c.quick or not quick)
+            and (not c.model_case or models or bool(ops) or bool(cases))]

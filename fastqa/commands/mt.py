@@ -14,8 +14,6 @@ from typing import Iterator, TextIO
 
 __all__ = ["register"]
 
-_UNTIL_BUDGET_EPOCHS = 10_000
-
 
 def _positive_int(text: str) -> int:
     try:
@@ -156,9 +154,6 @@ def _run_train(args: argparse.Namespace) -> int:
                      max_len=args.max_len, batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
                      label_smoothing=args.label_smoothing, valid_bleu=args.valid_bleu, seed=args.seed)
     epochs = args.epochs
-    if args.max_minutes is not None and epochs is None and args.max_steps is None:
-        # The loop trains one epoch when given no epoch/step limit; a budget alone means "until it is spent".
-        epochs = _UNTIL_BUDGET_EPOCHS
     settings = TrainSettings(out_dir=args.out, max_steps=args.max_steps, epochs=epochs,
                              clip_norm=args.clip_norm, eval_every=args.eval_every, log_every=args.log_every,
                              seed=args.seed, resume=args.resume, progress=not args.no_progress,

@@ -213,19 +213,3 @@ def test_use_errors(model_dir, corpus, tmp_path, capsys):
     _fails(["translate", "--model", str(model_dir), "--input", corpus["test.de"], "--plot-attention",
             str(tmp_path / "x.notaformat")], capsys, "x.notaformat")
     assert not (tmp_path / "x.notaformat").exists()
-
-
-def test_budget_alone_trains_until_spent(corpus, tmp_path, monkeypatch):
-    # The shared loop stops after one epoch when given no epoch/step limit; mt-train --max-minutes alone
-    # must keep going until the budget is spent.
-    seen = {}
-
-    def fake_train(opts, settings):
-        seen["settings"] = settings
-        return {}
-
-    monkeypatch.setattr("fastqa.pipelines.translation.train_translation", fake_train)
-    assert main(_train_args(corpus, tmp_path / "b", "--max-minutes", "5")) == 0
-    assert seen["settings"].max_minutes == 5 and seen["settings"].epochs >= 1000
-    assert main(_train_args(corpus, tmp_path / "b", "--max-minutes", "5", "--epochs", "2")) == 0
-    assert seen["settings"].epochs == 2

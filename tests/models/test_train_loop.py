@@ -84,6 +84,9 @@ def test_checkpoint_errors_and_atomic_writes(tmp_path):
     with pytest.raises(UserError, match="not a fastqa checkpoint"):
         load_checkpoint(tmp_path / "other.pt")
     atomic_write_text(tmp_path / "a.txt", "first")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
 
     class Boom(Exception):
         pass

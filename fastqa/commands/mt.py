@@ -12,35 +12,21 @@ import os
 import sys
 from typing import Iterator, TextIO
 
+from ._args import field_value, positive_int
+
 __all__ = ["register"]
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
 
 
 def _config_item(text: str) -> tuple[str, object]:
     """"FIELD=VALUE" -> (field, value); the value is read as JSON (numbers, true/false), else kept a str."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
-    if key.strip() in ("src_vocab_size", "tgt_vocab_size", "layers"):
-        raise argparse.ArgumentTypeError(f"{key.strip()} is set from the data / --layers, not --config")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return key.strip(), value
+    key, value = field_value(text)
+    if key in ("src_vocab_size", "tgt_vocab_size", "layers"):
+        raise argparse.ArgumentTypeError(f"{key} is set from the data / --layers, not --config")
+    return key, value
 
 
 def _threads_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=_positive_int,
+    p.add_argument("--threads", type=positive_int,
                    help="CPU threads for torch (default: torch's; on a busy machine 1 can be much faster)")
 
 
@@ -62,14 +48,14 @@ def _threads(n: int | None) -> Iterator[None]:
 
 def _decoding_args(p: argparse.ArgumentParser, default_beam: int) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="run folder of mt-train (its checkpoint.pt)")
-    p.add_argument("--beam", type=_positive_int, default=default_beam,
+    p.add_argument("--beam", type=positive_int, default=default_beam,
                    help=f"beam size; 1 decodes greedily (default {default_beam})")
     p.add_argument("--no-incremental", action="store_true",
                    help="re-run the decoder over the whole prefix at every step (slow; for comparison)")
     p.add_argument("--len-penalty", type=float, default=1.0, help="beam score = log-prob / length**this")
     p.add_argument("--max-len-a", type=float, default=1.2, help="max output length = a * source length + b")
     p.add_argument("--max-len-b", type=int, default=10)
-    p.add_argument("--batch-size", type=_positive_int, default=64, help="sentences decoded together")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="sentences decoded together")
     p.add_argument("--layers", choices=("fast", "reference"), default="fast",
                    help="fastqa's fused layers or the pure-PyTorch reference layers (same weights)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -88,25 +74,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--src-lang", help="spaCy language of the source (default: from the file name, train.de.gz -> de)")
     p.add_argument("--tgt-lang", help="spaCy language of the target (default: from the file name)")
     p.add_argument("--no-lowercase", action="store_true", help="keep case (default: lowercase, as the tutorial)")
-    p.add_argument("--min-freq", type=_positive_int, default=2, help="vocabulary: tokens seen at least this often")
+    p.add_argument("--min-freq", type=positive_int, default=2, help="vocabulary: tokens seen at least this often")
     p.add_argument("--preset", choices=("small", "tutorial"), default="small")
     p.add_argument("--config", action="append", default=[], metavar="FIELD=VALUE", type=_config_item,
                    help="override a ConvS2SConfig field of the preset (repeatable), e.g. --config dropout=0.1 "
                    "--config encoder_layers=4")
     p.add_argument("--layers", choices=("fast", "reference"), default="fast")
-    p.add_argument("--max-len", type=_positive_int, help="drop training pairs longer than this (tokens + <eos>)")
-    p.add_argument("--batch-size", type=_positive_int, default=64, help="sentence pairs per step (all ranks)")
+    p.add_argument("--max-len", type=positive_int, help="drop training pairs longer than this (tokens + <eos>)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="sentence pairs per step (all ranks)")
     p.add_argument("--optimizer", choices=("adam", "nag"), default="adam",
                    help="adam (the tutorial) or nag: SGD with Nesterov momentum 0.99 (fairseq fconv)")
     p.add_argument("--lr", type=float, help="learning rate (default: adam 1e-3, nag 0.25)")
     p.add_argument("--clip-norm", type=float, default=0.1, help="max gradient norm (default 0.1, as the tutorial)")
     p.add_argument("--label-smoothing", type=float, default=0.0)
-    p.add_argument("--epochs", type=_positive_int)
-    p.add_argument("--max-steps", type=_positive_int)
+    p.add_argument("--epochs", type=positive_int)
+    p.add_argument("--max-steps", type=positive_int)
     p.add_argument("--max-minutes", type=float, help="wall-clock budget: then evaluate, checkpoint and stop "
                    "(alone: train until it is spent; with --epochs/--max-steps: whichever comes first)")
     p.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (default: each epoch)")
-    p.add_argument("--log-every", type=_positive_int, default=50)
+    p.add_argument("--log-every", type=positive_int, default=50)
     p.add_argument("--valid-bleu", type=int, default=0, metavar="N",
                    help="also greedy tokenized BLEU on the first N validation pairs at each evaluation")
     p.add_argument("--seed", type=int, default=0)

@@ -8,43 +8,13 @@
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
+from ._args import field_value, positive_float, positive_int
+
 __all__ = ["register"]
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _override(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError:
-        parsed = value  # a bare string, e.g. layers=reference
-    return key.strip(), parsed
 
 
 def register(subparsers) -> None:
@@ -58,28 +28,28 @@ def register(subparsers) -> None:
     p.add_argument("--preset", default="small", choices=("small", "paper"), help="model size (default small)")
     p.add_argument("--layers", choices=("fast", "reference", "naive"), default=None,
                    help="layer backend (default fast: fastqa's fused kernels)")
-    p.add_argument("--set", dest="overrides", action="append", type=_override, default=[], metavar="FIELD=VALUE",
+    p.add_argument("--set", dest="overrides", action="append", type=field_value, default=[], metavar="FIELD=VALUE",
                    help="change a QANetConfig field of the preset, e.g. --set d_model=96 --set dropout=0.2")
     p.add_argument("--train-articles", metavar="A:B", help="use only these articles of --train, e.g. 0:40")
     p.add_argument("--dev-articles", metavar="A:B", help="use only these articles of --dev, e.g. 40:48")
     p.add_argument("--no-answer", choices=("auto", "yes", "no"), default="auto",
                    help="SQuAD v2.0 no-answer option (auto: when the training file is v2.0)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
-    p.add_argument("--max-steps", type=_positive_int, metavar="N", help="stop after N optimizer steps in all")
-    p.add_argument("--epochs", type=_positive_int, metavar="N", help="stop after N passes over the training data")
-    p.add_argument("--max-minutes", type=_positive_float, metavar="M", help="wall-clock budget, then evaluate and save")
-    p.add_argument("--batch-size", type=_positive_int, default=32, help="global batch size (default 32)")
-    p.add_argument("--eval-batch-size", type=_positive_int, default=32)
+    p.add_argument("--max-steps", type=positive_int, metavar="N", help="stop after N optimizer steps in all")
+    p.add_argument("--epochs", type=positive_int, metavar="N", help="stop after N passes over the training data")
+    p.add_argument("--max-minutes", type=positive_float, metavar="M", help="wall-clock budget, then evaluate and save")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="global batch size (default 32)")
+    p.add_argument("--eval-batch-size", type=positive_int, default=32)
     p.add_argument("--eval-every", type=int, default=1000, metavar="N", help="steps between evaluations (0: at the end)")
     p.add_argument("--eval-each-epoch", action="store_true", help="also evaluate at the end of every epoch")
-    p.add_argument("--log-every", type=_positive_int, default=50, metavar="N")
-    p.add_argument("--lr", type=_positive_float, default=1e-3, help="peak learning rate (default 1e-3)")
-    p.add_argument("--warmup", type=_positive_int, default=1000, metavar="N", help="log warm-up steps (default 1000)")
+    p.add_argument("--log-every", type=positive_int, default=50, metavar="N")
+    p.add_argument("--lr", type=positive_float, default=1e-3, help="peak learning rate (default 1e-3)")
+    p.add_argument("--warmup", type=positive_int, default=1000, metavar="N", help="log warm-up steps (default 1000)")
     p.add_argument("--ema", type=float, default=0.9999, help="EMA decay of the weights for evaluation (0: off)")
     p.add_argument("--clip", type=float, default=5.0, help="max gradient norm (0: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    p.add_argument("--threads", type=_positive_int, help="CPU threads for torch (torch.set_num_threads)")
+    p.add_argument("--threads", type=positive_int, help="CPU threads for torch (torch.set_num_threads)")
     p.add_argument("--cache-dir", metavar="DIR", help="preprocessed-data cache (default $FASTQA_CACHE_DIR or ~/.cache/fastqa)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the preprocessed-data cache")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -93,9 +63,9 @@ def register(subparsers) -> None:
     p.add_argument("--na-prob-out", metavar="F", help="also write {question id: no-answer probability} (v2.0 models)")
     p.add_argument("--articles", metavar="A:B", help="only these articles of --data, e.g. 40:48")
     p.add_argument("--layers", choices=("fast", "reference", "naive"), default=None)
-    p.add_argument("--batch-size", type=_positive_int, default=32)
+    p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--device")
-    p.add_argument("--threads", type=_positive_int)
+    p.add_argument("--threads", type=positive_int)
     p.add_argument("--cache-dir", metavar="DIR")
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--no-progress", action="store_true")
@@ -123,7 +93,7 @@ def register(subparsers) -> None:
     p.add_argument("--question", required=True, metavar="TEXT")
     p.add_argument("--plot", metavar="OUT.png", help="draw the start/end probabilities over the context tokens")
     p.add_argument("--layers", choices=("fast", "reference", "naive"), default=None)
-    p.add_argument("--max-answer-len", type=_positive_int, metavar="N", help="longest answer, in tokens - 1 (default 30)")
+    p.add_argument("--max-answer-len", type=positive_int, metavar="N", help="longest answer, in tokens - 1 (default 30)")
     p.add_argument("--device")
     p.set_defaults(func=run_ask)
 

@@ -8,12 +8,6 @@ from benchmarks.cases_convs2s import CONVS2S_CASES, TrainStepCase, TranslateCase
 from benchmarks.registry import CASES, max_abs_err
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 TINY = dict(src_vocab_size=40, tgt_vocab_size=30, embed_dim=16, hidden_dim=24, encoder_layers=2, decoder_layers=2)

@@ -12,13 +12,6 @@ PAD, UNK, SOS, EOS = 0, 1, 2, 3
 VOCAB = 14
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread, so no op waits for a second core that the shared machine keeps busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def reverse_batch(gen: torch.Generator, b: int, lo: int = 3, hi: int = 9):

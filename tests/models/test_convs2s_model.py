@@ -10,13 +10,6 @@ from fastqa.models.convs2s import ConvS2S, ConvS2SConfig
 PAD, UNK, SOS, EOS = 0, 1, 2, 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread, so no op waits for a second core that the shared machine keeps busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_config(**overrides) -> ConvS2SConfig:

@@ -73,7 +73,7 @@ def test_mt_train_writes_a_run_folder(model_dir):
 
 
 def test_copy_task_learned(model_dir, corpus):
-    torch.set_num_threads(1)  # restored by the autouse fixture below
+    torch.set_num_threads(1)  # restored by tests/models/conftest.py
     tr = Translator.load(model_dir)
     want = [s.split() for s in corpus["test"]]
     greedy = tr.translate_tokens(corpus["test"], beam=1)
@@ -87,11 +87,6 @@ def test_copy_task_learned(model_dir, corpus):
     assert Translator.load(model_dir, layers="reference").translate_tokens(corpus["test"][:20], beam=1) == greedy[:20]
 
 
-@pytest.fixture(autouse=True)
-def _keep_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
 
 
 def test_translator_defined_results_for_odd_input(model_dir, capsys):

@@ -22,12 +22,6 @@ def _train_args(train, dev, out, cache, *extra):
             "--no-progress", "--lr", "3e-3", "--warmup", "20", "--batch-size", "16", "--threads", "1", *TINY, *extra]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _restore_threads():
-    """qa-train --threads 1 sets torch's thread count for the process: give the other test files theirs back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def _run(capsys, args):

@@ -34,13 +34,25 @@ def _fmt_x(x: float | None) -> str:
     return "" if x is None else f"{x:.2f}x"
 
 
+def _gemm_engines(meta: dict[str, Any]) -> str:
+    """" (blas 175, onednn 390; fastqa on onednn)": each CPU GEMM engine's rate and fastqa's engine;
+    empty for results without them (GPU runs, older results)."""
+    rates = [f"{name} {meta[key] / 1e9:.0f}" for name, key in (("blas", "gemm_flops_blas"),
+                                                                ("onednn", "gemm_flops_onednn")) if key in meta]
+    gemm = meta.get("cpu_gemm") or {}
+    if gemm.get("engine"):
+        rates.append(f"fastqa on {gemm['engine']}")
+    return f" ({', '.join(rates)})" if rates else ""
+
+
 def table(result: dict[str, Any]) -> str:
     """The per-case table: time per impl, speedups vs eager and compiled, ratio to the bound, memory."""
     meta = result["meta"]
     lines = [f"fastqa benchmarks -- {meta['date']} -- {meta['device']} ({meta['device_type']}, "
              f"{meta['threads']} threads, {meta['dtype']}) -- torch {meta['torch']}, triton {meta['triton']}, "
              f"fastqa {meta['fastqa']}",
-             f"roofs measured now: GEMM {meta['gemm_flops'] / 1e9:.1f} GFLOP/s, memory {meta['mem_bw'] / 1e9:.1f} GB/s; "
+             f"roofs measured now: GEMM {meta['gemm_flops'] / 1e9:.1f} GFLOP/s{_gemm_engines(meta)}, "
+             f"memory {meta['mem_bw'] / 1e9:.1f} GB/s; "
              f"time = median [p25-p75] ms; err = max |diff| vs the float64 reference (output and gradients)", ""]
     header = (f"{'impl':<15}{'median ms':>11}{'p25-p75':>17}{'vs eager':>10}{'vs compiled':>12}"
               f"{'x bound':>9}{'peak MB':>10}{'max err':>10}{'compile s':>11}")
@@ -74,7 +86,7 @@ def markdown(result: dict[str, Any]) -> str:
     meta = result["meta"]
     lines = [f"{meta['date'][:10]}, {meta['device']}, {meta['threads']} threads, {meta['dtype']}, "
              f"torch {meta['torch']}, triton {meta['triton']}, fastqa {meta['fastqa']}; measured roofs: GEMM "
-             f"{meta['gemm_flops'] / 1e9:.0f} GFLOP/s, copy {meta['mem_bw'] / 1e9:.1f} GB/s.", "",
+             f"{meta['gemm_flops'] / 1e9:.0f} GFLOP/s{_gemm_engines(meta)}, copy {meta['mem_bw'] / 1e9:.1f} GB/s.", "",
              "| op | case | mode | impl | median ms [p25-p75] | vs eager | vs compiled | x bound | peak MB | max err | compile s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (op, case, mode), group in grouped(result["records"]).items():

@@ -28,6 +28,15 @@ def versions() -> dict[str, str | None]:
     return {"torch": torch.__version__, "triton": triton_version, "fastqa": fastqa_version}
 
 
+def cpu_gemm() -> dict[str, Any] | None:
+    """fastqa's CPU GEMM engine (the one in use and each engine's measured rate), None without it."""
+    try:
+        from fastqa._backend import cpu_gemm_info
+        return cpu_gemm_info()
+    except Exception as exc:  # recorded, never fatal to a benchmark run
+        return {"error": _short(exc)}
+
+
 def _short(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".splitlines()[0]
     return text if len(text) < 160 else text[:157] + "..."
@@ -104,6 +113,7 @@ def run(cases: Sequence[Case], *, device: torch.device, dtype: torch.dtype, sett
         "host": platform.node(), "device": measure.device_name(device), "device_type": device.type,
         "dtype": str(dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
         "python": platform.python_version(), **versions(), **peaks,
+        "cpu_gemm": cpu_gemm() if device.type == "cpu" else None,
         "settings": vars(settings), "compile_per_op": compile_per_op, "argv": sys.argv[1:],
     }
     records: list[dict] = []

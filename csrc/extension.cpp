@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <torch/library.h>
 
+#include "cpu/gemm.h"
+
 TORCH_LIBRARY(fastqa, m) {
   // Schemas live next to their kernels (csrc/cpu/*.cpp, TORCH_LIBRARY_FRAGMENT).
 }
@@ -12,6 +14,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fastqa CPU kernels; the ops themselves are torch.ops.fastqa.*";
   m.def("parallel_info", []() { return at::get_parallel_info(); },
         "ATen's description of the thread pool the kernels run on");
+  m.def(
+      "gemm_info",
+      []() {
+        namespace gemm = fastqa::gemm;
+        const gemm::Choice& c = gemm::choice();  // makes the choice (measuring) if not made yet
+        const gemm::Rates& r = gemm::rates();
+        pybind11::dict rates;
+        rates["blas"] = r.blas;
+        if (c.onednn_available) rates["onednn"] = r.onednn;
+        pybind11::dict out;
+        out["engine"] = gemm::engine_name(c.engine);
+        out["requested"] = c.requested;
+        out["onednn_available"] = c.onednn_available;
+        out["gflops"] = rates;
+        return out;
+      },
+      "The CPU kernels' GEMM engine: the one in use (float32), what FASTQA_CPU_GEMM asked for, whether "
+      "oneDNN is usable, and each engine's measured float32 rate in GFLOP/s");
+  m.def(
+      "gemm_choose",
+      [](double blas_gflops, double onednn_gflops, bool onednn_available, const std::string& requested) {
+        return std::string(fastqa::gemm::engine_name(
+            fastqa::gemm::choose(blas_gflops, onednn_gflops, onednn_available, requested)));
+      },
+      "The engine the chooser picks for the given measured rates and FASTQA_CPU_GEMM value (a pure "
+      "function, for tests)");
 #ifdef __AVX512F__
   m.attr("simd") = "avx512";
 #elif defined(__AVX2__)

@@ -117,8 +117,21 @@ def _warn_fallback(op: str, preferred: str, reason: str) -> None:
                   RuntimeWarning, stacklevel=4)
 
 
+def cpu_gemm_info() -> dict[str, Any] | None:
+    """The CPU kernels' GEMM engine (``FASTQA_CPU_GEMM``): ``engine`` in use for float32 ("blas":
+    MKL/OpenBLAS through at::mm, "onednn": torch's oneDNN), ``requested``, ``onednn_available`` and
+    ``gflops``, each engine's measured float32 rate. The first call measures (a fraction of a second)
+    unless an op already did; None without the extension; ``{"error": ...}`` for a bad variable."""
+    if _EXT is None:
+        return None
+    try:
+        return dict(_EXT.gemm_info())
+    except RuntimeError as exc:  # e.g. FASTQA_CPU_GEMM=onednn where torch has no oneDNN
+        return {"error": str(exc).splitlines()[0]}
+
+
 def info() -> dict[str, Any]:
-    """What is built and usable here: versions, backends, threads."""
+    """What is built and usable here: versions, backends, threads, the CPU GEMM engine."""
     triton_version = None
     if _TRITON_INSTALLED:
         try:
@@ -134,7 +147,8 @@ def info() -> dict[str, Any]:
             "cpu": cpu_available(),
             "triton": triton_usable_here(),
         },
-        "cpu_extension": None if _EXT is None else {"simd": _EXT.simd, "threads": torch.get_num_threads()},
+        "cpu_extension": None if _EXT is None else {"simd": _EXT.simd, "threads": torch.get_num_threads(),
+                                                    "gemm": cpu_gemm_info()},
         "cpu_extension_error": _EXT_ERROR,
         "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "triton_interpret": triton_interpreting(),

@@ -5,8 +5,9 @@
 //   out = [c, A, c∘A, c∘B] with A = S̄·q, B = S̄·(S̿ᵀ·c)              [B, n, 4d]
 //
 // Work is split over the batch (at::parallel_for, torch's thread pool). Each batch element runs its
-// whole pipeline while its [n, m] matrices sit in L2: the contractions go through ATen GEMM (at::mm_out,
-// MKL, single-threaded inside the pool), the softmaxes and epilogues are fused loops over rows.
+// whole pipeline while its [n, m] matrices sit in L2: the contractions go through the GEMM entry point
+// (cpu/gemm.h: MKL/OpenBLAS or oneDNN, single-threaded inside the pool), the softmaxes and epilogues
+// are fused loops over rows.
 // Never materialised: [B, n, m, 3d] (the bilinear term is c·(q∘w_cq)ᵀ, one GEMM) and [B, n, n]
 // (B is S̄·(S̿ᵀc), two GEMMs). A and B come from one GEMM, S̄·[q, S̿ᵀc], into an L2-sized scratch, and
 // one sequential pass writes each output row whole (measured faster than letting the GEMMs write
@@ -18,6 +19,7 @@
 #include <torch/library.h>
 
 #include "cpu/common.h"
+#include "cpu/gemm.h"
 
 #include <algorithm>
 #include <cmath>
@@ -159,7 +161,7 @@ void bilinear_term(const Tensor& c_b, const Tensor& q_b, const Weights<T>& w, Si
   const T* q = ptr<T>(q_b);
   scale_question(q, w.wcq, ptr<T>(scratch.qw), m, d);
   for (int64_t j = 0; j < m; ++j) scratch.sq[j] = dot(q + j * d, w.wq, d) + w.bias;
-  at::mm_out(s_b, c_b, scratch.qw.t());
+  gemm::mm_out(s_b, c_b, scratch.qw.t());
 }
 
 // row (one context word's similarities) += c_i·w_c + (q·w_q + b).
@@ -189,11 +191,11 @@ void bilinear_backward(const Tensor& ds, const Tensor& c_b, const Tensor& q_b, c
                        SimilarityGradScratch<T>& scratch, T* dw) {
   const int64_t n = c_b.size(0), m = q_b.size(0), d = w.d;
   if (accumulate) {
-    at::addmm_out(dc_b, dc_b, ds, qw);
+    gemm::mm_out(dc_b, ds, qw, /*accumulate=*/true);
   } else {
-    at::mm_out(dc_b, ds, qw);
+    gemm::mm_out(dc_b, ds, qw);
   }
-  at::mm_out(scratch.ds_t_c, ds.t(), c_b);
+  gemm::mm_out(scratch.ds_t_c, ds.t(), c_b);
 
   const T* s = ptr<T>(ds);
   const T* c = ptr<T>(c_b);
@@ -265,6 +267,7 @@ std::pair<Tensor, Tensor> reduce_weight_grads(const Tensor& partial, const Tenso
 Tensor trilinear_similarity_fwd(const Tensor& c_in, const Tensor& q_in, const Tensor& weight_in,
                                 const c10::optional<Tensor>& bias) {
   constexpr const char* op = "fastqa::trilinear_similarity_fwd";
+  gemm::prepare();
   check_similarity_args(op, c_in, q_in, weight_in, bias);
   const Tensor c = c_in.contiguous(), q = q_in.contiguous(), weight = weight_in.contiguous();
   const int64_t batch = c.size(0), n = c.size(1), m = q.size(1), d = c.size(2);
@@ -290,6 +293,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> trilinear_similarity_bwd(const Tensor
                                                                     const Tensor& q_in, const Tensor& weight_in,
                                                                     const c10::optional<Tensor>& bias) {
   constexpr const char* op = "fastqa::trilinear_similarity_bwd";
+  gemm::prepare();
   check_similarity_args(op, c_in, q_in, weight_in, bias);
   const int64_t batch = c_in.size(0), n = c_in.size(1), m = q_in.size(1), d = c_in.size(2);
   check_same_shape(op, "grad_s", grad_s, {batch, n, m}, c_in);
@@ -485,6 +489,7 @@ std::tuple<Tensor, Tensor, Tensor> context_query_attention_fwd(const Tensor& c_i
                                                                const Tensor& weight_in,
                                                                const c10::optional<Tensor>& bias) {
   constexpr const char* op = "fastqa::context_query_attention_fwd";
+  gemm::prepare();
   check_attention_args(op, c_in, q_in, c_mask_in, q_mask_in, weight_in, bias);
   const Tensor c = c_in.contiguous(), q = q_in.contiguous(), weight = weight_in.contiguous();
   const Tensor c_mask = c_mask_in.contiguous(), q_mask = q_mask_in.contiguous();
@@ -510,8 +515,8 @@ std::tuple<Tensor, Tensor, Tensor> context_query_attention_fwd(const Tensor& c_i
         masked_softmaxes(ptr<scalar_t>(pc_b), ptr<scalar_t>(p_b), cb, w, sim.sq.data(), q_real.data(),
                          c_real.data(), n, m, col_max.data(), col_sum.data());
         q_slot.copy_(q_b);
-        at::mm_out(ctc, pc_b.t(), c_b);  // S̿ᵀ·c
-        at::mm_out(ab, p_b, qt);         // [A, B] = S̄·[q, S̿ᵀ·c]: one GEMM for both
+        gemm::mm_out(ctc, pc_b.t(), c_b);  // S̿ᵀ·c
+        gemm::mm_out(ab, p_b, qt);         // [A, B] = S̄·[q, S̿ᵀ·c]: one GEMM for both
         attention_output(ptr<scalar_t>(out[b]), cb, ptr<scalar_t>(ab), n, d);
       }
     });
@@ -524,6 +529,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
     const Tensor& weight_in, const c10::optional<Tensor>& bias, const Tensor& out_in, const Tensor& aux_row,
     const Tensor& aux_col) {
   constexpr const char* op = "fastqa::context_query_attention_bwd";
+  gemm::prepare();
   check_attention_args(op, c_in, q_in, c_mask, q_mask, weight_in, bias);
   const int64_t batch = c_in.size(0), n = c_in.size(1), m = q_in.size(1), d = c_in.size(2);
   check_same_shape(op, "grad_out", grad_out, {batch, n, 4 * d}, c_in);
@@ -556,17 +562,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
         const scalar_t* cb = ptr<scalar_t>(c_b);
         q_slot.copy_(q_b);
         scale_question(ptr<scalar_t>(q_b), w.wcq, ptr<scalar_t>(sim.qw), m, d);
-        at::mm_out(ctc, pc_b.t(), c_b);
-        at::mm_out(dc_b, p_b, ctc);  // B, recomputed into dc's buffer
+        gemm::mm_out(ctc, pc_b.t(), c_b);
+        gemm::mm_out(dc_b, p_b, ctc);  // B, recomputed into dc's buffer
         attention_output_backward(ptr<scalar_t>(g[b]), ptr<scalar_t>(out[b]), cb, ptr<scalar_t>(dab),
                                   ptr<scalar_t>(dc_b), n, d);
-        at::mm_out(dp, dab, qt.t());          // dS̄ = dA·qᵀ + dB·(S̿ᵀc)ᵀ
-        at::mm_out(dq_b, p_b.t(), da);  // dq = S̄ᵀ·dA (+ similarity part below)
-        at::mm_out(d_ctc, p_b.t(), db);       // d(S̿ᵀc) = S̄ᵀ·dB
-        at::mm_out(dpc, c_b, d_ctc.t());      // dS̿ = c·d(S̿ᵀc)ᵀ
+        gemm::mm_out(dp, dab, qt.t());          // dS̄ = dA·qᵀ + dB·(S̿ᵀc)ᵀ
+        gemm::mm_out(dq_b, p_b.t(), da);  // dq = S̄ᵀ·dA (+ similarity part below)
+        gemm::mm_out(d_ctc, p_b.t(), db);       // d(S̿ᵀc) = S̄ᵀ·dB
+        gemm::mm_out(dpc, c_b, d_ctc.t());      // dS̿ = c·d(S̿ᵀc)ᵀ
         masked_softmaxes_backward(ptr<scalar_t>(dp), ptr<scalar_t>(dpc), ptr<scalar_t>(p_b), ptr<scalar_t>(pc_b),
                                   n, m, col_dot.data());
-        at::addmm_out(dc_b, dc_b, pc_b, d_ctc);  // dc += S̿·d(S̿ᵀc)
+        gemm::mm_out(dc_b, pc_b, d_ctc, /*accumulate=*/true);  // dc += S̿·d(S̿ᵀc)
         bilinear_backward(dp, c_b, q_b, sim.qw, w, dc_b, dq_b, /*accumulate=*/true, sim_grad,
                           ptr<scalar_t>(partial) + b * (3 * d + 1));
       }

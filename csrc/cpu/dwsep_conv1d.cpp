@@ -23,6 +23,7 @@
 #include <torch/library.h>
 
 #include "cpu/common.h"
+#include "cpu/gemm.h"
 
 #include <algorithm>
 #include <cstring>
@@ -310,6 +311,7 @@ std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x_in, cons
                                                     const c10::optional<at::Tensor>& residual_in, int64_t pad_left,
                                                     bool relu) {
   const Shapes s = check_args("dwsep_conv1d_fwd", x_in, dw_weight, dw_bias_in, pw_weight, pw_bias_in, pad_left);
+  gemm::prepare();
   c10::optional<at::Tensor> residual, dw_bias, pw_bias;
   if (residual_in) {
     TORCH_CHECK(residual_in->sizes() == at::IntArrayRef({s.B, s.L, s.C_out}),
@@ -324,8 +326,10 @@ std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x_in, cons
   // Channels-first data viewed as [B, L, C] (or any other layout) is copied to channels-last once.
   const at::Tensor x = x_in.contiguous();
   const at::Tensor wt = depthwise_kc(dw_weight);
-  // [C_in, C_out] contiguous: MKL's small-M GEMM on a transposed view is up to 1.8x slower here.
-  const at::Tensor w_t = pointwise_2d(pw_weight).t().contiguous();
+  // The right factor [C_in, C_out]. BLAS: contiguous (MKL's small-M GEMM on a transposed view is up
+  // to 1.8x slower here); oneDNN: a transposed view of [C_out, C_in], its own weight layout.
+  const bool onednn = gemm::engine_for(x.scalar_type()) == gemm::Engine::kOneDnn;
+  const at::Tensor w_t = onednn ? pointwise_2d(pw_weight).t() : pointwise_2d(pw_weight).t().contiguous();
   at::Tensor y = at::empty({s.B, s.L, s.C_out}, x.options());
   at::Tensor aux = relu ? at::empty({s.B, s.L, s.C_out}, x.options().dtype(at::kBool))
                         : at::empty({0}, x.options().dtype(at::kBool));
@@ -349,7 +353,7 @@ std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x_in, cons
         depthwise_rows(xp + b * s.L * s.C_in, wtp, dbp, h_tile.data_ptr<scalar_t>(), s.L, s.C_in, s.K, pad_left,
                        l0, l1);
         at::Tensor y_tile = y2d.narrow(0, row0, rows);
-        at::mm_out(y_tile, h_tile, w_t);
+        gemm::mm_out(y_tile, h_tile, w_t);
         epilogue_rows(y_tile.data_ptr<scalar_t>(), pbp, rp ? rp + row0 * s.C_out : nullptr,
                       mp ? mp + row0 * s.C_out : nullptr, rows, s.C_out, relu);
       }
@@ -363,6 +367,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_con
     const c10::optional<at::Tensor>& dw_bias_in, const at::Tensor& pw_weight,
     const c10::optional<at::Tensor>& pw_bias, const at::Tensor& aux_in, int64_t pad_left, bool relu) {
   const Shapes s = check_args("dwsep_conv1d_bwd", x_in, dw_weight, dw_bias_in, pw_weight, pw_bias, pad_left);
+  gemm::prepare();
   TORCH_CHECK(grad_y_in.sizes() == at::IntArrayRef({s.B, s.L, s.C_out}) &&
                   grad_y_in.scalar_type() == x_in.scalar_type() && grad_y_in.device() == x_in.device(),
               "dwsep_conv1d_bwd: grad_y must be a [B, L, C_out]=[", s.B, ", ", s.L, ", ", s.C_out, "] ",
@@ -432,9 +437,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_con
           at::Tensor h_tile = h.narrow(0, 0, rows);
           depthwise_rows(xp + b * s.L * s.C_in, wtp, dbp, h_tile.data_ptr<scalar_t>(), s.L, s.C_in, s.K,
                          pad_left, l0, l1);
-          pw_acc.addmm_(gz_tile.t(), h_tile);
+          gemm::mm_out(pw_acc, gz_tile.t(), h_tile, /*accumulate=*/true);
           at::Tensor gh_ext = gh.narrow(0, 0, ext);
-          at::mm_out(gh_ext, gz_ext, w2d);
+          gemm::mm_out(gh_ext, gz_ext, w2d);
           const scalar_t* ghp = gh_ext.data_ptr<scalar_t>();
           if (db_acc) accumulate_rows(ghp + (l0 - e0) * s.C_in, rows, s.C_in, db_acc);
           depthwise_backward_rows(ghp, e0, xp + b * s.L * s.C_in, wtp,

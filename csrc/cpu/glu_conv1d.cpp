@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include "cpu/common.h"
+#include "cpu/gemm.h"
 
 #include <algorithm>
 #include <cmath>
@@ -182,6 +183,7 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
                                                   const std::optional<at::Tensor>& mask, int64_t pad_left,
                                                   bool residual, double scale) {
   constexpr const char* op = "fastqa::glu_conv1d_fwd";
+  gemm::prepare();
   const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
   check_bias(op, bias, x, g.H);
   at::Tensor mask_holder;
@@ -190,18 +192,22 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd", [&] {
     fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
   });
-  at::Tensor pre = at::empty({g.N, 2 * g.H}, x.options());
+  // pre = bias + sum_k xp[k : k+N] @ W_k^T through the GEMM entry point: the bias is fused into the
+  // first tap's GEMM, each later tap accumulates (oneDNN: a fused binary add), and the result is
+  // adopted as it comes (no copy into a preallocated buffer).
+  at::Tensor pre;
   {
     const at::Tensor w = weight_taps(weight);
-    at::mm_out(pre, xp.narrow(0, 0, g.N), w[0].t());
-    for (int64_t k = 1; k < g.K; ++k) pre.addmm_(xp.narrow(0, k, g.N), w[k].t());
-  }  // the bias is added in the epilogue pass, which reads pre anyway
-  const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+    const c10::optional<at::Tensor> bias_c = bias.has_value() ? c10::optional<at::Tensor>(bias->contiguous())
+                                                              : c10::nullopt;
+    pre = gemm::linear(xp.narrow(0, 0, g.N), w[0], bias_c);
+    for (int64_t k = 1; k < g.K; ++k) pre = gemm::mm(xp.narrow(0, k, g.N), w[k].t(), pre);
+  }
   at::Tensor y = at::empty({g.B, g.T, g.H}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd_epilogue", [&] {
     const scalar_t* xpd = xp.data_ptr<scalar_t>();
     scalar_t* pd = pre.data_ptr<scalar_t>();
-    const scalar_t* bd = bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* bd = nullptr;  // the bias is already in pre (fused into the GEMM)
     scalar_t* yd = y.data_ptr<scalar_t>();
     const scalar_t s = static_cast<scalar_t>(scale);
     at::parallel_for(0, g.B * g.T, kRowBlock, [&](int64_t begin, int64_t end) {
@@ -222,6 +228,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
                                                               const at::Tensor& aux, int64_t pad_left, bool residual,
                                                               double scale, bool has_bias) {
   constexpr const char* op = "fastqa::glu_conv1d_bwd";
+  gemm::prepare();
   const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
   FASTQA_CHECK(grad_y_in.sizes() == x.sizes() && grad_y_in.scalar_type() == x.scalar_type(),
               op, "grad_y must match x (", x.sizes(), "), got ", grad_y_in.sizes());
@@ -266,23 +273,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
     fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
   });
   // grad W_k = grad_pre^T @ xp[k : k+N], as taps [K, 2H, H], then once into the Conv1d layout.
+  // oneDNN multiplies a row-major left operand: grad_pre^T is made contiguous once, not per tap
+  // (BLAS reads the transposed view as it is).
+  const bool onednn = gemm::engine_for(x.scalar_type()) == gemm::Engine::kOneDnn;
   at::Tensor grad_weight;
   {
+    const at::Tensor grad_pre_t = onednn ? grad_pre.t().contiguous() : grad_pre.t();
     at::Tensor grad_taps = at::empty({g.K, 2 * g.H, g.H}, x.options());
-    for (int64_t k = 0; k < g.K; ++k) {
-      at::Tensor out = grad_taps[k];
-      at::mm_out(out, grad_pre.t(), xp.narrow(0, k, g.N));
-    }
+    for (int64_t k = 0; k < g.K; ++k) gemm::mm_out(grad_taps[k], grad_pre_t, xp.narrow(0, k, g.N));
     grad_weight = grad_taps.permute({1, 2, 0}).contiguous();
   }
-  // grad xp[k : k+N] += grad_pre @ W_k, written over xp (no longer needed) to save a buffer.
+  // grad xp[k : k+N] += grad_pre @ W_k, written over xp (no longer needed) to save a buffer. The
+  // right factor is W_k as a transposed view of contiguous W_k^T taps: oneDNN's [N, K] weight layout,
+  // and a transposed operand BLAS reads directly.
   at::Tensor grad_xp = xp;
   grad_xp.narrow(0, g.N, g.K - 1).zero_();
   {
-    const at::Tensor w = weight_taps(weight);
-    at::Tensor rows0 = grad_xp.narrow(0, 0, g.N);
-    at::mm_out(rows0, grad_pre, w[0]);
-    for (int64_t k = 1; k < g.K; ++k) grad_xp.narrow(0, k, g.N).addmm_(grad_pre, w[k]);
+    const at::Tensor w_t = weight.permute({2, 1, 0}).contiguous();  // [K, H, 2H]: W_k^T
+    gemm::mm_out(grad_xp.narrow(0, 0, g.N), grad_pre, w_t[0].t());
+    for (int64_t k = 1; k < g.K; ++k) gemm::mm_out(grad_xp.narrow(0, k, g.N), grad_pre, w_t[k].t(), true);
   }
   grad_pre.reset();  // done with it: free before grad_x is allocated
 
@@ -316,6 +325,7 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
                                                    const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                                    bool residual, double scale) {
   constexpr const char* op = "fastqa::glu_conv1d_step";
+  gemm::prepare();
   FASTQA_CHECK(x_t.dim() == 2, op, "x_t must be [B, H], got ", x_t.sizes());
   FASTQA_CHECK(weight.dim() == 3, op, "weight must be [2H, H, K], got ", weight.sizes());
   const int64_t B = x_t.size(0), H = x_t.size(1), K = weight.size(2);
@@ -363,10 +373,11 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
       }
     });
   });
-  at::Tensor pre = at::mm(window_t.view({B, H * K}), w2.t());
+  at::Tensor pre = gemm::linear(window_t.view({B, H * K}), w2, bias_c.defined() ? c10::optional<at::Tensor>(bias_c)
+                                                                                : c10::nullopt);
   AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step_glu", [&] {
     scalar_t* pd = pre.data_ptr<scalar_t>();
-    const scalar_t* bd = bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* bd = nullptr;  // the bias is already in pre (fused into the GEMM)
     const scalar_t* xd = x_c.data_ptr<scalar_t>();
     scalar_t* yd = y.data_ptr<scalar_t>();
     at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {

@@ -1,0 +1,200 @@
+// The GEMM entry point: engine detection, the once-per-process choice, and the two engines' calls.
+// See gemm.h.
+#include "cpu/gemm.h"
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/jit_type.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <optional>
+#include <vector>
+
+namespace fastqa {
+namespace gemm {
+namespace {
+
+// torch's oneDNN linear ops, looked up through the dispatcher (they have no public C++ header) and
+// called boxed, so that the C++ signature of their kernels may change between torch versions.
+const c10::OperatorHandle* find_cpu_op(const char* name, const char* overload) {
+  const auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
+  if (!handle.has_value() || !handle->hasKernelForDispatchKey(c10::DispatchKey::CPU)) return nullptr;
+  return new c10::OperatorHandle(*handle);  // lives as long as the process (the registry does too)
+}
+
+struct OneDnnOps {
+  const c10::OperatorHandle* linear = nullptr;         // mkldnn::_linear_pointwise
+  const c10::OperatorHandle* linear_binary = nullptr;  // mkldnn::_linear_pointwise.binary
+  OneDnnOps()
+      : linear(find_cpu_op("mkldnn::_linear_pointwise", "")),
+        linear_binary(find_cpu_op("mkldnn::_linear_pointwise", "binary")) {}
+  bool found() const { return linear != nullptr && linear_binary != nullptr; }
+};
+
+const OneDnnOps& onednn_ops() {
+  static const OneDnnOps ops;
+  return ops;
+}
+
+c10::IValue optional_tensor(const c10::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? c10::IValue(*t) : c10::IValue();
+}
+
+// The weight as oneDNN's fast inner product takes it: dense, row- or column-major ([N, K] or a
+// transposed view of a contiguous [K, N]). Any other strides (e.g. a column slice of a wider matrix)
+// send oneDNN to its reference kernel, measured 1300x slower ([50, 400] x [400, 128], row stride 256):
+// those are copied first.
+at::Tensor dense_weight(const at::Tensor& w) {
+  return w.is_contiguous() || w.t().is_contiguous() ? w : w.contiguous();
+}
+
+// a @ wᵀ (+ bias), w [N, K]: a fresh [M, N] tensor. oneDNN reads w through its strides.
+at::Tensor onednn_linear(const at::Tensor& a, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  std::vector<c10::IValue> stack;
+  stack.reserve(6);
+  stack.emplace_back(a);
+  stack.emplace_back(dense_weight(w));
+  stack.emplace_back(optional_tensor(bias));
+  stack.emplace_back(std::string("none"));
+  stack.emplace_back(c10::impl::GenericList(c10::OptionalType::create(c10::NumberType::get())));
+  stack.emplace_back(c10::IValue());  // algorithm: None
+  onednn_ops().linear->callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+// a @ wᵀ + other (the add fused as a binary post-op): a fresh [M, N] tensor.
+at::Tensor onednn_linear_add(const at::Tensor& a, const at::Tensor& other, const at::Tensor& w) {
+  std::vector<c10::IValue> stack;
+  stack.reserve(5);
+  stack.emplace_back(a);
+  stack.emplace_back(other);
+  stack.emplace_back(dense_weight(w));
+  stack.emplace_back(c10::IValue());  // bias: None
+  stack.emplace_back(std::string("add"));
+  onednn_ops().linear_binary->callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+// Seconds of the fastest of `reps` calls of each fn, sampled round-robin (load from other processes
+// lands on both alike), after one warm-up call each.
+template <typename F, typename G>
+std::pair<double, double> time_pair(F&& f, G&& g, int reps) {
+  using clock = std::chrono::steady_clock;
+  f();
+  g();
+  double best_f = 1e30, best_g = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = clock::now();
+    f();
+    auto t1 = clock::now();
+    g();
+    auto t2 = clock::now();
+    best_f = std::min(best_f, std::chrono::duration<double>(t1 - t0).count());
+    best_g = std::min(best_g, std::chrono::duration<double>(t2 - t1).count());
+  }
+  return {best_f, best_g};
+}
+
+Rates measure_rates() {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  constexpr int64_t n = 512;
+  const at::Tensor a = at::randn({n, n}, at::kFloat), w = at::randn({n, n}, at::kFloat);
+  at::Tensor out = at::empty({n, n}, at::kFloat);
+  const double flop = 2.0 * n * n * n;
+  Rates r;
+  if (onednn_available()) {
+    const auto t = time_pair([&] { at::mm_out(out, a, w.t()); }, [&] { (void)onednn_linear(a, w, c10::nullopt); }, 5);
+    r.blas = flop / t.first / 1e9;
+    r.onednn = flop / t.second / 1e9;
+  } else {
+    const auto t = time_pair([&] { at::mm_out(out, a, w.t()); }, [] {}, 5);
+    r.blas = flop / t.first / 1e9;
+  }
+  return r;
+}
+
+std::string requested_engine() {
+  const char* env = std::getenv("FASTQA_CPU_GEMM");
+  std::string v = env == nullptr ? "" : env;
+  return v.empty() ? "auto" : v;
+}
+
+}  // namespace
+
+const char* engine_name(Engine e) { return e == Engine::kOneDnn ? "onednn" : "blas"; }
+
+bool onednn_available() {
+  return at::hasMKLDNN() && at::globalContext().userEnabledMkldnn() && onednn_ops().found();
+}
+
+Engine choose(double blas_gflops, double onednn_gflops, bool available, const std::string& requested) {
+  if (requested == "blas") return Engine::kBlas;
+  if (requested == "onednn") {
+    TORCH_CHECK(available,
+                "FASTQA_CPU_GEMM=onednn: this torch build has no usable oneDNN (torch.backends.mkldnn "
+                "unavailable or disabled); use FASTQA_CPU_GEMM=auto or blas");
+    return Engine::kOneDnn;
+  }
+  TORCH_CHECK(requested == "auto", "FASTQA_CPU_GEMM must be auto, blas or onednn, got '", requested, "'");
+  return available && onednn_gflops >= kOneDnnMargin * blas_gflops ? Engine::kOneDnn : Engine::kBlas;
+}
+
+const Rates& rates() {
+  static const Rates measured = measure_rates();
+  return measured;
+}
+
+const Choice& choice() {
+  static const Choice made = [] {
+    Choice c;
+    c.requested = requested_engine();
+    c.onednn_available = onednn_available();
+    if (c.requested == "auto" && c.onednn_available) {
+      const Rates& r = rates();
+      c.engine = choose(r.blas, r.onednn, true, c.requested);
+    } else {
+      c.engine = choose(0, 0, c.onednn_available, c.requested);  // forced, or nothing to compare
+    }
+    return c;
+  }();
+  return made;
+}
+
+Engine engine_for(at::ScalarType dtype) {
+  return dtype == at::kFloat ? choice().engine : Engine::kBlas;
+}
+
+void mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
+  if (engine_for(a.scalar_type()) == Engine::kOneDnn && a.numel() > 0 && b.numel() > 0) {
+    out.copy_(accumulate ? onednn_linear_add(a, out, b.t()) : onednn_linear(a, b.t(), c10::nullopt));
+    return;
+  }
+  if (accumulate) {
+    out.addmm_(a, b);
+  } else {
+    at::Tensor o = out;
+    at::mm_out(o, a, b);
+  }
+}
+
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& acc) {
+  if (engine_for(a.scalar_type()) == Engine::kOneDnn && a.numel() > 0 && b.numel() > 0) {
+    return acc.defined() ? onednn_linear_add(a, acc, b.t()) : onednn_linear(a, b.t(), c10::nullopt);
+  }
+  if (acc.defined()) return acc.addmm_(a, b);
+  return at::mm(a, b);
+}
+
+at::Tensor linear(const at::Tensor& a, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (engine_for(a.scalar_type()) == Engine::kOneDnn && a.numel() > 0 && w.numel() > 0) {
+    return onednn_linear(a, w, has_bias ? bias : c10::nullopt);
+  }
+  return has_bias ? at::addmm(*bias, a, w.t()) : at::mm(a, w.t());
+}
+
+}  // namespace gemm
+}  // namespace fastqa

@@ -1,0 +1,126 @@
+"""The CPU kernels' GEMM engine (csrc/cpu/gemm.h, FASTQA_CPU_GEMM): the chooser, info(), and every
+op against the reference (forward, every gradient, bit-identical repeated backward) with each engine
+forced, plus the fallback where torch has no usable oneDNN.
+
+The engine is chosen once per process, so each engine runs the op tests in a subprocess."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fastqa
+from fastqa._backend import cpu_available, cpu_gemm_info
+
+pytestmark = pytest.mark.skipif(not cpu_available(), reason="fastqa._C is not built")
+
+TESTS = Path(__file__).resolve().parent
+ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+# The op tests that compare forward and gradients with the reference at the existing shapes, and the
+# determinism tests, on the cpu backend (compile/opcheck/gradcheck do not depend on the engine:
+# float64 always runs on BLAS).
+OP_TESTS = [str(TESTS / f) for f in ("test_glu_conv1d.py", "test_dwsep_conv1d.py",
+                                     "test_context_query_attention.py")]
+ENGINE_SELECTION = ("cpu and (matches_reference or edge_shapes or real_shapes or model_shapes or odd_shapes"
+                    " or deterministic or bit_identical or step_kernel or step_sequence or residual_scale_bias"
+                    " or strided or noncontiguous)")
+
+
+def _chooser():
+    from fastqa import _C
+    return _C.gemm_choose
+
+
+def test_chooser_prefers_onednn_only_when_measurably_faster():
+    choose = _chooser()
+    assert choose(175.0, 390.0, True, "auto") == "onednn"  # AMD EPYC: MKL's AVX2 sgemm vs oneDNN's AVX-512
+    assert choose(290.0, 287.0, True, "auto") == "blas"    # Intel: a tie stays on BLAS
+    assert choose(100.0, 104.0, True, "auto") == "blas"    # within the 5 % noise margin
+    assert choose(100.0, 106.0, True, "auto") == "onednn"
+    assert choose(100.0, 0.0, False, "auto") == "blas"     # no oneDNN: BLAS whatever the rates
+    assert choose(100.0, 500.0, False, "auto") == "blas"
+
+
+def test_chooser_obeys_the_variable():
+    choose = _chooser()
+    assert choose(100.0, 500.0, True, "blas") == "blas"
+    assert choose(500.0, 100.0, True, "onednn") == "onednn"
+    with pytest.raises(RuntimeError, match="FASTQA_CPU_GEMM=onednn"):
+        choose(100.0, 0.0, False, "onednn")
+    with pytest.raises(RuntimeError, match="auto, blas or onednn"):
+        choose(100.0, 100.0, True, "fastest")
+
+
+def test_info_names_the_engine_and_each_rate():
+    gemm = fastqa.info()["cpu_extension"]["gemm"]
+    assert gemm == cpu_gemm_info()
+    assert gemm["engine"] in ("blas", "onednn")
+    assert gemm["requested"] == (os.environ.get("FASTQA_CPU_GEMM") or "auto")
+    assert gemm["onednn_available"] == ("onednn" in gemm["gflops"])
+    assert all(rate > 0 for rate in gemm["gflops"].values())
+    if gemm["requested"] == "auto" and gemm["onednn_available"]:
+        assert gemm["engine"] == _chooser()(gemm["gflops"]["blas"], gemm["gflops"]["onednn"], True, "auto")
+
+
+def _run(code: str, env_engine: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FASTQA_CPU_GEMM": env_engine}
+    return subprocess.run([sys.executable, "-c", code], cwd=TESTS.parent, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _op_tests_code(disable_onednn: bool, expect_engine: str) -> str:
+    return "\n".join([
+        "import sys, torch, pytest",
+        f"torch.backends.mkldnn.enabled = {not disable_onednn}",
+        f"rc = pytest.main({OP_TESTS!r} + ['-q', '-x', '-p', 'no:cacheprovider', '-k', {ENGINE_SELECTION!r}])",
+        "from fastqa._backend import cpu_gemm_info",
+        "info = cpu_gemm_info()",
+        "print('GEMM', info)",
+        f"assert info['engine'] == {expect_engine!r}, info",
+        f"assert info['onednn_available'] == {not disable_onednn and ONEDNN}, info",
+        "sys.exit(int(rc))",
+    ])
+
+
+@pytest.mark.parametrize("engine", ["blas", pytest.param("onednn", marks=pytest.mark.skipif(
+    not ONEDNN, reason="this torch build has no oneDNN linear op"))])
+def test_ops_match_reference_with_each_engine(engine):
+    """Forward and every gradient vs the reference at the op tests' shapes, and bit-identical repeated
+    backwards, with the engine forced by FASTQA_CPU_GEMM."""
+    proc = _run(_op_tests_code(disable_onednn=False, expect_engine=engine), engine)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and "GEMM" in proc.stdout
+
+
+def test_without_onednn_auto_falls_back_to_blas():
+    """torch.backends.mkldnn disabled (what a torch without oneDNN looks like to fastqa): auto picks
+    BLAS without error and the ops still match the reference; forcing onednn then raises, naming the
+    variable, and info() reports the error instead of failing."""
+    proc = _run(_op_tests_code(disable_onednn=True, expect_engine="blas").replace(
+        ENGINE_SELECTION, "cpu and (real_shapes or model_shapes or step_kernel or matches_reference)"), "auto")
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    forced = _run("\n".join([
+        "import torch, fastqa, pytest",
+        "torch.backends.mkldnn.enabled = False",
+        "x, w = torch.randn(2, 5, 8), torch.randn(16, 8, 3)",
+        "with pytest.raises(RuntimeError, match='FASTQA_CPU_GEMM=onednn'):",
+        "    fastqa.glu_conv1d(x, w, causal=True, backend='cpu')",
+        "assert 'FASTQA_CPU_GEMM=onednn' in fastqa.info()['cpu_extension']['gemm']['error']",
+        "print('ok')",
+    ]), "onednn", timeout=600)
+    assert forced.returncode == 0 and "ok" in forced.stdout, forced.stdout[-3000:] + forced.stderr[-3000:]
+
+
+def test_bad_variable_raises_naming_it():
+    proc = _run("\n".join([
+        "import torch, fastqa, pytest",
+        "with pytest.raises(RuntimeError, match='FASTQA_CPU_GEMM must be auto, blas or onednn'):",
+        "    fastqa.glu_conv1d(torch.randn(2, 5, 8), torch.randn(16, 8, 3), causal=True, backend='cpu')",
+        "print('ok')",
+    ]), "fastest", timeout=600)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

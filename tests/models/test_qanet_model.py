@@ -304,6 +304,8 @@ def test_unk_words_read_the_unk_vector():
         model.unk_vector.add_(1.0)
         assert not torch.allclose(model(*batch)[0], base)
 
+
+@pytest.mark.parametrize("no_answer", [False, True])
 def test_a_few_dozen_steps_drive_the_loss_down(no_answer):
     cfg = tiny_config(no_answer=no_answer, dropout=0.0, char_dropout=0.0, layer_dropout=0.0)
     model = built(cfg, "fast", seed=16).train()

@@ -174,17 +174,11 @@ def run_predict(args) -> int:
 
 
 def _read_json_map(path: str, what: str, value_type: type | tuple[type, ...]) -> dict:
+    from ..data.files import read_text
     from ..errors import UserError
 
     try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file ({what})") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a folder, expected a JSON file ({what})") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text ({what})") from None
+        obj = json.loads(read_text(path, what))
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     if not isinstance(obj, dict):
@@ -211,19 +205,12 @@ def run_eval(args) -> int:
 
 
 def run_ask(args) -> int:
+    from ..data.files import read_text
     from ..errors import UserError
     from ..pipelines.qa import QAModel
 
     if args.context_file is not None:
-        try:
-            with open(args.context_file, encoding="utf-8") as f:
-                context = f.read()
-        except FileNotFoundError:
-            raise UserError(f"{args.context_file}: no such file (--context-file)") from None
-        except IsADirectoryError:
-            raise UserError(f"{args.context_file}: is a folder (--context-file)") from None
-        except UnicodeDecodeError:
-            raise UserError(f"{args.context_file}: not UTF-8 text (--context-file)") from None
+        context = read_text(args.context_file, "--context-file")
     else:
         context = args.context
     if not context.strip():

@@ -23,7 +23,6 @@ Evaluation and prediction use the full context, question and words.
 from __future__ import annotations
 
 import bisect
-import gzip
 import hashlib
 import json
 import logging
@@ -35,6 +34,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from ..errors import UserError
+from .files import read_text
 from .batching import bucket_batches, pad
 from .tokenize import tokenize
 from .vocab import Vocab
@@ -137,25 +137,7 @@ def parse_articles(spec: str | Sequence[int] | None, n_articles: int, *, what: s
 
 
 def _read_json(path: str) -> Any:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a folder, expected a SQuAD JSON file") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as e:
-            raise UserError(f"{path}: not a readable gzip file ({e})") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise UserError(f"{path}: line {line}: not UTF-8 text") from None
+    text = read_text(path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

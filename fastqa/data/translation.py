@@ -12,7 +12,6 @@ Sequence layout (training and decoding agree on it):
 """
 from __future__ import annotations
 
-import gzip
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Iterable, Sequence
 import torch
 
 from ..errors import UserError
+from .files import read_text
 from .batching import bucket_batches, pad
 from .tokenize import tokenize
 from .vocab import EOS, PAD, SOS, UNK, Vocab
@@ -38,21 +38,7 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     Raises UserError naming the file when it is missing, unreadable, not UTF-8, or empty.
     """
     path = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            gz = f.read(2) == b"\x1f\x8b"
-        opener = gzip.open if gz else open
-        with opener(path, "rt", encoding="utf-8", newline="") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a folder, expected a text file with one sentence per line") from None
-    except UnicodeDecodeError as e:
-        line = _line_of_byte(path, e.start, gz)
-        raise UserError(f"{path}: line {line}: not UTF-8 text ({e.reason})") from None
-    except (OSError, EOFError) as e:  # unreadable, or a truncated/corrupt .gz
-        raise UserError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+    text = read_text(path)
     if not text:
         raise UserError(f"{path}: the file is empty (expected one sentence per line)")
     # splitlines would also split on \x0b, \x1c, U+2028...: only \n (and a \r before it) ends a line here.
@@ -60,13 +46,6 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     if lines[-1] == "":
         lines.pop()  # the newline that ends the last line
     return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
-
-
-def _line_of_byte(path: str, byte_offset: int, gz: bool) -> int:
-    """1-based line number holding ``byte_offset`` of the (decompressed) file, for error messages."""
-    opener = gzip.open if gz else open
-    with opener(path, "rb") as f:
-        return f.read(byte_offset).count(b"\n") + 1
 
 
 def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> tuple[list[str], list[str]]:

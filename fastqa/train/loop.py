@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..data.batching import shard
 from ..errors import UserError
 from . import distributed
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
@@ -195,8 +196,6 @@ def _evaluate(task: Task, ema: EMA | None, env: DistEnv) -> dict[str, float]:
 
 def _batches(task: Task, progress: _Progress, env: DistEnv) -> Iterator[tuple[list[int], list[int]]]:
     """(global batch, this rank's shard) from where the run stands, epoch after epoch (forever)."""
-    from ..data.batching import shard
-
     while True:
         batches = task.train_batches(progress.epoch)
         if not batches:

@@ -1,18 +1,95 @@
-"""Blocks the models share: the sinusoidal timing signal, a highway network, masked log-softmax,
-sublayer residual with dropout and stochastic depth, and the initialisation of linear layers.
+"""Blocks the models share: the config base (presets, dict round trip, field checks), the sinusoidal timing
+signal, a highway network, masked log-softmax, sublayer residual with dropout and stochastic depth, and the
+initialisation of linear layers.
 
 Everything here is plain ``torch.nn`` (models import ``fastqa.layers`` and ``torch.nn`` only).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Highway", "dropout", "init_linear", "masked_log_softmax", "residual_masks", "survival_prob", "timing_signal"]
+__all__ = ["ModelConfig", "check_config", "Highway", "dropout", "init_linear", "masked_log_softmax", "residual_masks", "survival_prob", "timing_signal"]
+
+
+class ModelConfig:
+    """Base of the models' config dataclasses: named presets, a JSON-able dict round trip, field checks.
+
+    A subclass is a ``@dataclass`` that sets ``PRESETS`` (name -> field values), ``REQUIRED`` (fields a preset
+    cannot know, e.g. vocabulary sizes) and ``MODEL`` (the model's name in messages).
+    """
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+    REQUIRED: ClassVar[tuple[str, ...]] = ()
+    MODEL: ClassVar[str] = "model"
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any):
+        """The preset ``name`` with ``overrides`` (at least the ``REQUIRED`` fields)."""
+        if name not in cls.PRESETS:
+            raise ValueError(f"unknown {cls.MODEL} preset {name!r}; known: {', '.join(cls.PRESETS)}")
+        return cls.from_dict({**cls.PRESETS[name], **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict; ``from_dict`` rebuilds the same config."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]):
+        """Inverse of ``to_dict``; unknown keys and missing ``REQUIRED`` fields raise ValueError naming them."""
+        if not isinstance(d, dict):
+            raise TypeError(f"{cls.__name__}.from_dict takes a dict, got {type(d).__name__}")
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}")
+        missing = [k for k in cls.REQUIRED if k not in d]
+        if missing:
+            raise ValueError(f"{cls.__name__} needs {', '.join(missing)}")
+        return cls(**d)
+
+    # -- field checks for __post_init__
+    def _check_int(self, name: str, minimum: int) -> None:
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{type(self).__name__}.{name} must be an int, got {type(value).__name__}")
+        if value < minimum:
+            raise ValueError(f"{type(self).__name__}.{name} must be >= {minimum}, got {value}")
+
+    def _check_prob(self, name: str) -> None:
+        """A probability in [0, 1), stored as a float."""
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{type(self).__name__}.{name} must be a float, got {type(value).__name__}")
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"{type(self).__name__}.{name} must be in [0, 1), got {value}")
+        setattr(self, name, float(value))
+
+    def _check_choice(self, name: str, choices: Sequence[Any]) -> None:
+        if getattr(self, name) not in choices:
+            raise ValueError(f"{type(self).__name__}.{name} must be one of {tuple(choices)}, got {getattr(self, name)!r}")
+
+    def _check_bool(self, name: str) -> None:
+        if not isinstance(getattr(self, name), bool):
+            raise TypeError(f"{type(self).__name__}.{name} must be a bool, got {type(getattr(self, name)).__name__}")
+
+
+def check_config(model: str, config: object, config_type: type, layers: str | None = None,
+                 choices: Sequence[str] = ()) -> str | None:
+    """A model constructor's argument checks: ``config`` is a ``config_type``; ``layers`` (None: the config's)
+    is one of ``choices``. Returns the layer backend to use (None for a model without one)."""
+    if not isinstance(config, config_type):
+        raise TypeError(f"{model}: config must be a {config_type.__name__}, got {type(config).__name__}")
+    if not choices:
+        return None
+    layers = getattr(config, "layers") if layers is None else layers
+    if layers not in choices:
+        raise ValueError(f"{model}: layers must be one of {tuple(choices)}, got {layers!r}")
+    return layers
 
 
 def timing_signal(length: int, channels: int, *, device: torch.device | None = None,

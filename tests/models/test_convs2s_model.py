@@ -47,7 +47,7 @@ def test_presets_and_dict_round_trip():
 
 @pytest.mark.parametrize("call, exc, words", [
     (lambda: ConvS2SConfig.from_preset("huge", src_vocab_size=9, tgt_vocab_size=9), ValueError, "huge"),
-    (lambda: ConvS2SConfig.from_preset("small", src_vocab_size=9), TypeError, "tgt_vocab_size"),
+    (lambda: ConvS2SConfig.from_preset("small", src_vocab_size=9), ValueError, "needs tgt_vocab_size"),
     (lambda: ConvS2SConfig.from_dict({"src_vocab_size": 9, "tgt_vocab_size": 9, "colour": 1}), ValueError, "colour"),
     (lambda: tiny_config(kernel_size=4), ValueError, "kernel_size"),
     (lambda: tiny_config(dropout=1.0), ValueError, "dropout"),

@@ -12,9 +12,10 @@ Presets (vocabulary sizes always come from the data, so they are passed as overr
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+from ..common import ModelConfig
 
 __all__ = ["ConvS2SConfig", "LAYERS", "PRESETS"]
 
@@ -28,15 +29,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"ConvS2SConfig.{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"ConvS2SConfig.{name} must be >= {minimum}, got {value}")
-
-
 @dataclass
-class ConvS2SConfig:
+class ConvS2SConfig(ModelConfig):
     """Hyper-parameters of :class:`~fastqa.models.convs2s.ConvS2S`.
 
     src_vocab_size / tgt_vocab_size: vocabulary sizes; pad/unk/sos/eos ids are the same in both
@@ -60,48 +54,22 @@ class ConvS2SConfig:
     max_positions: int = 256
     layers: str = "fast"
 
+    PRESETS = PRESETS
+    REQUIRED = ("src_vocab_size", "tgt_vocab_size")
+    MODEL = "ConvS2S"
+
     def __post_init__(self) -> None:
         for name in ("embed_dim", "hidden_dim", "encoder_layers", "decoder_layers", "kernel_size", "max_positions"):
-            _check_int(name, getattr(self, name), 1)
+            self._check_int(name, 1)
         for name in ("pad_id", "unk_id", "sos_id", "eos_id"):
-            _check_int(name, getattr(self, name), 0)
+            self._check_int(name, 0)
         specials = {"pad_id": self.pad_id, "unk_id": self.unk_id, "sos_id": self.sos_id, "eos_id": self.eos_id}
         if len(set(specials.values())) != 4:
             raise ValueError(f"ConvS2SConfig special ids must be distinct, got {specials}")
         for name in ("src_vocab_size", "tgt_vocab_size"):
-            _check_int(name, getattr(self, name), max(specials.values()) + 1)
+            self._check_int(name, max(specials.values()) + 1)
         if self.kernel_size % 2 == 0:
             raise ValueError(f"ConvS2SConfig.kernel_size must be odd (centred encoder convolutions), "
                              f"got {self.kernel_size}")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
-            raise TypeError(f"ConvS2SConfig.dropout must be a float, got {type(self.dropout).__name__}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"ConvS2SConfig.dropout must be in [0, 1), got {self.dropout}")
-        self.dropout = float(self.dropout)
-        if self.layers not in LAYERS:
-            raise ValueError(f"ConvS2SConfig.layers must be one of {LAYERS}, got {self.layers!r}")
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> "ConvS2SConfig":
-        """A named preset ("tutorial" or "small") with ``overrides`` (src_vocab_size and tgt_vocab_size
-        are required)."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown ConvS2S preset {name!r}; known: {', '.join(PRESETS)}")
-        missing = [k for k in ("src_vocab_size", "tgt_vocab_size") if k not in overrides]
-        if missing:
-            raise TypeError(f"ConvS2SConfig.from_preset({name!r}) needs {' and '.join(missing)}")
-        return cls.from_dict({**PRESETS[name], **overrides})
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict; ``from_dict`` inverts it."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ConvS2SConfig":
-        if not isinstance(d, dict):
-            raise TypeError(f"ConvS2SConfig.from_dict expects a dict, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown ConvS2SConfig field(s): {', '.join(unknown)}")
-        return cls(**d)
+        self._check_prob("dropout")
+        self._check_choice("layers", LAYERS)

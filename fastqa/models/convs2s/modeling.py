@@ -30,6 +30,7 @@ from torch.nn.utils import parametrizations
 import fastqa.layers
 import fastqa.reference
 
+from ..common import check_config
 from .config import ConvS2SConfig
 from .decoding import DecoderState
 
@@ -272,11 +273,7 @@ class ConvS2S(nn.Module):
 
     def __init__(self, config: ConvS2SConfig, layers: str | None = None) -> None:
         super().__init__()
-        if not isinstance(config, ConvS2SConfig):
-            raise TypeError(f"config must be a ConvS2SConfig, got {type(config).__name__}")
-        layers = config.layers if layers is None else layers
-        if layers not in _GLU_CONV:
-            raise ValueError(f"layers must be one of {tuple(_GLU_CONV)}, got {layers!r}")
+        layers = check_config("ConvS2S", config, ConvS2SConfig, layers, tuple(_GLU_CONV))
         self.config = config
         self.layers = layers
         self.encoder = ConvS2SEncoder(config, layers)

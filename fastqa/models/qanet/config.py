@@ -12,9 +12,10 @@ Presets (vocabulary sizes always come from the data, so they are passed as overr
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+from ..common import ModelConfig
 
 __all__ = ["LAYERS", "PRESETS", "QANetConfig"]
 
@@ -30,23 +31,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"QANetConfig.{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"QANetConfig.{name} must be >= {minimum}, got {value}")
-
-
-def _check_prob(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"QANetConfig.{name} must be a float, got {type(value).__name__}")
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"QANetConfig.{name} must be in [0, 1), got {value}")
-    return float(value)
-
-
 @dataclass
-class QANetConfig:
+class QANetConfig(ModelConfig):
     """Hyper-parameters of :class:`~fastqa.models.qanet.QANet`.
 
     word_vocab_size / char_vocab_size: vocabulary sizes (``pad_id`` and ``unk_id`` are the same in both).
@@ -87,17 +73,21 @@ class QANetConfig:
     no_answer: bool = False
     layers: str = "fast"
 
+    PRESETS = PRESETS
+    REQUIRED = ("word_vocab_size", "char_vocab_size")
+    MODEL = "QANet"
+
     def __post_init__(self) -> None:
         for name in ("pad_id", "unk_id"):
-            _check_int(name, getattr(self, name), 0)
+            self._check_int(name, 0)
         if self.pad_id == self.unk_id:
             raise ValueError(f"QANetConfig.pad_id and unk_id must differ, both are {self.pad_id}")
         for name in ("word_vocab_size", "char_vocab_size"):
-            _check_int(name, getattr(self, name), max(self.pad_id, self.unk_id) + 1)
+            self._check_int(name, max(self.pad_id, self.unk_id) + 1)
         for name in ("word_dim", "char_dim", "char_channels", "char_kernel", "d_model", "heads",
                      "emb_resize_kernel", "emb_conv_layers", "emb_conv_kernel", "model_blocks",
                      "model_conv_layers", "model_conv_kernel", "model_passes", "max_word_len"):
-            _check_int(name, getattr(self, name), 1)
+            self._check_int(name, 1)
         if self.model_passes != 3:
             raise ValueError(f"QANetConfig.model_passes must be 3 (the heads read M0, M1, M2), got {self.model_passes}")
         if self.d_model % self.heads:
@@ -106,33 +96,6 @@ class QANetConfig:
             if getattr(self, name) % 2 == 0:
                 raise ValueError(f"QANetConfig.{name} must be odd (centred convolutions), got {getattr(self, name)}")
         for name in ("dropout", "char_dropout", "layer_dropout"):
-            setattr(self, name, _check_prob(name, getattr(self, name)))
-        if not isinstance(self.no_answer, bool):
-            raise TypeError(f"QANetConfig.no_answer must be a bool, got {type(self.no_answer).__name__}")
-        if self.layers not in LAYERS:
-            raise ValueError(f"QANetConfig.layers must be one of {LAYERS}, got {self.layers!r}")
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> "QANetConfig":
-        """The preset ``name`` ("paper" or "small") with ``overrides`` (at least the vocabulary sizes)."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown QANet preset {name!r}; known: {', '.join(PRESETS)}")
-        return cls.from_dict({**PRESETS[name], **overrides})
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict; ``from_dict`` rebuilds the same config."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "QANetConfig":
-        """Inverse of ``to_dict``; unknown keys and missing vocabulary sizes raise ValueError naming them."""
-        if not isinstance(d, dict):
-            raise TypeError(f"QANetConfig.from_dict takes a dict, got {type(d).__name__}")
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - fields)
-        if unknown:
-            raise ValueError(f"unknown QANetConfig field(s): {', '.join(unknown)}")
-        missing = [k for k in ("word_vocab_size", "char_vocab_size") if k not in d]
-        if missing:
-            raise ValueError(f"QANetConfig needs {', '.join(missing)}")
-        return cls(**d)
+            self._check_prob(name)
+        self._check_bool("no_answer")
+        self._check_choice("layers", LAYERS)

@@ -24,7 +24,7 @@ from torch import nn
 
 from ... import layers as fused
 from ... import reference
-from ..common import Highway, dropout, init_linear, masked_log_softmax, residual_masks, survival_prob, timing_signal
+from ..common import Highway, check_config, dropout, init_linear, masked_log_softmax, residual_masks, survival_prob, timing_signal
 from .config import LAYERS, QANetConfig
 
 __all__ = ["LAYER_SETS", "CharEmbedding", "EncoderBlock", "FeedForward", "NaiveContextQueryAttention", "QANet",
@@ -203,11 +203,7 @@ class QANet(nn.Module):
 
     def __init__(self, config: QANetConfig, layers: str | None = None) -> None:
         super().__init__()
-        if not isinstance(config, QANetConfig):
-            raise TypeError(f"QANet: config must be a QANetConfig, got {type(config).__name__}")
-        layers = config.layers if layers is None else layers
-        if layers not in LAYERS:
-            raise ValueError(f"QANet: layers must be one of {LAYERS}, got {layers!r}")
+        layers = check_config("QANet", config, QANetConfig, layers, LAYERS)
         self.config = config
         self.layer_impl = layers
         ls = LAYER_SETS[layers]

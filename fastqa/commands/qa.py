@@ -1,6 +1,7 @@
-"""``fastqa qa-train | qa-predict | qa-eval | ask``: QANet on SQuAD from the shell.
+"""``fastqa qa-train | qa-predict | qa-eval | ask``: readers on SQuAD from the shell.
 
     fastqa qa-train --train train.json --dev dev.json [--vectors glove.txt.gz] --out runs/qanet
+    fastqa qa-train --model lstm-pointer ...                    (or lstm, lstm-attention: the recurrent baselines)
     torchrun --nproc_per_node 2 -m fastqa.cli qa-train ...      (DistributedDataParallel, same flags)
     fastqa qa-predict --model runs/qanet --data dev.json --out pred.json [--na-prob-out na.json]
     fastqa qa-eval dev.json pred.json [--na-prob na.json]       (the official evaluation JSON on stdout)
@@ -12,24 +13,30 @@ import json
 import os
 import sys
 
+from ..pipelines.qa import MODELS
 from ._args import field_value, positive_float, positive_int
 
 __all__ = ["register"]
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("qa-train", help="train QANet on SQuAD (also under torchrun)",
-                              description="Train QANet on a SQuAD v1.1/v2.0 file, evaluating on another with the "
+    p = subparsers.add_parser("qa-train", help="train a reader (QANet or a baseline) on SQuAD (also under torchrun)",
+                              description="Train a reader on a SQuAD v1.1/v2.0 file, evaluating on another with the "
                               "official EM/F1. Writes OUT/checkpoint.pt, OUT/metrics.jsonl and OUT/curve.png.")
+    p.add_argument("--model", choices=MODELS, default="qanet",
+                   help="the reader: qanet (default) or the recurrent baselines lstm, lstm-attention, lstm-pointer")
     p.add_argument("--train", required=True, metavar="F", help="SQuAD JSON (.json or .json.gz) to train on")
     p.add_argument("--dev", required=True, metavar="F", help="SQuAD JSON to evaluate on")
     p.add_argument("--vectors", metavar="F", help="GloVe/fastText text vectors (.txt/.gz); without: random vectors")
     p.add_argument("--out", required=True, metavar="DIR", help="run folder (checkpoint, metrics, curve)")
-    p.add_argument("--preset", default="small", choices=("small", "paper"), help="model size (default small)")
+    p.add_argument("--preset", default="small", metavar="NAME",
+                   help="model size (default small; QANet: small, paper; the baselines: small, base)")
     p.add_argument("--layers", choices=("fast", "reference", "naive"), default=None,
-                   help="layer backend (default fast: fastqa's fused kernels)")
+                   help="QANet's layer backend (default fast: fastqa's fused kernels)")
     p.add_argument("--set", dest="overrides", action="append", type=field_value, default=[], metavar="FIELD=VALUE",
-                   help="change a QANetConfig field of the preset, e.g. --set d_model=96 --set dropout=0.2")
+                   help="change a config field of the preset (QANetConfig, LSTMReaderConfig), e.g. --set dropout=0.2")
+    p.add_argument("--single-word-answers", action="store_true",
+                   help="train only on questions whose answer is one token (as the attention tutorial)")
     p.add_argument("--train-articles", metavar="A:B", help="use only these articles of --train, e.g. 0:40")
     p.add_argument("--dev-articles", metavar="A:B", help="use only these articles of --dev, e.g. 40:48")
     p.add_argument("--no-answer", choices=("auto", "yes", "no"), default="auto",
@@ -115,6 +122,7 @@ def _threads(args) -> None:
 
 def run_train(args) -> int:
     from ..errors import UserError
+    from ..data.squad import Limits
     from ..pipelines.qa import QATask, Recipe
     from ..train.loop import TrainSettings, fit
 
@@ -134,10 +142,11 @@ def run_train(args) -> int:
     recipe = Recipe(lr=args.lr, warmup_steps=args.warmup, batch_size=args.batch_size,
                     eval_batch_size=args.eval_batch_size, seed=args.seed)
     no_answer = {"auto": None, "yes": True, "no": False}[args.no_answer]
-    task = QATask.from_files(args.train, args.dev, vectors=args.vectors, preset=args.preset, layers=args.layers,
-                             train_articles=args.train_articles, dev_articles=args.dev_articles, no_answer=no_answer,
-                             overrides=dict(args.overrides), recipe=recipe, cache_dir=_cache_dir(args),
-                             progress=rank0 and not args.no_progress)
+    limits = Limits(answer=0) if args.single_word_answers else Limits()
+    task = QATask.from_files(args.train, args.dev, model=args.model, vectors=args.vectors, preset=args.preset,
+                             layers=args.layers, train_articles=args.train_articles, dev_articles=args.dev_articles,
+                             no_answer=no_answer, overrides=dict(args.overrides), recipe=recipe, limits=limits,
+                             cache_dir=_cache_dir(args), progress=rank0 and not args.no_progress)
     settings = TrainSettings(out_dir=args.out, max_steps=args.max_steps, epochs=args.epochs,
                              clip_norm=args.clip or None, ema_decay=args.ema or None, eval_every=args.eval_every,
                              eval_each_epoch=args.eval_each_epoch,
@@ -145,9 +154,9 @@ def run_train(args) -> int:
                              progress=not args.no_progress, max_minutes=args.max_minutes, device=args.device)
     n_params = sum(p.numel() for p in task.model.parameters() if p.requires_grad)
     if rank0:
-        print(f"qa-train: {len(task.train_data)} training questions, {len(task.dev_data)} dev questions, "
-              f"{len(task.words)} words, {len(task.chars)} chars, {n_params} trainable parameters, "
-              f"layers {task.config.layers}", file=sys.stderr)
+        print(f"qa-train: {task.kind}, {len(task.train_data)} training questions, {len(task.dev_data)} dev questions, "
+              f"{len(task.words)} words, {len(task.chars)} chars, {n_params} trainable parameters"
+              + (f", layers {task.config.layers}" if task.kind == "qanet" else ""), file=sys.stderr)
     metrics = fit(task, settings)
     if rank0:
         print(json.dumps(metrics))
@@ -238,8 +247,11 @@ def plot_probabilities(probs: dict, result: dict, question: str, path: str) -> N
     tokens, n = probs["tokens"], len(probs["tokens"])
     xs = list(range(n))
     fig, ax = plt.subplots(figsize=(min(4 + 0.22 * n, 60), 4.5))
-    ax.bar([x - 0.2 for x in xs], probs["p_start"], width=0.4, label="p(start)", color="tab:blue")
-    ax.bar([x + 0.2 for x in xs], probs["p_end"], width=0.4, label="p(end)", color="tab:orange")
+    if probs["p_end"] is None:  # a single-word reader: the answer ends where it starts
+        ax.bar(xs, probs["p_start"], width=0.8, label="p(answer word)", color="tab:blue")
+    else:
+        ax.bar([x - 0.2 for x in xs], probs["p_start"], width=0.4, label="p(start)", color="tab:blue")
+        ax.bar([x + 0.2 for x in xs], probs["p_end"], width=0.4, label="p(end)", color="tab:orange")
     if result["text"]:
         first = next(i for i, (s, e) in enumerate(probs["offsets"]) if e > result["start"])
         last = max(i for i, (s, e) in enumerate(probs["offsets"]) if s < result["end"])

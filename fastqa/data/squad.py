@@ -57,13 +57,14 @@ class Limits:
 
     context: int = 400
     question: int = 50
-    answer: int = 30      # last - first token <= 30: the span decoder's i <= j <= i + 30
+    answer: int = 30      # last - first token <= 30: the span decoder's i <= j <= i + 30 (0: one-word answers)
     chars: int = 16
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Limits.{name} must be an int >= 1, got {value!r}")
+            least = 0 if name == "answer" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"Limits.{name} must be an int >= {least}, got {value!r}")
 
 
 @dataclass

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ModelConfig", "check_config", "Highway", "dropout", "init_linear", "masked_log_softmax", "residual_masks", "survival_prob", "timing_signal"]
+__all__ = ["ModelConfig", "check_config", "check_qa_inputs", "FrozenWordVectors", "Highway", "dropout", "init_linear", "masked_log_softmax", "residual_masks", "survival_prob", "timing_signal"]
 
 
 class ModelConfig:
@@ -90,6 +90,81 @@ def check_config(model: str, config: object, config_type: type, layers: str | No
     if layers not in choices:
         raise ValueError(f"{model}: layers must be one of {tuple(choices)}, got {layers!r}")
     return layers
+
+
+def _check_ids(model: str, name: str, t: object, ndim: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{model}.forward: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.long:
+        raise TypeError(f"{model}.forward: {name} must be int64 (torch.long) ids, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{model}.forward: {name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    return t
+
+
+def check_qa_inputs(model: str, context_words: object, context_chars: object, question_words: object,
+                    question_chars: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The checks of a QA model's inputs: context_words [B, n], context_chars [B, n, W], question_words [B, m],
+    question_chars [B, m, W'], all int64. Returns them."""
+    cw, cc = _check_ids(model, "context_words", context_words, 2), _check_ids(model, "context_chars", context_chars, 3)
+    qw, qc = _check_ids(model, "question_words", question_words, 2), _check_ids(model, "question_chars", question_chars, 3)
+    if cc.shape[:2] != cw.shape:
+        raise ValueError(f"{model}.forward: context_chars {tuple(cc.shape)} must be [B, n, W] with "
+                         f"[B, n] = context_words' shape {tuple(cw.shape)}")
+    if qc.shape[:2] != qw.shape:
+        raise ValueError(f"{model}.forward: question_chars {tuple(qc.shape)} must be [B, m, W] with "
+                         f"[B, m] = question_words' shape {tuple(qw.shape)}")
+    if qw.shape[0] != cw.shape[0]:
+        raise ValueError(f"{model}.forward: question batch {qw.shape[0]} != context batch {cw.shape[0]}")
+    return cw, cc, qw, qc
+
+
+class FrozenWordVectors(nn.Module):
+    """Frozen word vectors with a trainable <unk> vector, for a model that subclasses this.
+
+    Parameters ``word_vectors`` [V, dim] (requires_grad False: pre-trained vectors stay as they are, and
+    DDP broadcasts them once instead of reducing them every step; the <pad> row is zero, the <unk> row unused)
+    and ``unk_vector`` [dim] (trainable: the vector of every word without a pre-trained one).
+    """
+
+    def _make_word_vectors(self, vocab_size: int, dim: int, *, pad_id: int, unk_id: int) -> None:
+        self._pad_id, self._unk_id = pad_id, unk_id
+        self.word_vectors = nn.Parameter(torch.empty(vocab_size, dim), requires_grad=False)
+        self.unk_vector = nn.Parameter(torch.empty(dim))
+
+    @torch.no_grad()
+    def _init_word_vectors(self) -> None:
+        """Random word vectors (until ``load_word_vectors``) with a zero <pad> row; a small random <unk>."""
+        std = self.word_vectors.shape[1] ** -0.5
+        nn.init.normal_(self.word_vectors, std=std)
+        self.word_vectors[self._pad_id].zero_()
+        self.word_vectors[self._unk_id].zero_()
+        nn.init.normal_(self.unk_vector, std=std)
+
+    @torch.no_grad()
+    def load_word_vectors(self, vectors: torch.Tensor) -> None:
+        """Copy ``vectors`` [word_vocab_size, word_dim] into the frozen table; the <pad> row stays zero and
+        the <unk> row is unused (the trainable ``unk_vector`` stands for <unk>)."""
+        if not isinstance(vectors, torch.Tensor) or not vectors.is_floating_point():
+            raise TypeError(f"load_word_vectors: vectors must be a floating-point tensor, got "
+                            f"{type(vectors).__name__ if not isinstance(vectors, torch.Tensor) else vectors.dtype}")
+        expected = tuple(self.word_vectors.shape)
+        if tuple(vectors.shape) != expected:
+            raise ValueError(f"load_word_vectors: vectors must have shape {expected} "
+                             f"[word_vocab_size, word_dim], got {tuple(vectors.shape)}")
+        self.word_vectors.copy_(vectors)
+        self.word_vectors[self._pad_id].zero_()
+        self.word_vectors[self._unk_id].zero_()
+
+    def embed_words(self, words: torch.Tensor) -> torch.Tensor:
+        """words: [...] ids -> [..., dim] (<unk> reads ``unk_vector``)."""
+        w = F.embedding(words, self.word_vectors)
+        return torch.where((words == self._unk_id).unsqueeze(-1), self.unk_vector.to(w.dtype), w)
+
+    def word_table(self) -> torch.Tensor:
+        """The whole table as the model sees it, [V, dim] (the <unk> row is ``unk_vector``)."""
+        return self.word_vectors.index_copy(0, torch.tensor([self._unk_id], device=self.word_vectors.device),
+                                            self.unk_vector.unsqueeze(0).to(self.word_vectors.dtype))
 
 
 def timing_signal(length: int, channels: int, *, device: torch.device | None = None,

@@ -1,4 +1,9 @@
-"""QANet on SQuAD: the training task for ``fastqa.train.fit``, span decoding, prediction, and ``QAModel``.
+"""Readers on SQuAD: the training task for ``fastqa.train.fit``, span decoding, prediction, and ``QAModel``.
+
+Readers (``MODELS``): ``qanet`` (fastqa.models.qanet) and the attention tutorial's recurrent baselines ``lstm``,
+``lstm-attention`` and ``lstm-pointer`` (fastqa.models.lstm_readers). Every reader takes the same batch and
+returns start/end log-probabilities over the context positions, so one task, one decoder, one metric and one
+checkpoint format serve them all; a checkpoint's ``kind`` is the reader's name.
 
 Training follows the paper: Adam(β 0.8, 0.999, ε 1e-7) with L2 3e-7 (as Adam's coupled weight decay, the
 gradient of 3e-7·||w||²/2, like TensorFlow's l2_regularizer), learning rate warmed up as log(t)/log(1000)
@@ -38,11 +43,11 @@ from ..data.vocab import Vocab
 from ..errors import UserError
 from ..metrics.squad import evaluate as squad_evaluate
 
-__all__ = ["Recipe", "QATask", "QAModel", "decode_spans", "span_loss", "predict", "PredictOutput"]
+__all__ = ["MODELS", "Recipe", "QATask", "QAModel", "decode_spans", "span_loss", "predict", "PredictOutput"]
 
 log = logging.getLogger("fastqa.qa")
 
-KIND = "qanet"
+MODELS = ("qanet", "lstm", "lstm-attention", "lstm-pointer")
 
 
 @dataclass
@@ -98,12 +103,18 @@ def decode_spans(log_p1: torch.Tensor, log_p2: torch.Tensor, *, max_answer_len: 
 
 def span_loss(log_p1: torch.Tensor, log_p2: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
               reduction: str = "mean") -> torch.Tensor:
-    """NLL(start) + NLL(end) over the rows with a target (``starts >= 0``).
+    """NLL(start) + NLL(end), summed, or averaged over the rows with a start target (``starts >= 0``; 0 when
+    there is none). An end target may be NO_TARGET alone (a single-word reader learns no end).
 
     log_p1, log_p2: [B, n'] log-probabilities; starts, ends: [B] target positions or NO_TARGET.
     """
-    return (F.nll_loss(log_p1.float(), starts, ignore_index=NO_TARGET, reduction=reduction)
-            + F.nll_loss(log_p2.float(), ends, ignore_index=NO_TARGET, reduction=reduction))
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    total = (F.nll_loss(log_p1.float(), starts, ignore_index=NO_TARGET, reduction="sum")
+             + F.nll_loss(log_p2.float(), ends, ignore_index=NO_TARGET, reduction="sum"))
+    if reduction == "sum":
+        return total
+    return total / (starts != NO_TARGET).sum().clamp(min=1)
 
 
 def _autocast(device: torch.device):
@@ -125,8 +136,8 @@ def predict(model: nn.Module, data: SquadSet, enc: EncodedSquad, *, batch_size: 
             max_answer_len: int = 30, device: torch.device | str | None = None, progress: bool = False
             ) -> PredictOutput:
     """Answer every encoded question of ``data`` (model in eval mode, full contexts)."""
-    config = getattr(model, "config", None)
-    no_answer = bool(getattr(config, "no_answer", False))
+    no_answer = model.config.no_answer
+    max_answer_len = _answer_len(model.config, max_answer_len)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -142,8 +153,9 @@ def predict(model: nn.Module, data: SquadSet, enc: EncodedSquad, *, batch_size: 
             batch = collate(enc, indices).to(device)
             with _autocast(device):
                 lp1, lp2 = model(*batch.inputs())
-            loss_sum += float(span_loss(lp1, lp2, batch.starts, batch.ends, reduction="sum"))
-            out.n_loss += int((batch.starts >= 0).sum())
+            starts, ends = model.training_targets(batch.context_words, batch.starts, batch.ends)
+            loss_sum += float(span_loss(lp1, lp2, starts, ends, reduction="sum"))
+            out.n_loss += int((starts != NO_TARGET).sum())
             spans = {k: v.cpu() for k, v in decode_spans(lp1, lp2, max_answer_len=max_answer_len,
                                                          no_answer=no_answer).items()}
             for row, i in enumerate(indices):
@@ -176,10 +188,28 @@ def score_predictions(data: SquadSet, out: PredictOutput) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------------------------- the task
 
+def _answer_len(config: Any, max_answer_len: int) -> int:
+    """The longest answer (last - first token) a reader can give: 0 for a single-word reader."""
+    return 0 if config.single_word else max_answer_len
+
+
+def _config_type(kind: str) -> type:
+    from ..models.lstm_readers import LSTMReaderConfig
+    from ..models.qanet import QANetConfig
+
+    return QANetConfig if kind == "qanet" else LSTMReaderConfig
+
+
 def _build_model(config: Any) -> nn.Module:
+    from ..models.lstm_readers import LSTMReader, LSTMReaderConfig
     from ..models.qanet import QANet
 
-    return QANet(config)
+    return LSTMReader(config) if isinstance(config, LSTMReaderConfig) else QANet(config)
+
+
+def model_kind(config: Any) -> str:
+    """The reader's name (one of ``MODELS``), which is also its checkpoints' ``kind``."""
+    return getattr(config, "variant", "qanet")
 
 
 def _meta_config(config: Any) -> dict:
@@ -189,19 +219,32 @@ def _meta_config(config: Any) -> dict:
     return d
 
 
-class QATask:
-    """QANet on SQuAD for ``fastqa.train.fit`` (see ``fastqa.train.loop.Task``)."""
+def _make_config(model: str, preset: str, words: Vocab, chars: Vocab, limits: Limits, no_answer: bool,
+                 fields: dict) -> Any:
+    """The reader's config: the preset, the vocabularies' sizes and ids, and ``fields`` over them."""
+    common = dict(word_vocab_size=len(words), pad_id=words.pad_id, unk_id=words.unk_id, no_answer=no_answer)
+    if model == "qanet":
+        common.update(char_vocab_size=len(chars), max_word_len=limits.chars)
+    else:
+        common.update(variant=model)
+    try:
+        return _config_type(model).from_preset(preset, **common, **fields)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"model config: {e}") from None
 
-    kind = KIND
+
+class QATask:
+    """A reader on SQuAD for ``fastqa.train.fit`` (see ``fastqa.train.loop.Task``)."""
 
     def __init__(self, config: Any, words: Vocab, chars: Vocab, train: EncodedSquad, dev_set: SquadSet,
                  dev: EncodedSquad, *, recipe: Recipe = Recipe(), limits: Limits = Limits(),
                  word_vectors: torch.Tensor | None = None) -> None:
-        """config: QANetConfig; words/chars: the vocabularies; train: the encoded training examples;
-        dev_set/dev: the evaluation data; word_vectors: [len(words), word_dim] to load into the model."""
-        if config.word_vocab_size != len(words) or config.char_vocab_size != len(chars):
-            raise ValueError(f"config vocabulary sizes ({config.word_vocab_size}, {config.char_vocab_size}) differ "
-                             f"from the vocabularies' ({len(words)}, {len(chars)})")
+        """config: QANetConfig or LSTMReaderConfig; words/chars: the vocabularies; train: the encoded training
+        examples; dev_set/dev: the evaluation data; word_vectors: [len(words), word_dim] to load into the model."""
+        sizes = (config.word_vocab_size, getattr(config, "char_vocab_size", len(chars)))
+        if sizes != (len(words), len(chars)):
+            raise ValueError(f"config vocabulary sizes {sizes} differ from the vocabularies' ({len(words)}, {len(chars)})")
+        self.kind = model_kind(config)
         self.config, self.words, self.chars = config, words, chars
         self.train_data, self.dev_set, self.dev_data = train, dev_set, dev
         self.recipe, self.limits = recipe, limits
@@ -210,20 +253,24 @@ class QATask:
             self.model.load_word_vectors(word_vectors)
 
     @classmethod
-    def from_files(cls, train_path: str, dev_path: str, *, vectors: str | None = None, preset: str = "small",
-                   layers: str | None = None, train_articles: str | None = None, dev_articles: str | None = None,
+    def from_files(cls, train_path: str, dev_path: str, *, model: str = "qanet", vectors: str | None = None,
+                   preset: str = "small", layers: str | None = None, train_articles: str | None = None, dev_articles: str | None = None,
                    no_answer: bool | None = None, overrides: dict | None = None, recipe: Recipe = Recipe(),
                    limits: Limits = Limits(), cache_dir: str | os.PathLike | None = None,
                    progress: bool = True) -> "QATask":
         """Read, tokenise and encode the data, build the vocabularies and the model.
 
+        model: one of ``MODELS``. layers: QANet's layer backend (QANet only).
         no_answer: None follows the training data (a v2.0 file gets the no-answer option).
-        overrides: QANetConfig fields to change from the preset (e.g. {"d_model": 96}).
+        overrides: config fields to change from the preset (e.g. {"d_model": 96}).
         The model's initial weights and random word vectors come from ``recipe.seed``.
         """
-        from ..models.qanet import QANetConfig
         from ..train.loop import seed_everything
 
+        if model not in MODELS:
+            raise UserError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+        if layers is not None and model != "qanet":
+            raise UserError(f"--layers chooses QANet's layers; the {model} reader has none")
         train_set = load_squad(train_path, train_articles, cache_dir=cache_dir, progress=progress)
         dev_set = load_squad(dev_path, dev_articles, cache_dir=cache_dir, progress=progress)
         vec, dim = None, None
@@ -247,12 +294,7 @@ class QATask:
             no_answer = train_set.v2
         if layers is not None:
             fields["layers"] = layers
-        try:
-            config = QANetConfig.from_preset(preset, word_vocab_size=len(words), char_vocab_size=len(chars),
-                                             pad_id=words.pad_id, unk_id=words.unk_id, max_word_len=limits.chars,
-                                             no_answer=bool(no_answer), **fields)
-        except (TypeError, ValueError) as e:
-            raise UserError(f"model config: {e}") from None
+        config = _make_config(model, preset, words, chars, limits, bool(no_answer), fields)
         seed_everything(recipe.seed)
         matrix, _ = vectors_for_vocab(words, vec, config.word_dim, seed=recipe.seed)
         train = encode_squad(train_set, words, chars, train=True, no_answer=config.no_answer, limits=limits,
@@ -271,8 +313,9 @@ class QATask:
         return collate(self.train_data, indices).to(device)
 
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
-        log_p1, log_p2 = model(*batch.inputs())
-        return span_loss(log_p1, log_p2, batch.starts, batch.ends)
+        log_p1, log_p2 = model(*batch.inputs())  # ``model`` may be DDP-wrapped; ``self.model`` never is
+        starts, ends = self.model.training_targets(batch.context_words, batch.starts, batch.ends)
+        return span_loss(log_p1, log_p2, starts, ends)
 
     def configure_optimizer(self, model: nn.Module):
         from ..train.schedules import log_warmup
@@ -309,7 +352,8 @@ def _all_tokens(s: SquadSet):
 # ----------------------------------------------------------------------------------------------- QAModel
 
 class QAModel:
-    """A trained QANet with its vocabularies: answers questions about a context (EMA weights)."""
+    """A trained reader (QANet or a recurrent baseline) with its vocabularies: answers questions about a context
+    (EMA weights)."""
 
     def __init__(self, model: nn.Module, words: Vocab, chars: Vocab, *, max_answer_len: int = 30,
                  limits: Limits = Limits(), device: torch.device | str | None = None) -> None:
@@ -324,23 +368,27 @@ class QAModel:
     def load(cls, path: str | os.PathLike, *, layers: str | None = None, device: str | torch.device | None = None
              ) -> "QAModel":
         """The model in ``path`` (a run folder or its checkpoint.pt): config and vocabularies from the
-        checkpoint, the EMA weights when the run kept them. layers: "fast" (default), "reference", "naive"."""
-        from ..models.qanet import QANetConfig
+        checkpoint, the EMA weights when the run kept them. layers: QANet's "fast" (default), "reference", "naive"."""
         from ..train.checkpoint import inference_weights, load_checkpoint
 
         payload = load_checkpoint(path)
         where = Path(path)
-        if payload.get("kind") != KIND:
-            raise UserError(f"{where}: a {payload.get('kind')!r} checkpoint, not a QANet ({KIND!r}) one")
+        kind = payload.get("kind")
+        if kind not in MODELS:
+            raise UserError(f"{where}: a {kind!r} checkpoint, not a reader's (one of {', '.join(MODELS)})")
+        if layers is not None and kind != "qanet":
+            raise UserError(f"--layers chooses QANet's layers; the {kind} reader in {where} has none")
         meta = payload.get("meta") or {}
         try:
-            config = QANetConfig.from_dict({**meta["config"], "layers": layers or "fast"})
+            extra = {"layers": layers or "fast"} if kind == "qanet" else {}
+            config = _config_type(kind).from_dict({**meta["config"], **extra})
             words, chars = Vocab.from_dict(meta["words"]), Vocab.from_dict(meta["chars"])
         except (KeyError, TypeError, ValueError) as e:
             raise UserError(f"{where}: the checkpoint's config or vocabulary is unreadable ({e})") from None
-        if (config.word_vocab_size, config.char_vocab_size) != (len(words), len(chars)):
+        sizes = (config.word_vocab_size, getattr(config, "char_vocab_size", len(chars)))
+        if sizes != (len(words), len(chars)):
             raise UserError(f"{where}: the checkpoint's vocabularies ({len(words)} words, {len(chars)} chars) do not "
-                            f"match its config ({config.word_vocab_size}, {config.char_vocab_size})")
+                            f"match its config {sizes}")
         model = _build_model(config)
         try:
             model.load_state_dict(inference_weights(payload))
@@ -389,7 +437,7 @@ class QAModel:
         items = [self._encode_pair(c, q, i if len(contexts) > 1 else None) for i, (c, q) in enumerate(zip(contexts, questions))]
         results: list[dict[str, Any]] = [{} for _ in items]
         order = bucket_batches([len(it[0]) for it in items], batch_size, seed=0, shuffle=False)
-        mal = self.max_answer_len if max_answer_len is None else max_answer_len
+        mal = _answer_len(self.config, self.max_answer_len if max_answer_len is None else max_answer_len)
         for indices in order:
             lp1, lp2 = self._forward([items[i] for i in indices])
             spans = {k: v.cpu() for k, v in decode_spans(lp1, lp2, max_answer_len=mal,
@@ -416,7 +464,8 @@ class QAModel:
 
     def probabilities(self, context: str, question: str) -> dict[str, Any]:
         """Start/end probabilities over the context tokens: ``tokens``, ``offsets``, ``p_start`` and
-        ``p_end`` (lists of n floats), and ``p_null`` (start·end of "no answer", v2.0 models)."""
+        ``p_end`` (lists of n floats; ``p_end`` None for a single-word reader, whose answer ends where it
+        starts), and ``p_null`` (start·end of "no answer", v2.0 models)."""
         item = self._encode_pair(context, question)
         lp1, lp2 = self._forward([item])
         p1, p2 = lp1[0].exp(), lp2[0].exp()
@@ -424,7 +473,7 @@ class QAModel:
         if self.config.no_answer:
             out["p_null"] = float(p1[0] * p2[0])
             p1, p2 = p1[1:], p2[1:]
-        out["p_start"], out["p_end"] = p1.tolist(), p2.tolist()
+        out["p_start"], out["p_end"] = p1.tolist(), None if self.config.single_word else p2.tolist()
         return out
 
     # -- files

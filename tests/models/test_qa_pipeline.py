@@ -5,6 +5,8 @@ import shutil
 
 import pytest
 import torch
+from cli_helpers import assert_user_error as _user_error
+from cli_helpers import run_cli as _run
 from squad_fixtures import make_squad, write_json
 
 from fastqa.cli import main
@@ -22,23 +24,6 @@ def _train_args(train, dev, out, cache, *extra):
             "--no-progress", "--lr", "3e-3", "--warmup", "20", "--batch-size", "16", "--threads", "1", *TINY, *extra]
 
 
-
-
-def _run(capsys, args):
-    rc = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def _user_error(capsys, args, pattern):
-    """The command fails with exit status 2 and one line "fastqa: error: ..." matching ``pattern``."""
-    import re
-
-    rc, _, err = _run(capsys, args)
-    lines = [line for line in err.splitlines() if line.startswith("fastqa: error:")]
-    assert rc == 2 and len(lines) == 1, err
-    assert re.search(pattern, lines[0]), lines[0]
-    assert "Traceback" not in err
 
 
 # ------------------------------------------------------------------------------------------------ decoding

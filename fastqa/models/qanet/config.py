@@ -99,3 +99,8 @@ class QANetConfig(ModelConfig):
             self._check_prob(name)
         self._check_bool("no_answer")
         self._check_choice("layers", LAYERS)
+
+    @property
+    def single_word(self) -> bool:
+        """QANet answers spans (the QA pipeline asks every reader's config)."""
+        return False

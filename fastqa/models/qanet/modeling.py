@@ -24,7 +24,8 @@ from torch import nn
 
 from ... import layers as fused
 from ... import reference
-from ..common import Highway, check_config, dropout, init_linear, masked_log_softmax, residual_masks, survival_prob, timing_signal
+from ..common import (FrozenWordVectors, Highway, check_config, check_qa_inputs, dropout, init_linear,
+                      masked_log_softmax, residual_masks, survival_prob, timing_signal)
 from .config import LAYERS, QANetConfig
 
 __all__ = ["LAYER_SETS", "CharEmbedding", "EncoderBlock", "FeedForward", "NaiveContextQueryAttention", "QANet",
@@ -181,17 +182,7 @@ def _attn_mask(mask: torch.Tensor) -> torch.Tensor:
     return mask[:, None, None, :]
 
 
-def _check_ids(name: str, t: object, ndim: int) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"QANet.forward: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.long:
-        raise TypeError(f"QANet.forward: {name} must be int64 (torch.long) ids, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"QANet.forward: {name} must have {ndim} dims, got shape {tuple(t.shape)}")
-    return t
-
-
-class QANet(nn.Module):
+class QANet(FrozenWordVectors):
     """QANet reader (see the module docstring for the architecture).
 
     ``QANet(config, layers=None)``: layers "fast" (fastqa.layers: fused kernels), "reference"
@@ -209,9 +200,7 @@ class QANet(nn.Module):
         ls = LAYER_SETS[layers]
         c, d = config, config.d_model
 
-        # Frozen word vectors: a parameter without gradient (DDP broadcasts it once, not every step).
-        self.word_vectors = nn.Parameter(torch.empty(c.word_vocab_size, c.word_dim), requires_grad=False)
-        self.unk_vector = nn.Parameter(torch.empty(c.word_dim))
+        self._make_word_vectors(c.word_vocab_size, c.word_dim, pad_id=c.pad_id, unk_id=c.unk_id)
         self.char_embedding = CharEmbedding(c.char_vocab_size, c.char_dim, c.char_channels, c.char_kernel,
                                             pad_id=c.pad_id, dropout=c.char_dropout)
         # [word; char] -> d first, then the highway at width d (as the authors' code: cheaper than at 500).
@@ -229,7 +218,7 @@ class QANet(nn.Module):
             # The null score reads the max-pooled head inputs, so it can tell answerable from unanswerable.
             self.null_start = init_linear(nn.Linear(2 * d, 1))
             self.null_end = init_linear(nn.Linear(2 * d, 1))
-        self._init_embeddings()
+        self._init_word_vectors()
 
         # Survival probabilities: l counts the sublayers of one stack (1..L), the same in each pass.
         n_emb = self.emb_encoder.num_sublayers
@@ -239,35 +228,9 @@ class QANet(nn.Module):
         self._model_survival = [[survival_prob(b * per_block + i + 1, total, c.layer_dropout)
                                  for i in range(per_block)] for b in range(c.model_blocks)]
 
-    def _init_embeddings(self) -> None:
-        """Random word vectors (replaced by ``load_word_vectors``) with a zero <pad> row; small <unk>."""
-        std = self.config.word_dim ** -0.5
-        with torch.no_grad():
-            nn.init.normal_(self.word_vectors, std=std)
-            self.word_vectors[self.config.pad_id].zero_()
-            self.word_vectors[self.config.unk_id].zero_()  # unused: <unk> reads unk_vector
-            nn.init.normal_(self.unk_vector, std=std)
-
-    @torch.no_grad()
-    def load_word_vectors(self, vectors: torch.Tensor) -> None:
-        """Copy ``vectors`` [word_vocab_size, word_dim] into the frozen table; the <pad> row stays zero and
-        the <unk> row is unused (the trainable ``unk_vector`` stands for <unk>)."""
-        if not isinstance(vectors, torch.Tensor) or not vectors.is_floating_point():
-            raise TypeError(f"load_word_vectors: vectors must be a floating-point tensor, got "
-                            f"{type(vectors).__name__ if not isinstance(vectors, torch.Tensor) else vectors.dtype}")
-        expected = tuple(self.word_vectors.shape)
-        if tuple(vectors.shape) != expected:
-            raise ValueError(f"load_word_vectors: vectors must have shape {expected} "
-                             f"[word_vocab_size, word_dim], got {tuple(vectors.shape)}")
-        self.word_vectors.copy_(vectors)
-        self.word_vectors[self.config.pad_id].zero_()
-        self.word_vectors[self.config.unk_id].zero_()
-
     def _embed(self, words: torch.Tensor, chars: torch.Tensor) -> torch.Tensor:
         """words: [B, L]; chars: [B, L, W] -> [B, L, d]."""
-        w = F.embedding(words, self.word_vectors)
-        w = torch.where((words == self.config.unk_id).unsqueeze(-1), self.unk_vector.to(w.dtype), w)
-        w = dropout(w, self.config.dropout, self.training)
+        w = dropout(self.embed_words(words), self.config.dropout, self.training)
         x = torch.cat([w, self.char_embedding(chars)], dim=-1)
         return self.highway(self.emb_resize(x))
 
@@ -281,16 +244,7 @@ class QANet(nn.Module):
         """context_words: [B, n]; context_chars: [B, n, W]; question_words: [B, m]; question_chars: [B, m, W']
         (int64 ids, ``pad_id`` = padding). Returns (log_p_start, log_p_end): [B, n], or [B, 1 + n] with
         ``no_answer`` (index 0 = no answer). Padded positions have a finite log-prob whose exp is exactly 0."""
-        cw, cc = _check_ids("context_words", context_words, 2), _check_ids("context_chars", context_chars, 3)
-        qw, qc = _check_ids("question_words", question_words, 2), _check_ids("question_chars", question_chars, 3)
-        if cc.shape[:2] != cw.shape:
-            raise ValueError(f"QANet.forward: context_chars {tuple(cc.shape)} must be [B, n, W] with "
-                             f"[B, n] = context_words' shape {tuple(cw.shape)}")
-        if qc.shape[:2] != qw.shape:
-            raise ValueError(f"QANet.forward: question_chars {tuple(qc.shape)} must be [B, m, W] with "
-                             f"[B, m] = question_words' shape {tuple(qw.shape)}")
-        if qw.shape[0] != cw.shape[0]:
-            raise ValueError(f"QANet.forward: question batch {qw.shape[0]} != context batch {cw.shape[0]}")
+        cw, cc, qw, qc = check_qa_inputs("QANet", context_words, context_chars, question_words, question_chars)
         pad = self.config.pad_id
         c_mask, q_mask = cw != pad, qw != pad
 
@@ -317,6 +271,11 @@ class QANet(nn.Module):
             end = torch.cat([self.null_end(self._max_pool(end_in, c_mask)), end], dim=1)
             mask = torch.cat([c_mask.new_ones(c_mask.shape[0], 1), c_mask], dim=1)
         return masked_log_softmax(start, mask), masked_log_softmax(end, mask)
+
+    def training_targets(self, context_words: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The targets QANet learns: the gold span's, as they are (the QA pipeline asks every reader)."""
+        return starts, ends
 
     @staticmethod
     def _max_pool(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -30,8 +30,9 @@ class Prepared:
     """One (case, mode) ready to run.
 
     runners: impl -> callable running the workload once and returning its result (tensors), which
-    is compared with ``expected``. unavailable: impl -> why it is not run here (printed, recorded).
-    compiled: the impls whose first call compiles (their first-call time is reported apart).
+    is compared with ``expected`` (or, when the impls are different models, ``expected[impl]``).
+    unavailable: impl -> why it is not run here (printed, recorded). compiled: the impls whose first call
+    compiles (their first-call time is reported apart). baseline: the impl the speedups are over.
     """
     runners: dict[str, Callable[[], Any]]
     expected: Any
@@ -39,6 +40,11 @@ class Prepared:
     bytes: float
     unavailable: dict[str, str] = field(default_factory=dict)
     compiled: frozenset[str] = frozenset()
+    baseline: str = "eager"
+
+    def expected_of(self, impl: str) -> Any:
+        """What ``impl``'s result is checked against."""
+        return self.expected[impl] if isinstance(self.expected, dict) else self.expected
 
 
 class Case(ABC):

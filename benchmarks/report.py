@@ -26,6 +26,12 @@ def speedups(group: list[dict], baseline: str) -> dict[str, float]:
     return {} if base is None else {r["impl"]: base / r["median_ms"] for r in group}
 
 
+def _baseline(group: list[dict]) -> str:
+    """The impl a group's speedups are over: "eager", unless the case named another (results before the
+    field existed: "eager")."""
+    return group[0].get("baseline", "eager")
+
+
 def _fmt_ms(ms: float) -> str:
     return f"{ms:.3f}" if ms < 1 else f"{ms:.2f}" if ms < 100 else f"{ms:.0f}"
 
@@ -57,9 +63,11 @@ def table(result: dict[str, Any]) -> str:
     header = (f"{'impl':<15}{'median ms':>11}{'p25-p75':>17}{'vs eager':>10}{'vs compiled':>12}"
               f"{'x bound':>9}{'peak MB':>10}{'max err':>10}{'compile s':>11}")
     for (op, case, mode), group in grouped(result["records"]).items():
-        vs_eager, vs_compiled = speedups(group, "eager"), speedups(group, "compiled")
+        base = _baseline(group)
+        vs_eager, vs_compiled = speedups(group, base), speedups(group, "compiled")
         lines.append(f"{op} {case} [{mode}]  bound {_fmt_ms(group[0]['bound_ms'])} ms "
-                     f"({group[0]['flops'] / 1e9:.2f} GFLOP, {group[0]['bytes'] / 1e6:.1f} MB)")
+                     f"({group[0]['flops'] / 1e9:.2f} GFLOP, {group[0]['bytes'] / 1e6:.1f} MB)"
+                     + ("" if base == "eager" else f"  -- 'vs eager' is vs {base}"))
         lines.append(header)
         for r in group:
             mem = "" if r["peak_mem_bytes"] is None else f"{r['peak_mem_bytes'] / 2 ** 20:.1f}"
@@ -90,12 +98,14 @@ def markdown(result: dict[str, Any]) -> str:
              "| op | case | mode | impl | median ms [p25-p75] | vs eager | vs compiled | x bound | peak MB | max err | compile s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (op, case, mode), group in grouped(result["records"]).items():
-        vs_eager, vs_compiled = speedups(group, "eager"), speedups(group, "compiled")
+        base = _baseline(group)
+        vs_eager, vs_compiled = speedups(group, base), speedups(group, "compiled")
+        note = "" if base == "eager" else f" (vs {base})"
         for r in group:
             mem = "" if r["peak_mem_bytes"] is None else f"{r['peak_mem_bytes'] / 2 ** 20:.1f}"
             comp = "" if r["compile_s"] is None else f"{r['compile_s']:.1f}"
             lines.append(f"| {op} | {case} | {mode} | {r['impl']} | {_fmt_ms(r['median_ms'])} "
-                         f"[{_fmt_ms(r['p25_ms'])}-{_fmt_ms(r['p75_ms'])}] | {_fmt_x(vs_eager.get(r['impl']))} | "
+                         f"[{_fmt_ms(r['p25_ms'])}-{_fmt_ms(r['p75_ms'])}] | {_fmt_x(vs_eager.get(r['impl']))}{note} | "
                          f"{_fmt_x(vs_compiled.get(r['impl']))} | {r['bound_ratio']:.1f} | {mem} | "
                          f"{r['max_abs_err']:.1e} | {comp} |")
     return "\n".join(lines)
@@ -131,7 +141,8 @@ def speedup_chart(result: dict[str, Any], path: Path) -> None:
 
     groups = grouped(result["records"])
     ops = list(dict.fromkeys(op for op, _, _ in groups))
-    impls = sorted({r["impl"] for g in groups.values() for r in g} - {"eager"}, key=_impl_key)
+    bases = {_baseline(g) for g in groups.values()}
+    impls = sorted({r["impl"] for g in groups.values() for r in g} - bases, key=_impl_key)
     # Rows with nothing but eager (no other implementation ran) carry no speedup: left out.
     rows_per_op = {op: [k for k in groups if k[0] == op and len(groups[k]) > 1] for op in ops}
     ops = [op for op in ops if rows_per_op[op]] or ops[:1]
@@ -139,13 +150,13 @@ def speedup_chart(result: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(len(ops), 1, figsize=(10, sum(heights) + 1.2), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
     bar_h = 0.8 / max(1, len(impls))
-    all_x = [s for g in groups.values() for i, s in speedups(g, "eager").items() if i != "eager"]
+    all_x = [s for g in groups.values() for i, s in speedups(g, _baseline(g)).items() if i != _baseline(g)]
     lo, hi = (min(all_x + [1.0]), max(all_x + [1.0])) if all_x else (0.5, 2.0)
     for ax, op in zip(axes[:, 0], ops):
         keys = rows_per_op[op]
         for j, impl in enumerate(impls):
             for i, key in enumerate(keys):
-                s = speedups(groups[key], "eager").get(impl)
+                s = speedups(groups[key], _baseline(groups[key])).get(impl)
                 if s is None:
                     continue
                 y = i + (j - (len(impls) - 1) / 2) * bar_h
@@ -157,7 +168,9 @@ def speedup_chart(result: dict[str, Any], path: Path) -> None:
         ax.set_yticks(range(len(keys)))
         ax.set_yticklabels([f"{case}  [{mode}]" for _, case, mode in keys], fontsize=8)
         ax.invert_yaxis()
-        ax.set_title(op, loc="left", fontsize=10, fontweight="bold")
+        base = _baseline(groups[keys[0]]) if keys else "eager"
+        ax.set_title(op if base == "eager" else f"{op} (speedup over {base})", loc="left", fontsize=10,
+                     fontweight="bold")
         ax.grid(axis="x", which="both", alpha=0.25)
         ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(_TICKS))
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))

@@ -73,7 +73,7 @@ def run_case_mode(case: Case, mode: str, prepared: Prepared, device: torch.devic
         status(f"{'compiling' if impl in prepared.compiled else 'warming up'} {impl}")
         try:
             result, first_s[impl], est_s[impl] = _warm_up(fn, settings, device)
-            errors[impl] = max_abs_err(result, prepared.expected)
+            errors[impl] = max_abs_err(result, prepared.expected_of(impl))
         except Exception as exc:  # a broken implementation is reported, the others still run
             skip(impl, f"failed: {_short(exc)}")
             continue
@@ -90,7 +90,7 @@ def run_case_mode(case: Case, mode: str, prepared: Prepared, device: torch.devic
             "op": case.op, "case": case.name, "shape": case.shape, "impl": impl, "mode": mode,
             "median_ms": median, "p25_ms": p25, "p75_ms": p75, "runs": len(samples[impl]),
             "peak_mem_bytes": measure.peak_memory(fn, device) if settings.memory else None,
-            "max_abs_err": errors[impl], "bound_ms": bound_ms, "bound_ratio": median / bound_ms,
+            "max_abs_err": errors[impl], "baseline": prepared.baseline, "bound_ms": bound_ms, "bound_ratio": median / bound_ms,
             "compile_s": first_s[impl] if impl in prepared.compiled else None,
             "flops": prepared.flops, "bytes": prepared.bytes, "dtype": str(dtype).replace("torch.", ""),
             "device": measure.device_name(device), **versions(),

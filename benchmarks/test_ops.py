@@ -15,7 +15,8 @@ from benchmarks.registry import CASES, OpCase, Prepared, max_abs_err, select
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 IMPLS = ("naive", "eager", "fastqa[cpu]" if DEVICE.type == "cpu" else "fastqa[triton]")
-TOLERANCE = 1e-2  # float32 vs float64 after a backward through O(100)-long reductions
+TOLERANCE = 1e-2  # float32 vs float64 after a backward through O(100)-long reductions; scaled up for results
+# above 100 (gradients reach a few hundred, where the summation order alone moves the last digits by 1e-2)
 
 select()  # registers the op cases
 PARAMS = [pytest.param(case, mode, impl, id=f"{case.id}-{mode}-{impl}")
@@ -50,4 +51,6 @@ def test_op(benchmark, case: OpCase, mode: str, impl: str) -> None:
             return out
         run = run_synced
     result = benchmark(run)
-    assert max_abs_err(result, prepared.expected) < TOLERANCE
+    largest = max(float(t.detach().abs().max()) for t in (prepared.expected if isinstance(prepared.expected, (tuple, list))
+                                                         else [prepared.expected]) if t.numel())
+    assert max_abs_err(result, prepared.expected) < TOLERANCE * max(1.0, largest / 100)

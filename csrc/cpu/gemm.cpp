@@ -101,7 +101,10 @@ std::pair<double, double> time_pair(F&& f, G&& g, int reps) {
 Rates measure_rates() {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   constexpr int64_t n = 512;
-  const at::Tensor a = at::randn({n, n}, at::kFloat), w = at::randn({n, n}, at::kFloat);
+  // Fixed operands, not random ones: drawing from the global generator would change a seeded user's dropout
+  // masks depending on whether this measurement ran before them. (The values do not change GEMM speed.)
+  const at::Tensor a = at::linspace(-1.0, 1.0, n * n, at::kFloat).view({n, n});
+  const at::Tensor w = a.flip({0}).contiguous();
   at::Tensor out = at::empty({n, n}, at::kFloat);
   const double flop = 2.0 * n * n * n;
   Rates r;

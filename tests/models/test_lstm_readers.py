@@ -202,3 +202,25 @@ def test_baseline_user_errors(data, capsys, tmp_path):
     assert_user_error(capsys, [*base, "--model", "qanet", "--preset", "base"], r"unknown QANet preset 'base'")
     with pytest.raises(SystemExit):
         run_cli(capsys, [*base, "--model", "gru"])
+
+
+def test_benchmark_case_times_qanet_beside_the_baselines():
+    from benchmarks.cases_readers import READERS_CASES
+    from benchmarks.registry import max_abs_err
+    from benchmarks.report import markdown
+
+    case = next(c for c in READERS_CASES if c.quick)
+    prepared = case.prepare("fwd+bwd", torch.device("cpu"), torch.float32, compile=False, naive_limit_bytes=0)
+    assert prepared.baseline == "qanet" and set(prepared.runners) >= set(VARIANTS)
+    records = []
+    for impl, run in prepared.runners.items():
+        loss = run()
+        assert torch.isfinite(loss) and max_abs_err(loss, prepared.expected_of(impl)) < 1e-4   # vs float64
+        records.append({"op": case.op, "case": case.name, "mode": "fwd+bwd", "impl": impl, "median_ms": 2.0,
+                        "p25_ms": 1.0, "p75_ms": 3.0, "peak_mem_bytes": None, "max_abs_err": 0.0, "compile_s": None,
+                        "bound_ratio": 1.0, "baseline": "qanet"})
+    records[-1]["median_ms"] = 1.0
+    meta = {"date": "2026-11-23", "device": "cpu", "threads": 1, "dtype": "float32", "torch": "x", "triton": "x",
+            "fastqa": "x", "gemm_flops": 1e9, "mem_bw": 1e9}
+    md = markdown({"meta": meta, "records": records})
+    assert f"| {records[-1]['impl']} | 1.000 [1.000-3.00] | 2.00x (vs qanet) |" in md

@@ -7,10 +7,7 @@ them); a backward costs twice its forward.
 """
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 
 from fastqa import reference as ref
 
@@ -90,16 +87,6 @@ def cqa_case(B: int, n: int, m: int, d: int, *, quick: bool = False) -> OpCase:
 
 # --- GLU convolution ------------------------------------------------------------------------------
 
-def glu_conv1d_fairseq(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                       causal: bool = True) -> torch.Tensor:
-    """The tutorials' / fairseq fconv causal conv: K-1 zeros on *both* sides, the future outputs
-    computed and thrown away. Naive baseline of the causal cases only (``causal`` is accepted for
-    the reference's signature)."""
-    k, t = weight.shape[-1], x.shape[1]
-    h = F.conv1d(x.transpose(1, 2), weight, bias, padding=k - 1)[..., :t]
-    return (F.glu(h, dim=1).transpose(1, 2) + x) * math.sqrt(0.5)
-
-
 def glu_case(B: int, H: int, T: int, K: int, *, causal: bool, quick: bool = False) -> OpCase:
     def make_inputs(gen: torch.Generator) -> OpInputs:
         args = (_randn(gen, B, T, H), _randn(gen, 2 * H, H, K, scale=(H * K) ** -0.5), _randn(gen, 2 * H, scale=0.1))
@@ -112,7 +99,7 @@ def glu_case(B: int, H: int, T: int, K: int, *, causal: bool, quick: bool = Fals
         op="glu_conv1d", name=f"{'causal' if causal else 'centred'}_B{B}_H{H}_T{T}_K{K}",
         shape={"B": B, "H": H, "T": T, "K": K, "causal": causal},
         make_inputs=make_inputs, reference=ref.glu_conv1d, fastqa_fn="glu_conv1d",
-        flops=_fwd_bwd(4.0 * B * T * H * H * K), naive=glu_conv1d_fairseq if causal else None, quick=quick)
+        flops=_fwd_bwd(4.0 * B * T * H * H * K), naive=ref.glu_conv1d_naive if causal else None, quick=quick)
 
 
 def _decode(step):

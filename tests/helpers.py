@@ -133,8 +133,14 @@ def kernel_ops(backend: str):
     return {"cpu": torch.ops.fastqa, "triton": torch.ops.fastqa_triton}[backend]
 
 
-def ran_kernels(call: Callable[[], object]) -> bool:
-    """Whether ``call()`` ran a fused kernel (a fastqa / fastqa_triton custom op), as the profiler saw it."""
+def ran_ops(call: Callable[[], object]) -> set:
+    """The fused kernels (fastqa / fastqa_triton custom ops, by qualified name) ``call()`` ran, as the
+    profiler saw them."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         call()
-    return any(e.name.startswith(("fastqa::", "fastqa_triton::")) for e in prof.events())
+    return {e.name for e in prof.events() if e.name.startswith(("fastqa::", "fastqa_triton::"))}
+
+
+def ran_kernels(call: Callable[[], object]) -> bool:
+    """Whether ``call()`` ran a fused kernel (a fastqa / fastqa_triton custom op), as the profiler saw it."""
+    return bool(ran_ops(call))

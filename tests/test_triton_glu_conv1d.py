@@ -12,9 +12,10 @@ import torch
 
 pytest.importorskip("triton")
 
+import fastqa  # noqa: E402
 from fastqa.reference.glu_conv1d import glu_conv1d, glu_conv1d_step  # noqa: E402
 from fastqa.triton_kernels import glu_conv1d as kernels  # noqa: E402
-from helpers import device_of, GPU_MODEL_SHAPE_TOLERANCES, LOW_PRECISION_TOLERANCES, assert_close  # noqa: E402
+from helpers import device_of, GPU_MODEL_SHAPE_TOLERANCES, LOW_PRECISION_TOLERANCES, assert_close, ran_ops  # noqa: E402
 
 OPS = torch.ops.fastqa_triton
 DEVICE = device_of("triton")
@@ -224,10 +225,15 @@ def test_direct_call_rejects_bad_shapes():
 
 
 def test_registry_resolves_the_triton_ops():
-    from fastqa.ops._registry import kernel
-
-    for name in ("glu_conv1d_fwd", "glu_conv1d_bwd", "glu_conv1d_step"):
-        assert kernel("triton", "glu_conv1d", name) is getattr(OPS, name)
+    """The public entry points with backend="triton" run exactly these custom ops (forward, backward, step)."""
+    x, w, b, m = _make_inputs(1, 5, 8, 3, mask="random", bias=True)
+    x.requires_grad_(True)
+    ran = ran_ops(lambda: fastqa.glu_conv1d(x, w, b, causal=False, mask=m, backend="triton").sum().backward())
+    assert ran == {"fastqa_triton::glu_conv1d_fwd", "fastqa_triton::glu_conv1d_bwd"}
+    state = torch.zeros(1, 2, 8, device=DEVICE)
+    with torch.no_grad():
+        ran = ran_ops(lambda: fastqa.glu_conv1d_step(x[:, 0], state, w, b, backend="triton"))
+    assert ran == {"fastqa_triton::glu_conv1d_step"}
 
 
 def test_zero_length_sequence_gives_initialised_outputs():

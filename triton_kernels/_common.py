@@ -1,5 +1,6 @@
 """What every Triton launcher of fastqa shares: the interpreter flag, autotuning spaces and the autotune
-switch, accumulator / dot dtypes, the fp32 dot precision policy, the SM count and custom-op registration.
+switch, accumulator / dot dtypes, the fp32 dot precision policy, the SM count, custom-op registration and
+the tile offsets every kernel starts from (``tile_range``).
 
 Precision policy (the same for every op; the README's backend table states it): accumulation is fp32
 (fp64 for fp64 inputs, which only the interpreter runs, for gradcheck). ``tl.dot`` on fp32 operands
@@ -110,6 +111,14 @@ def register(name: str, impl: Callable, schema: str, fake: Callable):
     op = torch.library.custom_op(f"fastqa_triton::{name}", impl, mutates_args=(), schema=schema)
     op.register_fake(fake)
     return op
+
+
+@triton.jit
+def tile_range(start, BLOCK: tl.constexpr, size):
+    """The offsets start + [0, BLOCK) of one tile of a dimension of ``size``, and which are in range
+    (a jit helper: kernels of every op call it, Triton inlines it)."""
+    offs = start + tl.arange(0, BLOCK)
+    return offs, offs < size
 
 
 def bucket(n: int, cap: Optional[int] = None) -> int:

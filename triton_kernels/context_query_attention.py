@@ -79,7 +79,7 @@ import triton.language as tl
 
 from fastqa._checks import check_optional, check_tensor
 
-from ._common import INTERPRET, configs, dot_operand_dtype, dot_precision, launch, register
+from ._common import INTERPRET, configs, dot_operand_dtype, dot_precision, launch, register, tile_range
 
 # Autotuning spaces; the first entry of each list is the default configuration (``_common.launch``).
 # Smallest tiles first: the untuned default must fit shared memory at d = 256 in fp32 too.
@@ -101,6 +101,17 @@ _MIN_COL_BLOCK_M = min(cfg.kwargs["BLOCK_M"] for cfg in _COL_CONFIGS)
 # ----------------------------------------------------------------------------- jit helpers
 
 @triton.jit
+def _program_tile(length, d, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Where a row or column program starts (grid axis 0: its tile of ``length`` rows, axis 1: the batch
+    element): (tile index, b as int64, row offsets, feature offsets, and which of each are in range)."""
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    offs, ok = tile_range(pid * BLOCK, BLOCK, length)
+    offs_d, d_ok = tile_range(0, BLOCK_D, d)
+    return pid, b, offs, offs_d, ok, d_ok
+
+
+@triton.jit
 def _load_rows(ptr, offs_r, offs_d, stride_r, stride_d, r_ok, d_ok):
     """[R, D] tile of a row-major-ish matrix (zeros outside r_ok x d_ok), in its own dtype."""
     return tl.load(ptr + offs_r[:, None] * stride_r + offs_d[None, :] * stride_d,
@@ -118,6 +129,13 @@ def _store_rows(ptr, offs_r, offs_d, stride_r, r_ok, d_ok, value):
 def _load_real(mask_ptr, offs, stride, ok):
     """Bool [R]: True where the token is real (mask != 0) and in range."""
     return (tl.load(mask_ptr + offs * stride, mask=ok, other=0) != 0) & ok
+
+
+@triton.jit
+def _real_lse(mask_ptr, lse_ptr, offs, stride, ok):
+    """What the backward recomputes probabilities from, for R rows of one side of S: which are real
+    tokens (``_load_real``) and their saved log-sum-exps (+inf out of range, so exp(s - lse) is 0)."""
+    return _load_real(mask_ptr, offs, stride, ok), tl.load(lse_ptr + offs, mask=ok, other=float("inf"))
 
 
 @triton.jit
@@ -222,10 +240,9 @@ def _tri_fwd_kernel(c_ptr, q_ptr, w_ptr, bias_ptr, s_ptr, n, m, d, n_key, m_key,
                     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     """S tile per (n-tile, m-tile, b) into contiguous s [B, n, m]."""
     b = tl.program_id(2).to(tl.int64)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    n_ok, m_ok, d_ok = offs_n < n, offs_m < m, offs_d < d
+    offs_n, n_ok = tile_range(tl.program_id(0) * BLOCK_N, BLOCK_N, n)
+    offs_m, m_ok = tile_range(tl.program_id(1) * BLOCK_M, BLOCK_M, m)
+    offs_d, d_ok = tile_range(0, BLOCK_D, d)
     w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
     c = _load_rows(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
     q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
@@ -240,16 +257,12 @@ def _tri_bwd_row_kernel(g_ptr, q_ptr, w_ptr, dc_ptr, n, m, d, n_key, m_key,
                         BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """grad_c_i = (Σ_j g_ij) w_c + w_cq ∘ (g Q)_i, per (n-tile, b)."""
-    b = tl.program_id(1).to(tl.int64)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    n_ok, d_ok = offs_n < n, offs_d < d
+    _, b, offs_n, offs_d, n_ok, d_ok = _program_tile(n, d, BLOCK_N, BLOCK_D)
     w_c, w_q, w_cq, bias = _load_weights(w_ptr, w_ptr, offs_d, d_ok, d, False)
     rowsum = tl.zeros([BLOCK_N], dtype=tl.float32)
     gq = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     for m0 in range(0, m, BLOCK_M):
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        m_ok = offs_m < m
+        offs_m, m_ok = tile_range(m0, BLOCK_M, m)
         g = _load_rows(g_ptr + b * s_gb, offs_n, offs_m, s_gn, s_gm, n_ok, m_ok).to(tl.float32)
         q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
         rowsum += tl.sum(g, axis=1)
@@ -265,18 +278,13 @@ def _tri_bwd_col_kernel(g_ptr, c_ptr, q_ptr, w_ptr, dq_ptr, partial_ptr, n, m, d
                         BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """grad_q and the weight partials of S, per (m-tile, b), sweeping the context."""
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_ok, d_ok = offs_m < m, offs_d < d
+    pid_m, b, offs_m, offs_d, m_ok, d_ok = _program_tile(m, d, BLOCK_M, BLOCK_D)
     w_c, w_q, w_cq, bias = _load_weights(w_ptr, w_ptr, offs_d, d_ok, d, False)
     q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
     colsum = tl.zeros([BLOCK_M], dtype=tl.float32)
     gc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for n0 in range(0, n, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < n
+        offs_n, n_ok = tile_range(n0, BLOCK_N, n)
         gt = _load_rows(g_ptr + b * s_gb, offs_m, offs_n, s_gm, s_gn, m_ok, n_ok).to(tl.float32)  # gᵀ tile
         c = _load_rows(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
         colsum += tl.sum(gt, axis=1)
@@ -294,19 +302,14 @@ def _cqa_fwd_col_kernel(c_ptr, q_ptr, cmask_ptr, w_ptr, bias_ptr, t_ptr, lse_col
                         HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Column softmax over the context (online, flash-style) and T = Pcᵀ C, per (m-tile, b)."""
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_ok, d_ok = offs_m < m, offs_d < d
+    pid_m, b, offs_m, offs_d, m_ok, d_ok = _program_tile(m, d, BLOCK_M, BLOCK_D)
     w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
     q, q_lin, qw = _operand_tile(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok, w_q, w_cq, bias)
     run_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     run_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     t = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for n0 in range(0, n, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < n
+        offs_n, n_ok = tile_range(n0, BLOCK_N, n)
         c = _load_rows(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
         real_c = _load_real(cmask_ptr + b * s_kb, offs_n, s_kn, n_ok)
         st = _sim(qw, c, q_lin, _lin(c, w_c), DOT_DTYPE, DOT_PRECISION)  # Sᵀ tile [BM, BN]
@@ -325,10 +328,7 @@ def _cqa_fwd_row_kernel(c_ptr, q_ptr, qmask_ptr, w_ptr, bias_ptr, t_ptr, out_ptr
                         HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Row softmax over the question, A = P Q, B = P T and out = [c, A, c∘A, c∘B], per (n-tile, b)."""
-    b = tl.program_id(1).to(tl.int64)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    n_ok, d_ok = offs_n < n, offs_d < d
+    _, b, offs_n, offs_d, n_ok, d_ok = _program_tile(n, d, BLOCK_N, BLOCK_D)
     w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
     c, c_lin, cw = _operand_tile(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok, w_c, w_cq, bias)
     cf = c.to(tl.float32)
@@ -337,8 +337,7 @@ def _cqa_fwd_row_kernel(c_ptr, q_ptr, qmask_ptr, w_ptr, bias_ptr, t_ptr, out_ptr
     acc_a = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     for m0 in range(0, m, BLOCK_M):  # a single iteration when the question fits one tile
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        m_ok = offs_m < m
+        offs_m, m_ok = tile_range(m0, BLOCK_M, m)
         q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
         t = _load_rows(t_ptr + b * m * d, offs_m, offs_d, d, 1, m_ok, d_ok)
         real_q = _load_real(qmask_ptr + b * s_kb, offs_m, s_km, m_ok)
@@ -365,10 +364,7 @@ def _cqa_bwd_prep_kernel(g_ptr, c_ptr, out_ptr, da_ptr, db_ptr, dd_ptr, n, m, d,
                          s_gb, s_gn, s_gd, s_cb, s_cn, s_cd, s_ob, s_on, s_od,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     """dA = g1 + g2∘c, dB = g3∘c and D = dA·A + g3·(c∘B), per (n-tile, b)."""
-    b = tl.program_id(1).to(tl.int64)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    n_ok, d_ok = offs_n < n, offs_d < d
+    _, b, offs_n, offs_d, n_ok, d_ok = _program_tile(n, d, BLOCK_N, BLOCK_D)
     g = g_ptr + b * s_gb
     o = out_ptr + b * s_ob
     c = _load_rows(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok).to(tl.float32)
@@ -390,8 +386,7 @@ def _col_sweep_tile(c_ptr, cmask_ptr, lse_row_ptr, da_ptr, db_ptr, offs_n, offs_
     transposed row and column probabilities Pᵀ, Pcᵀ [BLOCK_M, BLOCK_N] recomputed from the saved
     log-sum-exps, and the tile's dA, dB rows."""
     c = _load_rows(c_ptr, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
-    real_c = _load_real(cmask_ptr, offs_n, s_kcn, n_ok)
-    lse_r = tl.load(lse_row_ptr + offs_n, mask=n_ok, other=float("inf"))
+    real_c, lse_r = _real_lse(cmask_ptr, lse_row_ptr, offs_n, s_kcn, n_ok)
     st = _sim(qw, c, q_lin, _lin(c, w_c), DOT_DTYPE, DOT_PRECISION)
     pt = _prob(st, lse_r[None, :], real_q[:, None] & n_ok[None, :])
     pct = _prob(st, lse_c[:, None], real_c[None, :] & m_ok[:, None])
@@ -408,22 +403,16 @@ def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse
                         HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Per (m-tile, b): T, dT, E, grad_q and the weight partials (two sweeps over the context)."""
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_ok, d_ok = offs_m < m, offs_d < d
+    pid_m, b, offs_m, offs_d, m_ok, d_ok = _program_tile(m, d, BLOCK_M, BLOCK_D)
     w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
     q, q_lin, qw = _operand_tile(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok, w_q, w_cq, bias)
-    real_q = _load_real(qmask_ptr + b * s_kqb, offs_m, s_kqm, m_ok)
-    lse_c = tl.load(lse_col_ptr + b * m + offs_m, mask=m_ok, other=float("inf"))
+    real_q, lse_c = _real_lse(qmask_ptr + b * s_kqb, lse_col_ptr + b * m, offs_m, s_kqm, m_ok)
     t = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dt = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # Sweep 1: T = Pcᵀ C, dT = Pᵀ dB and the direct part of grad_q, Pᵀ dA.
     for n0 in range(0, n, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < n
+        offs_n, n_ok = tile_range(n0, BLOCK_N, n)
         c, pt, pct, da, db = _col_sweep_tile(c_ptr + b * s_cb, cmask_ptr + b * s_kcb, lse_row_ptr + b * n,
                                              da_ptr + b * n * d, db_ptr + b * n * d, offs_n, offs_d, n_ok, d_ok,
                                              m_ok, d, s_cn, s_cd, s_kcn, qw, q_lin, w_c, real_q, lse_c, DOT_DTYPE, DOT_PRECISION)
@@ -438,8 +427,7 @@ def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse
     colsum = tl.zeros([BLOCK_M], dtype=tl.float32)
     dsc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for n0 in range(0, n, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < n
+        offs_n, n_ok = tile_range(n0, BLOCK_N, n)
         c, pt, pct, da, db = _col_sweep_tile(c_ptr + b * s_cb, cmask_ptr + b * s_kcb, lse_row_ptr + b * n,
                                              da_ptr + b * n * d, db_ptr + b * n * d, offs_n, offs_d, n_ok, d_ok,
                                              m_ok, d, s_cn, s_cd, s_kcn, qw, q_lin, w_c, real_q, lse_c, DOT_DTYPE, DOT_PRECISION)
@@ -462,14 +450,10 @@ def _cqa_bwd_row_kernel(g_ptr, c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_p
                         HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """grad_c per (n-tile, b): g0 + g2∘A + g3∘B + (Σ_j dS_ij) w_c + w_cq∘(dS Q)_i + (Pc dT)_i."""
-    b = tl.program_id(1).to(tl.int64)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    n_ok, d_ok = offs_n < n, offs_d < d
+    _, b, offs_n, offs_d, n_ok, d_ok = _program_tile(n, d, BLOCK_N, BLOCK_D)
     w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
     c, c_lin, cw = _operand_tile(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok, w_c, w_cq, bias)
-    real_c = _load_real(cmask_ptr + b * s_kcb, offs_n, s_kcn, n_ok)
-    lse_r = tl.load(lse_row_ptr + b * n + offs_n, mask=n_ok, other=float("inf"))
+    real_c, lse_r = _real_lse(cmask_ptr + b * s_kcb, lse_row_ptr + b * n, offs_n, s_kcn, n_ok)
     da = _load_rows(da_ptr + b * n * d, offs_n, offs_d, d, 1, n_ok, d_ok)
     db = _load_rows(db_ptr + b * n * d, offs_n, offs_d, d, 1, n_ok, d_ok)
     dd = tl.load(dd_ptr + b * n + offs_n, mask=n_ok, other=0.0)
@@ -478,11 +462,9 @@ def _cqa_bwd_row_kernel(g_ptr, c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_p
     pc_dt = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     bb = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     for m0 in range(0, m, BLOCK_M):
-        offs_m = m0 + tl.arange(0, BLOCK_M)
-        m_ok = offs_m < m
+        offs_m, m_ok = tile_range(m0, BLOCK_M, m)
         q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
-        real_q = _load_real(qmask_ptr + b * s_kqb, offs_m, s_kqm, m_ok)
-        lse_c = tl.load(lse_col_ptr + b * m + offs_m, mask=m_ok, other=float("inf"))
+        real_q, lse_c = _real_lse(qmask_ptr + b * s_kqb, lse_col_ptr + b * m, offs_m, s_kqm, m_ok)
         t = _load_rows(t_ptr + b * m * d, offs_m, offs_d, d, 1, m_ok, d_ok)
         dt = _load_rows(dt_ptr + b * m * d, offs_m, offs_d, d, 1, m_ok, d_ok)
         e = tl.load(e_ptr + b * m + offs_m, mask=m_ok, other=0.0)

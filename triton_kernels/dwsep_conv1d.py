@@ -82,7 +82,7 @@ import triton.language as tl
 
 from fastqa._checks import check_optional, check_tensor
 
-from ._common import accumulator_dtype, bucket, configs, dtype_constants, launch, register, sm_count
+from ._common import accumulator_dtype, bucket, configs, dtype_constants, launch, register, sm_count, tile_range
 
 _NAMES_LNC = ("BLOCK_L", "BLOCK_N", "BLOCK_C")
 _INTERPRET_LNC = {"BLOCK_L": 32, "BLOCK_N": 16, "BLOCK_C": 16}
@@ -194,10 +194,20 @@ def _dot(a, b, acc, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _split_range(n_tiles, pid_s, n_split):
-    """The contiguous range of (batch, L-tile) tile indices that row-split program pid_s owns."""
-    per = tl.cdiv(n_tiles, n_split)
-    return pid_s * per, tl.minimum(n_tiles, (pid_s + 1) * per)
+def _row_split(B, L, BLOCK_L: tl.constexpr):
+    """This row-split program's share (grid axis 0) of the B * cdiv(L, BLOCK_L) (batch, L-tile) tiles:
+    (its split index, L-tiles per batch row, first tile, end tile), a contiguous range of tile indices."""
+    pid_s = tl.program_id(0)
+    n_lt = tl.cdiv(L, BLOCK_L)
+    n_tiles = B * n_lt
+    per = tl.cdiv(n_tiles, tl.num_programs(0))
+    return pid_s, n_lt, pid_s * per, tl.minimum(n_tiles, (pid_s + 1) * per)
+
+
+@triton.jit
+def _split_tile(t, n_lt, BLOCK_L: tl.constexpr):
+    """Tile t of a row split: its batch element (int64) and row offsets."""
+    return (t // n_lt).to(tl.int64), (t % n_lt) * BLOCK_L + tl.arange(0, BLOCK_L)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -212,20 +222,16 @@ def _fwd_kernel(x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_ptr, dwb_ptr, pww_ptr, p
                 HAS_RES: tl.constexpr, RELU: tl.constexpr,
                 DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-    pid_l = tl.program_id(0)
     pid_n = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
-    offs_l = pid_l * BLOCK_L + tl.arange(0, BLOCK_L)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    l_ok = offs_l < L
-    n_ok = offs_n < C_out
+    offs_l, l_ok = tile_range(tl.program_id(0) * BLOCK_L, BLOCK_L, L)
+    offs_n, n_ok = tile_range(pid_n * BLOCK_N, BLOCK_N, C_out)
     x_b = x_ptr + b * s_xb
     stats_b = stats_ptr + b * 2 * L
 
     acc = tl.zeros((BLOCK_L, BLOCK_N), dtype=ACC)
     for c0 in range(0, C_in, BLOCK_C):
-        offs_c = c0 + tl.arange(0, BLOCK_C)
-        c_ok = offs_c < C_in
+        offs_c, c_ok = tile_range(c0, BLOCK_C, C_in)
         h = _depthwise_out(x_b, dww_ptr, dwb_ptr, offs_l, offs_c, c_ok, L, s_xl, s_xc, pad_left,
                            stats_b, lnw_ptr, lnb_ptr, K, HAS_DW_BIAS, HAS_LN, BLOCK_L, BLOCK_C, ACC)
         w = tl.load(pww_ptr + offs_n[None, :] * C_in + offs_c[:, None], mask=c_ok[:, None] & n_ok[None, :],
@@ -260,19 +266,14 @@ def _bwd_dh_kernel(gy_ptr, bits_ptr, x_ptr, stats_ptr, lnw_ptr, lnb_ptr, pww_ptr
                    RELU: tl.constexpr,
                    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC: tl.constexpr,
                    BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-    pid_s = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_ok = offs_c < C_in
+    pid_s, n_lt, start, stop = _row_split(B, L, BLOCK_L)
+    offs_c, c_ok = tile_range(tl.program_id(1) * BLOCK_C, BLOCK_C, C_in)
     taps = tl.arange(0, K_P2)
-    n_lt = tl.cdiv(L, BLOCK_L)
-    start, stop = _split_range(B * n_lt, pid_s, tl.num_programs(0))
 
     acc_db = tl.zeros((BLOCK_C,), dtype=ACC)
     acc_dw = tl.zeros((K_P2, BLOCK_C), dtype=ACC)
     for t in range(start, stop):
-        b = (t // n_lt).to(tl.int64)
-        offs_l = (t % n_lt) * BLOCK_L + tl.arange(0, BLOCK_L)
+        b, offs_l = _split_tile(t, n_lt, BLOCK_L)
         gh = tl.zeros((BLOCK_L, BLOCK_C), dtype=ACC)
         for n0 in range(0, C_out, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -299,16 +300,13 @@ def _bwd_dh_kernel(gy_ptr, bits_ptr, x_ptr, stats_ptr, lnw_ptr, lnb_ptr, pww_ptr
 @triton.jit(do_not_specialize=["L_BUCKET"])  # a tuning key only, never read
 def _bwd_dx_kernel(gh_ptr, dww_ptr, gx_ptr, L, C_in, L_BUCKET, pad_left,
                    K: tl.constexpr, ACC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
-    pid_l = tl.program_id(0)
-    pid_c = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
-    offs_l = pid_l * BLOCK_L + tl.arange(0, BLOCK_L)
-    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_ok = offs_c < C_in
+    offs_l, l_ok = tile_range(tl.program_id(0) * BLOCK_L, BLOCK_L, L)
+    offs_c, c_ok = tile_range(tl.program_id(1) * BLOCK_C, BLOCK_C, C_in)
     gx = _depthwise_taps(gh_ptr + b * L * C_in, dww_ptr, offs_l, offs_c, c_ok, L, C_in, 1, pad_left,
                          gh_ptr, gh_ptr, gh_ptr, K, True, False, BLOCK_L, BLOCK_C, ACC)
     tl.store(gx_ptr + (b * L + offs_l)[:, None] * C_in + offs_c[None, :], gx.to(gx_ptr.dtype.element_ty),
-             mask=(offs_l < L)[:, None] & c_ok[None, :])
+             mask=l_ok[:, None] & c_ok[None, :])
 
 
 @triton.autotune(configs=_DPW_CONFIGS, key=["C_in", "C_out", "K", "ROWS_BUCKET"], prune_configs_by=_PRUNE)
@@ -320,21 +318,15 @@ def _bwd_dpw_kernel(gy_ptr, bits_ptr, x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_pt
                     RELU: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC: tl.constexpr,
                     BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-    pid_s = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    pid_s, n_lt, start, stop = _row_split(B, L, BLOCK_L)
     pid_c = tl.program_id(2)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    n_ok = offs_n < C_out
-    c_ok = offs_c < C_in
-    n_lt = tl.cdiv(L, BLOCK_L)
-    start, stop = _split_range(B * n_lt, pid_s, tl.num_programs(0))
+    offs_n, n_ok = tile_range(tl.program_id(1) * BLOCK_N, BLOCK_N, C_out)
+    offs_c, c_ok = tile_range(pid_c * BLOCK_C, BLOCK_C, C_in)
 
     acc = tl.zeros((BLOCK_N, BLOCK_C), dtype=ACC)
     acc_b = tl.zeros((BLOCK_N,), dtype=ACC)
     for t in range(start, stop):
-        b = (t // n_lt).to(tl.int64)
-        offs_l = (t % n_lt) * BLOCK_L + tl.arange(0, BLOCK_L)
+        b, offs_l = _split_tile(t, n_lt, BLOCK_L)
         g = _masked_grad(gy_ptr, bits_ptr, b, offs_l, offs_n, L, C_out, s_gb, s_gl, s_gn, RELU)
         # Rows past L hold h = dw_bias but g = 0 there, so they add nothing.
         h = _depthwise_out(x_ptr + b * s_xb, dww_ptr, dwb_ptr, offs_l, offs_c, c_ok, L, s_xl, s_xc, pad_left,
@@ -375,18 +367,14 @@ def _bwd_dx_ln_kernel(gh_ptr, dww_ptr, x_ptr, stats_ptr, lnw_ptr, gx_ptr, plnw_p
                       K: tl.constexpr, ACC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
     """grad_x through the transposed depthwise conv and the LayerNorm, whole rows per tile
     (BLOCK_C >= C_in), plus this row split's partials of the LayerNorm weight / bias gradients."""
-    pid_s = tl.program_id(0)
-    offs_c = tl.arange(0, BLOCK_C)
-    c_ok = offs_c < C_in
+    pid_s, n_lt, start, stop = _row_split(B, L, BLOCK_L)
+    offs_c, c_ok = tile_range(0, BLOCK_C, C_in)
     gamma = tl.load(lnw_ptr + offs_c, mask=c_ok, other=0.0).to(ACC)
-    n_lt = tl.cdiv(L, BLOCK_L)
-    start, stop = _split_range(B * n_lt, pid_s, tl.num_programs(0))
 
     acc_w = tl.zeros((BLOCK_C,), dtype=ACC)
     acc_b = tl.zeros((BLOCK_C,), dtype=ACC)
     for t in range(start, stop):
-        b = (t // n_lt).to(tl.int64)
-        offs_l = (t % n_lt) * BLOCK_L + tl.arange(0, BLOCK_L)
+        b, offs_l = _split_tile(t, n_lt, BLOCK_L)
         l_ok = offs_l < L
         ok = l_ok[:, None] & c_ok[None, :]
         stats_b = stats_ptr + b * 2 * L

@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import INTERPRET, accumulator_dtype, configs, dtype_constants, launch, register
+from ._common import INTERPRET, accumulator_dtype, configs, dtype_constants, launch, register, tile_range
 
 _SCHEMAS = {
     "glu_conv1d_fwd": "(Tensor x, Tensor weight, Tensor? bias, Tensor? mask, int pad_left, bool residual, "
@@ -102,6 +102,36 @@ def _sigmoid(v):
 
 
 @triton.jit
+def _program_tile(T, H, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Where a (row tile, channel block, batch element) program starts: b (int64), its row offsets and
+    channel offsets, and which of each are in range."""
+    b = tl.program_id(2).to(tl.int64)
+    offs_t, t_ok = tile_range(tl.program_id(0) * BLOCK_T, BLOCK_T, T)
+    offs_h, h_ok = tile_range(tl.program_id(1) * BLOCK_H, BLOCK_H, H)
+    return b, offs_t, t_ok, offs_h, h_ok
+
+
+@triton.jit
+def _dot_halves(acc_a, acc_b, h, w_tile, b_offset, w_ok, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """(acc_a + h @ w_a, acc_b + h @ w_b) for the two GLU halves of a weight tile: w_a at w_tile, w_b
+    ``b_offset`` elements further (masked by w_ok; operands in DOT_DTYPE)."""
+    w_a = tl.load(w_tile, mask=w_ok, other=0.0).to(DOT_DTYPE)
+    w_b = tl.load(w_tile + b_offset, mask=w_ok, other=0.0).to(DOT_DTYPE)
+    acc_a += tl.dot(h, w_a, input_precision=DOT_PRECISION)
+    acc_b += tl.dot(h, w_b, input_precision=DOT_PRECISION)
+    return acc_a, acc_b
+
+
+@triton.jit
+def _add_bias_halves(acc_a, acc_b, bias_ptr, offs_n, n_ok, H, HAS_BIAS: tl.constexpr, ACC: tl.constexpr):
+    """The bias [2H] of both GLU halves added to their pre-activations (unchanged without a bias)."""
+    if HAS_BIAS:
+        acc_a += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
+        acc_b += tl.load(bias_ptr + H + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
+    return acc_a, acc_b
+
+
+@triton.jit
 def _row_keep(mask_ptr, b, rows, T, sm_b, sm_t, HAS_MASK: tl.constexpr):
     """Rows of h = x·mask that are real: inside [0, T) and, with a mask, not padding."""
     keep = (rows >= 0) & (rows < T)
@@ -120,10 +150,7 @@ def _glu_conv1d_fwd_kernel(
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """x: [B, T, H] strided; w: [K, H, 2H] (any strides); y: [B, T, H] and pre: [B, T, 2H] contiguous."""
-    b = tl.program_id(2).to(tl.int64)
-    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < H
+    b, offs_t, t_ok, offs_n, n_ok = _program_tile(T, H, BLOCK_T, BLOCK_N)
     dtype = x_ptr.dtype.element_ty
     acc_a = tl.zeros([BLOCK_T, BLOCK_N], dtype=ACC)
     acc_b = tl.zeros([BLOCK_T, BLOCK_N], dtype=ACC)
@@ -131,20 +158,13 @@ def _glu_conv1d_fwd_kernel(
         rows = offs_t + k - pad_left
         keep = _row_keep(mask_ptr, b, rows, T, sm_b, sm_t, HAS_MASK)
         for c0 in range(0, H, BLOCK_C):
-            offs_c = c0 + tl.arange(0, BLOCK_C)
-            c_ok = offs_c < H
+            offs_c, c_ok = tile_range(c0, BLOCK_C, H)
             h = tl.load(x_ptr + b * sx_b + rows[:, None] * sx_t + offs_c[None, :] * sx_h,
                         mask=keep[:, None] & c_ok[None, :], other=0.0).to(DOT_DTYPE)
             w_tile = w_ptr + k * sw_k + offs_c[:, None] * sw_c + offs_n[None, :] * sw_o
-            w_ok = c_ok[:, None] & n_ok[None, :]
-            w_a = tl.load(w_tile, mask=w_ok, other=0.0).to(DOT_DTYPE)
-            w_b = tl.load(w_tile + H * sw_o, mask=w_ok, other=0.0).to(DOT_DTYPE)
-            acc_a += tl.dot(h, w_a, input_precision=DOT_PRECISION)
-            acc_b += tl.dot(h, w_b, input_precision=DOT_PRECISION)
-    if HAS_BIAS:
-        acc_a += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
-        acc_b += tl.load(bias_ptr + H + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
-    t_ok = offs_t < T
+            acc_a, acc_b = _dot_halves(acc_a, acc_b, h, w_tile, H * sw_o, c_ok[:, None] & n_ok[None, :],
+                                       DOT_DTYPE, DOT_PRECISION)
+    acc_a, acc_b = _add_bias_halves(acc_a, acc_b, bias_ptr, offs_n, n_ok, H, HAS_BIAS, ACC)
     out_ok = t_ok[:, None] & n_ok[None, :]
     row = b * T + offs_t
     pre_tile = pre_ptr + row[:, None] * (2 * H) + offs_n[None, :]
@@ -166,11 +186,8 @@ def _glu_dpre_kernel(
 ):
     """d_pre [B, T, 2H] (contiguous, input dtype) from grad_y (strided) and pre; with a bias, the
     accumulator-precision column sums of d_pre of this row tile go to dbias[b·n_t_tiles + t_tile, :2H]."""
-    b = tl.program_id(2).to(tl.int64)
-    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < H
-    ok = (offs_t < T)[:, None] & n_ok[None, :]
+    b, offs_t, t_ok, offs_n, n_ok = _program_tile(T, H, BLOCK_T, BLOCK_N)
+    ok = t_ok[:, None] & n_ok[None, :]
     dy = tl.load(gy_ptr + b * sg_b + offs_t[:, None] * sg_t + offs_n[None, :] * sg_h, mask=ok, other=0.0)
     dy = dy.to(ACC) * scale
     pre_tile = pre_ptr + (b * T + offs_t)[:, None] * (2 * H) + offs_n[None, :]
@@ -197,23 +214,18 @@ def _glu_conv1d_dx_kernel(
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr,
 ):
     """grad_x[t, c] = mask[t]·sum_{k, o} d_pre[t - k + pad_left, o]·w[k, c, o] (+ scale·grad_y[t, c])."""
-    b = tl.program_id(2).to(tl.int64)
-    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_ok = offs_c < H
+    b, offs_t, t_ok, offs_c, c_ok = _program_tile(T, H, BLOCK_T, BLOCK_C)
     acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=ACC)
     for k in range(K):
         rows = offs_t - k + pad_left
         r_ok = (rows >= 0) & (rows < T)
         for o0 in range(0, 2 * H, BLOCK_O):
-            offs_o = o0 + tl.arange(0, BLOCK_O)
-            o_ok = offs_o < 2 * H
+            offs_o, o_ok = tile_range(o0, BLOCK_O, 2 * H)
             d = tl.load(dpre_ptr + (b * T + rows)[:, None] * (2 * H) + offs_o[None, :],
                         mask=r_ok[:, None] & o_ok[None, :], other=0.0).to(DOT_DTYPE)
             w = tl.load(w_ptr + k * sw_k + offs_o[:, None] * sw_o + offs_c[None, :] * sw_c,
                         mask=o_ok[:, None] & c_ok[None, :], other=0.0).to(DOT_DTYPE)
             acc += tl.dot(d, w, input_precision=DOT_PRECISION)
-    t_ok = offs_t < T
     if HAS_MASK:  # h = x·mask, so d/dx of the conv path vanishes at padded positions
         keep = tl.load(mask_ptr + b * sm_b + offs_t * sm_t, mask=t_ok, other=0) != 0
         acc = tl.where(keep[:, None], acc, 0.0)
@@ -234,12 +246,10 @@ def _glu_conv1d_dw_kernel(
     BLOCK_O: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """part[s, o, c, k] = sum over the row tiles r ≡ s (mod SPLITS) of d_pre[r, o]·h[r + k - pad_left, c]."""
-    offs_o = tl.program_id(0) * BLOCK_O + tl.arange(0, BLOCK_O)
+    offs_o, o_ok = tile_range(tl.program_id(0) * BLOCK_O, BLOCK_O, 2 * H)
     k = tl.program_id(1) % K
-    offs_c = (tl.program_id(1) // K) * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs_c, c_ok = tile_range((tl.program_id(1) // K) * BLOCK_C, BLOCK_C, H)
     split = tl.program_id(2)
-    o_ok = offs_o < 2 * H
-    c_ok = offs_c < H
     n_t_tiles = tl.cdiv(T, BLOCK_T)
     acc = tl.zeros([BLOCK_O, BLOCK_C], dtype=ACC)
     for tile in range(split, B * n_t_tiles, SPLITS):
@@ -267,18 +277,15 @@ def _glu_conv1d_step_kernel(
 ):
     """y_t = GLU(window · W^T) (+ x_t)·scale with window = (state, x_t) [B, K, H] and W = weight as a
     contiguous [2H, H·K] matrix; new_state[:, j] = window[:, j + 1] for this program's channels."""
-    offs_b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    b_ok = offs_b < B
-    n_ok = offs_n < H
+    offs_b, b_ok = tile_range(tl.program_id(0) * BLOCK_B, BLOCK_B, B)
+    offs_n, n_ok = tile_range(tl.program_id(1) * BLOCK_N, BLOCK_N, H)
     row_x = offs_b.to(tl.int64) * sx_b
     row_s = offs_b.to(tl.int64) * ss_b
     dtype = x_ptr.dtype.element_ty
     acc_a = tl.zeros([BLOCK_B, BLOCK_N], dtype=ACC)
     acc_b = tl.zeros([BLOCK_B, BLOCK_N], dtype=ACC)
     for j0 in range(0, H * K, BLOCK_J):
-        offs_j = j0 + tl.arange(0, BLOCK_J)
-        j_ok = offs_j < H * K
+        offs_j, j_ok = tile_range(j0, BLOCK_J, H * K)
         c = offs_j // K
         k = offs_j % K
         # window[b, k, c]: the state for taps k < K-1, x_t for the newest tap.
@@ -288,14 +295,9 @@ def _glu_conv1d_step_kernel(
                        tl.load(state_ptr + row_s[:, None] + k[None, :] * ss_k + c[None, :] * ss_h, mask=old,
                                other=0.0)).to(DOT_DTYPE)
         w_tile = w_ptr + offs_n[None, :] * (H * K) + offs_j[:, None]
-        w_ok = j_ok[:, None] & n_ok[None, :]
-        w_a = tl.load(w_tile, mask=w_ok, other=0.0).to(DOT_DTYPE)
-        w_b = tl.load(w_tile + H * H * K, mask=w_ok, other=0.0).to(DOT_DTYPE)
-        acc_a += tl.dot(win, w_a, input_precision=DOT_PRECISION)
-        acc_b += tl.dot(win, w_b, input_precision=DOT_PRECISION)
-    if HAS_BIAS:
-        acc_a += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
-        acc_b += tl.load(bias_ptr + H + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
+        acc_a, acc_b = _dot_halves(acc_a, acc_b, win, w_tile, H * H * K, j_ok[:, None] & n_ok[None, :],
+                                   DOT_DTYPE, DOT_PRECISION)
+    acc_a, acc_b = _add_bias_halves(acc_a, acc_b, bias_ptr, offs_n, n_ok, H, HAS_BIAS, ACC)
     ok = b_ok[:, None] & n_ok[None, :]
     x_t = tl.load(x_ptr + row_x[:, None] + offs_n[None, :] * sx_h, mask=ok, other=0.0)
     g = acc_a * _sigmoid(acc_b)

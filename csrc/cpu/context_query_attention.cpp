@@ -260,6 +260,24 @@ std::pair<Tensor, Tensor> reduce_weight_grads(const Tensor& partial, const Tenso
   return {grad_weight, grad_bias};
 }
 
+// The frame both backward passes share (inside their dtype dispatch): run body(w, b0, b1, partial) over
+// ranges [b0, b1) of batch elements on torch's thread pool (autograd layers skipped: plain kernels
+// inside), w being the unpacked weights and partial the base of a [batch, 3d + 1] buffer where batch
+// element b writes its weight-gradient partial row (at partial + b * (3d + 1)); then sum those rows
+// into (grad_weight, grad_bias).
+template <typename T, typename Body>
+std::pair<Tensor, Tensor> backward_over_batch(const Tensor& c, const Tensor& weight,
+                                              const c10::optional<Tensor>& bias, const Body& body) {
+  const int64_t batch = c.size(0), d = c.size(2);
+  Tensor partial = at::empty({batch, 3 * d + 1}, c.options());
+  const auto w = unpack_weights<T>(weight, bias);
+  at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    body(w, b0, b1, ptr<T>(partial));
+  });
+  return reduce_weight_grads<T>(partial, weight, bias);
+}
+
 // ------------------------------------------------------------------------------------------------
 // trilinear_similarity_fwd / _bwd
 // ------------------------------------------------------------------------------------------------
@@ -300,22 +318,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> trilinear_similarity_bwd(const Tensor
   const Tensor g = grad_s.contiguous(), c = c_in.contiguous(), q = q_in.contiguous(),
                weight = weight_in.contiguous();
   Tensor grad_c = at::empty_like(c), grad_q = at::empty_like(q);
-  Tensor partial = at::empty({batch, 3 * d + 1}, c.options());
   std::pair<Tensor, Tensor> weight_grads;
   AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), op, [&] {
-    const auto w = unpack_weights<scalar_t>(weight, bias);
-    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
-      at::AutoDispatchBelowADInplaceOrView guard;
+    weight_grads = backward_over_batch<scalar_t>(c, weight, bias, [&](const Weights<scalar_t>& w, int64_t b0,
+                                                                      int64_t b1, scalar_t* partial) {
       SimilarityScratch<scalar_t> sim(m, d, c.options());
       SimilarityGradScratch<scalar_t> scratch(m, d, c.options());
       for (int64_t b = b0; b < b1; ++b) {
         const Tensor q_b = q[b];
         scale_question(ptr<scalar_t>(q_b), w.wcq, ptr<scalar_t>(sim.qw), m, d);
         bilinear_backward(g[b], c[b], q_b, sim.qw, w, grad_c[b], grad_q[b], /*accumulate=*/false, scratch,
-                          ptr<scalar_t>(partial) + b * (3 * d + 1));
+                          partial + b * (3 * d + 1));
       }
     });
-    weight_grads = reduce_weight_grads<scalar_t>(partial, weight, bias);
   });
   return {grad_c, grad_q, weight_grads.first, weight_grads.second};
 }
@@ -540,12 +555,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
                weight = weight_in.contiguous(), out = out_in.contiguous(), p_row = aux_row.contiguous(),
                p_col = aux_col.contiguous();
   Tensor grad_c = empty_large(c.sizes(), c.options()), grad_q = at::empty_like(q);
-  Tensor partial = at::empty({batch, 3 * d + 1}, c.options());
   std::pair<Tensor, Tensor> weight_grads;
   AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), op, [&] {
-    const auto w = unpack_weights<scalar_t>(weight, bias);
-    at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
-      at::AutoDispatchBelowADInplaceOrView guard;
+    weight_grads = backward_over_batch<scalar_t>(c, weight, bias, [&](const Weights<scalar_t>& w, int64_t b0,
+                                                                      int64_t b1, scalar_t* partial) {
       const auto opts = c.options();
       SimilarityScratch<scalar_t> sim(m, d, opts);
       SimilarityGradScratch<scalar_t> sim_grad(m, d, opts);
@@ -574,10 +587,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
                                   n, m, col_dot.data());
         gemm::mm_out(dc_b, pc_b, d_ctc, /*accumulate=*/true);  // dc += S̿·d(S̿ᵀc)
         bilinear_backward(dp, c_b, q_b, sim.qw, w, dc_b, dq_b, /*accumulate=*/true, sim_grad,
-                          ptr<scalar_t>(partial) + b * (3 * d + 1));
+                          partial + b * (3 * d + 1));
       }
     });
-    weight_grads = reduce_weight_grads<scalar_t>(partial, weight, bias);
   });
   return {grad_c, grad_q, weight_grads.first, weight_grads.second};
 }

@@ -38,22 +38,35 @@ _DWSEP_OP_INPUTS = ("x", "dw_weight", "dw_bias", "pw_weight", "pw_bias", "residu
 _DWSEP_GRADS = ("x", "dw_weight", "dw_bias", "pw_weight", "pw_bias")
 
 
-def _dwsep_save(ctx, backend: str, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left: int, relu: bool) -> None:
+def _save_scalars(ctx, backend: str, pad_left: int, relu: bool, residual_is_x: bool) -> None:
+    ctx.backend, ctx.pad_left, ctx.relu, ctx.residual_is_x = backend, pad_left, relu, residual_is_x
+
+
+def _dwsep_save(ctx, backend: str, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left: int, relu: bool,
+                residual_is_x: bool = False) -> None:
     ctx.save_for_backward(x, dw_weight, dw_bias, pw_weight, pw_bias, aux)
-    ctx.backend, ctx.pad_left, ctx.relu = backend, pad_left, relu
+    _save_scalars(ctx, backend, pad_left, relu, residual_is_x)
 
 
-def _dwsep_grads(ctx, grad_y: torch.Tensor, wanted: bool) -> dict:
-    """The kernel's gradients (by _DWSEP_GRADS name) when ``wanted``, plus the residual's (grad_y)."""
+def _dwsep_grads(ctx, grad_y: torch.Tensor) -> tuple:
+    """The dwsep_conv1d_bwd kernel's gradients, in _DWSEP_GRADS order."""
+    x, dw_weight, dw_bias, pw_weight, pw_bias, aux = ctx.saved_tensors
+    return kernel(ctx.backend, _MODULE, "dwsep_conv1d_bwd")(
+        grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, ctx.pad_left, ctx.relu)
+
+
+def _backward(ctx, grad_y: torch.Tensor, kernel_grads, grad_names: tuple, inputs: tuple) -> tuple:
+    """The backward of both Functions and both op formulas: ``kernel_grads(ctx, grad_y)`` (gradients in
+    ``grad_names`` order) runs only if autograd wants one of them; the residual enters additively after
+    the activation, so its gradient is grad_y itself, and x's gets grad_y too where the residual is x
+    (``ctx.residual_is_x``). Returns the gradients of ``inputs``, in order."""
     grads = {}
-    if wanted:
-        x, dw_weight, dw_bias, pw_weight, pw_bias, aux = ctx.saved_tensors
-        computed = kernel(ctx.backend, _MODULE, "dwsep_conv1d_bwd")(
-            grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, ctx.pad_left, ctx.relu)
-        grads = dict(zip(_DWSEP_GRADS, computed))
-    # The residual enters additively after the activation: its gradient is grad_y itself.
+    if wants(ctx, inputs, *grad_names):
+        grads = dict(zip(grad_names, kernel_grads(ctx, grad_y)))
     grads["residual"] = grad_y
-    return grads
+    if ctx.residual_is_x and "x" in grads:
+        grads["x"] = grads["x"] + grad_y
+    return input_grads(ctx, inputs, **grads)
 
 
 class _DwsepConv1dFunction(torch.autograd.Function):
@@ -69,17 +82,13 @@ class _DwsepConv1dFunction(torch.autograd.Function):
                 residual_is_x: bool, pad_left: int, relu: bool) -> torch.Tensor:
         y, aux = kernel(backend, _MODULE, "dwsep_conv1d_fwd")(
             x, dw_weight, dw_bias, pw_weight, pw_bias, x if residual_is_x else residual, pad_left, relu)
-        _dwsep_save(ctx, backend, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu)
-        ctx.residual_is_x = residual_is_x
+        _dwsep_save(ctx, backend, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu, residual_is_x)
         return y
 
     @staticmethod
     @once_differentiable("dwsep_conv1d")
     def backward(ctx, grad_y: torch.Tensor):
-        grads = _dwsep_grads(ctx, grad_y, wants(ctx, _DWSEP_INPUTS, *_DWSEP_GRADS))
-        if ctx.residual_is_x and "x" in grads:
-            grads["x"] = grads["x"] + grad_y
-        return input_grads(ctx, _DWSEP_INPUTS, **grads)
+        return _backward(ctx, grad_y, _dwsep_grads, _DWSEP_GRADS, _DWSEP_INPUTS)
 
 
 def _check_conv_args(x: torch.Tensor, dw_weight: torch.Tensor, pw_weight: torch.Tensor,
@@ -148,21 +157,15 @@ _LN_DWSEP_OP_INPUTS = ("x", "ln_weight", "ln_bias", "eps", "dw_weight", "dw_bias
 
 
 def _ln_dwsep_save(ctx, backend: str, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats,
-                   pad_left: int, relu: bool) -> None:
+                   pad_left: int, relu: bool, residual_is_x: bool = False) -> None:
     ctx.save_for_backward(x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats)
-    ctx.backend, ctx.pad_left, ctx.relu = backend, pad_left, relu
+    _save_scalars(ctx, backend, pad_left, relu, residual_is_x)
 
 
-def _ln_dwsep_grads(ctx, grad_y: torch.Tensor, wanted: bool) -> dict:
-    """The kernel's gradients (by _LN_DWSEP_GRADS name) when ``wanted``, plus the residual's (grad_y)."""
-    grads = {}
-    if wanted:
-        # The kernel reads grad_y through its strides and never writes it.
-        computed = kernel(ctx.backend, _MODULE, "ln_dwsep_conv1d_bwd")(
-            grad_y, *ctx.saved_tensors, ctx.pad_left, ctx.relu)
-        grads = dict(zip(_LN_DWSEP_GRADS, computed))
-    grads["residual"] = grad_y
-    return grads
+def _ln_dwsep_grads(ctx, grad_y: torch.Tensor) -> tuple:
+    """The ln_dwsep_conv1d_bwd kernel's gradients, in _LN_DWSEP_GRADS order."""
+    # The kernel reads grad_y through its strides and never writes it.
+    return kernel(ctx.backend, _MODULE, "ln_dwsep_conv1d_bwd")(grad_y, *ctx.saved_tensors, ctx.pad_left, ctx.relu)
 
 
 class _LnDwsepConv1dFunction(torch.autograd.Function):
@@ -182,18 +185,13 @@ class _LnDwsepConv1dFunction(torch.autograd.Function):
             x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, x if residual_is_x else residual,
             pad_left, relu)
         _ln_dwsep_save(ctx, backend, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats,
-                       pad_left, relu)
-        ctx.residual_is_x = residual_is_x
+                       pad_left, relu, residual_is_x)
         return y
 
     @staticmethod
     @once_differentiable("ln_dwsep_conv1d")
     def backward(ctx, grad_y: torch.Tensor):
-        grads = _ln_dwsep_grads(ctx, grad_y, wants(ctx, _LN_DWSEP_INPUTS, *_LN_DWSEP_GRADS))
-        # The residual enters additively after the activation: its gradient is grad_y itself.
-        if ctx.residual_is_x and "x" in grads:
-            grads["x"] = grads["x"] + grad_y
-        return input_grads(ctx, _LN_DWSEP_INPUTS, **grads)
+        return _backward(ctx, grad_y, _ln_dwsep_grads, _LN_DWSEP_GRADS, _LN_DWSEP_INPUTS)
 
 
 def _register_autograd(backend: str) -> None:
@@ -205,8 +203,7 @@ def _register_autograd(backend: str) -> None:
         _dwsep_save(ctx, backend, x, dw_weight, dw_bias, pw_weight, pw_bias, output[1], pad_left, relu)
 
     def dwsep_backward(ctx, grad_y, _grad_aux):
-        grads = _dwsep_grads(ctx, grad_y, wants(ctx, _DWSEP_OP_INPUTS, *_DWSEP_GRADS))
-        return input_grads(ctx, _DWSEP_OP_INPUTS, **grads)
+        return _backward(ctx, grad_y, _dwsep_grads, _DWSEP_GRADS, _DWSEP_OP_INPUTS)
 
     register_op_autograd(qualified(backend, "dwsep_conv1d_fwd"), "dwsep_conv1d", dwsep_setup, dwsep_backward)
     if backend == "cpu":
@@ -220,8 +217,7 @@ def _register_autograd(backend: str) -> None:
                        pad_left, relu)
 
     def ln_backward(ctx, grad_y, _grad_aux, _grad_stats):
-        grads = _ln_dwsep_grads(ctx, grad_y, wants(ctx, _LN_DWSEP_OP_INPUTS, *_LN_DWSEP_GRADS))
-        return input_grads(ctx, _LN_DWSEP_OP_INPUTS, **grads)
+        return _backward(ctx, grad_y, _ln_dwsep_grads, _LN_DWSEP_GRADS, _LN_DWSEP_OP_INPUTS)
 
     register_op_autograd(qualified(backend, "ln_dwsep_conv1d_fwd"), "ln_dwsep_conv1d", ln_setup, ln_backward)
 

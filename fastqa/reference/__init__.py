@@ -15,12 +15,12 @@ from .dwsep_conv1d import (
     dwsep_conv1d,
     ln_dwsep_conv1d,
 )
-from .glu_conv1d import GLUConv1d, glu_conv1d, glu_conv1d_step
+from .glu_conv1d import GLUConv1d, glu_conv1d, glu_conv1d_naive, glu_conv1d_step
 
 __all__ = [
     "ContextQueryAttention", "DepthwiseSeparableConv1d", "GLUConv1d", "LayerNormDepthwiseSeparableConv1d",
     "TrilinearSimilarity",
     "context_query_attention", "context_query_attention_naive", "conv_padding", "dwsep_conv1d",
-    "glu_conv1d", "glu_conv1d_step", "ln_dwsep_conv1d", "masked_softmax", "trilinear_similarity",
+    "glu_conv1d", "glu_conv1d_naive", "glu_conv1d_step", "ln_dwsep_conv1d", "masked_softmax", "trilinear_similarity",
     "trilinear_similarity_naive",
 ]

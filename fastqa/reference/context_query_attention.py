@@ -65,35 +65,31 @@ def context_query_attention_naive(c: torch.Tensor, q: torch.Tensor, c_mask: torc
     return _attend(c, q, trilinear_similarity_naive(c, q, weight, bias), c_mask, q_mask)
 
 
-def _init_trilinear(weight: nn.Parameter, bias: nn.Parameter | None) -> None:
-    bound = 1.0 / math.sqrt(weight.numel())  # as nn.Linear(3d, 1)
-    nn.init.uniform_(weight, -bound, bound)
-    if bias is not None:
-        nn.init.zeros_(bias)
-
-
-class TrilinearSimilarity(nn.Module):
-    """S = w·[c; q; c∘q] (+ b). Parameters: ``weight`` [3d], ``bias`` [1] (optional)."""
+class _TrilinearParameters(nn.Module):
+    """The parameters of a trilinear similarity over ``d_model`` features, which both modules below hold:
+    ``weight`` [3d] = (w_c, w_q, w_cq), initialised as nn.Linear(3d, 1)'s, and ``bias`` [1] (optional),
+    zero."""
 
     def __init__(self, d_model: int, bias: bool = True) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(3 * d_model))
         self.bias = nn.Parameter(torch.empty(1)) if bias else None
-        _init_trilinear(self.weight, self.bias)
+        bound = 1.0 / math.sqrt(self.weight.numel())  # as nn.Linear(3d, 1)
+        nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+
+class TrilinearSimilarity(_TrilinearParameters):
+    """S = w·[c; q; c∘q] (+ b). Parameters: ``weight`` [3d], ``bias`` [1] (optional)."""
 
     def forward(self, c: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """c: [B, n, d]; q: [B, m, d] -> [B, n, m]."""
         return trilinear_similarity(c, q, self.weight, self.bias)
 
 
-class ContextQueryAttention(nn.Module):
+class ContextQueryAttention(_TrilinearParameters):
     """QANet context-query attention. Parameters: ``weight`` [3d], ``bias`` [1] (optional)."""
-
-    def __init__(self, d_model: int, bias: bool = True) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(3 * d_model))
-        self.bias = nn.Parameter(torch.empty(1)) if bias else None
-        _init_trilinear(self.weight, self.bias)
 
     def forward(self, c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor, q_mask: torch.Tensor) -> torch.Tensor:
         """c: [B, n, d]; q: [B, m, d]; masks [B, n], [B, m] bool -> [B, n, 4d]."""

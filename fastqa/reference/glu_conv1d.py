@@ -1,4 +1,5 @@
-"""Pure-PyTorch GLU convolution (ConvS2S), causal and centred, and its one-step decode."""
+"""Pure-PyTorch GLU convolution (ConvS2S), causal and centred, and its one-step decode; the tutorials'
+naive causal form is kept only as a benchmark baseline."""
 from __future__ import annotations
 
 import math
@@ -24,6 +25,16 @@ def glu_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     pad = (k - 1, 0) if causal else ((k - 1) // 2, (k - 1) // 2)
     g = F.glu(F.conv1d(F.pad(h.transpose(1, 2), pad), weight, bias), dim=1).transpose(1, 2)
     return (g + x) * scale if residual else g * scale
+
+
+def glu_conv1d_naive(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                     causal: bool = True) -> torch.Tensor:
+    """The tutorials' / fairseq fconv causal conv: K-1 zeros on *both* sides, the future outputs
+    computed and thrown away. Benchmark baseline of the causal op only (``causal`` is accepted for
+    ``glu_conv1d``'s signature); residual and scale sqrt(0.5) as ``glu_conv1d``'s defaults."""
+    k, t = weight.shape[-1], x.shape[1]
+    h = F.conv1d(x.transpose(1, 2), weight, bias, padding=k - 1)[..., :t]
+    return (F.glu(h, dim=1).transpose(1, 2) + x) * SQRT_HALF
 
 
 def glu_conv1d_step(x_t: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,

@@ -37,7 +37,7 @@ bench: install
 
 # The model cases (QANet train step / inference, ConvS2S translation and train step): tens of minutes.
 bench-models: install
-	$(PY) -m benchmarks --models --ops qanet convs2s_translate convs2s_train_step $(BENCH_ARGS)
+	$(PY) -m benchmarks --models --ops qanet qa_readers convs2s_translate convs2s_train_step $(BENCH_ARGS)
 
 clean:
 	rm -rf build $(VENV) fastqa/_C*.so *.egg-info

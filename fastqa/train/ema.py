@@ -49,9 +49,10 @@ class EMA:
     @contextmanager
     def swapped_in(self, model: nn.Module) -> Iterator[nn.Module]:
         """The model with the EMA weights for the duration of the block, its own weights restored after."""
-        saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        model.load_state_dict(self.shadow)
+        # Frozen parameters equal their shadow: neither saved nor swapped (no copy of a 27M-float word table).
+        saved = {k: v.detach().clone() for k, v in model.state_dict().items() if k not in self.frozen}
+        model.load_state_dict({k: v for k, v in self.shadow.items() if k not in self.frozen}, strict=False)
         try:
             yield model
         finally:
-            model.load_state_dict(saved)
+            model.load_state_dict(saved, strict=False)

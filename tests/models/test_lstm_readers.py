@@ -182,8 +182,12 @@ def test_each_baseline_trains_and_answers_with_context_words(variant, data, caps
 def test_a_vocabulary_reader_never_answers_an_unknown_word(data, capsys):
     rc, _, err = run_cli(capsys, ["qa-train", "--model", "lstm", "--train", data["train"], "--dev", data["dev"],
                                   "--out", data["root"] / "unk", "--cache-dir", data["cache"], "--no-progress",
-                                  "--threads", "1", "--max-steps", "2", "--eval-every", "0", *TINY])
+                                  "--threads", "1", "--max-steps", "2", "--eval-every", "0", "--single-word-answers",
+                                  *TINY])
     assert rc == 0, err
+    one_token = sum(1 for a in data["train_obj"]["data"] for p in a["paragraphs"] for q in p["qas"]
+                    if " " not in q["answers"][0]["text"])   # the generated answers are one token unless spaced
+    assert f"qa-train: lstm, {one_token} training questions" in err and one_token < 96
     qa = QAModel.load(data["root"] / "unk")
     known = next(w for w in qa.words.itos[2:] if w.isalpha())
     context = f"qwxz vbnm {known} plkjh zzyq."                      # every other word is out of the vocabulary

@@ -304,17 +304,14 @@ def _cqa_with_grads(c, q, cm, qm, w, backend):
     return [out.detach()] + [t.grad for t in leaves]
 
 
-_TRITON_HUGE = pytest.mark.xfail(strict=True, reason=(
-    "Triton's CQA backward gives NaN in grad c for inputs ~1e30 (its online softmax / log-sum-exp path; "
-    "the issue's reproductions were on cpu): open, not fixed in issue 9"))
-
-
-@pytest.mark.parametrize("backend", [b if b == "cpu" else pytest.param(b, marks=_TRITON_HUGE)
-                                     for b in compiled_backends()])
+@pytest.mark.parametrize("backend", compiled_backends())
 @pytest.mark.parametrize("case", ["one_huge_query_value", "everything_times_1e15"])
 def test_cqa_huge_inputs_match_same_dtype_reference(case, backend):
     """Inputs up to 1e30 (the softmax probabilities of all but the top word underflow): output and
-    gradients within tolerance of the same-dtype (float32) torch reference, relative to its magnitude."""
+    gradients within tolerance of the same-dtype (float32) torch reference, relative to its magnitude.
+    Triton recomputes the probabilities from saved log-sum-exps: it needs every kernel to rebuild the
+    same bits of S (one ulp of 1e30 is 1e23, and exp(±1e23) is inf or 0), and the one-hot rows' dS
+    to come out exactly 0 as torch's does (the grad weight here is 0 to within 1e-4, with c, q ~ 1e15)."""
     device = device_of(backend)
     g = torch.Generator().manual_seed(19)
     c, q, w = _rand(g, 2, 7, 4, device=device), _rand(g, 2, 5, 4, device=device), _rand(g, 12, device=device)

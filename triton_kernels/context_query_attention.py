@@ -50,6 +50,17 @@ E_j = T_j·dT_j the softmax backward is dS = P∘(dP - D) + Pc∘(dPc - E). Thre
 The weight gradient partials ([programs, 3d + 1] fp32, one row per column program) are summed
 afterwards: no atomics, so the backward is deterministic. Extra memory is O(B·(n + m)·d).
 
+Huge inputs (|S| up to ~1e30, where one ulp of S is ~1e23): the backward's exp(S - lse) only gives
+the top word its probability 1 if S is rebuilt with the very bits the forward's max was taken over,
+by the row kernels (lse_row) and the column kernels (lse_col) alike. So every kernel computes an S tile
+by one expression, (c·w_c + bias) + q·w_q + (c∘w_cq)·qᵀ, and the column kernels transpose the result
+(``_sim_t``) rather than building Sᵀ from q∘w_cq; exp's argument is clamped at 0 all the same. And
+dS = P∘(dP - D) with D taken from the output cancels dP only to rounding (~1e23 when dP ~ 1e30), where
+torch's softmax backward is exactly 0 for a one-hot row: ``_softmax_grad`` takes it as 0 where the
+probability is exactly 1 (NaN and inf still pass). Verified in the interpreter; on a GPU the bit
+equality also relies on tl.dot and the row sums giving an element the same bits for the row and
+column kernels' tile shapes.
+
 trilinear_similarity_fwd / _bwd expose S alone: a 2-D tiled kernel writes S [B, n, m]; its
 backward is a row kernel (grad_c) and a column kernel (grad_q and the weight partials).
 
@@ -171,6 +182,16 @@ def _sim(xw, y, x_lin, y_lin, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constex
 
 
 @triton.jit
+def _sim_t(cw, q, c_lin, q_lin, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Sᵀ tile [BM, BN] for the column kernels: S computed exactly as the row kernels compute it
+    (c side on the left, the bias in c_lin), then transposed, so that every kernel rebuilds the same
+    bits of S. The backward recomputes probabilities as exp(S - lse) with log-sum-exps saved by the
+    other orientation's forward kernel: at S ~ 1e30 one ulp is ~1e23, and an Sᵀ built as q∘w_cq · c
+    (the products and additions in another order) gave exp(±1e23), i.e. 0 or inf, for the top word."""
+    return tl.trans(_sim(cw, q, c_lin, q_lin, DOT_DTYPE, DOT_PRECISION))
+
+
+@triton.jit
 def _mm(a, b, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """a [X, K] @ b [K, Y] with operands in the MMA dtype and an fp32 result."""
     return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), input_precision=DOT_PRECISION)
@@ -207,8 +228,27 @@ def _finish_softmax(run_max, run_sum):
 
 @triton.jit
 def _prob(s, lse, keep):
-    """exp(s - lse) where keep, else exactly 0 (lse is +inf for empty rows/columns)."""
-    return tl.where(keep, tl.exp(s - lse), 0.0)
+    """exp(s - lse) where keep, else exactly 0 (lse is +inf for empty rows/columns).
+
+    s - lse <= 0 whenever s is the forward's bits (lse >= the row's max); it is clamped there all the
+    same (NaN kept), so that an s rebuilt a rounding above the forward's can never give a probability
+    above 1, let alone exp(1e23) = inf, for huge inputs."""
+    x = s - lse
+    return tl.where(keep, tl.exp(tl.where(x > 0.0, 0.0, x)), 0.0)
+
+
+@triton.jit
+def _softmax_grad(p, dp, dot):
+    """p∘(dp - dot), one softmax's share of dS, for probabilities p of one row (or column) and
+    dot = Σ p∘dp of that row.
+
+    Where p is exactly 1 the slice is one-hot to fp32 precision (the other probabilities sum to below
+    2^-24), so dp - dot = Σ_k p_k (dp - dp_k) is below 2^-23 max|dp|: less than the rounding of dot
+    itself, which comes from the output (D, E) rather than from these dp bits. It is taken as 0 there
+    (times (dp - dot), so NaN and inf still propagate), as torch's softmax backward gets it exactly for
+    a one-hot row; otherwise dp ~ dot ~ 1e30 (inputs ~1e15) would leave a cancellation error ~1e23."""
+    x = dp - dot
+    return tl.where(p == 1.0, x * 0.0, p * x)
 
 
 @triton.jit
@@ -304,15 +344,16 @@ def _cqa_fwd_col_kernel(c_ptr, q_ptr, cmask_ptr, w_ptr, bias_ptr, t_ptr, lse_col
     """Column softmax over the context (online, flash-style) and T = Pcᵀ C, per (m-tile, b)."""
     pid_m, b, offs_m, offs_d, m_ok, d_ok = _program_tile(m, d, BLOCK_M, BLOCK_D)
     w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
-    q, q_lin, qw = _operand_tile(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok, w_q, w_cq, bias)
+    q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
+    q_lin = _lin(q, w_q)
     run_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     run_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     t = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for n0 in range(0, n, BLOCK_N):
         offs_n, n_ok = tile_range(n0, BLOCK_N, n)
-        c = _load_rows(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
+        c, c_lin, cw = _operand_tile(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok, w_c, w_cq, bias)
         real_c = _load_real(cmask_ptr + b * s_kb, offs_n, s_kn, n_ok)
-        st = _sim(qw, c, q_lin, _lin(c, w_c), DOT_DTYPE, DOT_PRECISION)  # Sᵀ tile [BM, BN]
+        st = _sim_t(cw, q, c_lin, q_lin, DOT_DTYPE, DOT_PRECISION)  # Sᵀ tile [BM, BN]
         st = tl.where(real_c[None, :], st, float("-inf"))
         p, alpha, run_max, run_sum = _online_step(st, run_max, run_sum)
         t = t * alpha[:, None] + _mm(p, c, DOT_DTYPE, DOT_PRECISION)
@@ -381,13 +422,14 @@ def _cqa_bwd_prep_kernel(g_ptr, c_ptr, out_ptr, da_ptr, db_ptr, dd_ptr, n, m, d,
 
 @triton.jit
 def _col_sweep_tile(c_ptr, cmask_ptr, lse_row_ptr, da_ptr, db_ptr, offs_n, offs_d, n_ok, d_ok, m_ok, d,
-                    s_cn, s_cd, s_kcn, qw, q_lin, w_c, real_q, lse_c, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    s_cn, s_cd, s_kcn, q, q_lin, w_c, w_cq, bias, real_q, lse_c,
+                    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One context tile of the column backward, as both of its sweeps need it: the tile's c, the
     transposed row and column probabilities Pᵀ, Pcᵀ [BLOCK_M, BLOCK_N] recomputed from the saved
     log-sum-exps, and the tile's dA, dB rows."""
-    c = _load_rows(c_ptr, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
+    c, c_lin, cw = _operand_tile(c_ptr, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok, w_c, w_cq, bias)
     real_c, lse_r = _real_lse(cmask_ptr, lse_row_ptr, offs_n, s_kcn, n_ok)
-    st = _sim(qw, c, q_lin, _lin(c, w_c), DOT_DTYPE, DOT_PRECISION)
+    st = _sim_t(cw, q, c_lin, q_lin, DOT_DTYPE, DOT_PRECISION)
     pt = _prob(st, lse_r[None, :], real_q[:, None] & n_ok[None, :])
     pct = _prob(st, lse_c[:, None], real_c[None, :] & m_ok[:, None])
     da = _load_rows(da_ptr, offs_n, offs_d, d, 1, n_ok, d_ok)
@@ -405,7 +447,8 @@ def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse
     """Per (m-tile, b): T, dT, E, grad_q and the weight partials (two sweeps over the context)."""
     pid_m, b, offs_m, offs_d, m_ok, d_ok = _program_tile(m, d, BLOCK_M, BLOCK_D)
     w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
-    q, q_lin, qw = _operand_tile(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok, w_q, w_cq, bias)
+    q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
+    q_lin = _lin(q, w_q)
     real_q, lse_c = _real_lse(qmask_ptr + b * s_kqb, lse_col_ptr + b * m, offs_m, s_kqm, m_ok)
     t = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dt = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -415,7 +458,8 @@ def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse
         offs_n, n_ok = tile_range(n0, BLOCK_N, n)
         c, pt, pct, da, db = _col_sweep_tile(c_ptr + b * s_cb, cmask_ptr + b * s_kcb, lse_row_ptr + b * n,
                                              da_ptr + b * n * d, db_ptr + b * n * d, offs_n, offs_d, n_ok, d_ok,
-                                             m_ok, d, s_cn, s_cd, s_kcn, qw, q_lin, w_c, real_q, lse_c, DOT_DTYPE, DOT_PRECISION)
+                                             m_ok, d, s_cn, s_cd, s_kcn, q, q_lin, w_c, w_cq, bias, real_q, lse_c,
+                                             DOT_DTYPE, DOT_PRECISION)
         t += _mm(pct, c, DOT_DTYPE, DOT_PRECISION)
         dt += _mm(pt, db, DOT_DTYPE, DOT_PRECISION)
         dq += _mm(pt, da, DOT_DTYPE, DOT_PRECISION)
@@ -430,11 +474,12 @@ def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse
         offs_n, n_ok = tile_range(n0, BLOCK_N, n)
         c, pt, pct, da, db = _col_sweep_tile(c_ptr + b * s_cb, cmask_ptr + b * s_kcb, lse_row_ptr + b * n,
                                              da_ptr + b * n * d, db_ptr + b * n * d, offs_n, offs_d, n_ok, d_ok,
-                                             m_ok, d, s_cn, s_cd, s_kcn, qw, q_lin, w_c, real_q, lse_c, DOT_DTYPE, DOT_PRECISION)
+                                             m_ok, d, s_cn, s_cd, s_kcn, q, q_lin, w_c, w_cq, bias, real_q, lse_c,
+                                             DOT_DTYPE, DOT_PRECISION)
         dd = tl.load(dd_ptr + b * n + offs_n, mask=n_ok, other=0.0)
         dpt = _mm_nt(q, da, DOT_DTYPE, DOT_PRECISION) + _mm_nt(t, db, DOT_DTYPE, DOT_PRECISION)  # dPᵀ
         dpct = _mm_nt(dt, c, DOT_DTYPE, DOT_PRECISION)  # dPcᵀ
-        dst = pt * (dpt - dd[None, :]) + pct * (dpct - e[:, None])
+        dst = _softmax_grad(pt, dpt, dd[None, :]) + _softmax_grad(pct, dpct, e[:, None])
         colsum += tl.sum(dst, axis=1)
         dsc += _mm(dst, c, DOT_DTYPE, DOT_PRECISION)
     _col_epilogue(dq_ptr, partial_ptr, b, pid_m, offs_m, offs_d, m_ok, d_ok, m, d,
@@ -473,7 +518,7 @@ def _cqa_bwd_row_kernel(g_ptr, c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_p
         pc = _prob(s, lse_c[None, :], real_c[:, None] & m_ok[None, :])
         dp = _mm_nt(da, q, DOT_DTYPE, DOT_PRECISION) + _mm_nt(db, t, DOT_DTYPE, DOT_PRECISION)
         dpc = _mm_nt(c, dt, DOT_DTYPE, DOT_PRECISION)
-        ds = p * (dp - dd[:, None]) + pc * (dpc - e[None, :])
+        ds = _softmax_grad(p, dp, dd[:, None]) + _softmax_grad(pc, dpc, e[None, :])
         rowsum += tl.sum(ds, axis=1)
         dsq += _mm(ds, q, DOT_DTYPE, DOT_PRECISION)
         pc_dt += _mm(pc, dt, DOT_DTYPE, DOT_PRECISION)

@@ -17,6 +17,15 @@
 // Backward is deterministic and independent of the thread count: its tiling does not depend on the
 // number of threads, and weight and bias gradients accumulate into one partial buffer per block (a fixed,
 // contiguous range of tiles, sized from the problem alone), summed in block order.
+//
+// ln_dwsep_conv1d_fwd / _bwd put a LayerNorm over the channels in front (the schemas of the Triton
+// ops fastqa_triton::ln_dwsep_conv1d_*): h = LN(x) is computed row by row into a [B, L, C_in] buffer
+// that lives for the call only (ln_stats [B, 2, L] = row mean and 1/std are what is saved), then the
+// dwsep kernels above run on h. The backward rebuilds h from x and ln_stats with the forward's code
+// (the same bits), runs the dwsep backward for dL/dh, then the LayerNorm backward: grad_x row by row,
+// and the ln_weight / ln_bias gradients in fixed blocks of rows (sized from the problem alone), each
+// reduced by one thread and the block partials summed in block order, as above -- bit-identical for
+// any thread count (ATen's layer_norm backward, used here before, reduces per thread).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -28,6 +37,7 @@
 #include <algorithm>
 #include <cstring>
 #include <tuple>
+#include <vector>
 
 namespace fastqa {
 namespace {
@@ -457,6 +467,169 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_con
   return {grad_x, grad_dw_weight, grad_dw_bias, grad_pw_weight, grad_pw_bias};
 }
 
+// ------------------------------------------------------------------------------------------------
+// Pre-LayerNorm variant
+// ------------------------------------------------------------------------------------------------
+
+// Rows per block of the LayerNorm parameter-gradient reduction (at most kBackwardThreads blocks).
+constexpr int64_t kLnBlockRows = 256;
+
+// Row statistics of x [C]: (mean, 1/sqrt(biased variance + eps)), two passes in double.
+template <typename T>
+void layer_norm_stats(const T* x, int64_t C, double eps, T* mean_out, T* rstd_out) {
+  double sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < C; ++c) sum += double(x[c]);
+  const double mean = sum / double(C);
+  double sq = 0;
+#pragma omp simd reduction(+ : sq)
+  for (int64_t c = 0; c < C; ++c) {
+    const double v = double(x[c]) - mean;
+    sq += v * v;
+  }
+  *mean_out = T(mean);
+  *rstd_out = T(1.0 / std::sqrt(sq / double(C) + eps));
+}
+
+// h [C] = (x - mean) * rstd * w + b: the forward's and (rebuilding h) the backward's one expression.
+template <typename T>
+void layer_norm_row(const T* __restrict x, T mean, T rstd, const T* __restrict w, const T* __restrict b,
+                    T* __restrict h, int64_t C) {
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) h[c] = (x[c] - mean) * rstd * w[c] + b[c];
+}
+
+// LayerNorm backward of rows [r0, r1) of x / g = dL/dh [rows, C] (stats [B, 2, L]: mean, rstd), with
+// xhat = (x - mean) * rstd: grad_x = rstd * (g∘w - mean(g∘w) - xhat * mean(g∘w∘xhat)) row by row, and
+// acc_w += Σ g∘xhat, acc_b += Σ g over the rows in order. gw: [C] scratch.
+template <typename T>
+void layer_norm_backward_rows(const T* x, const T* g, const T* w, const T* stats, T* grad_x, T* acc_w, T* acc_b,
+                              T* gw, int64_t r0, int64_t r1, int64_t L, int64_t C) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* xr = x + r * C;
+    const T* gr = g + r * C;
+    const T mean = stats[(r / L * 2) * L + r % L], rstd = stats[(r / L * 2 + 1) * L + r % L];
+    double sum_g = 0, sum_gx = 0;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+    for (int64_t c = 0; c < C; ++c) {
+      const T xhat = (xr[c] - mean) * rstd;
+      gw[c] = gr[c] * w[c];
+      sum_g += double(gw[c]);
+      sum_gx += double(gw[c] * xhat);
+      acc_w[c] += gr[c] * xhat;
+      acc_b[c] += gr[c];
+    }
+    const T mean_g = T(sum_g / double(C)), mean_gx = T(sum_gx / double(C));
+    T* gxr = grad_x + r * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) gxr[c] = rstd * (gw[c] - mean_g - (xr[c] - mean) * rstd * mean_gx);
+  }
+}
+
+void check_ln_args(const char* op, const at::Tensor& x, const at::Tensor& ln_weight, const at::Tensor& ln_bias) {
+  const int64_t C = x.size(2);
+  auto check = [&](const at::Tensor& t, const char* name) {
+    TORCH_CHECK(t.dim() == 1 && t.size(0) == C, op, ": ", name, " must be [C_in=", C, "], got ", t.sizes());
+    TORCH_CHECK(t.device() == x.device() && t.scalar_type() == x.scalar_type(), op, ": ", name, " must be a ",
+                x.scalar_type(), " tensor on ", x.device(), " like x, got ", t.scalar_type(), " on ", t.device());
+  };
+  check(ln_weight, "ln_weight");
+  check(ln_bias, "ln_bias");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_dwsep_conv1d_fwd(
+    const at::Tensor& x_in, const at::Tensor& ln_weight_in, const at::Tensor& ln_bias_in, double eps,
+    const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
+    const c10::optional<at::Tensor>& pw_bias, const c10::optional<at::Tensor>& residual, int64_t pad_left,
+    bool relu) {
+  constexpr const char* op = "ln_dwsep_conv1d_fwd";
+  const Shapes s = check_args(op, x_in, dw_weight, dw_bias, pw_weight, pw_bias, pad_left);
+  check_ln_args(op, x_in, ln_weight_in, ln_bias_in);
+  TORCH_CHECK(eps > 0, op, ": eps must be positive, got ", eps);
+  const at::Tensor x = x_in.contiguous(), ln_weight = ln_weight_in.contiguous(), ln_bias = ln_bias_in.contiguous();
+  at::Tensor h = at::empty({s.B, s.L, s.C_in}, x.options());
+  at::Tensor stats = at::empty({s.B, 2, s.L}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), op, [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* wp = ln_weight.data_ptr<scalar_t>();
+    const scalar_t* bp = ln_bias.data_ptr<scalar_t>();
+    scalar_t* hp = h.data_ptr<scalar_t>();
+    scalar_t* sp = stats.data_ptr<scalar_t>();
+    at::parallel_for(0, s.B * s.L, std::max<int64_t>(1, kMinTaskWork / (4 * s.C_in)), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t b = r / s.L, l = r % s.L;
+        scalar_t* mean = sp + (b * 2) * s.L + l;
+        scalar_t* rstd = mean + s.L;
+        layer_norm_stats(xp + r * s.C_in, s.C_in, eps, mean, rstd);
+        layer_norm_row(xp + r * s.C_in, *mean, *rstd, wp, bp, hp + r * s.C_in, s.C_in);
+      }
+    });
+  });
+  auto [y, aux] = dwsep_conv1d_fwd(h, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu);
+  return {y, aux, stats};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ln_dwsep_conv1d_bwd(
+    const at::Tensor& grad_y, const at::Tensor& x_in, const at::Tensor& ln_weight_in, const at::Tensor& ln_bias_in,
+    const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
+    const c10::optional<at::Tensor>& pw_bias, const at::Tensor& aux, const at::Tensor& ln_stats_in,
+    int64_t pad_left, bool relu) {
+  constexpr const char* op = "ln_dwsep_conv1d_bwd";
+  const Shapes s = check_args(op, x_in, dw_weight, dw_bias, pw_weight, pw_bias, pad_left);
+  check_ln_args(op, x_in, ln_weight_in, ln_bias_in);
+  TORCH_CHECK(ln_stats_in.sizes() == at::IntArrayRef({s.B, 2, s.L}) && ln_stats_in.scalar_type() == x_in.scalar_type()
+                  && ln_stats_in.device() == x_in.device(),
+              op, ": ln_stats must be the forward's [B, 2, L]=[", s.B, ", 2, ", s.L, "] ", x_in.scalar_type(),
+              " tensor, got ", ln_stats_in.sizes(), " ", ln_stats_in.scalar_type());
+  const at::Tensor x = x_in.contiguous(), ln_weight = ln_weight_in.contiguous(), ln_bias = ln_bias_in.contiguous();
+  const at::Tensor stats = ln_stats_in.contiguous();
+  const int64_t rows = s.B * s.L, C = s.C_in;
+  const int64_t row_grain = std::max<int64_t>(1, kMinTaskWork / (4 * C));
+  at::Tensor h = at::empty({s.B, s.L, C}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), op, [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* wp = ln_weight.data_ptr<scalar_t>();
+    const scalar_t* bp = ln_bias.data_ptr<scalar_t>();
+    const scalar_t* sp = stats.data_ptr<scalar_t>();
+    scalar_t* hp = h.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, row_grain, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* mean = sp + (r / s.L * 2) * s.L + r % s.L;
+        layer_norm_row(xp + r * C, mean[0], mean[s.L], wp, bp, hp + r * C, C);
+      }
+    });
+  });
+  auto [grad_h, grad_dw_weight, grad_dw_bias, grad_pw_weight, grad_pw_bias] =
+      dwsep_conv1d_bwd(grad_y, h, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu);
+  h.reset();
+  // LayerNorm backward, with g = dL/dh and xhat = (x - mean) * rstd per row:
+  //   grad_x = rstd * (g∘w - mean(g∘w) - xhat * mean(g∘w∘xhat)), grad_w = Σ_rows g∘xhat, grad_b = Σ_rows g.
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(ceil_div(rows, kLnBlockRows), kBackwardThreads));
+  at::Tensor grad_x = at::empty({s.B, s.L, C}, x.options());
+  at::Tensor part = at::zeros({blocks, 2, C}, x.options());  // per block: [Σ g∘xhat, Σ g]
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), op, [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* wp = ln_weight.data_ptr<scalar_t>();
+    const scalar_t* sp = stats.data_ptr<scalar_t>();
+    const scalar_t* gp = grad_h.data_ptr<scalar_t>();
+    scalar_t* gxp = grad_x.data_ptr<scalar_t>();
+    scalar_t* partp = part.data_ptr<scalar_t>();
+    // Each block by one thread, whichever: the partial sums depend on the block, not on the thread.
+    at::parallel_for(0, blocks, 1, [&](int64_t k0, int64_t k1) {
+      std::vector<scalar_t> gw(C);
+      for (int64_t k = k0; k < k1; ++k) {
+        scalar_t* acc_w = partp + k * 2 * C;
+        scalar_t* acc_b = acc_w + C;
+        layer_norm_backward_rows(xp, gp, wp, sp, gxp, acc_w, acc_b, gw.data(), rows * k / blocks,
+                                 rows * (k + 1) / blocks, s.L, C);
+      }
+    });
+  });
+  at::Tensor grad_ln = reduce_partials(part);  // [2, C], blocks summed in order
+  return {grad_x, grad_ln[0].clone(), grad_ln[1].clone(), grad_dw_weight, grad_dw_bias, grad_pw_weight,
+          grad_pw_bias};
+}
+
 }  // namespace
 }  // namespace fastqa
 
@@ -468,9 +641,20 @@ TORCH_LIBRARY_FRAGMENT(fastqa, m) {
       "dwsep_conv1d_bwd(Tensor grad_y, Tensor x, Tensor dw_weight, Tensor? dw_bias, Tensor pw_weight, "
       "Tensor? pw_bias, Tensor aux, int pad_left, bool relu) -> (Tensor grad_x, Tensor grad_dw_weight, "
       "Tensor grad_dw_bias, Tensor grad_pw_weight, Tensor grad_pw_bias)");
+  m.def(
+      "ln_dwsep_conv1d_fwd(Tensor x, Tensor ln_weight, Tensor ln_bias, float eps, Tensor dw_weight, "
+      "Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, Tensor? residual, int pad_left, bool relu) "
+      "-> (Tensor y, Tensor aux, Tensor ln_stats)");
+  m.def(
+      "ln_dwsep_conv1d_bwd(Tensor grad_y, Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor dw_weight, "
+      "Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, Tensor aux, Tensor ln_stats, int pad_left, bool relu) "
+      "-> (Tensor grad_x, Tensor grad_ln_weight, Tensor grad_ln_bias, Tensor grad_dw_weight, "
+      "Tensor grad_dw_bias, Tensor grad_pw_weight, Tensor grad_pw_bias)");
 }
 
 TORCH_LIBRARY_IMPL(fastqa, CPU, m) {
   m.impl("dwsep_conv1d_fwd", &fastqa::dwsep_conv1d_fwd);
   m.impl("dwsep_conv1d_bwd", &fastqa::dwsep_conv1d_bwd);
+  m.impl("ln_dwsep_conv1d_fwd", &fastqa::ln_dwsep_conv1d_fwd);
+  m.impl("ln_dwsep_conv1d_bwd", &fastqa::ln_dwsep_conv1d_bwd);
 }

@@ -7,9 +7,10 @@ backward needs (the CPU kernel: the bool ReLU mask, or an empty tensor without R
 back unread.
 
 ``ln_dwsep_conv1d`` puts a LayerNorm over the channels in front (QANet's whole conv sublayer,
-y = act(pw(dw(LN(x)))) + residual). Only Triton fuses it (``fastqa_triton::ln_dwsep_conv1d_fwd`` ->
-(y, aux, ln_stats), ``..._bwd``); the cpu backend runs ATen's layer_norm and then the fused
-``dwsep_conv1d`` kernels.
+y = act(pw(dw(LN(x)))) + residual), as ``<ns>::ln_dwsep_conv1d_fwd`` -> (y, aux, ln_stats) and
+``..._bwd`` on both compiled backends (Triton fuses everything; the C++ kernel normalises into a
+buffer for the call and runs its dwsep kernels on it, and reduces the LayerNorm's weight and bias
+gradients in fixed row blocks, so they too are the same bits for any thread count).
 """
 from __future__ import annotations
 
@@ -169,7 +170,7 @@ def _ln_dwsep_grads(ctx, grad_y: torch.Tensor) -> tuple:
 
 
 class _LnDwsepConv1dFunction(torch.autograd.Function):
-    """The Triton-fused pre-LayerNorm variant; aux (ReLU mask) and ln_stats (row mean, 1/std) are saved
+    """The pre-LayerNorm variant; aux (ReLU mask) and ln_stats (row mean, 1/std) are saved
     unread.
 
     ``residual_is_x``: QANet adds the sublayer's own input back. Dynamo cannot trace an autograd.Function
@@ -195,8 +196,8 @@ class _LnDwsepConv1dFunction(torch.autograd.Function):
 
 
 def _register_autograd(backend: str) -> None:
-    """The Functions' formulas on ``<ns>::dwsep_conv1d_fwd`` (and the Triton-only
-    ``fastqa_triton::ln_dwsep_conv1d_fwd``) themselves: graphs that call the ops (torch.export) train too."""
+    """The Functions' formulas on ``<ns>::dwsep_conv1d_fwd`` and ``<ns>::ln_dwsep_conv1d_fwd`` themselves:
+    graphs that call the ops (torch.export) train too."""
     def dwsep_setup(ctx, inputs, output):
         x, dw_weight, dw_bias, pw_weight, pw_bias, _, pad_left, relu = inputs
         ctx.mark_non_differentiable(output[1])
@@ -206,8 +207,6 @@ def _register_autograd(backend: str) -> None:
         return _backward(ctx, grad_y, _dwsep_grads, _DWSEP_GRADS, _DWSEP_OP_INPUTS)
 
     register_op_autograd(qualified(backend, "dwsep_conv1d_fwd"), "dwsep_conv1d", dwsep_setup, dwsep_backward)
-    if backend == "cpu":
-        return
 
     def ln_setup(ctx, inputs, output):
         x, ln_weight, ln_bias, _, dw_weight, dw_bias, pw_weight, pw_bias, _, pad_left, relu = inputs
@@ -244,8 +243,8 @@ def ln_dwsep_conv1d(
     (the zero padding comes after the LayerNorm). Returns y: [B, L, C_out].
 
     Backends: "triton" fuses everything (LN(x) is never stored: the row statistics are, [B, 2, L]);
-    "cpu" has no fused LayerNorm -- it runs ATen's ``F.layer_norm`` (which materialises LN(x),
-    [B, L, C_in], and keeps it for backward) and then the fused ``dwsep_conv1d`` CPU kernels;
+    "cpu" normalises into a [B, L, C_in] buffer that lives for the call only (forward, and rebuilt
+    in backward from x and the saved row statistics) and runs the ``dwsep_conv1d`` CPU kernels on it;
     "reference" is ``fastqa.reference.ln_dwsep_conv1d``.
     """
     x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual = entry_prologue(
@@ -262,11 +261,6 @@ def ln_dwsep_conv1d(
                                          eps=eps, padding=padding, activation=activation, residual=residual)
     pad_left, _ = conv_padding(dw_weight.shape[-1], padding)
     relu = activation == "relu"
-    if resolved == "cpu":
-        # Arguments are validated above: straight to the Function rather than through dwsep_conv1d's checks.
-        h = torch.nn.functional.layer_norm(x, (c_in,), ln_weight, ln_bias, eps)
-        return _DwsepConv1dFunction.apply("cpu", h, dw_weight, pw_weight, pw_bias, dw_bias, residual, False,
-                                          pad_left, relu)
     residual_is_x = residual is x
     return _LnDwsepConv1dFunction.apply(resolved, x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias,
                                         None if residual_is_x else residual, residual_is_x, eps, pad_left, relu)
@@ -290,3 +284,15 @@ if cpu_available():
                 x.new_empty(dw_bias.shape if dw_bias is not None else (0,)),
                 pw_weight.new_empty(pw_weight.shape),
                 x.new_empty(pw_bias.shape if pw_bias is not None else (0,)))
+
+    @torch.library.register_fake("fastqa::ln_dwsep_conv1d_fwd")
+    def _ln_dwsep_conv1d_fwd_fake(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, residual,
+                                  pad_left, relu):
+        y, aux = _dwsep_conv1d_fwd_fake(x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu)
+        return y, aux, x.new_empty(x.shape[0], 2, x.shape[1])  # ln_stats: row mean, 1/std, in x's dtype
+
+    @torch.library.register_fake("fastqa::ln_dwsep_conv1d_bwd")
+    def _ln_dwsep_conv1d_bwd_fake(grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux,
+                                  ln_stats, pad_left, relu):
+        return ((x.new_empty(x.shape), x.new_empty(ln_weight.shape), x.new_empty(ln_bias.shape))
+                + _dwsep_conv1d_bwd_fake(grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu)[1:])

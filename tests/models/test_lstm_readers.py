@@ -227,4 +227,4 @@ def test_benchmark_case_times_qanet_beside_the_baselines():
     meta = {"date": "2026-11-23", "device": "cpu", "threads": 1, "dtype": "float32", "torch": "x", "triton": "x",
             "fastqa": "x", "gemm_flops": 1e9, "mem_bw": 1e9}
     md = markdown({"meta": meta, "records": records})
-    assert f"| {records[-1]['impl']} | 1.000 [1.000-3.00] | 2.00x (vs qanet) |" in md
+    assert f"| {records[-1]['impl']} | 1.00 [1.00-3.00] | 2.00x (vs qanet) |" in md

@@ -161,11 +161,6 @@ class FrozenWordVectors(nn.Module):
         w = F.embedding(words, self.word_vectors)
         return torch.where((words == self._unk_id).unsqueeze(-1), self.unk_vector.to(w.dtype), w)
 
-    def word_table(self) -> torch.Tensor:
-        """The whole table as the model sees it, [V, dim] (the <unk> row is ``unk_vector``)."""
-        return self.word_vectors.index_copy(0, torch.tensor([self._unk_id], device=self.word_vectors.device),
-                                            self.unk_vector.unsqueeze(0).to(self.word_vectors.dtype))
-
 
 def timing_signal(length: int, channels: int, *, device: torch.device | None = None,
                   dtype: torch.dtype = torch.float32, min_timescale: float = 1.0,

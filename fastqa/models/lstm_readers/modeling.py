@@ -122,7 +122,12 @@ class LSTMReader(FrozenWordVectors):
 
         if c.scores_vocabulary:
             # The context words' log-probabilities among all vocabulary words (and "no answer").
-            logits = self.output(features) @ self.word_table().t().to(features.dtype) + self.output_bias
+            out = self.output(features)                                                    # [B, D]
+            # Scored against the frozen table as it is (its <unk> row is zero), then <unk>'s own vector added:
+            # no [V, D] copy of the table per step.
+            logits = torch.addmm(self.output_bias.to(out.dtype), out, self.word_vectors.t().to(out.dtype))
+            unk = torch.tensor([c.unk_id], device=out.device)
+            logits = logits.index_add(1, unk, (out @ self.unk_vector.to(out.dtype)).unsqueeze(1))
             if null is not None:
                 logits = torch.cat([null, logits], dim=1)
             log_p = F.log_softmax(logits, dim=1)

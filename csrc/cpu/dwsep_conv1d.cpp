@@ -84,19 +84,19 @@ struct Tiling {
 
 // Register-blocked channel loops: a block of CB channels is accumulated in registers across all the
 // taps (or rows) before it is stored, instead of a load-FMA-store of the output per tap. Blocks of one
-// 64-byte vector (16 floats), then one 32-byte vector, then single channels cover any C.
-#define FASTQA_FOR_CHANNEL_BLOCKS(BODY) \
-  do {                                  \
-    int64_t c0 = 0;                     \
-    c0 = BODY(64 / sizeof(T), c0);      \
-    c0 = BODY(32 / sizeof(T), c0);      \
-    BODY(1, c0);                        \
+// native vector (kSimdBytes: 16 floats with AVX-512, 8 with AVX2), then one 16-byte vector, then single
+// channels cover any C.
+#define FASTQA_FOR_CHANNEL_BLOCKS(BODY)     \
+  do {                                      \
+    int64_t c0 = 0;                         \
+    c0 = BODY(kSimdBytes / sizeof(T), c0);  \
+    if (kSimdBytes > 16) c0 = BODY(16 / sizeof(T), c0); \
+    BODY(1, c0);                            \
   } while (0)
 
-// A block of CB channels as one GCC/Clang vector value: the compiler maps it onto as many SIMD registers
-// as the target has, so the block's accumulators stay in registers (the earlier array-plus-`omp simd`
-// form of these loops ran ~8% slower on the C_in 500 forward; blocks wider than one native vector were
-// slower still). Loads and stores go through memcpy: unaligned, and no aliasing assumptions.
+// A block of CB channels as one GCC/Clang vector value, at most one native register wide (kSimdBytes), so
+// the block's accumulators stay in registers (the earlier array-plus-`omp simd` form of these loops ran
+// ~8% slower on the C_in 500 forward; blocks wider than one native vector are lowered through the stack). Loads and stores go through memcpy: unaligned, and no aliasing assumptions.
 template <int64_t CB, typename T>
 struct Block {
   typedef T V __attribute__((vector_size(CB * sizeof(T))));

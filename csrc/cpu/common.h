@@ -47,13 +47,18 @@ constexpr int64_t kSimdBytes = 16;
 // [ln FLT_MIN, ln FLT_MAX] = [-87.34, 88.72] (2^n is applied as two normal factors, so n = 128 is fine).
 // Outside it, as std::exp up to subnormals: exactly 0 below (a softmax probability or a sigmoid that
 // underflows is 0, not 1e-38 that a huge input could blow up again), +inf above, NaN stays NaN.
+//
+// Written so that GCC vectorises the loops that call it: no float -> int conversion (n comes from the
+// bits of the 1.5 * 2^23 rounding sum), integer work in uint32_t (no signed overflow for huge inputs,
+// whose garbage is replaced below), and the out-of-range cases picked by a bit mask built with `&`, not
+// `&&` or a select of the result: GCC 12 turns either into a branch around the polynomial, and a loop
+// with a branch is not vectorised ("control flow in loop") -- every vec_exp loop ran scalar before.
+// Bit-identical to the earlier clamp-and-select form for all 2^32 inputs (checked exhaustively).
 inline float vec_exp(float v) {
   constexpr float lo = -87.3365447505f, hi = 88.7228391117f;
-  // NaN is replaced by 0 for the arithmetic (no float -> int conversion of NaN) and selected back below.
-  const float u = v == v ? min_of(max_of(v, lo), hi) : 0.0f;
-  // n = round(u / ln 2) by the 1.5 * 2^23 trick: std::floor/nearbyint do not vectorise here.
-  const float n = (u * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = std::fma(n, -0.693359375f, u);  // u - n·ln2 in two parts
+  const float t = v * 1.44269504088896341f + 12582912.0f;  // n = round(v / ln 2) in t's low mantissa bits
+  const float n = t - 12582912.0f;
+  float r = std::fma(n, -0.693359375f, v);  // v - n·ln2 in two parts
   r = std::fma(n, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
   p = std::fma(p, r, 1.3981999507e-3f);
@@ -62,11 +67,14 @@ inline float vec_exp(float v) {
   p = std::fma(p, r, 1.6666665459e-1f);
   p = std::fma(p, r, 5.0000001201e-1f);
   p = std::fma(p, r * r, r) + 1.0f;
-  // 2^n = 2^n1 · 2^n2 (n in [-126, 128], so both halves are normal) from their bit patterns (a builtin
-  // bit cast: memcpy through a local blocks vectorisation).
-  const int32_t ni = static_cast<int32_t>(n), n1 = ni / 2, n2 = ni - n1;
-  const float e = p * __builtin_bit_cast(float, (n1 + 127) << 23) * __builtin_bit_cast(float, (n2 + 127) << 23);
-  return v < lo ? 0.0f : (v > hi ? __builtin_inff() : (v == v ? e : v));
+  // 2^n = 2^n1 · 2^n2 (n in [-126, 128] in range, so both halves are normal) from their bit patterns.
+  const uint32_t ni = __builtin_bit_cast(uint32_t, t) - 0x4B400000u;
+  const uint32_t n1 = static_cast<uint32_t>(static_cast<int32_t>(ni) >> 1), n2 = ni - n1;
+  const float e = p * __builtin_bit_cast(float, (n1 + 127u) << 23) * __builtin_bit_cast(float, (n2 + 127u) << 23);
+  const uint32_t in_range = 0u - (static_cast<uint32_t>(v >= lo) & static_cast<uint32_t>(v <= hi));  // 0 for NaN
+  const float outside = v < lo ? 0.0f : (v > hi ? __builtin_inff() : v);
+  return __builtin_bit_cast(float, (__builtin_bit_cast(uint32_t, e) & in_range) |
+                                       (__builtin_bit_cast(uint32_t, outside) & ~in_range));
 }
 // float64 serves gradcheck: exactness first.
 inline double vec_exp(double v) { return std::exp(v); }

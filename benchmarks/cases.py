@@ -85,6 +85,19 @@ def cqa_case(B: int, n: int, m: int, d: int, *, quick: bool = False) -> OpCase:
         naive_bytes=lambda mode: 4 * naive_elems * (10 if mode == "fwd+bwd" else 4), quick=quick)
 
 
+# --- self-attention -------------------------------------------------------------------------------
+
+def self_attention_case(B: int, L: int, d: int, heads: int, *, quick: bool = False) -> OpCase:
+    """QANet's encoder self-attention on the fused qkv projection [B, L, 3d], with a padding mask."""
+    def make_inputs(gen: torch.Generator) -> OpInputs:
+        return OpInputs((_randn(gen, B, L, 3 * d), _lengths_mask(gen, B, L)), {"heads": heads}, (0,))
+
+    return OpCase(
+        op="self_attention", name=f"B{B}_L{L}_d{d}_h{heads}", shape={"B": B, "L": L, "d": d, "heads": heads},
+        make_inputs=make_inputs, reference=ref.self_attention, fastqa_fn="self_attention",
+        flops=_fwd_bwd(4.0 * B * L * L * d), quick=quick)  # q kᵀ and p v, every key (padding included)
+
+
 # --- GLU convolution ------------------------------------------------------------------------------
 
 def glu_case(B: int, H: int, T: int, K: int, *, causal: bool, quick: bool = False) -> OpCase:
@@ -141,6 +154,8 @@ for _case in (
     cqa_case(32, 400, 50, 128),
     cqa_case(8, 400, 50, 128, quick=True),
     cqa_case(32, 1000, 100, 128),
+    self_attention_case(32, 400, 128, 8),  # QANet paper: the context's encoder blocks
+    self_attention_case(8, 400, 128, 8, quick=True),
     *(glu_case(B, H, T, K, causal=causal, quick=causal and (B, H, T, K) == (64, 256, 50, 5))
       for causal in (True, False) for B, H, T, K in ((128, 512, 30, 3), (32, 512, 100, 3), (64, 256, 50, 5))),
     glu_step_case(64, 512, 3),  # ConvS2S decoder width, 64 sentences

@@ -13,11 +13,12 @@ from .ops import (  # noqa: E402
     glu_conv1d,
     glu_conv1d_step,
     ln_dwsep_conv1d,
+    self_attention,
     trilinear_similarity,
 )
 
 __all__ = [
     "BACKENDS", "info", "__version__", "layers", "ops", "reference",
     "context_query_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "ln_dwsep_conv1d",
-    "trilinear_similarity",
+    "self_attention", "trilinear_similarity",
 ]

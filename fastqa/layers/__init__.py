@@ -2,8 +2,9 @@
 from .context_query_attention import ContextQueryAttention, TrilinearSimilarity
 from .dwsep_conv1d import DepthwiseSeparableConv1d, LayerNormDepthwiseSeparableConv1d
 from .glu_conv1d import GLUConv1d
+from .self_attention import SelfAttention
 
 __all__ = [
     "ContextQueryAttention", "DepthwiseSeparableConv1d", "GLUConv1d", "LayerNormDepthwiseSeparableConv1d",
-    "TrilinearSimilarity",
+    "SelfAttention", "TrilinearSimilarity",
 ]

@@ -11,8 +11,8 @@ QANet(config, layers="fast" | "reference" | "naive"):
 
 Every encoder block: timing signal, then pre-LayerNorm sublayers (convolutions, self-attention, feed-forward),
 each ``x + dropout(sublayer(LN(x)))`` with stochastic depth in training. ``layers`` picks the modules of the
-convolution sublayers, the embedding resizer and the context-query attention; the rest is ``torch.nn`` and
-the same for all three, so one state_dict loads into each.
+convolution sublayers, the self-attention sublayers, the embedding resizer and the context-query attention;
+the rest is ``torch.nn`` and the same for all three, so one state_dict loads into each.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from ..common import (FrozenWordVectors, Highway, check_config, check_qa_inputs,
 from .config import LAYERS, QANetConfig
 
 __all__ = ["LAYER_SETS", "CharEmbedding", "EncoderBlock", "FeedForward", "NaiveContextQueryAttention", "QANet",
-           "SelfAttention"]
+           ]
 
 
 class NaiveContextQueryAttention(reference.ContextQueryAttention):
@@ -46,15 +46,16 @@ class _LayerSet:
     ln_conv: type[nn.Module]  # LN + depthwise-separable conv (+ ReLU + residual): the conv sublayer
     conv: type[nn.Module]     # depthwise-separable conv: the embedding resizer
     cqa: type[nn.Module]      # context-query attention
+    attention: type[nn.Module]  # pre-LN multi-head self-attention sublayer branch
 
 
 LAYER_SETS: dict[str, _LayerSet] = {
     "fast": _LayerSet(fused.LayerNormDepthwiseSeparableConv1d, fused.DepthwiseSeparableConv1d,
-                      fused.ContextQueryAttention),
+                      fused.ContextQueryAttention, fused.SelfAttention),
     "reference": _LayerSet(reference.LayerNormDepthwiseSeparableConv1d, reference.DepthwiseSeparableConv1d,
-                           reference.ContextQueryAttention),
+                           reference.ContextQueryAttention, reference.SelfAttention),
     "naive": _LayerSet(reference.LayerNormDepthwiseSeparableConv1d, reference.DepthwiseSeparableConv1d,
-                       NaiveContextQueryAttention),
+                       NaiveContextQueryAttention, reference.SelfAttention),
 }
 
 
@@ -101,30 +102,6 @@ class CharEmbedding(nn.Module):
         return dropout(out, self.dropout, self.training).reshape(b, n, -1)
 
 
-class SelfAttention(nn.Module):
-    """Pre-LN multi-head self-attention sublayer branch: out(SDPA(qkv(LN(x)))).
-
-    ``qkv`` is one nn.Linear(d, 3d) (the three projections as one GEMM); attention runs through
-    F.scaled_dot_product_attention with the key padding mask.
-    """
-
-    def __init__(self, d_model: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.norm = nn.LayerNorm(d_model)
-        self.qkv = init_linear(nn.Linear(d_model, 3 * d_model))
-        self.out = init_linear(nn.Linear(d_model, d_model))
-
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
-        """x: [B, L, d]; attn_mask: [B, 1, 1, L] bool (True = a key to attend to) -> [B, L, d]."""
-        b, length, d = x.shape
-        # split (not select) q, k, v: its backward is one cat, where select's zero-fills [3, B, h, L, d/h].
-        q, k, v = self.qkv(self.norm(x)).view(b, length, 3 * self.heads, d // self.heads).transpose(1, 2).split(
-            self.heads, dim=1)                                                              # [B, h, L, d/h]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        return self.out(o.transpose(1, 2).reshape(b, length, d))
-
-
 class FeedForward(nn.Module):
     """Pre-LN feed-forward sublayer branch: ff2(relu(ff1(LN(x))))."""
 
@@ -152,16 +129,19 @@ class EncoderBlock(nn.Module):
         self.dropout = dropout
         self.convs = nn.ModuleList(layer_set.ln_conv(d_model, d_model, kernel_size, activation="relu")
                                    for _ in range(conv_layers))
-        self.attention = SelfAttention(d_model, heads)
+        self.attention = layer_set.attention(d_model, heads)
+        init_linear(self.attention.qkv)
+        init_linear(self.attention.out)
         self.ffn = FeedForward(d_model)
 
     @property
     def num_sublayers(self) -> int:
         return len(self.convs) + 2
 
-    def forward(self, x: torch.Tensor, timing: torch.Tensor, attn_mask: torch.Tensor,
+    def forward(self, x: torch.Tensor, timing: torch.Tensor, mask: torch.Tensor,
                 survival: list[float]) -> torch.Tensor:
-        """x: [B, L, d]; timing: [L, d]; attn_mask: [B, 1, 1, L] bool; survival: one float per sublayer."""
+        """x: [B, L, d]; timing: [L, d]; mask: [B, L] bool (True = a real position, the keys to attend to);
+        survival: one float per sublayer."""
         masks = residual_masks(x.shape, dropout=self.dropout, survival=survival, device=x.device,
                                dtype=x.dtype) if self.training else None
         x = x + timing
@@ -169,17 +149,10 @@ class EncoderBlock(nn.Module):
             # No mask (evaluation): the fused residual add; else x + dropout(conv(x)) with stochastic depth.
             x = conv(x, residual=x) if masks is None else torch.addcmul(x, conv(x), masks[i])
         n = len(self.convs)
-        branch = self.attention(x, attn_mask)
+        branch = self.attention(x, mask)
         x = x + branch if masks is None else torch.addcmul(x, branch, masks[n])
         branch = self.ffn(x)
         return x + branch if masks is None else torch.addcmul(x, branch, masks[n + 1])
-
-
-def _attn_mask(mask: torch.Tensor) -> torch.Tensor:
-    """[B, L] bool -> [B, 1, 1, L] SDPA key mask. A row with no real token attends to everything (its
-    outputs are masked later) instead of producing NaN."""
-    mask = mask | ~mask.any(dim=1, keepdim=True)
-    return mask[:, None, None, :]
 
 
 class QANet(FrozenWordVectors):
@@ -234,9 +207,9 @@ class QANet(FrozenWordVectors):
         x = torch.cat([w, self.char_embedding(chars)], dim=-1)
         return self.highway(self.emb_resize(x))
 
-    def _model_pass(self, x: torch.Tensor, timing: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+    def _model_pass(self, x: torch.Tensor, timing: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         for block, survival in zip(self.model_encoder, self._model_survival):
-            x = block(x, timing, attn_mask, survival)
+            x = block(x, timing, mask, survival)
         return x
 
     def forward(self, context_words: torch.Tensor, context_chars: torch.Tensor, question_words: torch.Tensor,
@@ -253,15 +226,14 @@ class QANet(FrozenWordVectors):
         c_timing = timing_signal(c.shape[1], d, device=c.device, dtype=c.dtype)
         q_timing = c_timing[: q.shape[1]] if q.shape[1] <= c.shape[1] else timing_signal(
             q.shape[1], d, device=q.device, dtype=q.dtype)
-        c_attn = _attn_mask(c_mask)
-        c = self.emb_encoder(c, c_timing, c_attn, self._emb_survival)
-        q = self.emb_encoder(q, q_timing, _attn_mask(q_mask), self._emb_survival)
+        c = self.emb_encoder(c, c_timing, c_mask, self._emb_survival)
+        q = self.emb_encoder(q, q_timing, q_mask, self._emb_survival)
 
         x = self.cq_resize(self.cq_attention(c, q, c_mask, q_mask))
         x = dropout(x, self.config.dropout, self.training)
-        m0 = self._model_pass(x, c_timing, c_attn)
-        m1 = self._model_pass(m0, c_timing, c_attn)
-        m2 = self._model_pass(m1, c_timing, c_attn)
+        m0 = self._model_pass(x, c_timing, c_mask)
+        m1 = self._model_pass(m0, c_timing, c_mask)
+        m2 = self._model_pass(m1, c_timing, c_mask)
 
         start_in, end_in = torch.cat([m0, m1], dim=-1), torch.cat([m0, m2], dim=-1)
         start, end = self.start_head(start_in).squeeze(-1), self.end_head(end_in).squeeze(-1)  # [B, n]

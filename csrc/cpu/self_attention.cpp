@@ -1,0 +1,407 @@
+// Multi-head self-attention with a key padding mask, for short sequences and small heads (QANet:
+// L <= ~1000, head size 16): forward and backward, CPU.
+//
+//   qkv [B, L, 3C] (C = heads * D): q = qkv[..., :C], k = qkv[..., C:2C], v = qkv[..., 2C:], head h in
+//   columns [h*D, (h+1)*D) of each -- the output of one nn.Linear(C, 3C), read as it is (no transposes);
+//   key_mask [B, L] bool, True = a key to attend to (a sequence with no True key attends to all keys);
+//   out [B, L, C] = softmax(q kᵀ / sqrt(D) + mask) v, heads side by side (ready for the output Linear);
+//   lse [B, heads, L]: each query row's log-sum-exp of its scaled scores, what the backward needs.
+//
+// Why not ATen's flash attention: with D = 16 its blocked GEMMs have an inner dimension of 16, and
+// each call's overhead and the score block's trips through memory dominate. Here one (sequence, head)
+// is one task: its keys and values (2 * L * D values, 51 KB at L 400) are copied once into padded
+// local buffers that stay in L1/L2, the whole row of scores of a block of kRows query rows is computed
+// at once (exact softmax, no rescaling), and every product is a register-blocked loop over one native
+// SIMD vector of keys or of head channels with kRows accumulators.
+//
+// The backward recomputes the probabilities from lse, and accumulates dK and dV of its (sequence,
+// head) in local buffers: each task writes a disjoint slice of grad_qkv, so the result does not
+// depend on the thread count (bit-identical for any number of threads).
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "cpu/common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+namespace fastqa {
+namespace {
+
+constexpr const char* kFwd = "fastqa::self_attention_fwd";
+constexpr const char* kBwd = "fastqa::self_attention_bwd";
+
+// Query rows per block: kRows accumulators per loop, each vector of keys (or of channels) loaded once.
+constexpr int64_t kRows = 6;
+
+template <typename T>
+struct Simd {
+  static constexpr int64_t W = kSimdBytes / sizeof(T);
+  typedef T V __attribute__((vector_size(kSimdBytes)));
+  static V load(const T* p) {
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+  }
+  static void store(T* p, const V& v) { std::memcpy(p, &v, sizeof(V)); }
+};
+
+inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// scores[r][j] = bias[j] + sum_c a[r][c] * bt[c][j] for r < kRows, j < Lp (a multiple of W):
+// a [kRows, Dp] rows, bt [D, Lp] (a transposed operand), D inner terms. NJ vectors of keys per pass, so
+// each broadcast a[r][c] feeds NJ multiply-adds (the loop is bound by loads otherwise).
+template <int64_t NJ, typename T>
+int64_t rows_times_t_pass(const T* a, int64_t Dp, const T* bt, int64_t D, int64_t Lp, const T* bias, T* scores,
+                          int64_t j) {
+  using S = Simd<T>;
+  for (; j + NJ * S::W <= Lp; j += NJ * S::W) {
+    typename S::V acc[kRows][NJ];
+    for (int64_t n = 0; n < NJ; ++n) {
+      const typename S::V init = bias ? S::load(bias + j + n * S::W) : typename S::V{};
+      for (int64_t r = 0; r < kRows; ++r) acc[r][n] = init;
+    }
+    for (int64_t c = 0; c < D; ++c) {
+      typename S::V b[NJ];
+      for (int64_t n = 0; n < NJ; ++n) b[n] = S::load(bt + c * Lp + j + n * S::W);
+      for (int64_t r = 0; r < kRows; ++r) {
+        const T ar = a[r * Dp + c];
+        for (int64_t n = 0; n < NJ; ++n) acc[r][n] += b[n] * ar;  // vector * scalar: one broadcast
+      }
+    }
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t n = 0; n < NJ; ++n) S::store(scores + r * Lp + j + n * S::W, acc[r][n]);
+    }
+  }
+  return j;
+}
+
+template <typename T>
+void rows_times_t(const T* a, int64_t Dp, const T* bt, int64_t D, int64_t Lp, const T* bias, T* scores) {
+  const int64_t j = rows_times_t_pass<2>(a, Dp, bt, D, Lp, bias, scores, 0);
+  rows_times_t_pass<1>(a, Dp, bt, D, Lp, bias, scores, j);
+}
+
+// out[r][:] = sum_{j < L} p[r][j] * m[j][:] for r < kRows; p [kRows, Lp], m [L, Dp], out [kRows, Dp].
+template <typename T>
+void rows_times(const T* p, int64_t Lp, const T* m, int64_t L, int64_t Dp, T* out) {
+  using S = Simd<T>;
+  int64_t d = 0;
+  for (; d + 2 * S::W <= Dp; d += 2 * S::W) {  // two vectors of channels per pass: 2 * kRows accumulators
+    typename S::V acc0[kRows] = {}, acc1[kRows] = {};
+    for (int64_t j = 0; j < L; ++j) {
+      const typename S::V m0 = S::load(m + j * Dp + d), m1 = S::load(m + j * Dp + d + S::W);
+      for (int64_t r = 0; r < kRows; ++r) {
+        const T pr = p[r * Lp + j];
+        acc0[r] += m0 * pr;
+        acc1[r] += m1 * pr;
+      }
+    }
+    for (int64_t r = 0; r < kRows; ++r) {
+      S::store(out + r * Dp + d, acc0[r]);
+      S::store(out + r * Dp + d + S::W, acc1[r]);
+    }
+  }
+  for (; d < Dp; d += S::W) {
+    typename S::V acc[kRows] = {};
+    for (int64_t j = 0; j < L; ++j) {
+      const typename S::V m0 = S::load(m + j * Dp + d);
+      for (int64_t r = 0; r < kRows; ++r) acc[r] += m0 * p[r * Lp + j];
+    }
+    for (int64_t r = 0; r < kRows; ++r) S::store(out + r * Dp + d, acc[r]);
+  }
+}
+
+// acc[j][:] += sum_{r < kRows} p[r][j] * m[r][:] for j < L; p [kRows, Lp], m [kRows, Dp], acc [L, Dp].
+// ND = Dp / W vectors per row at compile time (m's rows stay in registers; each p[r][j] broadcast feeds
+// ND multiply-adds); 0: any Dp, one vector of channels at a time.
+template <int64_t ND, typename T>
+void accumulate_t_times_nd(const T* p, int64_t Lp, const T* m, int64_t L, int64_t Dp, T* acc) {
+  using S = Simd<T>;
+  typename S::V mr[kRows][ND];
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t n = 0; n < ND; ++n) mr[r][n] = S::load(m + r * Dp + n * S::W);
+  }
+  for (int64_t j = 0; j < L; ++j) {
+    typename S::V sum[ND];
+    for (int64_t n = 0; n < ND; ++n) sum[n] = S::load(acc + j * Dp + n * S::W);
+    for (int64_t r = 0; r < kRows; ++r) {
+      const T pr = p[r * Lp + j];
+      for (int64_t n = 0; n < ND; ++n) sum[n] += mr[r][n] * pr;
+    }
+    for (int64_t n = 0; n < ND; ++n) S::store(acc + j * Dp + n * S::W, sum[n]);
+  }
+}
+
+template <typename T>
+void accumulate_t_times(const T* p, int64_t Lp, const T* m, int64_t L, int64_t Dp, T* acc) {
+  using S = Simd<T>;
+  if (Dp == S::W) return accumulate_t_times_nd<1>(p, Lp, m, L, Dp, acc);
+  if (Dp == 2 * S::W) return accumulate_t_times_nd<2>(p, Lp, m, L, Dp, acc);
+  for (int64_t d = 0; d < Dp; d += S::W) {
+    typename S::V mr[kRows];
+    for (int64_t r = 0; r < kRows; ++r) mr[r] = S::load(m + r * Dp + d);
+    for (int64_t j = 0; j < L; ++j) {
+      typename S::V sum = S::load(acc + j * Dp + d);
+      for (int64_t r = 0; r < kRows; ++r) sum += mr[r] * p[r * Lp + j];
+      S::store(acc + j * Dp + d, sum);
+    }
+  }
+}
+
+struct Geometry {
+  int64_t B, L, H, D, C, Lp, Dp;
+};
+
+Geometry check_args(const char* op, const at::Tensor& qkv, const at::Tensor& key_mask, int64_t heads) {
+  FASTQA_CHECK(qkv.dim() == 3, op, "qkv must be [B, L, 3C], got ", qkv.sizes());
+  check_cpu_float(op, "qkv", qkv);
+  FASTQA_CHECK(heads > 0, op, "heads must be positive, got ", heads);
+  const int64_t B = qkv.size(0), L = qkv.size(1);
+  FASTQA_CHECK(B > 0 && L > 0, op, "qkv must be non-empty, got ", qkv.sizes());
+  FASTQA_CHECK(qkv.size(2) % (3 * heads) == 0 && qkv.size(2) > 0, op, "qkv's last dimension must be 3 * heads * D "
+               "with heads=", heads, ", got ", qkv.size(2));
+  FASTQA_CHECK(key_mask.scalar_type() == at::kBool && key_mask.dim() == 2 && key_mask.size(0) == B &&
+                   key_mask.size(1) == L && key_mask.device().is_cpu(),
+               op, "key_mask must be a CPU bool tensor [B, L] = [", B, ", ", L, "], got ", key_mask.sizes(), " ",
+               key_mask.scalar_type());
+  const int64_t C = qkv.size(2) / 3, D = C / heads;
+  constexpr int64_t W = kSimdBytes / sizeof(float);  // the float lane count; doubles use half as many
+  return {B, L, heads, D, C, round_up(L, W), round_up(D, W)};
+}
+
+// A task's keys: only the attended ones (a sequence with no attended key attends to all), compacted:
+// keys[0 .. nk) are their positions. Fills the transposed keys kt [D][Lk] and values vt [D][Lk] (for the
+// score loops), keys kr [nk][Dp] and values vr [nk][Dp] as rows, all zero-padded, and bias [Lk] (0, or
+// -inf on the padding up to Lk = nk rounded up to a whole vector). Returns Lk. Skipping masked keys
+// changes nothing in the result (their probabilities are exactly 0) and saves their work.
+template <typename T>
+int64_t load_keys(const T* qkv, const bool* mask, const Geometry& g, int64_t b, int64_t h, int64_t* keys,
+                  int64_t& nk, T* bias, T* kt, T* kr, T* vr, T* vt) {
+  const bool* mb = mask + b * g.L;
+  nk = 0;
+  for (int64_t j = 0; j < g.L; ++j) {
+    if (mb[j]) keys[nk++] = j;
+  }
+  if (nk == 0) {
+    for (int64_t j = 0; j < g.L; ++j) keys[j] = j;
+    nk = g.L;
+  }
+  const int64_t Lk = round_up(nk, Simd<float>::W);
+  for (int64_t j = 0; j < Lk; ++j) bias[j] = j < nk ? T(0) : -std::numeric_limits<T>::infinity();
+  std::fill(kt, kt + g.Dp * Lk, T(0));
+  if (vt) std::fill(vt, vt + g.Dp * Lk, T(0));
+  for (int64_t j = 0; j < nk; ++j) {
+    const T* row = qkv + (b * g.L + keys[j]) * 3 * g.C + h * g.D;
+    const T* k = row + g.C;
+    const T* v = row + 2 * g.C;
+    for (int64_t c = 0; c < g.D; ++c) kt[c * Lk + j] = k[c];
+    if (kr) {
+      std::copy(k, k + g.D, kr + j * g.Dp);
+      std::fill(kr + j * g.Dp + g.D, kr + (j + 1) * g.Dp, T(0));
+    }
+    std::copy(v, v + g.D, vr + j * g.Dp);
+    std::fill(vr + j * g.Dp + g.D, vr + (j + 1) * g.Dp, T(0));
+    if (vt) {
+      for (int64_t c = 0; c < g.D; ++c) vt[c * Lk + j] = v[c];
+    }
+  }
+  return Lk;
+}
+
+// Rows [i0, i0 + n) of column block `col` (0 = q) of head h, times `scale`, into dst [kRows, Dp]
+// (zero-padded; rows past n are zero).
+template <typename T>
+void load_rows(const T* src, int64_t row_stride, const Geometry& g, int64_t b, int64_t h, int64_t i0, int64_t n,
+               T scale, T* dst) {
+  std::fill(dst, dst + kRows * g.Dp, T(0));
+  for (int64_t r = 0; r < n; ++r) {
+    const T* s = src + (b * g.L + i0 + r) * row_stride + h * g.D;
+    for (int64_t c = 0; c < g.D; ++c) dst[r * g.Dp + c] = s[c] * scale;
+  }
+}
+
+// In place on scores [kRows, Lp]: rows r < n become exp(s - max), their log-sum-exp goes to lse[r] and
+// 1 / sum to inv_sum[r] (the normalisation is applied to the [kRows, D] output, not to the Lp
+// probabilities). Rows past n are zeroed.
+template <typename T>
+void softmax_rows(T* scores, int64_t Lp, int64_t n, T* lse, T* inv_sum) {
+  for (int64_t r = 0; r < kRows; ++r) {
+    T* s = scores + r * Lp;
+    if (r >= n) {
+      std::fill(s, s + Lp, T(0));
+      inv_sum[r] = 0;
+      continue;
+    }
+    T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < Lp; ++j) m = max_of(m, s[j]);
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < Lp; ++j) {
+      s[j] = vec_exp(s[j] - m);
+      sum += s[j];
+    }
+    inv_sum[r] = T(1) / sum;
+    lse[r] = m + std::log(sum);
+  }
+}
+
+// One query row of the backward, in place: s (scores + mask) becomes P = exp(s - lse) and dp (dO Vᵀ)
+// becomes dS = P * (dp - delta), delta = sum_c dO * O.
+template <typename T>
+void probs_and_grad_row(T* s, T* dp, int64_t Lp, T lse, T delta) {
+#pragma omp simd
+  for (int64_t j = 0; j < Lp; ++j) {
+    const T p = vec_exp(s[j] - lse);
+    s[j] = p;
+    dp[j] = p * (dp[j] - delta);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> self_attention_fwd(const at::Tensor& qkv_in, const at::Tensor& key_mask_in,
+                                                      int64_t heads) {
+  const Geometry g = check_args(kFwd, qkv_in, key_mask_in, heads);
+  const at::Tensor qkv = qkv_in.contiguous();
+  const at::Tensor key_mask = key_mask_in.contiguous();
+  at::Tensor out = at::empty({g.B, g.L, g.C}, qkv.options());
+  at::Tensor lse = at::empty({g.B, g.H, g.L}, qkv.options());
+  AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "self_attention_fwd", [&] {
+    using T = scalar_t;
+    const T* qp = qkv.data_ptr<T>();
+    const bool* mp = key_mask.data_ptr<bool>();
+    T* op = out.data_ptr<T>();
+    T* lp = lse.data_ptr<T>();
+    const T scale = T(1) / std::sqrt(T(g.D));
+    at::parallel_for(0, g.B * g.H, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<T> bias(g.Lp), kt(g.Dp * g.Lp), vr(g.L * g.Dp), qr(kRows * g.Dp), s(kRows * g.Lp),
+          o(kRows * g.Dp);
+      std::vector<int64_t> keys(g.L);
+      T inv_sum[kRows];
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = t / g.H, h = t % g.H;
+        int64_t nk = 0;
+        const int64_t Lk = load_keys<T>(qp, mp, g, b, h, keys.data(), nk, bias.data(), kt.data(), nullptr, vr.data(),
+                                        nullptr);
+        for (int64_t i0 = 0; i0 < g.L; i0 += kRows) {
+          const int64_t n = std::min(kRows, g.L - i0);
+          load_rows<T>(qp, 3 * g.C, g, b, h, i0, n, scale, qr.data());
+          rows_times_t<T>(qr.data(), g.Dp, kt.data(), g.D, Lk, bias.data(), s.data());
+          softmax_rows<T>(s.data(), Lk, n, lp + (b * g.H + h) * g.L + i0, inv_sum);
+          rows_times<T>(s.data(), Lk, vr.data(), nk, g.Dp, o.data());
+          for (int64_t r = 0; r < n; ++r) {
+            T* dst = op + (b * g.L + i0 + r) * g.C + h * g.D;
+            for (int64_t c = 0; c < g.D; ++c) dst[c] = o[r * g.Dp + c] * inv_sum[r];
+          }
+        }
+      }
+    });
+  });
+  return {out, lse};
+}
+
+at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& qkv_in,
+                              const at::Tensor& key_mask_in, const at::Tensor& out_in, const at::Tensor& lse_in,
+                              int64_t heads) {
+  const Geometry g = check_args(kBwd, qkv_in, key_mask_in, heads);
+  FASTQA_CHECK(grad_out_in.sizes() == at::IntArrayRef({g.B, g.L, g.C}) && out_in.sizes() == grad_out_in.sizes() &&
+                   grad_out_in.scalar_type() == qkv_in.scalar_type() && out_in.scalar_type() == qkv_in.scalar_type(),
+               kBwd, "grad_out and out must be [B, L, C] = [", g.B, ", ", g.L, ", ", g.C, "] like qkv, got ",
+               grad_out_in.sizes(), " and ", out_in.sizes());
+  FASTQA_CHECK(lse_in.sizes() == at::IntArrayRef({g.B, g.H, g.L}) && lse_in.scalar_type() == qkv_in.scalar_type(),
+               kBwd, "lse must be the forward's [B, heads, L] = [", g.B, ", ", g.H, ", ", g.L, "], got ",
+               lse_in.sizes());
+  const at::Tensor qkv = qkv_in.contiguous(), key_mask = key_mask_in.contiguous();
+  const at::Tensor grad_out = grad_out_in.contiguous(), out = out_in.contiguous(), lse = lse_in.contiguous();
+  at::Tensor grad_qkv = at::empty_like(qkv);
+  AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "self_attention_bwd", [&] {
+    using T = scalar_t;
+    const T* qp = qkv.data_ptr<T>();
+    const bool* mp = key_mask.data_ptr<bool>();
+    const T* gop = grad_out.data_ptr<T>();
+    const T* op = out.data_ptr<T>();
+    const T* lp = lse.data_ptr<T>();
+    T* gp = grad_qkv.data_ptr<T>();
+    const T scale = T(1) / std::sqrt(T(g.D));
+    at::parallel_for(0, g.B * g.H, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<T> bias(g.Lp), kt(g.Dp * g.Lp), kr(g.L * g.Dp), vr(g.L * g.Dp), vt(g.Dp * g.Lp),
+          dk(g.L * g.Dp), dv(g.L * g.Dp), qr(kRows * g.Dp), gor(kRows * g.Dp), orow(kRows * g.Dp),
+          p(kRows * g.Lp), dp(kRows * g.Lp), dq(kRows * g.Dp);
+      std::vector<int64_t> keys(g.L);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = t / g.H, h = t % g.H;
+        int64_t nk = 0;
+        const int64_t Lk = load_keys<T>(qp, mp, g, b, h, keys.data(), nk, bias.data(), kt.data(), kr.data(),
+                                        vr.data(), vt.data());
+        std::fill(dk.begin(), dk.end(), T(0));
+        std::fill(dv.begin(), dv.end(), T(0));
+        const T* lse_row = lp + (b * g.H + h) * g.L;
+        for (int64_t i0 = 0; i0 < g.L; i0 += kRows) {
+          const int64_t n = std::min(kRows, g.L - i0);
+          load_rows<T>(qp, 3 * g.C, g, b, h, i0, n, scale, qr.data());
+          load_rows<T>(gop, g.C, g, b, h, i0, n, T(1), gor.data());
+          load_rows<T>(op, g.C, g, b, h, i0, n, T(1), orow.data());
+          // P = exp(S - lse): the forward's probabilities (rows past n: 0).
+          rows_times_t<T>(qr.data(), g.Dp, kt.data(), g.D, Lk, bias.data(), p.data());
+          // dP = dO Vᵀ
+          rows_times_t<T>(gor.data(), g.Dp, vt.data(), g.D, Lk, nullptr, dp.data());
+          for (int64_t r = 0; r < kRows; ++r) {
+            T* pr = p.data() + r * Lk;
+            T* dpr = dp.data() + r * Lk;
+            if (r >= n) {
+              std::fill(pr, pr + Lk, T(0));
+              std::fill(dpr, dpr + Lk, T(0));
+              continue;
+            }
+            T delta = 0;  // sum_c dO * O = sum_j P * dP
+            for (int64_t c = 0; c < g.D; ++c) delta += gor[r * g.Dp + c] * orow[r * g.Dp + c];
+            probs_and_grad_row<T>(pr, dpr, Lk, lse_row[i0 + r], delta);
+          }
+          // dQ = scale * dS K; dK += dSᵀ (scale Q); dV += Pᵀ dO
+          rows_times<T>(dp.data(), Lk, kr.data(), nk, g.Dp, dq.data());
+          accumulate_t_times<T>(dp.data(), Lk, qr.data(), nk, g.Dp, dk.data());
+          accumulate_t_times<T>(p.data(), Lk, gor.data(), nk, g.Dp, dv.data());
+          for (int64_t r = 0; r < n; ++r) {
+            T* dst = gp + (b * g.L + i0 + r) * 3 * g.C + h * g.D;
+            for (int64_t c = 0; c < g.D; ++c) dst[c] = dq[r * g.Dp + c] * scale;
+          }
+        }
+        // Keys that were skipped (masked) get zero gradients; the others their compacted rows.
+        for (int64_t j = 0, kk = 0; j < g.L; ++j) {
+          T* row = gp + (b * g.L + j) * 3 * g.C + h * g.D;
+          if (kk < nk && keys[kk] == j) {
+            std::copy(dk.data() + kk * g.Dp, dk.data() + kk * g.Dp + g.D, row + g.C);
+            std::copy(dv.data() + kk * g.Dp, dv.data() + kk * g.Dp + g.D, row + 2 * g.C);
+            ++kk;
+          } else {
+            std::fill(row + g.C, row + g.C + g.D, T(0));
+            std::fill(row + 2 * g.C, row + 2 * g.C + g.D, T(0));
+          }
+        }
+      }
+    });
+  });
+  return grad_qkv;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fastqa, m) {
+  m.def("self_attention_fwd(Tensor qkv, Tensor key_mask, int heads) -> (Tensor out, Tensor lse)");
+  m.def(
+      "self_attention_bwd(Tensor grad_out, Tensor qkv, Tensor key_mask, Tensor out, Tensor lse, int heads) "
+      "-> Tensor grad_qkv");
+}
+
+TORCH_LIBRARY_IMPL(fastqa, CPU, m) {
+  m.impl("self_attention_fwd", &self_attention_fwd);
+  m.impl("self_attention_bwd", &self_attention_bwd);
+}
+
+}  // namespace fastqa

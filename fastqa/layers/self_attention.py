@@ -1,0 +1,22 @@
+"""Drop-in pre-LN self-attention sublayer running the fused attention kernel."""
+from __future__ import annotations
+
+import torch
+
+from ..ops.self_attention import self_attention
+from ..reference.self_attention import SelfAttention as _ReferenceSelfAttention
+
+__all__ = ["SelfAttention"]
+
+
+class SelfAttention(_ReferenceSelfAttention):
+    """``fastqa.reference.SelfAttention`` (same parameters and state_dict) with ``fastqa.self_attention``
+    between the projections: qkv's output is read as it is and the heads come out side by side, so no
+    transposes either way. ``backend``: "auto", "reference" or "cpu"."""
+
+    def __init__(self, d_model: int, heads: int, backend: str = "auto") -> None:
+        super().__init__(d_model, heads)
+        self.backend = backend
+
+    def attend(self, qkv: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        return self_attention(qkv, key_mask, self.heads, backend=self.backend)

@@ -1,0 +1,49 @@
+"""Pure-PyTorch multi-head self-attention with a key padding mask (torch's fused SDPA): the ground truth and
+fallback of ``fastqa.self_attention``, and the pre-LayerNorm sublayer branch QANet's encoder blocks use."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def self_attention(qkv: torch.Tensor, key_mask: torch.Tensor, heads: int) -> torch.Tensor:
+    """softmax(q kᵀ / sqrt(D) + mask) v per head, heads side by side.
+
+    qkv: [B, L, 3C], the output of one nn.Linear(C, 3C): q = qkv[..., :C], k = qkv[..., C:2C],
+    v = qkv[..., 2C:], head h in channels [h*D, (h+1)*D) of each, D = C / heads.
+    key_mask: [B, L] bool, True = a key to attend to; a sequence with no such key attends to every key
+    (instead of producing NaN; its outputs are the caller's to mask). Returns [B, L, C].
+    """
+    b, length, c3 = qkv.shape
+    c = c3 // 3
+    # split (not select) q, k, v: its backward is one cat, where select's zero-fills [3, B, h, L, D].
+    q, k, v = qkv.view(b, length, 3 * heads, c // heads).transpose(1, 2).split(heads, dim=1)   # [B, h, L, D]
+    mask = key_mask | ~key_mask.any(dim=1, keepdim=True)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+    return o.transpose(1, 2).reshape(b, length, c)
+
+
+class SelfAttention(nn.Module):
+    """Pre-LN multi-head self-attention sublayer branch: out(attention(qkv(LN(x)))).
+
+    Parameters: ``norm`` (nn.LayerNorm(d_model)), ``qkv`` (nn.Linear(d_model, 3 d_model): the three
+    projections as one GEMM), ``out`` (nn.Linear(d_model, d_model)); ``fastqa.layers.SelfAttention`` has
+    the same, so one state_dict loads into both.
+    """
+
+    def __init__(self, d_model: int, heads: int) -> None:
+        super().__init__()
+        if heads <= 0 or d_model % heads:
+            raise ValueError(f"d_model ({d_model}) must be a positive multiple of heads ({heads})")
+        self.heads = heads
+        self.norm = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def attend(self, qkv: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        return self_attention(qkv, key_mask, self.heads)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """x: [B, L, d]; key_mask: [B, L] bool (True = a real position) -> [B, L, d]."""
+        return self.out(self.attend(self.qkv(self.norm(x)), key_mask))

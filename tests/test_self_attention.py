@@ -1,0 +1,131 @@
+"""self_attention (and the SelfAttention sublayer): the C++ kernel against the SDPA reference."""
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fastqa
+from fastqa import reference
+from fastqa._backend import cpu_available
+from fastqa.layers import SelfAttention
+
+from helpers import check_against_reference, ran_ops
+
+pytestmark = pytest.mark.skipif(not cpu_available(), reason="the kernel is C++ only: needs fastqa._C")
+
+NAMES = ["qkv", "key_mask", "heads"]
+
+# (B, L, heads, D): QANet's encoder sizes (d 128, 8 heads; context 400, question 50) at a small batch, then edges.
+REAL = [(2, 400, 8, 16), (3, 50, 8, 16)]
+EDGE = [
+    (1, 1, 1, 1),     # one position, one head of one channel
+    (2, 7, 3, 5),     # odd lengths, D not a multiple of the vector width
+    (3, 9, 2, 24),    # D of three AVX2 vectors (no pair loop for the last)
+    (1, 33, 4, 8),    # L one past a multiple of 8 and of the 6-row block
+]
+
+
+def make_inputs(b, length, heads, d, *, dtype=torch.float32, seed=0, fill=0.7):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(b, length, 3 * heads * d, generator=g, dtype=dtype)
+    key_mask = torch.rand(b, length, generator=g) < fill
+    key_mask[:, 0] = True
+    return qkv, key_mask
+
+
+def fused(qkv, key_mask, heads):
+    return fastqa.self_attention(qkv, key_mask, heads, backend="cpu")
+
+
+@pytest.mark.parametrize("shape", REAL + EDGE, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matches_reference_forward_and_gradient(shape, dtype):
+    b, length, heads, d = shape
+    qkv, key_mask = make_inputs(b, length, heads, d, dtype=dtype)
+    check_against_reference(fused, reference.self_attention, (qkv, key_mask, heads), names=NAMES)
+
+
+def test_sequence_without_keys_attends_to_all_and_masked_keys_get_no_gradient():
+    qkv, key_mask = make_inputs(3, 20, 2, 8, dtype=torch.float64)
+    key_mask[1] = False                       # no key at all: attends to every position
+    key_mask[2, 10:] = False                  # padding
+    check_against_reference(fused, reference.self_attention, (qkv, key_mask, 2), names=NAMES)
+    x = qkv.clone().requires_grad_()
+    fused(x, key_mask, 2).sum().backward()
+    c = 16
+    masked_kv = x.grad[2, 10:, c:]            # k and v of padding keys: they take no part
+    assert torch.equal(masked_kv, torch.zeros_like(masked_kv))
+    assert x.grad[1, :, c:].abs().sum() > 0
+
+
+def test_reads_any_strides_and_matches_sdpa_layout():
+    """A non-contiguous qkv (e.g. a slice of a wider projection) gives the same result as its copy."""
+    wide, key_mask = make_inputs(2, 30, 2, 8)
+    qkv = torch.cat([wide, wide[..., :5]], dim=-1)[..., :48]
+    assert not qkv.is_contiguous() or qkv.stride(1) != 48
+    torch.testing.assert_close(fused(qkv, key_mask, 2), fused(qkv.contiguous(), key_mask, 2), rtol=0, atol=0)
+
+
+def test_runs_the_fused_kernel_and_backward_is_thread_count_invariant():
+    qkv, key_mask = make_inputs(4, 64, 4, 16)
+    assert ran_ops(lambda: fused(qkv, key_mask, 4)) == {"fastqa::self_attention_fwd"}
+    code = (
+        "import sys, torch, fastqa\n"
+        "torch.set_num_threads(int(sys.argv[1]))\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "x = torch.randn(4, 64, 192, generator=g, requires_grad=True)\n"
+        "m = torch.rand(4, 64, generator=g) < 0.7\n"
+        "fastqa.self_attention(x, m, 4, backend='cpu').pow(2).sum().backward()\n"
+        "sys.stdout.buffer.write(x.grad.numpy().tobytes())\n")
+    outs = [subprocess.run([sys.executable, "-c", code, str(t)], capture_output=True, check=True).stdout
+            for t in (1, 2)]
+    assert outs[0] == outs[1] and len(outs[0]) == 4 * 64 * 192 * 4
+
+
+def test_layer_matches_reference_layer_with_the_same_state_dict():
+    torch.manual_seed(0)
+    ref = reference.SelfAttention(32, 4)
+    fast = SelfAttention(32, 4)
+    fast.load_state_dict(ref.state_dict())
+    assert list(fast.state_dict()) == ["norm.weight", "norm.bias", "qkv.weight", "qkv.bias", "out.weight", "out.bias"]
+    x = torch.randn(2, 11, 32)
+    mask = torch.arange(11) < torch.tensor([[11], [6]])
+    check_against_reference(lambda x, m: fast(x, m), lambda x, m: ref(x, m), (x, mask), names=["x", "mask"])
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (lambda qkv, m: (qkv[0], m, 2), ValueError, "qkv must have 3 dimensions"),
+    (lambda qkv, m: (qkv, m, 5), ValueError, "qkv's last dimension"),
+    (lambda qkv, m: (qkv, m, 0), ValueError, "heads must be a positive int"),
+    (lambda qkv, m: (qkv, m, 2.0), ValueError, "heads must be a positive int"),
+    (lambda qkv, m: (qkv, m.float(), 2), TypeError, "key_mask must have dtype torch.bool"),
+    (lambda qkv, m: (qkv, m[:, :3], 2), ValueError, "key_mask must have shape"),
+    (lambda qkv, m: (qkv.long(), m, 2), TypeError, "qkv must be a floating-point tensor"),
+])
+def test_bad_arguments_name_the_argument(bad, error, match):
+    qkv, key_mask = make_inputs(2, 6, 2, 4)
+    with pytest.raises(error, match=match):
+        fastqa.self_attention(*bad(qkv, key_mask))
+
+
+def test_no_triton_kernel_is_a_clear_error():
+    qkv, key_mask = make_inputs(1, 4, 1, 4)
+    with pytest.raises(ValueError, match="no Triton kernel"):
+        fastqa.self_attention(qkv, key_mask, 1, backend="triton")
+
+
+@functools.lru_cache
+def _double_backward_inputs():
+    return make_inputs(2, 9, 2, 4)
+
+
+def test_double_backward_raises_the_shared_error():
+    qkv, key_mask = _double_backward_inputs()
+    x = qkv.clone().requires_grad_()
+    g, = torch.autograd.grad(fused(x, key_mask, 2).pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match=r"fastqa\.self_attention: double backward .* backend='reference'"):
+        g.pow(2).sum().backward()

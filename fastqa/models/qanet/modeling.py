@@ -28,8 +28,7 @@ from ..common import (FrozenWordVectors, Highway, check_config, check_qa_inputs,
                       masked_log_softmax, residual_masks, survival_prob, timing_signal)
 from .config import LAYERS, QANetConfig
 
-__all__ = ["LAYER_SETS", "CharEmbedding", "EncoderBlock", "FeedForward", "NaiveContextQueryAttention", "QANet",
-           ]
+__all__ = ["LAYER_SETS", "CharEmbedding", "EncoderBlock", "FeedForward", "NaiveContextQueryAttention", "QANet"]
 
 
 class NaiveContextQueryAttention(reference.ContextQueryAttention):

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #define FASTQA_CHECK(cond, op, ...) TORCH_CHECK(cond, op, ": ", __VA_ARGS__)
 
@@ -29,6 +30,7 @@ inline T max_of(T a, T b) {
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 // Bytes in the widest SIMD register of the build's target (-march=native: the machine's own). Code that
 // holds a block of values in one GCC/Clang vector must not make it wider than this: GCC lowers a
@@ -41,6 +43,25 @@ constexpr int64_t kSimdBytes = 32;
 #else
 constexpr int64_t kSimdBytes = 16;
 #endif
+
+// A block of CB values of type T as one GCC/Clang vector value (CB * sizeof(T) <= kSimdBytes, see above), so
+// a loop's accumulators stay in registers. Loads and stores go through memcpy: unaligned, and no aliasing
+// assumptions.
+template <int64_t CB, typename T>
+struct Block {
+  static constexpr int64_t W = CB;
+  typedef T V __attribute__((vector_size(CB * sizeof(T))));
+  static V load(const T* p) {
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+  }
+  static void store(T* p, const V& v) { std::memcpy(p, &v, sizeof(V)); }
+};
+
+// One native register of T.
+template <typename T>
+using NativeBlock = Block<kSimdBytes / static_cast<int64_t>(sizeof(T)), T>;
 
 // exp that the compiler vectorises (std::exp on float does not without -ffast-math). float:
 // Cody-Waite range reduction + Cephes' degree-6 polynomial, ~1 ulp, over the normal range

@@ -86,27 +86,14 @@ struct Tiling {
 // taps (or rows) before it is stored, instead of a load-FMA-store of the output per tap. Blocks of one
 // native vector (kSimdBytes: 16 floats with AVX-512, 8 with AVX2), then one 16-byte vector, then single
 // channels cover any C.
-#define FASTQA_FOR_CHANNEL_BLOCKS(BODY)     \
-  do {                                      \
-    int64_t c0 = 0;                         \
-    c0 = BODY(kSimdBytes / sizeof(T), c0);  \
-    if (kSimdBytes > 16) c0 = BODY(16 / sizeof(T), c0); \
-    BODY(1, c0);                            \
+// Each block is one Block<CB, T> (common.h), at most one native register wide.
+#define FASTQA_FOR_CHANNEL_BLOCKS(BODY)                  \
+  do {                                                   \
+    int64_t c0 = 0;                                      \
+    c0 = BODY(kSimdBytes / sizeof(T), c0);               \
+    if (kSimdBytes > 16) c0 = BODY(16 / sizeof(T), c0);  \
+    BODY(1, c0);                                         \
   } while (0)
-
-// A block of CB channels as one GCC/Clang vector value, at most one native register wide (kSimdBytes), so
-// the block's accumulators stay in registers (the earlier array-plus-`omp simd` form of these loops ran
-// ~8% slower on the C_in 500 forward; blocks wider than one native vector are lowered through the stack). Loads and stores go through memcpy: unaligned, and no aliasing assumptions.
-template <int64_t CB, typename T>
-struct Block {
-  typedef T V __attribute__((vector_size(CB * sizeof(T))));
-  static V load(const T* p) {
-    V v;
-    std::memcpy(&v, p, sizeof(V));
-    return v;
-  }
-  static void store(T* p, const V& v) { std::memcpy(p, &v, sizeof(V)); }
-};
 
 // out[c] = init[c] (0 without init) + sum_{j < n} w[j*C + c] * src[j*step + c], for c in [c0, C) in
 // blocks of CB; returns where it stopped. One output row of a depthwise conv: w points at the first

@@ -40,19 +40,8 @@ constexpr const char* kBwd = "fastqa::self_attention_bwd";
 // Query rows per block: kRows accumulators per loop, each vector of keys (or of channels) loaded once.
 constexpr int64_t kRows = 6;
 
-template <typename T>
-struct Simd {
-  static constexpr int64_t W = kSimdBytes / sizeof(T);
-  typedef T V __attribute__((vector_size(kSimdBytes)));
-  static V load(const T* p) {
-    V v;
-    std::memcpy(&v, p, sizeof(V));
-    return v;
-  }
-  static void store(T* p, const V& v) { std::memcpy(p, &v, sizeof(V)); }
-};
-
-inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+// Buffers are padded to whole float vectors (a multiple of the double lane count too).
+constexpr int64_t kPad = kSimdBytes / sizeof(float);
 
 // scores[r][j] = bias[j] + sum_c a[r][c] * bt[c][j] for r < kRows, j < Lp (a multiple of W):
 // a [kRows, Dp] rows, bt [D, Lp] (a transposed operand), D inner terms. NJ vectors of keys per pass, so
@@ -60,7 +49,7 @@ inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 template <int64_t NJ, typename T>
 int64_t rows_times_t_pass(const T* a, int64_t Dp, const T* bt, int64_t D, int64_t Lp, const T* bias, T* scores,
                           int64_t j) {
-  using S = Simd<T>;
+  using S = NativeBlock<T>;
   for (; j + NJ * S::W <= Lp; j += NJ * S::W) {
     typename S::V acc[kRows][NJ];
     for (int64_t n = 0; n < NJ; ++n) {
@@ -91,7 +80,7 @@ void rows_times_t(const T* a, int64_t Dp, const T* bt, int64_t D, int64_t Lp, co
 // out[r][:] = sum_{j < L} p[r][j] * m[j][:] for r < kRows; p [kRows, Lp], m [L, Dp], out [kRows, Dp].
 template <typename T>
 void rows_times(const T* p, int64_t Lp, const T* m, int64_t L, int64_t Dp, T* out) {
-  using S = Simd<T>;
+  using S = NativeBlock<T>;
   int64_t d = 0;
   for (; d + 2 * S::W <= Dp; d += 2 * S::W) {  // two vectors of channels per pass: 2 * kRows accumulators
     typename S::V acc0[kRows] = {}, acc1[kRows] = {};
@@ -123,7 +112,7 @@ void rows_times(const T* p, int64_t Lp, const T* m, int64_t L, int64_t Dp, T* ou
 // ND multiply-adds); 0: any Dp, one vector of channels at a time.
 template <int64_t ND, typename T>
 void accumulate_t_times_nd(const T* p, int64_t Lp, const T* m, int64_t L, int64_t Dp, T* acc) {
-  using S = Simd<T>;
+  using S = NativeBlock<T>;
   typename S::V mr[kRows][ND];
   for (int64_t r = 0; r < kRows; ++r) {
     for (int64_t n = 0; n < ND; ++n) mr[r][n] = S::load(m + r * Dp + n * S::W);
@@ -141,7 +130,7 @@ void accumulate_t_times_nd(const T* p, int64_t Lp, const T* m, int64_t L, int64_
 
 template <typename T>
 void accumulate_t_times(const T* p, int64_t Lp, const T* m, int64_t L, int64_t Dp, T* acc) {
-  using S = Simd<T>;
+  using S = NativeBlock<T>;
   if (Dp == S::W) return accumulate_t_times_nd<1>(p, Lp, m, L, Dp, acc);
   if (Dp == 2 * S::W) return accumulate_t_times_nd<2>(p, Lp, m, L, Dp, acc);
   for (int64_t d = 0; d < Dp; d += S::W) {
@@ -172,8 +161,7 @@ Geometry check_args(const char* op, const at::Tensor& qkv, const at::Tensor& key
                op, "key_mask must be a CPU bool tensor [B, L] = [", B, ", ", L, "], got ", key_mask.sizes(), " ",
                key_mask.scalar_type());
   const int64_t C = qkv.size(2) / 3, D = C / heads;
-  constexpr int64_t W = kSimdBytes / sizeof(float);  // the float lane count; doubles use half as many
-  return {B, L, heads, D, C, round_up(L, W), round_up(D, W)};
+  return {B, L, heads, D, C, round_up(L, kPad), round_up(D, kPad)};
 }
 
 // A task's keys: only the attended ones (a sequence with no attended key attends to all), compacted:
@@ -193,7 +181,7 @@ int64_t load_keys(const T* qkv, const bool* mask, const Geometry& g, int64_t b, 
     for (int64_t j = 0; j < g.L; ++j) keys[j] = j;
     nk = g.L;
   }
-  const int64_t Lk = round_up(nk, Simd<float>::W);
+  const int64_t Lk = round_up(nk, kPad);
   for (int64_t j = 0; j < Lk; ++j) bias[j] = j < nk ? T(0) : -std::numeric_limits<T>::infinity();
   std::fill(kt, kt + g.Dp * Lk, T(0));
   if (vt) std::fill(vt, vt + g.Dp * Lk, T(0));
@@ -215,8 +203,8 @@ int64_t load_keys(const T* qkv, const bool* mask, const Geometry& g, int64_t b, 
   return Lk;
 }
 
-// Rows [i0, i0 + n) of column block `col` (0 = q) of head h, times `scale`, into dst [kRows, Dp]
-// (zero-padded; rows past n are zero).
+// Rows [i0, i0 + n) of head h's channels in src (rows of row_stride values: qkv for q, or a [B, L, C]
+// tensor), times `scale`, into dst [kRows, Dp] (zero-padded; rows past n are zero).
 template <typename T>
 void load_rows(const T* src, int64_t row_stride, const Geometry& g, int64_t b, int64_t h, int64_t i0, int64_t n,
                T scale, T* dst) {

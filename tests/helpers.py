@@ -155,3 +155,18 @@ def ran_ops(call: Callable[[], object]) -> set:
 def ran_kernels(call: Callable[[], object]) -> bool:
     """Whether ``call()`` ran a fused kernel (a fastqa / fastqa_triton custom op), as the profiler saw it."""
     return bool(ran_ops(call))
+
+
+def padding_mask(B: int, L: int, seed: int = 0) -> torch.Tensor:
+    """[B, L] bool with right padding, left padding and a hole (False = padding), every row non-empty."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(B, L, dtype=torch.bool)
+    for b in range(B):
+        kind, cut = b % 3, int(torch.randint(1, L, (1,), generator=g))
+        if kind == 0:
+            mask[b, cut:] = False
+        elif kind == 1:
+            mask[b, :cut] = False
+        else:
+            mask[b, cut] = False
+    return mask

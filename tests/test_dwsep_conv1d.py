@@ -10,7 +10,7 @@ import fastqa
 from fastqa import reference
 from fastqa._backend import cpu_available
 from fastqa.reference.dwsep_conv1d import conv_padding
-from helpers import as_leaves, assert_close, check_against_reference, compiled_backends
+from helpers import as_leaves, assert_close, check_against_reference, compiled_backends, padding_mask
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="fastqa._C is not built")
 
@@ -191,6 +191,18 @@ def test_torch_compile_fullgraph():
         outs.append([y.detach(), x.grad, residual.grad] + [p.grad for p in layer.parameters()])
     for i, (got, want) in enumerate(zip(outs[1], outs[0])):
         assert_close(got, want, name=f"compiled output/grad {i}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mask_matches_reference(backend):
+    """Masked rows of x enter the conv as zeros; the residual (here x itself) is added unmasked."""
+    args = make_inputs(3, 17, 8, 8, 5, dw_bias=True)
+    args[-1] = args[0]  # residual = x
+    mask = padding_mask(3, 17)
+    compare(backend, args, activation="relu", mask=mask)
+    got = fused(backend)(*args, activation="relu", mask=mask)
+    zeroed = args[0].masked_fill(~mask.unsqueeze(-1), 0.0)
+    assert_close(got, fused("reference")(zeroed, *args[1:5], args[0], activation="relu"), name="mask = zeroed x")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

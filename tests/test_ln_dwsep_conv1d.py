@@ -12,7 +12,7 @@ import torch
 import fastqa
 from fastqa import reference
 from fastqa._backend import cpu_available
-from helpers import as_leaves, assert_close, check_against_reference, compiled_backends
+from helpers import as_leaves, assert_close, check_against_reference, compiled_backends, padding_mask
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="fastqa._C is not built")
 
@@ -114,6 +114,34 @@ def test_only_some_inputs_need_grad(backend):
     for wanted in ([True] + [False] * 7, [False, True, True] + [False] * 5, [False] * 3 + [True] * 4 + [False],
                    [False] * 7 + [True]):
         check_against_reference(fused(backend), ref, args, {"activation": "relu"}, names=NAMES, grad_args=wanted)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("padding, activation", [("same", "relu"), ("causal", None)])
+def test_mask_matches_reference(backend, padding, activation):
+    args = make_inputs(3, 19, 12, 10, 5)
+    compare(backend, args, padding=padding, activation=activation, mask=padding_mask(3, 19))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mask_makes_real_rows_independent_of_padding(backend):
+    """A sequence padded in a batch gives, at its real rows, what it gives alone; the padded rows of x
+    get no gradient from the conv (only the residual's)."""
+    B, L, n, C, K = 2, 16, 9, 8, 5
+    x, lnw, lnb, dw, pw, pb, db, _ = make_inputs(B, L, C, C, K)
+    mask = torch.arange(L).unsqueeze(0) < torch.tensor([[n], [L]])
+    x = x.clone().requires_grad_()
+    y = fused(backend)(x, lnw, lnb, dw, pw, pb, db, None, activation="relu", mask=mask)
+    alone = fused(backend)(x[:1, :n].detach(), lnw, lnb, dw, pw, pb, db, None, activation="relu")
+    assert_close(y[:1, :n], alone, name="real rows, padded vs alone")
+    y.backward(torch.randn_like(y))
+    assert torch.equal(x.grad[0, n:], torch.zeros_like(x.grad[0, n:])), "padded rows got a gradient"
+
+
+def test_gradcheck_float64_cpu_mask():
+    leaves = as_leaves(make_inputs(3, 7, 3, 4, 3, dtype=torch.float64))
+    mask = padding_mask(3, 7)
+    assert torch.autograd.gradcheck(lambda *t: fused("cpu")(*t, activation="relu", mask=mask), leaves)
 
 
 @pytest.mark.parametrize("padding, activation", [("same", "relu"), ("causal", None)])
@@ -220,6 +248,8 @@ def _call(**change):
     ("residual", ValueError, lambda: dict(residual=torch.randn(2, 8, 3))),
     ("x", ValueError, lambda: dict(x=torch.randn(0, 8, 6))),
     ("activation", ValueError, lambda: dict(activation="gelu")),
+    ("mask", ValueError, lambda: dict(mask=torch.ones(2, 7, dtype=torch.bool))),
+    ("mask", TypeError, lambda: dict(mask=torch.ones(2, 8))),
 ])
 def test_bad_arguments(name, exc, change):
     with pytest.raises(exc, match=name):

@@ -114,7 +114,7 @@ def check_case(B, L, C_in, C_out, K, padding, relu, *, dtype=torch.float32, laye
         g = torch.Generator().manual_seed(1)
         ln = ((1 + 0.3 * torch.randn(C_in, generator=g)).to(DEVICE, dtype),
               (0.3 * torch.randn(C_in, generator=g)).to(DEVICE, dtype), 1e-5)
-        y, aux, stats = LN_FWD(x, ln[0], ln[1], ln[2], dw_w, dw_b, pw_w, pw_b, res, pad_left, relu)
+        y, aux, stats = LN_FWD(x, ln[0], ln[1], ln[2], dw_w, dw_b, pw_w, pw_b, res, None, pad_left, relu)
         xd = x.double()
         close(stats[:, 0].to(dtype), xd.mean(-1), "LayerNorm mean", dtype)
         close(stats[:, 1].to(dtype), (xd.var(-1, unbiased=False) + ln[2]).rsqrt(), "LayerNorm rstd", dtype)
@@ -130,7 +130,7 @@ def check_case(B, L, C_in, C_out, K, padding, relu, *, dtype=torch.float32, laye
     want_y, want_grads = reference_and_grads(args, padding, grad_y, mask, ln)
     close(y, want_y, "y", dtype)
     if layer_norm:
-        g = LN_BWD(grad_y, x, ln[0], ln[1], dw_w, dw_b, pw_w, pw_b, aux, stats, pad_left, relu)
+        g = LN_BWD(grad_y, x, ln[0], ln[1], dw_w, dw_b, pw_w, pw_b, aux, stats, None, pad_left, relu)
         assert len(g) == 7
         grads = (g[0],) + tuple(g[3:]) + (g[1], g[2])  # to the reference's order
     else:
@@ -247,9 +247,11 @@ def test_opcheck(relu):
 def test_opcheck_layer_norm_variant():
     x, dw_w, dw_b, pw_w, pw_b, res = make_inputs(1, 6, 8, 8, 3)
     ln_w, ln_b = torch.rand(8, device=DEVICE) + 0.5, torch.randn(8, device=DEVICE)
-    torch.library.opcheck(LN_FWD, (x, ln_w, ln_b, 1e-5, dw_w, dw_b, pw_w, pw_b, res, 1, True))
-    y, aux, stats = LN_FWD(x, ln_w, ln_b, 1e-5, dw_w, dw_b, pw_w, pw_b, res, 1, True)
-    torch.library.opcheck(LN_BWD, (torch.randn_like(y), x, ln_w, ln_b, dw_w, dw_b, pw_w, pw_b, aux, stats, 1, True))
+    mask = torch.arange(6, device=DEVICE).unsqueeze(0) < 4  # [1, 6]: two padded rows
+    torch.library.opcheck(LN_FWD, (x, ln_w, ln_b, 1e-5, dw_w, dw_b, pw_w, pw_b, res, mask, 1, True))
+    y, aux, stats = LN_FWD(x, ln_w, ln_b, 1e-5, dw_w, dw_b, pw_w, pw_b, res, mask, 1, True)
+    torch.library.opcheck(LN_BWD, (torch.randn_like(y), x, ln_w, ln_b, dw_w, dw_b, pw_w, pw_b, aux, stats, mask, 1,
+                                   True))
 
 
 def test_compile_fullgraph_traces_through():

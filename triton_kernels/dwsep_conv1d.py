@@ -121,14 +121,17 @@ _PRUNE = {"early_config_prune": _prune}
 # Device helpers
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
-def _load_rows(src, rows, offs_c, c_ok, L, s_l, s_c, stats_b, lnw_ptr, lnb_ptr,
-               HAS_LN: tl.constexpr, ACC: tl.constexpr):
+def _load_rows(src, rows, offs_c, c_ok, L, s_l, s_c, stats_b, lnw_ptr, lnb_ptr, mask_b,
+               HAS_LN: tl.constexpr, HAS_MASK: tl.constexpr, ACC: tl.constexpr):
     """src[rows, offs_c] as ACC, zero for rows outside [0, L) (the conv's zero padding).
 
     HAS_LN: the pre-LayerNorm is applied on the fly, (v - mean) * rstd * ln_w + ln_b, with the row
     statistics read from stats_b ([2, L]: mean, rstd of this batch row); the padding stays zero.
+    HAS_MASK: rows whose mask (mask_b, [L] uint8 of this batch row) is 0 read as zero too.
     """
     r_ok = (rows >= 0) & (rows < L)
+    if HAS_MASK:
+        r_ok = r_ok & (tl.load(mask_b + rows, mask=r_ok, other=0) != 0)
     ok = r_ok[:, None] & c_ok[None, :]
     v = tl.load(src + rows[:, None] * s_l + offs_c[None, :] * s_c, mask=ok, other=0.0).to(ACC)
     if HAS_LN:
@@ -141,8 +144,8 @@ def _load_rows(src, rows, offs_c, c_ok, L, s_l, s_c, stats_b, lnw_ptr, lnb_ptr,
 
 
 @triton.jit
-def _depthwise_taps(src, w_ptr, offs_l, offs_c, c_ok, L, s_l, s_c, pad_left, stats_b, lnw_ptr, lnb_ptr,
-                    K: tl.constexpr, FLIP: tl.constexpr, HAS_LN: tl.constexpr,
+def _depthwise_taps(src, w_ptr, offs_l, offs_c, c_ok, L, s_l, s_c, pad_left, stats_b, lnw_ptr, lnb_ptr, mask_b,
+                    K: tl.constexpr, FLIP: tl.constexpr, HAS_LN: tl.constexpr, HAS_MASK: tl.constexpr,
                     BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr):
     """[BLOCK_L, BLOCK_C] in ACC: sum_k src[l + s_k, c] * w[c, k] (src LayerNorm-ed if HAS_LN), rows
     outside [0, L) reading as zero.
@@ -156,7 +159,7 @@ def _depthwise_taps(src, w_ptr, offs_l, offs_c, c_ok, L, s_l, s_c, pad_left, sta
             rows = offs_l + (pad_left - k)
         else:
             rows = offs_l + (k - pad_left)
-        v = _load_rows(src, rows, offs_c, c_ok, L, s_l, s_c, stats_b, lnw_ptr, lnb_ptr, HAS_LN, ACC)
+        v = _load_rows(src, rows, offs_c, c_ok, L, s_l, s_c, stats_b, lnw_ptr, lnb_ptr, mask_b, HAS_LN, HAS_MASK, ACC)
         w = tl.load(w_ptr + offs_c * K + k, mask=c_ok, other=0.0)
         acc += v * w.to(ACC)[None, :]
     return acc
@@ -164,11 +167,11 @@ def _depthwise_taps(src, w_ptr, offs_l, offs_c, c_ok, L, s_l, s_c, pad_left, sta
 
 @triton.jit
 def _depthwise_out(x_b, dww_ptr, dwb_ptr, offs_l, offs_c, c_ok, L, s_xl, s_xc, pad_left, stats_b, lnw_ptr, lnb_ptr,
-                   K: tl.constexpr, HAS_DW_BIAS: tl.constexpr, HAS_LN: tl.constexpr,
+                   mask_b, K: tl.constexpr, HAS_DW_BIAS: tl.constexpr, HAS_LN: tl.constexpr, HAS_MASK: tl.constexpr,
                    BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr):
-    """h = dw(LN?(x)) + dw_bias for one [BLOCK_L, BLOCK_C] tile of batch row x_b, in ACC."""
+    """h = dw(LN?(x), masked rows zero) + dw_bias for one [BLOCK_L, BLOCK_C] tile of batch row x_b, in ACC."""
     h = _depthwise_taps(x_b, dww_ptr, offs_l, offs_c, c_ok, L, s_xl, s_xc, pad_left, stats_b, lnw_ptr, lnb_ptr,
-                        K, False, HAS_LN, BLOCK_L, BLOCK_C, ACC)
+                        mask_b, K, False, HAS_LN, HAS_MASK, BLOCK_L, BLOCK_C, ACC)
     if HAS_DW_BIAS:
         h += tl.load(dwb_ptr + offs_c, mask=c_ok, other=0.0).to(ACC)[None, :]
     return h
@@ -216,10 +219,10 @@ def _split_tile(t, n_lt, BLOCK_L: tl.constexpr):
 @triton.autotune(configs=_FWD_CONFIGS, key=["C_in", "C_out", "K", "L_BUCKET"], prune_configs_by=_PRUNE)
 @triton.jit(do_not_specialize=["L_BUCKET"])  # a tuning key only, never read
 def _fwd_kernel(x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_ptr, dwb_ptr, pww_ptr, pwb_ptr, res_ptr, y_ptr, bits_ptr,
-                L, C_in, C_out, L_BUCKET, pad_left,
+                mask_ptr, L, C_in, C_out, L_BUCKET, pad_left,
                 s_xb, s_xl, s_xc, s_rb, s_rl, s_rc,
                 K: tl.constexpr, HAS_LN: tl.constexpr, HAS_DW_BIAS: tl.constexpr, HAS_PW_BIAS: tl.constexpr,
-                HAS_RES: tl.constexpr, RELU: tl.constexpr,
+                HAS_RES: tl.constexpr, RELU: tl.constexpr, HAS_MASK: tl.constexpr,
                 DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_n = tl.program_id(1)
@@ -233,7 +236,8 @@ def _fwd_kernel(x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_ptr, dwb_ptr, pww_ptr, p
     for c0 in range(0, C_in, BLOCK_C):
         offs_c, c_ok = tile_range(c0, BLOCK_C, C_in)
         h = _depthwise_out(x_b, dww_ptr, dwb_ptr, offs_l, offs_c, c_ok, L, s_xl, s_xc, pad_left,
-                           stats_b, lnw_ptr, lnb_ptr, K, HAS_DW_BIAS, HAS_LN, BLOCK_L, BLOCK_C, ACC)
+                           stats_b, lnw_ptr, lnb_ptr, mask_ptr + b * L, K, HAS_DW_BIAS, HAS_LN, HAS_MASK,
+                           BLOCK_L, BLOCK_C, ACC)
         w = tl.load(pww_ptr + offs_n[None, :] * C_in + offs_c[:, None], mask=c_ok[:, None] & n_ok[None, :],
                     other=0.0)  # [BLOCK_C, BLOCK_N] = pw_weight^T slice
         acc = _dot(h.to(w.dtype), w, acc, DOT_DTYPE, DOT_PRECISION)
@@ -260,10 +264,10 @@ def _fwd_kernel(x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_ptr, dwb_ptr, pww_ptr, p
 @triton.autotune(configs=_DH_CONFIGS, key=["C_in", "C_out", "K", "ROWS_BUCKET"], prune_configs_by=_PRUNE)
 @triton.jit(do_not_specialize=["ROWS_BUCKET"])  # a tuning key only, never read
 def _bwd_dh_kernel(gy_ptr, bits_ptr, x_ptr, stats_ptr, lnw_ptr, lnb_ptr, pww_ptr, gh_ptr, pdwb_ptr, pdww_ptr,
-                   B, L, C_in, C_out, ROWS_BUCKET, pad_left,
+                   mask_ptr, B, L, C_in, C_out, ROWS_BUCKET, pad_left,
                    s_gb, s_gl, s_gn, s_xb, s_xl, s_xc,
                    K: tl.constexpr, K_P2: tl.constexpr, HAS_LN: tl.constexpr, HAS_DW_BIAS: tl.constexpr,
-                   RELU: tl.constexpr,
+                   RELU: tl.constexpr, HAS_MASK: tl.constexpr,
                    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC: tl.constexpr,
                    BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_s, n_lt, start, stop = _row_split(B, L, BLOCK_L)
@@ -287,7 +291,7 @@ def _bwd_dh_kernel(gy_ptr, bits_ptr, x_ptr, stats_ptr, lnw_ptr, lnb_ptr, pww_ptr
         acc_db += tl.sum(gh, axis=0)
         for k in tl.static_range(K):
             xs = _load_rows(x_ptr + b * s_xb, offs_l + (k - pad_left), offs_c, c_ok, L, s_xl, s_xc,
-                            stats_ptr + b * 2 * L, lnw_ptr, lnb_ptr, HAS_LN, ACC)
+                            stats_ptr + b * 2 * L, lnw_ptr, lnb_ptr, mask_ptr + b * L, HAS_LN, HAS_MASK, ACC)
             acc_dw += tl.where(taps[:, None] == k, tl.sum(gh * xs, axis=0)[None, :], 0.0)
 
     tl.store(pdww_ptr + pid_s * C_in * K + offs_c[None, :] * K + taps[:, None], acc_dw,
@@ -304,7 +308,7 @@ def _bwd_dx_kernel(gh_ptr, dww_ptr, gx_ptr, L, C_in, L_BUCKET, pad_left,
     offs_l, l_ok = tile_range(tl.program_id(0) * BLOCK_L, BLOCK_L, L)
     offs_c, c_ok = tile_range(tl.program_id(1) * BLOCK_C, BLOCK_C, C_in)
     gx = _depthwise_taps(gh_ptr + b * L * C_in, dww_ptr, offs_l, offs_c, c_ok, L, C_in, 1, pad_left,
-                         gh_ptr, gh_ptr, gh_ptr, K, True, False, BLOCK_L, BLOCK_C, ACC)
+                         gh_ptr, gh_ptr, gh_ptr, gh_ptr, K, True, False, False, BLOCK_L, BLOCK_C, ACC)
     tl.store(gx_ptr + (b * L + offs_l)[:, None] * C_in + offs_c[None, :], gx.to(gx_ptr.dtype.element_ty),
              mask=l_ok[:, None] & c_ok[None, :])
 
@@ -312,10 +316,10 @@ def _bwd_dx_kernel(gh_ptr, dww_ptr, gx_ptr, L, C_in, L_BUCKET, pad_left,
 @triton.autotune(configs=_DPW_CONFIGS, key=["C_in", "C_out", "K", "ROWS_BUCKET"], prune_configs_by=_PRUNE)
 @triton.jit(do_not_specialize=["ROWS_BUCKET"])  # a tuning key only, never read
 def _bwd_dpw_kernel(gy_ptr, bits_ptr, x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_ptr, dwb_ptr, ppw_ptr, ppwb_ptr,
-                    B, L, C_in, C_out, ROWS_BUCKET, pad_left,
+                    mask_ptr, B, L, C_in, C_out, ROWS_BUCKET, pad_left,
                     s_gb, s_gl, s_gn, s_xb, s_xl, s_xc,
                     K: tl.constexpr, HAS_LN: tl.constexpr, HAS_DW_BIAS: tl.constexpr, HAS_PW_BIAS: tl.constexpr,
-                    RELU: tl.constexpr,
+                    RELU: tl.constexpr, HAS_MASK: tl.constexpr,
                     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC: tl.constexpr,
                     BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     pid_s, n_lt, start, stop = _row_split(B, L, BLOCK_L)
@@ -330,7 +334,8 @@ def _bwd_dpw_kernel(gy_ptr, bits_ptr, x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_pt
         g = _masked_grad(gy_ptr, bits_ptr, b, offs_l, offs_n, L, C_out, s_gb, s_gl, s_gn, RELU)
         # Rows past L hold h = dw_bias but g = 0 there, so they add nothing.
         h = _depthwise_out(x_ptr + b * s_xb, dww_ptr, dwb_ptr, offs_l, offs_c, c_ok, L, s_xl, s_xc, pad_left,
-                           stats_ptr + b * 2 * L, lnw_ptr, lnb_ptr, K, HAS_DW_BIAS, HAS_LN, BLOCK_L, BLOCK_C, ACC)
+                           stats_ptr + b * 2 * L, lnw_ptr, lnb_ptr, mask_ptr + b * L, K, HAS_DW_BIAS, HAS_LN, HAS_MASK,
+                           BLOCK_L, BLOCK_C, ACC)
         acc = _dot(tl.trans(g), h.to(g.dtype), acc, DOT_DTYPE, DOT_PRECISION)
         acc_b += tl.sum(g.to(ACC), axis=0)
 
@@ -362,11 +367,13 @@ def _ln_stats_kernel(x_ptr, stats_ptr, R, L, C_in, eps, s_xb, s_xl, s_xc,
 
 @triton.autotune(configs=_DXLN_CONFIGS, key=["C_in", "K", "ROWS_BUCKET"])
 @triton.jit(do_not_specialize=["ROWS_BUCKET"])  # a tuning key only, never read
-def _bwd_dx_ln_kernel(gh_ptr, dww_ptr, x_ptr, stats_ptr, lnw_ptr, gx_ptr, plnw_ptr, plnb_ptr,
+def _bwd_dx_ln_kernel(gh_ptr, dww_ptr, x_ptr, stats_ptr, lnw_ptr, gx_ptr, plnw_ptr, plnb_ptr, mask_ptr,
                       B, L, C_in, ROWS_BUCKET, pad_left, s_xb, s_xl, s_xc,
-                      K: tl.constexpr, ACC: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr):
+                      K: tl.constexpr, HAS_MASK: tl.constexpr, ACC: tl.constexpr, BLOCK_L: tl.constexpr,
+                      BLOCK_C: tl.constexpr):
     """grad_x through the transposed depthwise conv and the LayerNorm, whole rows per tile
-    (BLOCK_C >= C_in), plus this row split's partials of the LayerNorm weight / bias gradients."""
+    (BLOCK_C >= C_in), plus this row split's partials of the LayerNorm weight / bias gradients.
+    HAS_MASK: masked rows (their LN output was replaced by 0) pass no gradient on."""
     pid_s, n_lt, start, stop = _row_split(B, L, BLOCK_L)
     offs_c, c_ok = tile_range(0, BLOCK_C, C_in)
     gamma = tl.load(lnw_ptr + offs_c, mask=c_ok, other=0.0).to(ACC)
@@ -379,8 +386,10 @@ def _bwd_dx_ln_kernel(gh_ptr, dww_ptr, x_ptr, stats_ptr, lnw_ptr, gx_ptr, plnw_p
         ok = l_ok[:, None] & c_ok[None, :]
         stats_b = stats_ptr + b * 2 * L
         g_xn = _depthwise_taps(gh_ptr + b * L * C_in, dww_ptr, offs_l, offs_c, c_ok, L, C_in, 1, pad_left,
-                               gh_ptr, gh_ptr, gh_ptr, K, True, False, BLOCK_L, BLOCK_C, ACC)
-        g_xn = tl.where(ok, g_xn, 0.0)  # rows past L reach real rows through the taps: drop them
+                               gh_ptr, gh_ptr, gh_ptr, gh_ptr, K, True, False, False, BLOCK_L, BLOCK_C, ACC)
+        if HAS_MASK:
+            l_ok = l_ok & (tl.load(mask_ptr + b * L + offs_l, mask=l_ok, other=0) != 0)
+        g_xn = tl.where(l_ok[:, None] & c_ok[None, :], g_xn, 0.0)  # rows past L (and masked rows): none
         mean = tl.load(stats_b + offs_l, mask=l_ok, other=0.0)
         rstd = tl.load(stats_b + L + offs_l, mask=l_ok, other=0.0)
         x = tl.load(x_ptr + b * s_xb + offs_l[:, None] * s_xl + offs_c[None, :] * s_xc, mask=ok, other=0.0)
@@ -431,14 +440,24 @@ def _check_ln(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor) -
     check_tensor("ln_bias", ln_bias, shape=(x.shape[2],), like=x)
 
 
+def _row_mask(mask: Optional[torch.Tensor], x: torch.Tensor) -> Optional[torch.Tensor]:
+    """The optional [B, L] bool row mask, checked, as contiguous uint8 (what the kernels read)."""
+    if mask is None:
+        return None
+    check_tensor("mask", mask, shape=x.shape[:2], dtype=torch.bool, floating=False, like=x)
+    return mask.contiguous().view(torch.uint8)
+
+
 def _forward(x: torch.Tensor, ln: Optional[Tuple[torch.Tensor, torch.Tensor, float]], dw_weight: torch.Tensor,
              dw_bias: Optional[torch.Tensor], pw_weight: torch.Tensor, pw_bias: Optional[torch.Tensor],
-             residual: Optional[torch.Tensor], pad_left: int, relu: bool
+             residual: Optional[torch.Tensor], pad_left: int, relu: bool, mask: Optional[torch.Tensor] = None
              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """y, aux (packed ReLU mask or empty) and the LayerNorm row statistics ([B, 2, L]: mean, rstd,
-    in the accumulation dtype; empty without ``ln`` = (ln_weight, ln_bias, eps))."""
+    in the accumulation dtype; empty without ``ln`` = (ln_weight, ln_bias, eps)). mask: [B, L] bool,
+    rows where it is False enter the depthwise conv as zeros (after the LayerNorm)."""
     _check_args(x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left)
     B, L, C_in = x.shape
+    mask_u8 = _row_mask(mask, x)
     C_out, K = pw_weight.shape[0], dw_weight.shape[-1]
     check_optional("residual", residual, shape=(B, L, C_out), like=x)
     y = torch.empty((B, L, C_out), dtype=x.dtype, device=x.device)
@@ -459,21 +478,24 @@ def _forward(x: torch.Tensor, ln: Optional[Tuple[torch.Tensor, torch.Tensor, flo
     launch(
         _fwd_kernel, grid, x, stats, lnw, lnb, dw_weight.contiguous(), x if dw_bias is None else dw_bias.contiguous(),
         pw_weight.contiguous(), x if pw_bias is None else pw_bias.contiguous(), res, y, aux,
-        L, C_in, C_out, bucket(L, 1024), pad_left,
+        aux if mask_u8 is None else mask_u8, L, C_in, C_out, bucket(L, 1024), pad_left,
         x.stride(0), x.stride(1), x.stride(2), res.stride(0), res.stride(1), res.stride(2),
         K=K, HAS_LN=ln is not None, HAS_DW_BIAS=dw_bias is not None, HAS_PW_BIAS=pw_bias is not None,
-        HAS_RES=residual is not None, RELU=relu, **dtype_args)
+        HAS_RES=residual is not None, RELU=relu, HAS_MASK=mask_u8 is not None, **dtype_args)
     return y, aux, stats
 
 
 def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
               dw_weight: torch.Tensor, dw_bias: Optional[torch.Tensor], pw_weight: torch.Tensor,
-              pw_bias: Optional[torch.Tensor], aux: torch.Tensor, pad_left: int, relu: bool
-              ) -> Dict[str, torch.Tensor]:
+              pw_bias: Optional[torch.Tensor], aux: torch.Tensor, pad_left: int, relu: bool,
+              mask: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
     """Gradients by input name: x, dw_weight, dw_bias, pw_weight, pw_bias, and with
-    ``ln`` = (ln_weight, ln_bias, ln_stats) also ln_weight, ln_bias; an absent bias's is empty."""
+    ``ln`` = (ln_weight, ln_bias, ln_stats) also ln_weight, ln_bias; an absent bias's is empty.
+    mask: the forward's row mask."""
     _check_args(x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left)
     B, L, C_in = x.shape
+    mask_u8 = _row_mask(mask, x)
+    mask_ptr = x if mask_u8 is None else mask_u8  # a dummy pointer when absent (never read)
     C_out, K = pw_weight.shape[0], dw_weight.shape[-1]
     check_tensor("grad_y", grad_y, shape=(B, L, C_out), like=x)
     if relu:
@@ -506,9 +528,10 @@ def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Te
     p_dww = torch.empty((s_dh, C_in, K), dtype=acc, device=dev)
     p_dwb = torch.empty((s_dh, C_in) if dw_bias is not None else (0,), dtype=acc, device=dev)
     launch(
-        _bwd_dh_kernel, lambda meta: (s_dh, triton.cdiv(C_in, meta["BLOCK_C"])), grad_y, aux, x, stats, lnw, lnb, pww, gh, p_dwb, p_dww, B, L, C_in, C_out, rows_bucket, pad_left, *strides,
+        _bwd_dh_kernel, lambda meta: (s_dh, triton.cdiv(C_in, meta["BLOCK_C"])), grad_y, aux, x, stats, lnw, lnb, pww, gh,
+        p_dwb, p_dww, mask_ptr, B, L, C_in, C_out, rows_bucket, pad_left, *strides,
         K=K, K_P2=triton.next_power_of_2(K), HAS_LN=ln is not None, HAS_DW_BIAS=dw_bias is not None, RELU=relu,
-        **dtype_args)
+        HAS_MASK=mask_u8 is not None, **dtype_args)
 
     # grad_x: the transposed depthwise conv of grad_h (then back through the LayerNorm).
     if ln is None:
@@ -520,8 +543,9 @@ def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Te
         p_lnw = torch.empty((s_ln, C_in), dtype=acc, device=dev)
         p_lnb = torch.empty((s_ln, C_in), dtype=acc, device=dev)
         launch(
-            _bwd_dx_ln_kernel, (s_ln,), gh, dww, x, stats, lnw, grad_x, p_lnw, p_lnb, B, L, C_in, rows_bucket, pad_left,
-            x.stride(0), x.stride(1), x.stride(2), K=K, ACC=dtype_args["ACC"], BLOCK_C=triton.next_power_of_2(C_in))
+            _bwd_dx_ln_kernel, (s_ln,), gh, dww, x, stats, lnw, grad_x, p_lnw, p_lnb, mask_ptr, B, L, C_in, rows_bucket,
+            pad_left, x.stride(0), x.stride(1), x.stride(2), K=K, HAS_MASK=mask_u8 is not None, ACC=dtype_args["ACC"],
+            BLOCK_C=triton.next_power_of_2(C_in))
 
     # Pointwise weight / bias partials, h recomputed from x.
     s_pw = _num_splits(dev, B, L, triton.cdiv(C_out, 64) * triton.cdiv(C_in, 64))
@@ -529,9 +553,9 @@ def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Te
     p_pwb = torch.empty((s_pw, C_out) if pw_bias is not None else (0,), dtype=acc, device=dev)
     launch(
         _bwd_dpw_kernel, lambda meta: (s_pw, triton.cdiv(C_out, meta["BLOCK_N"]), triton.cdiv(C_in, meta["BLOCK_C"])),
-        grad_y, aux, x, stats, lnw, lnb, dww, dwb, p_pw, p_pwb, B, L, C_in, C_out, rows_bucket, pad_left, *strides,
-        K=K, HAS_LN=ln is not None, HAS_DW_BIAS=dw_bias is not None, HAS_PW_BIAS=pw_bias is not None, RELU=relu,
-        **dtype_args)
+        grad_y, aux, x, stats, lnw, lnb, dww, dwb, p_pw, p_pwb, mask_ptr, B, L, C_in, C_out, rows_bucket, pad_left,
+        *strides, K=K, HAS_LN=ln is not None, HAS_DW_BIAS=dw_bias is not None, HAS_PW_BIAS=pw_bias is not None,
+        RELU=relu, HAS_MASK=mask_u8 is not None, **dtype_args)
 
     dtype = x.dtype
     grads = {"x": grad_x, "dw_weight": p_dww.sum(0).to(dtype).view(dw_weight.shape),
@@ -553,10 +577,10 @@ BWD_SCHEMA = ("(Tensor grad_y, Tensor x, Tensor dw_weight, Tensor? dw_bias, Tens
               "Tensor aux, int pad_left, bool relu) -> (Tensor grad_x, Tensor grad_dw_weight, "
               "Tensor grad_dw_bias, Tensor grad_pw_weight, Tensor grad_pw_bias)")
 LN_FWD_SCHEMA = ("(Tensor x, Tensor ln_weight, Tensor ln_bias, float eps, Tensor dw_weight, Tensor? dw_bias, "
-                 "Tensor pw_weight, Tensor? pw_bias, Tensor? residual, int pad_left, bool relu) "
+                 "Tensor pw_weight, Tensor? pw_bias, Tensor? residual, Tensor? mask, int pad_left, bool relu) "
                  "-> (Tensor y, Tensor aux, Tensor ln_stats)")
 LN_BWD_SCHEMA = ("(Tensor grad_y, Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor dw_weight, Tensor? dw_bias, "
-                 "Tensor pw_weight, Tensor? pw_bias, Tensor aux, Tensor ln_stats, int pad_left, bool relu) "
+                 "Tensor pw_weight, Tensor? pw_bias, Tensor aux, Tensor ln_stats, Tensor? mask, int pad_left, bool relu) "
                  "-> (Tensor grad_x, Tensor grad_ln_weight, Tensor grad_ln_bias, Tensor grad_dw_weight, "
                  "Tensor grad_dw_bias, Tensor grad_pw_weight, Tensor grad_pw_bias)")
 
@@ -576,14 +600,16 @@ def _dwsep_bwd(grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left,
     return tuple(grads[name] for name in _GRADS)
 
 
-def _ln_dwsep_fwd(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu):
-    return _forward(x, (ln_weight, ln_bias, eps), dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu)
-
-
-def _ln_dwsep_bwd(grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats, pad_left,
+def _ln_dwsep_fwd(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, residual, mask, pad_left,
                   relu):
+    return _forward(x, (ln_weight, ln_bias, eps), dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu,
+                    mask)
+
+
+def _ln_dwsep_bwd(grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats, mask,
+                  pad_left, relu):
     grads = _backward(grad_y, x, (ln_weight, ln_bias, ln_stats), dw_weight, dw_bias, pw_weight, pw_bias, aux,
-                      pad_left, relu)
+                      pad_left, relu, mask)
     return tuple(grads[name] for name in _LN_GRADS)
 
 
@@ -607,13 +633,14 @@ def _dwsep_bwd_fake(grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_
     return (x.new_empty(x.shape),) + _param_grads_fake(x, dw_weight, dw_bias, pw_weight, pw_bias)
 
 
-def _ln_dwsep_fwd_fake(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu):
+def _ln_dwsep_fwd_fake(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, residual, mask, pad_left,
+                       relu):
     B, L, _ = x.shape
     stats = x.new_empty((B, 2, L), dtype=accumulator_dtype(x.dtype))
     return _fwd_outputs_fake(x, pw_weight, relu) + (stats,)
 
 
-def _ln_dwsep_bwd_fake(grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats,
+def _ln_dwsep_bwd_fake(grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats, mask,
                        pad_left, relu):
     return ((x.new_empty(x.shape), x.new_empty(ln_weight.shape), x.new_empty(ln_bias.shape))
             + _param_grads_fake(x, dw_weight, dw_bias, pw_weight, pw_bias))

@@ -26,6 +26,8 @@
 // and the ln_weight / ln_bias gradients in fixed blocks of rows (sized from the problem alone), each
 // reduced by one thread and the block partials summed in block order, as above -- bit-identical for
 // any thread count (ATen's layer_norm backward, used here before, reduces per thread).
+// mask [B, L] bool (optional): rows where it is false (padding) are zero in h, so they enter the depthwise
+// conv as its zero padding does and real rows never see them; their dL/dh is dropped (grad_x rows 0).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -488,11 +490,16 @@ void layer_norm_row(const T* __restrict x, T mean, T rstd, const T* __restrict w
 
 // LayerNorm backward of rows [r0, r1) of x / g = dL/dh [rows, C] (stats [B, 2, L]: mean, rstd), with
 // xhat = (x - mean) * rstd: grad_x = rstd * (g∘w - mean(g∘w) - xhat * mean(g∘w∘xhat)) row by row, and
-// acc_w += Σ g∘xhat, acc_b += Σ g over the rows in order. gw: [C] scratch.
+// acc_w += Σ g∘xhat, acc_b += Σ g over the rows in order (rows with mask false: grad_x 0, nothing added).
+// gw: [C] scratch.
 template <typename T>
-void layer_norm_backward_rows(const T* x, const T* g, const T* w, const T* stats, T* grad_x, T* acc_w, T* acc_b,
-                              T* gw, int64_t r0, int64_t r1, int64_t L, int64_t C) {
+void layer_norm_backward_rows(const T* x, const T* g, const T* w, const T* stats, const bool* mask, T* grad_x,
+                              T* acc_w, T* acc_b, T* gw, int64_t r0, int64_t r1, int64_t L, int64_t C) {
   for (int64_t r = r0; r < r1; ++r) {
+    if (mask && !mask[r]) {  // a masked row's h was 0, whatever x: no gradient reaches x or the LN parameters
+      std::fill(grad_x + r * C, grad_x + (r + 1) * C, T(0));
+      continue;
+    }
     const T* xr = x + r * C;
     const T* gr = g + r * C;
     const T mean = stats[(r / L * 2) * L + r % L], rstd = stats[(r / L * 2 + 1) * L + r % L];
@@ -524,32 +531,57 @@ void check_ln_args(const char* op, const at::Tensor& x, const at::Tensor& ln_wei
   check(ln_bias, "ln_bias");
 }
 
+// The optional row mask, checked, contiguous (undefined when absent).
+at::Tensor checked_row_mask(const char* op, const c10::optional<at::Tensor>& mask, const at::Tensor& x) {
+  if (!mask.has_value()) return at::Tensor();
+  const at::Tensor& m = *mask;
+  TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 2 && m.size(0) == x.size(0) && m.size(1) == x.size(1) &&
+                  m.device() == x.device(),
+              op, ": mask must be a bool [B, L]=[", x.size(0), ", ", x.size(1), "] tensor on ", x.device(), ", got ",
+              m.scalar_type(), " ", m.sizes(), " on ", m.device());
+  return m.contiguous();
+}
+
+// h rows [r0, r1) = LN(x) (zero where the mask is false), from the row statistics.
+template <typename T>
+void layer_norm_rows(const T* x, const T* w, const T* b, const T* stats, const bool* mask, T* h, int64_t r0,
+                     int64_t r1, int64_t L, int64_t C) {
+  for (int64_t r = r0; r < r1; ++r) {
+    if (mask && !mask[r]) {
+      std::fill(h + r * C, h + (r + 1) * C, T(0));
+      continue;
+    }
+    const T* mean = stats + (r / L * 2) * L + r % L;
+    layer_norm_row(x + r * C, mean[0], mean[L], w, b, h + r * C, C);
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_dwsep_conv1d_fwd(
     const at::Tensor& x_in, const at::Tensor& ln_weight_in, const at::Tensor& ln_bias_in, double eps,
     const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
-    const c10::optional<at::Tensor>& pw_bias, const c10::optional<at::Tensor>& residual, int64_t pad_left,
-    bool relu) {
+    const c10::optional<at::Tensor>& pw_bias, const c10::optional<at::Tensor>& residual,
+    const c10::optional<at::Tensor>& mask_in, int64_t pad_left, bool relu) {
   constexpr const char* op = "ln_dwsep_conv1d_fwd";
   const Shapes s = check_args(op, x_in, dw_weight, dw_bias, pw_weight, pw_bias, pad_left);
   check_ln_args(op, x_in, ln_weight_in, ln_bias_in);
   TORCH_CHECK(eps > 0, op, ": eps must be positive, got ", eps);
   const at::Tensor x = x_in.contiguous(), ln_weight = ln_weight_in.contiguous(), ln_bias = ln_bias_in.contiguous();
+  const at::Tensor mask = checked_row_mask(op, mask_in, x_in);
   at::Tensor h = at::empty({s.B, s.L, s.C_in}, x.options());
   at::Tensor stats = at::empty({s.B, 2, s.L}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), op, [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     const scalar_t* wp = ln_weight.data_ptr<scalar_t>();
     const scalar_t* bp = ln_bias.data_ptr<scalar_t>();
+    const bool* mp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
     scalar_t* hp = h.data_ptr<scalar_t>();
     scalar_t* sp = stats.data_ptr<scalar_t>();
     at::parallel_for(0, s.B * s.L, std::max<int64_t>(1, kMinTaskWork / (4 * s.C_in)), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        const int64_t b = r / s.L, l = r % s.L;
-        scalar_t* mean = sp + (b * 2) * s.L + l;
-        scalar_t* rstd = mean + s.L;
-        layer_norm_stats(xp + r * s.C_in, s.C_in, eps, mean, rstd);
-        layer_norm_row(xp + r * s.C_in, *mean, *rstd, wp, bp, hp + r * s.C_in, s.C_in);
+        scalar_t* mean = sp + (r / s.L * 2) * s.L + r % s.L;
+        layer_norm_stats(xp + r * s.C_in, s.C_in, eps, mean, mean + s.L);
       }
+      layer_norm_rows(xp, wp, bp, sp, mp, hp, r0, r1, s.L, s.C_in);
     });
   });
   auto [y, aux] = dwsep_conv1d_fwd(h, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu);
@@ -560,7 +592,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& grad_y, const at::Tensor& x_in, const at::Tensor& ln_weight_in, const at::Tensor& ln_bias_in,
     const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
     const c10::optional<at::Tensor>& pw_bias, const at::Tensor& aux, const at::Tensor& ln_stats_in,
-    int64_t pad_left, bool relu) {
+    const c10::optional<at::Tensor>& mask_in, int64_t pad_left, bool relu) {
   constexpr const char* op = "ln_dwsep_conv1d_bwd";
   const Shapes s = check_args(op, x_in, dw_weight, dw_bias, pw_weight, pw_bias, pad_left);
   check_ln_args(op, x_in, ln_weight_in, ln_bias_in);
@@ -570,6 +602,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
               " tensor, got ", ln_stats_in.sizes(), " ", ln_stats_in.scalar_type());
   const at::Tensor x = x_in.contiguous(), ln_weight = ln_weight_in.contiguous(), ln_bias = ln_bias_in.contiguous();
   const at::Tensor stats = ln_stats_in.contiguous();
+  const at::Tensor mask = checked_row_mask(op, mask_in, x_in);
+  const bool* mp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
   const int64_t rows = s.B * s.L, C = s.C_in;
   const int64_t row_grain = std::max<int64_t>(1, kMinTaskWork / (4 * C));
   at::Tensor h = at::empty({s.B, s.L, C}, x.options());
@@ -580,10 +614,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const scalar_t* sp = stats.data_ptr<scalar_t>();
     scalar_t* hp = h.data_ptr<scalar_t>();
     at::parallel_for(0, rows, row_grain, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const scalar_t* mean = sp + (r / s.L * 2) * s.L + r % s.L;
-        layer_norm_row(xp + r * C, mean[0], mean[s.L], wp, bp, hp + r * C, C);
-      }
+      layer_norm_rows(xp, wp, bp, sp, mp, hp, r0, r1, s.L, C);
     });
   });
   auto [grad_h, grad_dw_weight, grad_dw_bias, grad_pw_weight, grad_pw_bias] =
@@ -607,7 +638,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       for (int64_t k = k0; k < k1; ++k) {
         scalar_t* acc_w = partp + k * 2 * C;
         scalar_t* acc_b = acc_w + C;
-        layer_norm_backward_rows(xp, gp, wp, sp, gxp, acc_w, acc_b, gw.data(), rows * k / blocks,
+        layer_norm_backward_rows(xp, gp, wp, sp, mp, gxp, acc_w, acc_b, gw.data(), rows * k / blocks,
                                  rows * (k + 1) / blocks, s.L, C);
       }
     });
@@ -630,11 +661,12 @@ TORCH_LIBRARY_FRAGMENT(fastqa, m) {
       "Tensor grad_dw_bias, Tensor grad_pw_weight, Tensor grad_pw_bias)");
   m.def(
       "ln_dwsep_conv1d_fwd(Tensor x, Tensor ln_weight, Tensor ln_bias, float eps, Tensor dw_weight, "
-      "Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, Tensor? residual, int pad_left, bool relu) "
-      "-> (Tensor y, Tensor aux, Tensor ln_stats)");
+      "Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, Tensor? residual, Tensor? mask, int pad_left, "
+      "bool relu) -> (Tensor y, Tensor aux, Tensor ln_stats)");
   m.def(
       "ln_dwsep_conv1d_bwd(Tensor grad_y, Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor dw_weight, "
-      "Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, Tensor aux, Tensor ln_stats, int pad_left, bool relu) "
+      "Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, Tensor aux, Tensor ln_stats, Tensor? mask, int pad_left, "
+      "bool relu) "
       "-> (Tensor grad_x, Tensor grad_ln_weight, Tensor grad_ln_bias, Tensor grad_dw_weight, "
       "Tensor grad_dw_bias, Tensor grad_pw_weight, Tensor grad_pw_bias)");
 }

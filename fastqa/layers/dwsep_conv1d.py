@@ -22,11 +22,12 @@ class DepthwiseSeparableConv1d(reference.DepthwiseSeparableConv1d):
                          activation=activation, padding=padding)
         self.backend = backend
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [B, L, C_in]; residual: [B, L, C_out] or None -> [B, L, C_out]."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [B, L, C_in]; residual: [B, L, C_out] or None; mask: [B, L] bool or None -> [B, L, C_out]."""
         return dwsep_conv1d(x, self.depthwise.weight, self.pointwise.weight, self.pointwise.bias,
                             dw_bias=self.depthwise.bias, padding=self.padding, activation=self.activation,
-                            residual=residual, backend=self.backend)
+                            residual=residual, mask=mask, backend=self.backend)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, backend={self.backend!r}"
@@ -46,11 +47,12 @@ class LayerNormDepthwiseSeparableConv1d(reference.LayerNormDepthwiseSeparableCon
                          activation=activation, padding=padding, eps=eps)
         self.backend = backend
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [B, L, C_in]; residual: [B, L, C_out] or None -> [B, L, C_out]."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [B, L, C_in]; residual: [B, L, C_out] or None; mask: [B, L] bool or None -> [B, L, C_out]."""
         return ln_dwsep_conv1d(x, self.norm.weight, self.norm.bias, self.depthwise.weight, self.pointwise.weight,
                                self.pointwise.bias, dw_bias=self.depthwise.bias, eps=self.norm.eps,
-                               padding=self.padding, activation=self.activation, residual=residual,
+                               padding=self.padding, activation=self.activation, residual=residual, mask=mask,
                                backend=self.backend)
 
     def extra_repr(self) -> str:

@@ -11,6 +11,11 @@ y = act(pw(dw(LN(x)))) + residual), as ``<ns>::ln_dwsep_conv1d_fwd`` -> (y, aux,
 ``..._bwd`` on both compiled backends (Triton fuses everything; the C++ kernel normalises into a
 buffer for the call and runs its dwsep kernels on it, and reduces the LayerNorm's weight and bias
 gradients in fixed row blocks, so they too are the same bits for any thread count).
+
+Both take an optional row ``mask`` [B, L] bool (False = padding): those rows enter the depthwise conv as
+zeros -- after the LayerNorm in ``ln_dwsep_conv1d``, whose kernels read the mask themselves -- so the
+outputs at real rows do not depend on how much padding follows them. ``dwsep_conv1d`` zeroes the rows of
+x before its kernel (one masked_fill: nothing to normalise first).
 """
 from __future__ import annotations
 
@@ -94,7 +99,7 @@ class _DwsepConv1dFunction(torch.autograd.Function):
 
 def _check_conv_args(x: torch.Tensor, dw_weight: torch.Tensor, pw_weight: torch.Tensor,
                      pw_bias: torch.Tensor | None, dw_bias: torch.Tensor | None, residual: torch.Tensor | None,
-                     padding: str, activation: str | None) -> None:
+                     padding: str, activation: str | None, mask: torch.Tensor | None) -> None:
     """The checks shared by ``dwsep_conv1d`` and ``ln_dwsep_conv1d``, after ``entry_prologue``."""
     _, length, c_in = x.shape
     check_tensor("dw_weight", dw_weight, shape=(c_in, 1, None), like=x)
@@ -105,6 +110,7 @@ def _check_conv_args(x: torch.Tensor, dw_weight: torch.Tensor, pw_weight: torch.
     check_optional("pw_bias", pw_bias, shape=(c_out,), like=x)
     check_optional("dw_bias", dw_bias, shape=(c_in,), like=x)
     check_optional("residual", residual, shape=(x.shape[0], length, c_out), like=x)
+    check_optional("mask", mask, shape=(x.shape[0], length), dtype=torch.bool, floating=False, like=x)
     check_choice("padding", padding, PADDINGS)
     check_choice("activation", activation, ACTIVATIONS)
 
@@ -119,24 +125,28 @@ def dwsep_conv1d(
     padding: str = "same",
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Depthwise conv (kernel K, zero padding) -> pointwise 1x1 conv -> bias -> activation -> + residual.
 
     x: [B, L, C_in] (any strides; channels-first data may be passed as ``xc.transpose(1, 2)``);
     dw_weight: [C_in, 1, K]; pw_weight: [C_out, C_in, 1]; pw_bias: [C_out]; dw_bias: [C_in];
-    residual: [B, L, C_out]; padding: "same" (as nn.Conv1d, an even K's extra zero goes right) or
-    "causal" (K-1 zeros left); activation: None or "relu"; backend: "auto", "reference", "cpu", "triton".
-    Returns y: [B, L, C_out].
+    residual: [B, L, C_out]; mask: [B, L] bool, False = padding (read as zeros by the conv, so real rows
+    never see it; the residual is added unmasked); padding: "same" (as nn.Conv1d, an even K's extra zero
+    goes right) or "causal" (K-1 zeros left); activation: None or "relu"; backend: "auto", "reference",
+    "cpu", "triton". Returns y: [B, L, C_out].
     """
     x, dw_weight, pw_weight, pw_bias, dw_bias, residual = entry_prologue(
         "x", x, 3, dw_weight, pw_weight, pw_bias, dw_bias, residual)
-    _check_conv_args(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, padding, activation)
+    _check_conv_args(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, padding, activation, mask)
 
     resolved = resolve_backend(backend, "dwsep_conv1d", x.device, x.dtype)
     if resolved == "reference" or has_tangent(x, dw_weight, pw_weight, pw_bias, dw_bias, residual):
         return dwsep_conv1d_reference(x, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias, padding=padding,
-                                      activation=activation, residual=residual)
+                                      activation=activation, residual=residual, mask=mask)
+    if mask is not None:  # the residual stays the unmasked x
+        x = x.masked_fill(~mask.unsqueeze(-1), 0.0)
     pad_left, _ = conv_padding(dw_weight.shape[-1], padding)
     residual_is_x = residual is x
     return _DwsepConv1dFunction.apply(resolved, x, dw_weight, pw_weight, pw_bias, dw_bias,
@@ -145,7 +155,7 @@ def dwsep_conv1d(
 
 
 _LN_DWSEP_INPUTS = ("backend", "x", "ln_weight", "ln_bias", "dw_weight", "pw_weight", "pw_bias", "dw_bias",
-                    "residual", "residual_is_x", "eps", "pad_left", "relu")
+                    "residual", "residual_is_x", "mask", "eps", "pad_left", "relu")
 
 
 # The gradients the ln_dwsep_conv1d_bwd op returns, in order.
@@ -154,12 +164,13 @@ _LN_DWSEP_GRADS = ("x", "ln_weight", "ln_bias", "dw_weight", "dw_bias", "pw_weig
 
 # The inputs of the custom op fastqa_triton::ln_dwsep_conv1d_fwd, in order.
 _LN_DWSEP_OP_INPUTS = ("x", "ln_weight", "ln_bias", "eps", "dw_weight", "dw_bias", "pw_weight", "pw_bias",
-                       "residual", "pad_left", "relu")
+                       "residual", "mask", "pad_left", "relu")
 
 
 def _ln_dwsep_save(ctx, backend: str, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats,
-                   pad_left: int, relu: bool, residual_is_x: bool = False) -> None:
-    ctx.save_for_backward(x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats)
+                   mask, pad_left: int, relu: bool, residual_is_x: bool = False) -> None:
+    # In the order of the ln_dwsep_conv1d_bwd kernel's arguments (after grad_y).
+    ctx.save_for_backward(x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats, mask)
     _save_scalars(ctx, backend, pad_left, relu, residual_is_x)
 
 
@@ -180,13 +191,13 @@ class _LnDwsepConv1dFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, backend: str, x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
                 dw_weight: torch.Tensor, pw_weight: torch.Tensor, pw_bias: torch.Tensor | None,
-                dw_bias: torch.Tensor | None, residual: torch.Tensor | None, residual_is_x: bool, eps: float,
-                pad_left: int, relu: bool) -> torch.Tensor:
+                dw_bias: torch.Tensor | None, residual: torch.Tensor | None, residual_is_x: bool,
+                mask: torch.Tensor | None, eps: float, pad_left: int, relu: bool) -> torch.Tensor:
         y, aux, ln_stats = kernel(backend, _MODULE, "ln_dwsep_conv1d_fwd")(
             x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, x if residual_is_x else residual,
-            pad_left, relu)
+            mask, pad_left, relu)
         _ln_dwsep_save(ctx, backend, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats,
-                       pad_left, relu, residual_is_x)
+                       mask, pad_left, relu, residual_is_x)
         return y
 
     @staticmethod
@@ -209,11 +220,11 @@ def _register_autograd(backend: str) -> None:
     register_op_autograd(qualified(backend, "dwsep_conv1d_fwd"), "dwsep_conv1d", dwsep_setup, dwsep_backward)
 
     def ln_setup(ctx, inputs, output):
-        x, ln_weight, ln_bias, _, dw_weight, dw_bias, pw_weight, pw_bias, _, pad_left, relu = inputs
+        x, ln_weight, ln_bias, _, dw_weight, dw_bias, pw_weight, pw_bias, _, mask, pad_left, relu = inputs
         _, aux, ln_stats = output
         ctx.mark_non_differentiable(aux, ln_stats)
         _ln_dwsep_save(ctx, backend, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats,
-                       pad_left, relu)
+                       mask, pad_left, relu)
 
     def ln_backward(ctx, grad_y, _grad_aux, _grad_stats):
         return _backward(ctx, grad_y, _ln_dwsep_grads, _LN_DWSEP_GRADS, _LN_DWSEP_OP_INPUTS)
@@ -234,13 +245,15 @@ def ln_dwsep_conv1d(
     padding: str = "same",
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """LayerNorm over the channels -> depthwise conv -> pointwise conv -> bias -> activation -> + residual.
 
-    QANet's conv sublayer in one call: ``ln_dwsep_conv1d(x, ..., residual=x)``. x: [B, L, C_in] (any
-    strides); ln_weight, ln_bias: [C_in]; eps: positive float; the other arguments as ``dwsep_conv1d``
-    (the zero padding comes after the LayerNorm). Returns y: [B, L, C_out].
+    QANet's conv sublayer in one call: ``ln_dwsep_conv1d(x, ..., residual=x, mask=mask)``. x: [B, L, C_in]
+    (any strides); ln_weight, ln_bias: [C_in]; eps: positive float; the other arguments as ``dwsep_conv1d``
+    (the zero padding and the mask come after the LayerNorm: masked rows of LN(x) are zero). Returns
+    y: [B, L, C_out].
 
     Backends: "triton" fuses everything (LN(x) is never stored: the row statistics are, [B, 2, L]);
     "cpu" normalises into a [B, L, C_in] buffer that lives for the call only (forward, and rebuilt
@@ -249,7 +262,7 @@ def ln_dwsep_conv1d(
     """
     x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual = entry_prologue(
         "x", x, 3, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual)
-    _check_conv_args(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, padding, activation)
+    _check_conv_args(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, padding, activation, mask)
     c_in = x.shape[2]
     check_tensor("ln_weight", ln_weight, shape=(c_in,), like=x)
     check_tensor("ln_bias", ln_bias, shape=(c_in,), like=x)
@@ -258,12 +271,13 @@ def ln_dwsep_conv1d(
     resolved = resolve_backend(backend, "ln_dwsep_conv1d", x.device, x.dtype)
     if resolved == "reference" or has_tangent(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual):
         return ln_dwsep_conv1d_reference(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias,
-                                         eps=eps, padding=padding, activation=activation, residual=residual)
+                                         eps=eps, padding=padding, activation=activation, residual=residual,
+                                         mask=mask)
     pad_left, _ = conv_padding(dw_weight.shape[-1], padding)
     relu = activation == "relu"
     residual_is_x = residual is x
     return _LnDwsepConv1dFunction.apply(resolved, x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias,
-                                        None if residual_is_x else residual, residual_is_x, eps, pad_left, relu)
+                                        None if residual_is_x else residual, residual_is_x, mask, eps, pad_left, relu)
 
 
 register_autograd_hook(_MODULE, _register_autograd)
@@ -287,12 +301,12 @@ if cpu_available():
 
     @torch.library.register_fake("fastqa::ln_dwsep_conv1d_fwd")
     def _ln_dwsep_conv1d_fwd_fake(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, residual,
-                                  pad_left, relu):
+                                  mask, pad_left, relu):
         y, aux = _dwsep_conv1d_fwd_fake(x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu)
         return y, aux, x.new_empty(x.shape[0], 2, x.shape[1])  # ln_stats: row mean, 1/std, in x's dtype
 
     @torch.library.register_fake("fastqa::ln_dwsep_conv1d_bwd")
     def _ln_dwsep_conv1d_bwd_fake(grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux,
-                                  ln_stats, pad_left, relu):
+                                  ln_stats, mask, pad_left, relu):
         return ((x.new_empty(x.shape), x.new_empty(ln_weight.shape), x.new_empty(ln_bias.shape))
                 + _dwsep_conv1d_bwd_fake(grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu)[1:])

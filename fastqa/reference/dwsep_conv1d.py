@@ -31,12 +31,17 @@ def dwsep_conv1d(
     padding: str = "same",
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """y = act(pointwise(depthwise(x))) (+ residual).
 
     x: [B, L, C_in]; dw_weight: [C_in, 1, K]; dw_bias: [C_in]; pw_weight: [C_out, C_in, 1];
-    pw_bias: [C_out]; residual: [B, L, C_out]. Returns [B, L, C_out].
+    pw_bias: [C_out]; residual: [B, L, C_out]; mask: [B, L] bool, False = padding: those rows of x enter
+    the depthwise conv as zeros, like the conv's own zero padding (the residual is not masked). Returns
+    [B, L, C_out].
     """
+    if mask is not None:
+        x = x.masked_fill(~mask.unsqueeze(-1), 0.0)
     left, right = conv_padding(dw_weight.shape[-1], padding)
     h = F.conv1d(F.pad(x.transpose(1, 2), (left, right)), dw_weight, dw_bias, groups=x.shape[-1])
     y = F.linear(h.transpose(1, 2), pw_weight.squeeze(-1), pw_bias)
@@ -62,15 +67,17 @@ def ln_dwsep_conv1d(
     padding: str = "same",
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """y = act(pointwise(depthwise(LayerNorm(x)))) (+ residual): QANet's conv sublayer.
 
     The LayerNorm is over the channels (x: [B, L, C_in]; ln_weight, ln_bias: [C_in]) and comes before
-    the zero padding; the rest is ``dwsep_conv1d``. Returns [B, L, C_out].
+    the zero padding and the mask (the normalised padding rows are zeroed); the rest is ``dwsep_conv1d``.
+    Returns [B, L, C_out].
     """
     h = F.layer_norm(x, (x.shape[-1],), ln_weight, ln_bias, eps)
     return dwsep_conv1d(h, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias, padding=padding,
-                        activation=activation, residual=residual)
+                        activation=activation, residual=residual, mask=mask)
 
 
 class DepthwiseSeparableConv1d(nn.Module):
@@ -91,11 +98,13 @@ class DepthwiseSeparableConv1d(nn.Module):
         self.depthwise = nn.Conv1d(in_channels, in_channels, kernel_size, groups=in_channels, bias=depthwise_bias)
         self.pointwise = nn.Conv1d(in_channels, out_channels, 1, bias=bias)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [B, L, C_in]; residual: [B, L, C_out] or None -> [B, L, C_out]."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [B, L, C_in]; residual: [B, L, C_out] or None; mask: [B, L] bool (False = padding, read as
+        zeros by the conv) or None -> [B, L, C_out]."""
         return dwsep_conv1d(x, self.depthwise.weight, self.pointwise.weight, self.pointwise.bias,
                             dw_bias=self.depthwise.bias, padding=self.padding, activation=self.activation,
-                            residual=residual)
+                            residual=residual, mask=mask)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}, padding={self.padding!r}"
@@ -115,8 +124,10 @@ class LayerNormDepthwiseSeparableConv1d(DepthwiseSeparableConv1d):
                          activation=activation, padding=padding)
         self.norm = nn.LayerNorm(in_channels, eps=eps)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [B, L, C_in]; residual: [B, L, C_out] or None -> [B, L, C_out]."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [B, L, C_in]; residual: [B, L, C_out] or None; mask: [B, L] bool (False = padding, zero after
+        the LayerNorm) or None -> [B, L, C_out]."""
         return ln_dwsep_conv1d(x, self.norm.weight, self.norm.bias, self.depthwise.weight, self.pointwise.weight,
                                self.pointwise.bias, dw_bias=self.depthwise.bias, eps=self.norm.eps,
-                               padding=self.padding, activation=self.activation, residual=residual)
+                               padding=self.padding, activation=self.activation, residual=residual, mask=mask)

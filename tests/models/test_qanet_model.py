@@ -87,6 +87,22 @@ def test_batched_example_equals_itself_alone_without_padding():
         assert_close(got[0], want[2], name="batch-1 output")
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("no_answer", [False, True])
+def test_padded_example_equals_itself_alone(impl, no_answer):
+    """Padding never reaches a real position (the convolutions read padded rows as zeros, attention masks
+    padded keys): a short example padded in a batch gives, at its real positions, what it gives alone."""
+    gen = torch.Generator().manual_seed(4)
+    model = built(tiny_config(no_answer=no_answer), impl, dtype=torch.float64).eval()
+    cw, cc, qw, qc = make_batch(gen, B=3, n=23, m=8, c_lens=[23, 9, 15], q_lens=[8, 3, 5])
+    with torch.no_grad():
+        batched = model(cw, cc, qw, qc)
+        alone = model(cw[1:2, :9], cc[1:2, :9], qw[1:2, :3], qc[1:2, :3])
+    keep = 9 + (1 if no_answer else 0)
+    for got, want in zip(alone, batched):
+        assert_close(got[0], want[1, :keep], name=f"{impl}: padded example vs alone")
+
+
 def test_empty_question_gives_no_nan():
     gen = torch.Generator().manual_seed(3)
     model = built(tiny_config(), "fast").eval()

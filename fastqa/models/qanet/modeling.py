@@ -10,7 +10,9 @@ QANet(config, layers="fast" | "reference" | "naive"):
                  ─► start = log_softmax(w_s·[M0; M1]), end = log_softmax(w_e·[M0; M2])
 
 Every encoder block: timing signal, then pre-LayerNorm sublayers (convolutions, self-attention, feed-forward),
-each ``x + dropout(sublayer(LN(x)))`` with stochastic depth in training. ``layers`` picks the modules of the
+each ``x + dropout(sublayer(LN(x)))`` with stochastic depth in training. Padding never reaches a real
+position: the convolutions read padded rows as zeros (their ``mask``), attention masks padded keys, and
+the embedding of a padding token is exactly zero, so an answer does not depend on the batch it is in. ``layers`` picks the modules of the
 convolution sublayers, the self-attention sublayers, the embedding resizer and the context-query attention;
 the rest is ``torch.nn`` and the same for all three, so one state_dict loads into each.
 """
@@ -139,14 +141,15 @@ class EncoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, timing: torch.Tensor, mask: torch.Tensor,
                 survival: list[float]) -> torch.Tensor:
-        """x: [B, L, d]; timing: [L, d]; mask: [B, L] bool (True = a real position, the keys to attend to);
-        survival: one float per sublayer."""
+        """x: [B, L, d]; timing: [L, d]; mask: [B, L] bool (True = a real position: the keys to attend to,
+        and the rows the convolutions read -- padded rows enter them as zeros, so the outputs at real
+        positions do not depend on how far the batch pads); survival: one float per sublayer."""
         masks = residual_masks(x.shape, dropout=self.dropout, survival=survival, device=x.device,
                                dtype=x.dtype) if self.training else None
         x = x + timing
         for i, conv in enumerate(self.convs):
             # No mask (evaluation): the fused residual add; else x + dropout(conv(x)) with stochastic depth.
-            x = conv(x, residual=x) if masks is None else torch.addcmul(x, conv(x), masks[i])
+            x = conv(x, residual=x, mask=mask) if masks is None else torch.addcmul(x, conv(x, mask=mask), masks[i])
         n = len(self.convs)
         branch = self.attention(x, mask)
         x = x + branch if masks is None else torch.addcmul(x, branch, masks[n])

@@ -17,7 +17,7 @@ from helpers import check_against_reference, ran_ops
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="the kernel is C++ only: needs fastqa._C")
 
-NAMES = ["qkv", "key_mask", "heads"]
+NAMES = ["qkv", "mask", "heads"]
 
 # (B, L, heads, D): QANet's encoder sizes (d 128, 8 heads; context 400, question 50) at a small batch, then edges.
 REAL = [(2, 400, 8, 16), (3, 50, 8, 16)]
@@ -32,47 +32,49 @@ EDGE = [
 def make_inputs(b, length, heads, d, *, dtype=torch.float32, seed=0, fill=0.7):
     g = torch.Generator().manual_seed(seed)
     qkv = torch.randn(b, length, 3 * heads * d, generator=g, dtype=dtype)
-    key_mask = torch.rand(b, length, generator=g) < fill
-    key_mask[:, 0] = True
-    return qkv, key_mask
+    mask = torch.rand(b, length, generator=g) < fill
+    mask[:, 0] = True
+    return qkv, mask
 
 
-def fused(qkv, key_mask, heads):
-    return fastqa.self_attention(qkv, key_mask, heads, backend="cpu")
+def fused(qkv, mask, heads):
+    return fastqa.self_attention(qkv, mask, heads, backend="cpu")
 
 
 @pytest.mark.parametrize("shape", REAL + EDGE, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_matches_reference_forward_and_gradient(shape, dtype):
     b, length, heads, d = shape
-    qkv, key_mask = make_inputs(b, length, heads, d, dtype=dtype)
-    check_against_reference(fused, reference.self_attention, (qkv, key_mask, heads), names=NAMES)
+    qkv, mask = make_inputs(b, length, heads, d, dtype=dtype)
+    check_against_reference(fused, reference.self_attention, (qkv, mask, heads), names=NAMES)
 
 
-def test_sequence_without_keys_attends_to_all_and_masked_keys_get_no_gradient():
-    qkv, key_mask = make_inputs(3, 20, 2, 8, dtype=torch.float64)
-    key_mask[1] = False                       # no key at all: attends to every position
-    key_mask[2, 10:] = False                  # padding
-    check_against_reference(fused, reference.self_attention, (qkv, key_mask, 2), names=NAMES)
+def test_sequence_without_keys_attends_to_all_and_padding_takes_no_part():
+    qkv, mask = make_inputs(3, 20, 2, 8, dtype=torch.float64)
+    mask[1] = False                       # no real position at all: every row attends to every position
+    mask[2] = torch.arange(20) < 10       # padding after 10 real positions
+    check_against_reference(fused, reference.self_attention, (qkv, mask, 2), names=NAMES)
     x = qkv.clone().requires_grad_()
-    fused(x, key_mask, 2).sum().backward()
-    c = 16
-    masked_kv = x.grad[2, 10:, c:]            # k and v of padding keys: they take no part
-    assert torch.equal(masked_kv, torch.zeros_like(masked_kv))
-    assert x.grad[1, :, c:].abs().sum() > 0
+    out = fused(x, mask, 2)
+    out.sum().backward()
+    assert torch.equal(out[2, 10:], torch.zeros_like(out[2, 10:]))   # padded query rows: zeros
+    assert (out[1] != 0).all()
+    padded = x.grad[2, 10:]                   # q, k and v of padding: no gradient
+    assert torch.equal(padded, torch.zeros_like(padded))
+    assert x.grad[1].abs().sum() > 0 and (x.grad[2, :10].abs().sum(-1) > 0).all()
 
 
 def test_reads_any_strides_and_matches_sdpa_layout():
     """A non-contiguous qkv (e.g. a slice of a wider projection) gives the same result as its copy."""
-    wide, key_mask = make_inputs(2, 30, 2, 8)
+    wide, mask = make_inputs(2, 30, 2, 8)
     qkv = torch.cat([wide, wide[..., :5]], dim=-1)[..., :48]
     assert not qkv.is_contiguous() or qkv.stride(1) != 48
-    torch.testing.assert_close(fused(qkv, key_mask, 2), fused(qkv.contiguous(), key_mask, 2), rtol=0, atol=0)
+    torch.testing.assert_close(fused(qkv, mask, 2), fused(qkv.contiguous(), mask, 2), rtol=0, atol=0)
 
 
 def test_runs_the_fused_kernel_and_backward_is_thread_count_invariant():
-    qkv, key_mask = make_inputs(4, 64, 4, 16)
-    assert ran_ops(lambda: fused(qkv, key_mask, 4)) == {"fastqa::self_attention_fwd"}
+    qkv, mask = make_inputs(4, 64, 4, 16)
+    assert ran_ops(lambda: fused(qkv, mask, 4)) == {"fastqa::self_attention_fwd"}
     code = (
         "import sys, torch, fastqa\n"
         "torch.set_num_threads(int(sys.argv[1]))\n"
@@ -102,20 +104,20 @@ def test_layer_matches_reference_layer_with_the_same_state_dict():
     (lambda qkv, m: (qkv, m, 5), ValueError, "qkv's last dimension"),
     (lambda qkv, m: (qkv, m, 0), ValueError, "heads must be a positive int"),
     (lambda qkv, m: (qkv, m, 2.0), ValueError, "heads must be a positive int"),
-    (lambda qkv, m: (qkv, m.float(), 2), TypeError, "key_mask must have dtype torch.bool"),
-    (lambda qkv, m: (qkv, m[:, :3], 2), ValueError, "key_mask must have shape"),
+    (lambda qkv, m: (qkv, m.float(), 2), TypeError, "mask must have dtype torch.bool"),
+    (lambda qkv, m: (qkv, m[:, :3], 2), ValueError, "mask must have shape"),
     (lambda qkv, m: (qkv.long(), m, 2), TypeError, "qkv must be a floating-point tensor"),
 ])
 def test_bad_arguments_name_the_argument(bad, error, match):
-    qkv, key_mask = make_inputs(2, 6, 2, 4)
+    qkv, mask = make_inputs(2, 6, 2, 4)
     with pytest.raises(error, match=match):
-        fastqa.self_attention(*bad(qkv, key_mask))
+        fastqa.self_attention(*bad(qkv, mask))
 
 
 def test_no_triton_kernel_is_a_clear_error():
-    qkv, key_mask = make_inputs(1, 4, 1, 4)
+    qkv, mask = make_inputs(1, 4, 1, 4)
     with pytest.raises(ValueError, match="no Triton kernel"):
-        fastqa.self_attention(qkv, key_mask, 1, backend="triton")
+        fastqa.self_attention(qkv, mask, 1, backend="triton")
 
 
 @functools.lru_cache
@@ -124,8 +126,8 @@ def _double_backward_inputs():
 
 
 def test_double_backward_raises_the_shared_error():
-    qkv, key_mask = _double_backward_inputs()
+    qkv, mask = _double_backward_inputs()
     x = qkv.clone().requires_grad_()
-    g, = torch.autograd.grad(fused(x, key_mask, 2).pow(2).sum(), x, create_graph=True)
+    g, = torch.autograd.grad(fused(x, mask, 2).pow(2).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match=r"fastqa\.self_attention: double backward .* backend='reference'"):
         g.pow(2).sum().backward()

@@ -3,9 +3,13 @@
 //
 //   qkv [B, L, 3C] (C = heads * D): q = qkv[..., :C], k = qkv[..., C:2C], v = qkv[..., 2C:], head h in
 //   columns [h*D, (h+1)*D) of each -- the output of one nn.Linear(C, 3C), read as it is (no transposes);
-//   key_mask [B, L] bool, True = a key to attend to (a sequence with no True key attends to all keys);
-//   out [B, L, C] = softmax(q kᵀ / sqrt(D) + mask) v, heads side by side (ready for the output Linear);
-//   lse [B, heads, L]: each query row's log-sum-exp of its scaled scores, what the backward needs.
+//   mask [B, L] bool, True = a real position: the keys to attend to and the query rows to compute (a
+//   sequence with no True position attends to all keys from every row);
+//   out [B, L, C] = softmax(q kᵀ / sqrt(D) + mask) v, heads side by side (ready for the output Linear),
+//   zero at padded query rows (nothing real reads them: they are neither keys nor, in QANet, read by
+//   the masked convolutions), which are skipped -- a batch padded by a quarter saves a quarter of the work;
+//   lse [B, heads, L]: each query row's log-sum-exp of its scaled scores, what the backward needs (0 at
+//   padded rows).
 //
 // Why not ATen's flash attention: with D = 16 its blocked GEMMs have an inner dimension of 16, and
 // each call's overhead and the score block's trips through memory dominate. Here one (sequence, head)
@@ -148,7 +152,7 @@ struct Geometry {
   int64_t B, L, H, D, C, Lp, Dp;
 };
 
-Geometry check_args(const char* op, const at::Tensor& qkv, const at::Tensor& key_mask, int64_t heads) {
+Geometry check_args(const char* op, const at::Tensor& qkv, const at::Tensor& mask, int64_t heads) {
   FASTQA_CHECK(qkv.dim() == 3, op, "qkv must be [B, L, 3C], got ", qkv.sizes());
   check_cpu_float(op, "qkv", qkv);
   FASTQA_CHECK(heads > 0, op, "heads must be positive, got ", heads);
@@ -156,10 +160,10 @@ Geometry check_args(const char* op, const at::Tensor& qkv, const at::Tensor& key
   FASTQA_CHECK(B > 0 && L > 0, op, "qkv must be non-empty, got ", qkv.sizes());
   FASTQA_CHECK(qkv.size(2) % (3 * heads) == 0 && qkv.size(2) > 0, op, "qkv's last dimension must be 3 * heads * D "
                "with heads=", heads, ", got ", qkv.size(2));
-  FASTQA_CHECK(key_mask.scalar_type() == at::kBool && key_mask.dim() == 2 && key_mask.size(0) == B &&
-                   key_mask.size(1) == L && key_mask.device().is_cpu(),
-               op, "key_mask must be a CPU bool tensor [B, L] = [", B, ", ", L, "], got ", key_mask.sizes(), " ",
-               key_mask.scalar_type());
+  FASTQA_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 2 && mask.size(0) == B &&
+                   mask.size(1) == L && mask.device().is_cpu(),
+               op, "mask must be a CPU bool tensor [B, L] = [", B, ", ", L, "], got ", mask.sizes(), " ",
+               mask.scalar_type());
   const int64_t C = qkv.size(2) / 3, D = C / heads;
   return {B, L, heads, D, C, round_up(L, kPad), round_up(D, kPad)};
 }
@@ -203,15 +207,78 @@ int64_t load_keys(const T* qkv, const bool* mask, const Geometry& g, int64_t b, 
   return Lk;
 }
 
-// Rows [i0, i0 + n) of head h's channels in src (rows of row_stride values: qkv for q, or a [B, L, C]
+// Rows rows[0 .. n) of head h's channels in src (rows of row_stride values: qkv for q, or a [B, L, C]
 // tensor), times `scale`, into dst [kRows, Dp] (zero-padded; rows past n are zero).
 template <typename T>
-void load_rows(const T* src, int64_t row_stride, const Geometry& g, int64_t b, int64_t h, int64_t i0, int64_t n,
-               T scale, T* dst) {
+void load_rows(const T* src, int64_t row_stride, const Geometry& g, int64_t b, int64_t h, const int64_t* rows,
+               int64_t n, T scale, T* dst) {
   std::fill(dst, dst + kRows * g.Dp, T(0));
   for (int64_t r = 0; r < n; ++r) {
-    const T* s = src + (b * g.L + i0 + r) * row_stride + h * g.D;
+    const T* s = src + (b * g.L + rows[r]) * row_stride + h * g.D;
     for (int64_t c = 0; c < g.D; ++c) dst[r * g.Dp + c] = s[c] * scale;
+  }
+}
+
+// The padded rows (those not in keys[0 .. nk), ascending) of head h: zero in dst (rows of row_stride
+// values; the head's D channels) and, when given, in lse_row [L].
+template <typename T>
+void zero_padded_rows(const int64_t* keys, int64_t nk, const Geometry& g, int64_t b, int64_t h, T* dst,
+                      int64_t row_stride, T* lse_row) {
+  for (int64_t j = 0, kk = 0; j < g.L; ++j) {
+    if (kk < nk && keys[kk] == j) {
+      ++kk;
+      continue;
+    }
+    T* row = dst + (b * g.L + j) * row_stride + h * g.D;
+    std::fill(row, row + g.D, T(0));
+    if (lse_row) lse_row[j] = T(0);
+  }
+}
+
+// s[j] = exp(s[j] - m) for j < n (a multiple of the native vector width; s <= m), returns their sum.
+template <typename T>
+T exp_shifted_sum(T* s, int64_t n, T m) {
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = vec_exp(s[j] - m);
+    sum += s[j];
+  }
+  return sum;
+}
+
+template <>
+float exp_shifted_sum<float>(float* s, int64_t n, float m) {
+  using S = NativeBlock<float>;
+  S::V acc = {};
+  for (int64_t j = 0; j < n; j += S::W) {
+    const S::V e = exp_nonpositive(S::load(s + j) - m);
+    S::store(s + j, e);
+    acc += e;
+  }
+  float sum = 0;
+  for (int64_t l = 0; l < S::W; ++l) sum += acc[l];
+  return sum;
+}
+
+// P = exp(s - lse) in place on s [n] (a multiple of the native vector width), and dp = P * (dp - delta).
+template <typename T>
+void probs_and_grad(T* s, T* dp, int64_t n, T lse, T delta) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    const T p = vec_exp(s[j] - lse);
+    s[j] = p;
+    dp[j] = p * (dp[j] - delta);
+  }
+}
+
+template <>
+void probs_and_grad<float>(float* s, float* dp, int64_t n, float lse, float delta) {
+  using S = NativeBlock<float>;
+  for (int64_t j = 0; j < n; j += S::W) {
+    const S::V p = exp_nonpositive(S::load(s + j) - lse);
+    S::store(s + j, p);
+    S::store(dp + j, p * (S::load(dp + j) - delta));
   }
 }
 
@@ -230,40 +297,23 @@ void softmax_rows(T* scores, int64_t Lp, int64_t n, T* lse, T* inv_sum) {
     T m = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : m)
     for (int64_t j = 0; j < Lp; ++j) m = max_of(m, s[j]);
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < Lp; ++j) {
-      s[j] = vec_exp(s[j] - m);
-      sum += s[j];
-    }
+    const T sum = exp_shifted_sum(s, Lp, m);
     inv_sum[r] = T(1) / sum;
     lse[r] = m + std::log(sum);
   }
 }
 
-// One query row of the backward, in place: s (scores + mask) becomes P = exp(s - lse) and dp (dO Vᵀ)
-// becomes dS = P * (dp - delta), delta = sum_c dO * O.
-template <typename T>
-void probs_and_grad_row(T* s, T* dp, int64_t Lp, T lse, T delta) {
-#pragma omp simd
-  for (int64_t j = 0; j < Lp; ++j) {
-    const T p = vec_exp(s[j] - lse);
-    s[j] = p;
-    dp[j] = p * (dp[j] - delta);
-  }
-}
-
-std::tuple<at::Tensor, at::Tensor> self_attention_fwd(const at::Tensor& qkv_in, const at::Tensor& key_mask_in,
+std::tuple<at::Tensor, at::Tensor> self_attention_fwd(const at::Tensor& qkv_in, const at::Tensor& mask_in,
                                                       int64_t heads) {
-  const Geometry g = check_args(kFwd, qkv_in, key_mask_in, heads);
+  const Geometry g = check_args(kFwd, qkv_in, mask_in, heads);
   const at::Tensor qkv = qkv_in.contiguous();
-  const at::Tensor key_mask = key_mask_in.contiguous();
+  const at::Tensor mask = mask_in.contiguous();
   at::Tensor out = at::empty({g.B, g.L, g.C}, qkv.options());
   at::Tensor lse = at::empty({g.B, g.H, g.L}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "self_attention_fwd", [&] {
     using T = scalar_t;
     const T* qp = qkv.data_ptr<T>();
-    const bool* mp = key_mask.data_ptr<bool>();
+    const bool* mp = mask.data_ptr<bool>();
     T* op = out.data_ptr<T>();
     T* lp = lse.data_ptr<T>();
     const T scale = T(1) / std::sqrt(T(g.D));
@@ -271,21 +321,26 @@ std::tuple<at::Tensor, at::Tensor> self_attention_fwd(const at::Tensor& qkv_in, 
       std::vector<T> bias(g.Lp), kt(g.Dp * g.Lp), vr(g.L * g.Dp), qr(kRows * g.Dp), s(kRows * g.Lp),
           o(kRows * g.Dp);
       std::vector<int64_t> keys(g.L);
-      T inv_sum[kRows];
+      T inv_sum[kRows], lse[kRows];
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t b = t / g.H, h = t % g.H;
         int64_t nk = 0;
         const int64_t Lk = load_keys<T>(qp, mp, g, b, h, keys.data(), nk, bias.data(), kt.data(), nullptr, vr.data(),
                                         nullptr);
-        for (int64_t i0 = 0; i0 < g.L; i0 += kRows) {
-          const int64_t n = std::min(kRows, g.L - i0);
-          load_rows<T>(qp, 3 * g.C, g, b, h, i0, n, scale, qr.data());
+        T* lse_row = lp + (b * g.H + h) * g.L;
+        zero_padded_rows<T>(keys.data(), nk, g, b, h, op, g.C, lse_row);
+        // The query rows are the real positions, as the keys (keys[0 .. nk)).
+        for (int64_t i0 = 0; i0 < nk; i0 += kRows) {
+          const int64_t n = std::min(kRows, nk - i0);
+          const int64_t* rows = keys.data() + i0;
+          load_rows<T>(qp, 3 * g.C, g, b, h, rows, n, scale, qr.data());
           rows_times_t<T>(qr.data(), g.Dp, kt.data(), g.D, Lk, bias.data(), s.data());
-          softmax_rows<T>(s.data(), Lk, n, lp + (b * g.H + h) * g.L + i0, inv_sum);
+          softmax_rows<T>(s.data(), Lk, n, lse, inv_sum);
           rows_times<T>(s.data(), Lk, vr.data(), nk, g.Dp, o.data());
           for (int64_t r = 0; r < n; ++r) {
-            T* dst = op + (b * g.L + i0 + r) * g.C + h * g.D;
+            T* dst = op + (b * g.L + rows[r]) * g.C + h * g.D;
             for (int64_t c = 0; c < g.D; ++c) dst[c] = o[r * g.Dp + c] * inv_sum[r];
+            lse_row[rows[r]] = lse[r];
           }
         }
       }
@@ -295,9 +350,9 @@ std::tuple<at::Tensor, at::Tensor> self_attention_fwd(const at::Tensor& qkv_in, 
 }
 
 at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& qkv_in,
-                              const at::Tensor& key_mask_in, const at::Tensor& out_in, const at::Tensor& lse_in,
+                              const at::Tensor& mask_in, const at::Tensor& out_in, const at::Tensor& lse_in,
                               int64_t heads) {
-  const Geometry g = check_args(kBwd, qkv_in, key_mask_in, heads);
+  const Geometry g = check_args(kBwd, qkv_in, mask_in, heads);
   FASTQA_CHECK(grad_out_in.sizes() == at::IntArrayRef({g.B, g.L, g.C}) && out_in.sizes() == grad_out_in.sizes() &&
                    grad_out_in.scalar_type() == qkv_in.scalar_type() && out_in.scalar_type() == qkv_in.scalar_type(),
                kBwd, "grad_out and out must be [B, L, C] = [", g.B, ", ", g.L, ", ", g.C, "] like qkv, got ",
@@ -305,13 +360,13 @@ at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& q
   FASTQA_CHECK(lse_in.sizes() == at::IntArrayRef({g.B, g.H, g.L}) && lse_in.scalar_type() == qkv_in.scalar_type(),
                kBwd, "lse must be the forward's [B, heads, L] = [", g.B, ", ", g.H, ", ", g.L, "], got ",
                lse_in.sizes());
-  const at::Tensor qkv = qkv_in.contiguous(), key_mask = key_mask_in.contiguous();
+  const at::Tensor qkv = qkv_in.contiguous(), mask = mask_in.contiguous();
   const at::Tensor grad_out = grad_out_in.contiguous(), out = out_in.contiguous(), lse = lse_in.contiguous();
   at::Tensor grad_qkv = at::empty_like(qkv);
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "self_attention_bwd", [&] {
     using T = scalar_t;
     const T* qp = qkv.data_ptr<T>();
-    const bool* mp = key_mask.data_ptr<bool>();
+    const bool* mp = mask.data_ptr<bool>();
     const T* gop = grad_out.data_ptr<T>();
     const T* op = out.data_ptr<T>();
     const T* lp = lse.data_ptr<T>();
@@ -330,11 +385,13 @@ at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& q
         std::fill(dk.begin(), dk.end(), T(0));
         std::fill(dv.begin(), dv.end(), T(0));
         const T* lse_row = lp + (b * g.H + h) * g.L;
-        for (int64_t i0 = 0; i0 < g.L; i0 += kRows) {
-          const int64_t n = std::min(kRows, g.L - i0);
-          load_rows<T>(qp, 3 * g.C, g, b, h, i0, n, scale, qr.data());
-          load_rows<T>(gop, g.C, g, b, h, i0, n, T(1), gor.data());
-          load_rows<T>(op, g.C, g, b, h, i0, n, T(1), orow.data());
+        // Padded query rows gave zeros, whatever q: their dQ is 0 and they add nothing to dK, dV.
+        for (int64_t i0 = 0; i0 < nk; i0 += kRows) {
+          const int64_t n = std::min(kRows, nk - i0);
+          const int64_t* rows = keys.data() + i0;
+          load_rows<T>(qp, 3 * g.C, g, b, h, rows, n, scale, qr.data());
+          load_rows<T>(gop, g.C, g, b, h, rows, n, T(1), gor.data());
+          load_rows<T>(op, g.C, g, b, h, rows, n, T(1), orow.data());
           // P = exp(S - lse): the forward's probabilities (rows past n: 0).
           rows_times_t<T>(qr.data(), g.Dp, kt.data(), g.D, Lk, bias.data(), p.data());
           // dP = dO Vᵀ
@@ -349,28 +406,27 @@ at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& q
             }
             T delta = 0;  // sum_c dO * O = sum_j P * dP
             for (int64_t c = 0; c < g.D; ++c) delta += gor[r * g.Dp + c] * orow[r * g.Dp + c];
-            probs_and_grad_row<T>(pr, dpr, Lk, lse_row[i0 + r], delta);
+            // One query row, in place: s (scores + mask) becomes P = exp(s - lse) and dp (dO Vᵀ) becomes
+            // dS = P * (dp - delta), delta = sum_c dO * O.
+            probs_and_grad<T>(pr, dpr, Lk, lse_row[rows[r]], delta);
           }
           // dQ = scale * dS K; dK += dSᵀ (scale Q); dV += Pᵀ dO
           rows_times<T>(dp.data(), Lk, kr.data(), nk, g.Dp, dq.data());
           accumulate_t_times<T>(dp.data(), Lk, qr.data(), nk, g.Dp, dk.data());
           accumulate_t_times<T>(p.data(), Lk, gor.data(), nk, g.Dp, dv.data());
           for (int64_t r = 0; r < n; ++r) {
-            T* dst = gp + (b * g.L + i0 + r) * 3 * g.C + h * g.D;
+            T* dst = gp + (b * g.L + rows[r]) * 3 * g.C + h * g.D;
             for (int64_t c = 0; c < g.D; ++c) dst[c] = dq[r * g.Dp + c] * scale;
           }
         }
-        // Keys that were skipped (masked) get zero gradients; the others their compacted rows.
-        for (int64_t j = 0, kk = 0; j < g.L; ++j) {
-          T* row = gp + (b * g.L + j) * 3 * g.C + h * g.D;
-          if (kk < nk && keys[kk] == j) {
-            std::copy(dk.data() + kk * g.Dp, dk.data() + kk * g.Dp + g.D, row + g.C);
-            std::copy(dv.data() + kk * g.Dp, dv.data() + kk * g.Dp + g.D, row + 2 * g.C);
-            ++kk;
-          } else {
-            std::fill(row + g.C, row + g.C + g.D, T(0));
-            std::fill(row + 2 * g.C, row + 2 * g.C + g.D, T(0));
-          }
+        // Real positions get their compacted dK, dV rows; padded ones (skipped as keys and as queries) zeros.
+        for (int64_t kk = 0; kk < nk; ++kk) {
+          T* row = gp + (b * g.L + keys[kk]) * 3 * g.C + h * g.D;
+          std::copy(dk.data() + kk * g.Dp, dk.data() + kk * g.Dp + g.D, row + g.C);
+          std::copy(dv.data() + kk * g.Dp, dv.data() + kk * g.Dp + g.D, row + 2 * g.C);
+        }
+        for (int64_t part = 0; part < 3; ++part) {
+          zero_padded_rows<T>(keys.data(), nk, g, b, h, gp + part * g.C, 3 * g.C, static_cast<T*>(nullptr));
         }
       }
     });
@@ -381,9 +437,9 @@ at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& q
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fastqa, m) {
-  m.def("self_attention_fwd(Tensor qkv, Tensor key_mask, int heads) -> (Tensor out, Tensor lse)");
+  m.def("self_attention_fwd(Tensor qkv, Tensor mask, int heads) -> (Tensor out, Tensor lse)");
   m.def(
-      "self_attention_bwd(Tensor grad_out, Tensor qkv, Tensor key_mask, Tensor out, Tensor lse, int heads) "
+      "self_attention_bwd(Tensor grad_out, Tensor qkv, Tensor mask, Tensor out, Tensor lse, int heads) "
       "-> Tensor grad_qkv");
 }
 

@@ -18,5 +18,5 @@ class SelfAttention(_ReferenceSelfAttention):
         super().__init__(d_model, heads)
         self.backend = backend
 
-    def attend(self, qkv: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        return self_attention(qkv, key_mask, self.heads, backend=self.backend)
+    def attend(self, qkv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self_attention(qkv, mask, self.heads, backend=self.backend)

@@ -1,4 +1,4 @@
-"""Pure-PyTorch multi-head self-attention with a key padding mask (torch's fused SDPA): the ground truth and
+"""Pure-PyTorch multi-head self-attention over padded sequences (torch's fused SDPA): the ground truth and
 fallback of ``fastqa.self_attention``, and the pre-LayerNorm sublayer branch QANet's encoder blocks use."""
 from __future__ import annotations
 
@@ -7,21 +7,22 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def self_attention(qkv: torch.Tensor, key_mask: torch.Tensor, heads: int) -> torch.Tensor:
+def self_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int) -> torch.Tensor:
     """softmax(q kᵀ / sqrt(D) + mask) v per head, heads side by side.
 
     qkv: [B, L, 3C], the output of one nn.Linear(C, 3C): q = qkv[..., :C], k = qkv[..., C:2C],
     v = qkv[..., 2C:], head h in channels [h*D, (h+1)*D) of each, D = C / heads.
-    key_mask: [B, L] bool, True = a key to attend to; a sequence with no such key attends to every key
-    (instead of producing NaN; its outputs are the caller's to mask). Returns [B, L, C].
+    mask: [B, L] bool, True = a real position: the keys to attend to; the padded query rows give zeros. A
+    sequence with no real position attends to every key from every row (instead of producing NaN; its
+    outputs are the caller's to mask). Returns [B, L, C].
     """
     b, length, c3 = qkv.shape
     c = c3 // 3
     # split (not select) q, k, v: its backward is one cat, where select's zero-fills [3, B, h, L, D].
     q, k, v = qkv.view(b, length, 3 * heads, c // heads).transpose(1, 2).split(heads, dim=1)   # [B, h, L, D]
-    mask = key_mask | ~key_mask.any(dim=1, keepdim=True)
+    mask = mask | ~mask.any(dim=1, keepdim=True)
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
-    return o.transpose(1, 2).reshape(b, length, c)
+    return o.transpose(1, 2).reshape(b, length, c).masked_fill(~mask.unsqueeze(-1), 0.0)
 
 
 class SelfAttention(nn.Module):
@@ -41,9 +42,9 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
 
-    def attend(self, qkv: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        return self_attention(qkv, key_mask, self.heads)
+    def attend(self, qkv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self_attention(qkv, mask, self.heads)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        """x: [B, L, d]; key_mask: [B, L] bool (True = a real position) -> [B, L, d]."""
-        return self.out(self.attend(self.qkv(self.norm(x)), key_mask))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x: [B, L, d]; mask: [B, L] bool (True = a real position) -> [B, L, d]."""
+        return self.out(self.attend(self.qkv(self.norm(x)), mask))

@@ -215,7 +215,7 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if not training or p == 0.0:
         return x
     keep, q = _keep_mask(x.shape, p, x.device)
-    return x * keep.to(x.dtype).mul_(1.0 / q)
+    return torch.where(keep, x, 0.0).mul_(1.0 / q)  # where, not x * keep: no float copy of the mask
 
 
 def residual_masks(shape: Sequence[int], *, dropout: float, survival: Sequence[float], device: torch.device,
@@ -239,7 +239,8 @@ def residual_masks(shape: Sequence[int], *, dropout: float, survival: Sequence[f
     if dropout == 0.0:
         return scale
     keep, q = _keep_mask(torch.Size((count, *shape)), dropout, device)
-    return torch.mul(keep, scale.mul_(1.0 / q))
+    # where, not keep * scale: that first copied the bool mask into a float tensor of the masks' size.
+    return torch.where(keep, scale.mul_(1.0 / q), 0.0)
 
 
 def init_linear(linear: nn.Linear) -> nn.Linear:

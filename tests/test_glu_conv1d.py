@@ -120,6 +120,40 @@ def test_gradcheck_no_bias_no_residual():
     assert torch.autograd.gradcheck(fn, (x.requires_grad_(), w.requires_grad_()))
 
 
+# The CPU kernel's two ways to run the K taps (FASTQA_CPU_GLU_CONV): "taps" (K GEMMs) and "winograd"
+# (F(9 - K, K) for 2 <= K <= 7; other K fall back to the taps). Every K from 1 to 8, masked and not,
+# both directions, float32 and float64.
+ALGO_SHAPES = [(2, 50, 64, k) for k in range(1, 9)] + [(3, 5, 16, 3), (1, 1, 8, 5), (2, 40, 512, 3)]
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="fastqa._C is not built")
+@pytest.mark.parametrize("algo", ["taps", "winograd"])
+@pytest.mark.parametrize("shape", ALGO_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_cpu_conv_algorithms_match_reference(monkeypatch, algo, shape, dtype):
+    monkeypatch.setenv("FASTQA_CPU_GLU_CONV", algo)
+    x, w, b = make(*shape, dtype=dtype)
+    for causal in (True, False) if shape[3] % 2 else (True,):  # centred padding needs an odd K
+        compare("cpu", x, w, b, causal=causal, residual=True, scale=0.5 ** 0.5)
+        compare("cpu", x, w, b, causal=causal, mask=random_mask(*shape[:2]))
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="fastqa._C is not built")
+def test_cpu_conv_algorithm_variable_takes_effect(monkeypatch):
+    """The two algorithms round differently (so the variable reaches the kernel), and a bad value names
+    the variable and the values it takes."""
+    x, w, b = make(2, 40, 64, 3)
+    outs = {}
+    for algo in ("taps", "winograd"):
+        monkeypatch.setenv("FASTQA_CPU_GLU_CONV", algo)
+        outs[algo] = fastqa.glu_conv1d(x, w, b, causal=True, backend="cpu")
+    assert not torch.equal(outs["taps"], outs["winograd"])
+    assert_close(outs["winograd"], outs["taps"], name="winograd vs taps")
+    monkeypatch.setenv("FASTQA_CPU_GLU_CONV", "fastest")
+    with pytest.raises(RuntimeError, match="FASTQA_CPU_GLU_CONV must be auto, winograd or taps"):
+        fastqa.glu_conv1d(x, w, b, causal=True, backend="cpu")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_only_needed_gradients(backend):
     x, w, b = make(2, 7, 8, 3, device=device_of(backend))

@@ -19,12 +19,16 @@
 
 #include "cpu/common.h"
 #include "cpu/gemm.h"
+#include "cpu/winograd.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -80,10 +84,22 @@ void check_bias(const char* op, const std::optional<at::Tensor>& bias, const at:
 // then free). One copy for all taps: every extra pass is a thread-pool round trip.
 at::Tensor weight_taps(const at::Tensor& weight) { return weight.permute({2, 0, 1}).contiguous(); }
 
-// xp [B*Tp, H]: x with masked positions zeroed, pad_left zero rows before and K-1-pad_left after
-// every sequence. Reads x through its strides (channels-first views included).
+// Whether n values are all finite: 0 * inf and 0 * NaN are NaN, so the sum is NaN exactly then (one
+// vectorised pass over rows that were just written, still in cache).
 template <typename T>
-void fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, T* xp) {
+inline bool row_finite(const T* p, int64_t n) {
+  T acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t c = 0; c < n; ++c) acc += p[c] * T(0);
+  return acc == acc;
+}
+
+// xp [B*Tp, H]: x with masked positions zeroed, pad_left zero rows before and K-1-pad_left after
+// every sequence. Reads x through its strides (channels-first views included). Returns whether every
+// value copied is finite (the Winograd path is only taken then, see use_winograd).
+template <typename T>
+bool fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, T* xp) {
+  std::atomic<bool> finite{true};
   const T* xd = x.data_ptr<T>();
   const int64_t sb = x.stride(0), st = x.stride(1), sc = x.stride(2);
   const int64_t H = g.H;
@@ -101,8 +117,10 @@ void fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, T* xp
       } else {
         for (int64_t c = 0; c < H; ++c) dst[c] = src[c * sc];
       }
+      if (!row_finite(dst, H)) finite.store(false, std::memory_order_relaxed);
     }
   });
+  return finite.load();
 }
 
 // Row (b, t) of x: its copy in xp where the mask kept it, else read through x's strides into tmp.
@@ -178,6 +196,137 @@ inline void grad_x_row(const T* conv, T res_scale, const T* gy, int64_t n, T* ds
   }
 }
 
+// How the K-tap contractions run: "taps" (K GEMMs on row-shifted slices of the padded rows) or
+// "winograd" (F(m, K), see winograd.h: about half the GEMM work for K 3-7). FASTQA_CPU_GLU_CONV=auto|
+// winograd|taps, read at every call; auto (unset) takes Winograd wherever it applies (2 <= K <= 7) --
+// the GEMMs are most of the op's time, and they shrink by m K / n for every shape. Operands holding a
+// NaN or an inf always take the taps: Winograd's transforms would spread one non-finite value over
+// its whole tile, where torch's convolution keeps it to the outputs that read it.
+bool use_winograd(int64_t K, bool operands_finite) {
+  const char* env = std::getenv("FASTQA_CPU_GLU_CONV");
+  const std::string v = env == nullptr ? "" : env;
+  TORCH_CHECK(v.empty() || v == "auto" || v == "winograd" || v == "taps",
+              "FASTQA_CPU_GLU_CONV must be auto, winograd or taps, got '", v, "'");
+  return v != "taps" && winograd::applies(K) && operands_finite;
+}
+
+bool all_finite(const at::Tensor& t) { return at::isfinite(t).all().item<bool>(); }
+
+// U [n, O, I]: the Winograd weight transform sum_k coef[i, k] W_k of the taps W_k = weight[:, :, k]
+// (coef = EK, or EK with its columns reversed for the transposed convolution of the backward).
+at::Tensor transformed_weight(const at::Tensor& weight, const at::Tensor& coef) {
+  const int64_t O = weight.size(0), I = weight.size(1), K = weight.size(2);
+  return at::mm(coef, weight.reshape({O * I, K}).t()).view({coef.size(0), O, I});
+}
+
+// The n Winograd products M_i = V_i @ w_i^T ([tiles, O] each), V = the input transform of src [rows, I]
+// shifted down by `offset` rows (rows outside src read as zero); w [n, O, I] (any strides gemm::linear
+// takes: contiguous, or transposed views of contiguous matrices).
+std::vector<at::Tensor> winograd_products(const at::Tensor& src, int64_t rows, const winograd::Plan& p,
+                                          int64_t tiles, int64_t offset, const std::vector<at::Tensor>& w) {
+  const int64_t I = src.size(1);
+  at::Tensor v = at::empty({p.n, tiles, I}, src.options());
+  AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "glu_conv1d_winograd_input", [&] {
+    winograd::gather_tiles<scalar_t>(src.data_ptr<scalar_t>(), rows, I, tiles, p.m, offset, p.BT, p.n, p.n,
+                                     v.data_ptr<scalar_t>());
+  });
+  std::vector<at::Tensor> mats;
+  mats.reserve(p.n);
+  for (int64_t i = 0; i < p.n; ++i) mats.push_back(gemm::linear(v[i], w[i], c10::nullopt));
+  return mats;
+}
+
+template <typename T>
+std::vector<const T*> data_pointers(const std::vector<at::Tensor>& mats) {
+  std::vector<const T*> ptrs;
+  for (const auto& t : mats) ptrs.push_back(t.data_ptr<T>());
+  return ptrs;
+}
+
+// The forward's pre-activation through Winograd, fused with the epilogue: pre [N, 2H] (bias included),
+// and y for every real row.
+template <typename T>
+void winograd_forward(const at::Tensor& x, const bool* mask, const Geometry& g, const at::Tensor& xp,
+                      const at::Tensor& weight, const T* bias, bool residual, T scale, at::Tensor& pre,
+                      at::Tensor& y) {
+  const winograd::Plan p = winograd::make_plan(g.K);
+  const int64_t tiles = ceil_div(g.N, p.m);
+  const at::Tensor u = transformed_weight(weight, winograd::as_tensor(p.EK, p.n, g.K, x.scalar_type()));
+  std::vector<at::Tensor> w;
+  for (int64_t i = 0; i < p.n; ++i) w.push_back(u[i]);
+  const std::vector<at::Tensor> mats = winograd_products(xp, g.B * g.Tp, p, tiles, 0, w);
+  const std::vector<const T*> mp = data_pointers<T>(mats);
+  const std::vector<T> em(p.Em.begin(), p.Em.end());
+  const T* xpd = xp.data_ptr<T>();
+  T* pd = pre.data_ptr<T>();
+  T* yd = y.data_ptr<T>();
+  at::parallel_for(0, tiles, 4, [&](int64_t t0, int64_t t1) {
+    std::vector<T> tmp(mask != nullptr && residual ? g.H : 0);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t o = 0; o < p.m && t * p.m + o < g.N; ++o) {
+        const int64_t r = t * p.m + o, b = r / g.Tp, tt = r % g.Tp;
+        T* row = pd + r * 2 * g.H;
+        winograd::scatter_row<T>(mp, t, o, p.m, 2 * g.H, em, row);
+        if (tt >= g.T) continue;  // a junk row between two sequences: never read
+        const T* res = residual ? residual_row<T>(x, mask, g, xpd, b, tt, tmp.data()) : nullptr;
+        glu_row<T>(row, bias, res, scale, g.H, yd + (b * g.T + tt) * g.H);
+      }
+    }
+  });
+}
+
+// Winograd backward of the contractions: grad_x (with its residual / mask epilogue) from grad_pre
+// [N, 2H] (junk rows zero), and the weight gradient [2H, H, K].
+template <typename T>
+at::Tensor winograd_backward(const at::Tensor& grad_pre, const at::Tensor& xp, const at::Tensor& weight,
+                             const at::Tensor& grad_y, const bool* mask, const Geometry& g, bool residual, T scale,
+                             at::Tensor& grad_x) {
+  const winograd::Plan p = winograd::make_plan(g.K);
+  const at::ScalarType dtype = xp.scalar_type();
+  const at::Tensor ek = winograd::as_tensor(p.EK, p.n, g.K, dtype);
+  const std::vector<T> em(p.Em.begin(), p.Em.end());
+  const int64_t H = g.H, rows = g.B * g.Tp;
+  // grad xp[s] = sum_k grad_pre[s - k] @ W_k: a correlation of grad_pre (K-1 zero rows in front) with
+  // the reversed taps W_{K-1-k}^T, i.e. the same F(m, K) with U'_i = (sum_k EK[i, K-1-k] W_k)^T.
+  {
+    const int64_t tiles = ceil_div(rows, p.m);
+    const at::Tensor uf = transformed_weight(weight, ek.flip({1}));  // [n, 2H, H]
+    std::vector<at::Tensor> w;
+    for (int64_t i = 0; i < p.n; ++i) w.push_back(uf[i].t());
+    const std::vector<at::Tensor> mats = winograd_products(grad_pre, g.N, p, tiles, g.K - 1, w);
+    const std::vector<const T*> mp = data_pointers<T>(mats);
+    const T* gyd = grad_y.data_ptr<T>();
+    T* gxd = grad_x.data_ptr<T>();
+    at::parallel_for(0, tiles, 4, [&](int64_t t0, int64_t t1) {
+      std::vector<T> conv(H);
+      for (int64_t t = t0; t < t1; ++t) {
+        for (int64_t o = 0; o < p.m && t * p.m + o < rows; ++o) {
+          const int64_t s = t * p.m + o, b = s / g.Tp, tt = s % g.Tp - g.pad_left;
+          if (tt < 0 || tt >= g.T) continue;  // padding rows
+          const int64_t i = b * g.T + tt;
+          const bool kept = mask == nullptr || mask[i];
+          if (kept) winograd::scatter_row<T>(mp, t, o, p.m, H, em, conv.data());
+          grad_x_row<T>(kept ? conv.data() : nullptr, residual ? scale : T(0), gyd + i * H, H, gxd + i * H);
+        }
+      }
+    });
+  }
+  // grad W_k = sum_r grad_pre[r]^T xp[r + k] through F(K, m): P_i = sum_o Em[i, o] grad_pre[t m + o],
+  // V_i = the forward's input transform of xp, Q_i = P_i^T V_i, grad W_k = sum_i EK[i, k] Q_i.
+  const int64_t tiles = ceil_div(g.N, p.m);
+  at::Tensor pt = at::empty({p.n, tiles, 2 * H}, xp.options());
+  at::Tensor v = at::empty({p.n, tiles, H}, xp.options());
+  winograd::gather_tiles<T>(grad_pre.data_ptr<T>(), g.N, 2 * H, tiles, p.m, 0, p.Em, p.n, p.m, pt.data_ptr<T>());
+  winograd::gather_tiles<T>(xp.data_ptr<T>(), rows, H, tiles, p.m, 0, p.BT, p.n, p.n, v.data_ptr<T>());
+  // oneDNN multiplies a row-major left operand: P_i^T is made contiguous (BLAS reads the view).
+  const bool onednn = gemm::engine_for(dtype) == gemm::Engine::kOneDnn;
+  at::Tensor q = at::empty({p.n, 2 * H, H}, xp.options());
+  for (int64_t i = 0; i < p.n; ++i) {
+    gemm::mm_out(q[i], onednn ? pt[i].t().contiguous() : pt[i].t(), v[i]);
+  }
+  return at::mm(q.view({p.n, 2 * H * H}).t(), ek).view({2 * H, H, g.K});
+}
+
 std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at::Tensor& weight,
                                                   const std::optional<at::Tensor>& bias,
                                                   const std::optional<at::Tensor>& mask, int64_t pad_left,
@@ -189,9 +338,20 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
   at::Tensor mask_holder;
   const bool* m = mask_data(mask, mask_holder);
   at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
+  bool finite = false;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd", [&] {
-    fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
+    finite = fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
   });
+  at::Tensor y = at::empty({g.B, g.T, g.H}, x.options());
+  if (use_winograd(g.K, finite && all_finite(weight))) {
+    at::Tensor pre = at::empty({g.N, 2 * g.H}, x.options());
+    const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd_winograd", [&] {
+      winograd_forward<scalar_t>(x, m, g, xp, weight, bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr,
+                                 residual, static_cast<scalar_t>(scale), pre, y);
+    });
+    return {y, pre};
+  }
   // pre = bias + sum_k xp[k : k+N] @ W_k^T through the GEMM entry point: the bias is fused into the
   // first tap's GEMM, each later tap accumulates (oneDNN: a fused binary add), and the result is
   // adopted as it comes (no copy into a preallocated buffer).
@@ -203,7 +363,6 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
     pre = gemm::linear(xp.narrow(0, 0, g.N), w[0], bias_c);
     for (int64_t k = 1; k < g.K; ++k) pre = gemm::mm(xp.narrow(0, k, g.N), w[k].t(), pre);
   }
-  at::Tensor y = at::empty({g.B, g.T, g.H}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd_epilogue", [&] {
     const scalar_t* xpd = xp.data_ptr<scalar_t>();
     scalar_t* pd = pre.data_ptr<scalar_t>();
@@ -244,6 +403,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
   at::Tensor bias_partials = at::empty({has_bias ? n_blocks : 0, 2 * g.H}, x.options());
 
   // grad_pre = d y / d pre (junk rows zero), and per-block bias-gradient partials, in one pass.
+  std::atomic<bool> grad_pre_finite{true};
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_glu", [&] {
     const scalar_t* pd = pre.data_ptr<scalar_t>();
     const scalar_t* gyd = grad_y.data_ptr<scalar_t>();
@@ -260,6 +420,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
           const int64_t r = (i / g.T) * g.Tp + i % g.T;
           glu_backward_row<scalar_t>(pd + r * 2 * H, gyd + i * H, s, H, gpd + r * 2 * H);
           if (part != nullptr) add_row<scalar_t>(gpd + r * 2 * H, 2 * H, part);
+          if (!row_finite(gpd + r * 2 * H, 2 * H)) grad_pre_finite.store(false, std::memory_order_relaxed);
         }
       }
     });
@@ -269,9 +430,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
   });
 
   at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
+  bool finite = false;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_pad", [&] {
-    fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
+    finite = fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
   });
+  at::Tensor grad_x = at::empty({g.B, g.T, g.H}, x.options());
+  at::Tensor grad_bias = has_bias ? at::empty({2 * g.H}, x.options()) : at::empty({0}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_bias", [&] {
+    if (has_bias) {  // fixed-order sum of the per-block partials
+      scalar_t* gbd = grad_bias.data_ptr<scalar_t>();
+      const scalar_t* partials = bias_partials.data_ptr<scalar_t>();
+      std::fill(gbd, gbd + 2 * g.H, scalar_t(0));
+      for (int64_t blk = 0; blk < n_blocks; ++blk) add_row<scalar_t>(partials + blk * 2 * g.H, 2 * g.H, gbd);
+    }
+  });
+  if (use_winograd(g.K, finite && grad_pre_finite.load() && all_finite(weight))) {
+    at::Tensor grad_weight;
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_winograd", [&] {
+      grad_weight = winograd_backward<scalar_t>(grad_pre, xp, weight, grad_y, m, g, residual,
+                                                static_cast<scalar_t>(scale), grad_x);
+    });
+    return {grad_x, grad_weight, grad_bias};
+  }
   // grad W_k = grad_pre^T @ xp[k : k+N], as taps [K, 2H, H], then once into the Conv1d layout.
   // oneDNN multiplies a row-major left operand: grad_pre^T is made contiguous once, not per tap
   // (BLAS reads the transposed view as it is).
@@ -295,8 +475,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
   }
   grad_pre.reset();  // done with it: free before grad_x is allocated
 
-  at::Tensor grad_x = at::empty({g.B, g.T, g.H}, x.options());
-  at::Tensor grad_bias = has_bias ? at::empty({2 * g.H}, x.options()) : at::empty({0}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_x", [&] {
     const scalar_t* gxp = grad_xp.data_ptr<scalar_t>();
     const scalar_t* gyd = grad_y.data_ptr<scalar_t>();
@@ -311,12 +489,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
         grad_x_row<scalar_t>(conv, residual ? s : scalar_t(0), gyd + i * H, H, gxd + i * H);
       }
     });
-    if (has_bias) {  // fixed-order sum of the per-block partials
-      scalar_t* gbd = grad_bias.data_ptr<scalar_t>();
-      const scalar_t* partials = bias_partials.data_ptr<scalar_t>();
-      std::fill(gbd, gbd + 2 * H, scalar_t(0));
-      for (int64_t blk = 0; blk < n_blocks; ++blk) add_row<scalar_t>(partials + blk * 2 * H, 2 * H, gbd);
-    }
   });
   return {grad_x, grad_weight, grad_bias};
 }

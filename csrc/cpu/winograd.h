@@ -102,6 +102,18 @@ inline at::Tensor as_tensor(const std::vector<double>& c, int64_t rows, int64_t 
   return at::from_blob(const_cast<double*>(c.data()), {rows, cols}, at::kDouble).to(dtype);
 }
 
+// dst = f * src (the first term of a sum: no zero fill) or dst += f * src, over C values.
+template <typename T>
+inline void add_scaled(T f, const T* src, int64_t C, bool first, T* dst) {
+  if (first) {
+#pragma omp simd
+    for (int64_t ch = 0; ch < C; ++ch) dst[ch] = f * src[ch];
+  } else {
+#pragma omp simd
+    for (int64_t ch = 0; ch < C; ++ch) dst[ch] += f * src[ch];
+  }
+}
+
 // out[i, t, :] = sum_{l < n_in} coef[i, l] * src[t * step + l - offset, :] for i < n_out, t < tiles:
 // out is [n_out, tiles, C]; source rows outside [0, rows) read as zero. coef [n_out, n_in] row-major,
 // zero coefficients skipped (most of BT's are zero or +-1).
@@ -118,15 +130,8 @@ void gather_tiles(const T* src, int64_t rows, int64_t C, int64_t tiles, int64_t 
           const T f = c[i * n_in + l];
           const int64_t r = t * step + l - offset;
           if (f == T(0) || r < 0 || r >= rows) continue;
-          const T* s = src + r * C;
-          if (!written) {
-#pragma omp simd
-            for (int64_t ch = 0; ch < C; ++ch) dst[ch] = f * s[ch];
-            written = true;
-          } else {
-#pragma omp simd
-            for (int64_t ch = 0; ch < C; ++ch) dst[ch] += f * s[ch];
-          }
+          add_scaled(f, src + r * C, C, !written, dst);
+          written = true;
         }
         if (!written) std::fill(dst, dst + C, T(0));
       }
@@ -143,15 +148,8 @@ inline void scatter_row(const std::vector<const T*>& mats, int64_t t, int64_t o,
   for (size_t i = 0; i < mats.size(); ++i) {
     const T f = coef[i * m + o];
     if (f == T(0)) continue;
-    const T* s = mats[i] + t * C;
-    if (!written) {
-#pragma omp simd
-      for (int64_t ch = 0; ch < C; ++ch) dst[ch] = f * s[ch];
-      written = true;
-    } else {
-#pragma omp simd
-      for (int64_t ch = 0; ch < C; ++ch) dst[ch] += f * s[ch];
-    }
+    add_scaled(f, mats[i] + t * C, C, !written, dst);
+    written = true;
   }
   if (!written) std::fill(dst, dst + C, T(0));
 }

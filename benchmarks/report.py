@@ -41,13 +41,16 @@ def _fmt_x(x: float | None) -> str:
 
 
 def _gemm_engines(meta: dict[str, Any]) -> str:
-    """" (blas 175, onednn 390; fastqa on onednn)": each CPU GEMM engine's rate and fastqa's engine;
-    empty for results without them (GPU runs, older results)."""
+    """" (blas 175, onednn 390, fastqa on onednn, GLU taps: auto)": each CPU GEMM engine's rate, fastqa's
+    engine and its GLU convolution setting (FASTQA_CPU_GLU_CONV); empty for results without them (GPU runs,
+    older results)."""
     rates = [f"{name} {meta[key] / 1e9:.0f}" for name, key in (("blas", "gemm_flops_blas"),
                                                                 ("onednn", "gemm_flops_onednn")) if key in meta]
     gemm = meta.get("cpu_gemm") or {}
     if gemm.get("engine"):
         rates.append(f"fastqa on {gemm['engine']}")
+    if meta.get("cpu_glu_conv"):
+        rates.append(f"GLU taps: {meta['cpu_glu_conv']}")
     return f" ({', '.join(rates)})" if rates else ""
 
 

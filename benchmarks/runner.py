@@ -37,6 +37,15 @@ def cpu_gemm() -> dict[str, Any] | None:
         return {"error": _short(exc)}
 
 
+def cpu_glu_conv() -> str | None:
+    """How fastqa's CPU glu_conv1d runs its taps (FASTQA_CPU_GLU_CONV), None without fastqa."""
+    try:
+        from fastqa._backend import cpu_glu_conv as setting
+        return setting()
+    except Exception:  # recorded as unknown, never fatal to a benchmark run
+        return None
+
+
 def _short(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".splitlines()[0]
     return text if len(text) < 160 else text[:157] + "..."
@@ -114,6 +123,7 @@ def run(cases: Sequence[Case], *, device: torch.device, dtype: torch.dtype, sett
         "dtype": str(dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
         "python": platform.python_version(), **versions(), **peaks,
         "cpu_gemm": cpu_gemm() if device.type == "cpu" else None,
+        "cpu_glu_conv": cpu_glu_conv() if device.type == "cpu" else None,
         "settings": vars(settings), "compile_per_op": compile_per_op, "argv": sys.argv[1:],
     }
     records: list[dict] = []

@@ -130,6 +130,12 @@ def cpu_gemm_info() -> dict[str, Any] | None:
         return {"error": str(exc).splitlines()[0]}
 
 
+def cpu_glu_conv() -> str:
+    """How the CPU ``glu_conv1d`` runs its K taps (``FASTQA_CPU_GLU_CONV``): "auto" (Winograd F(9-K, K) for
+    2 <= K <= 7, the taps otherwise), "winograd" (the same) or "taps"; the kernel reads it at every call."""
+    return os.environ.get("FASTQA_CPU_GLU_CONV") or "auto"
+
+
 def info() -> dict[str, Any]:
     """What is built and usable here: versions, backends, threads, the CPU GEMM engine."""
     triton_version = None
@@ -148,7 +154,8 @@ def info() -> dict[str, Any]:
             "triton": triton_usable_here(),
         },
         "cpu_extension": None if _EXT is None else {"simd": _EXT.simd, "threads": torch.get_num_threads(),
-                                                    "gemm": cpu_gemm_info()},
+                                                    "gemm": cpu_gemm_info(),
+                                                    "glu_conv": cpu_glu_conv()},
         "cpu_extension_error": _EXT_ERROR,
         "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "triton_interpret": triton_interpreting(),

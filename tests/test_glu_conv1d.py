@@ -147,6 +147,7 @@ def test_cpu_conv_algorithm_variable_takes_effect(monkeypatch):
     for algo in ("taps", "winograd"):
         monkeypatch.setenv("FASTQA_CPU_GLU_CONV", algo)
         outs[algo] = fastqa.glu_conv1d(x, w, b, causal=True, backend="cpu")
+        assert fastqa.info()["cpu_extension"]["glu_conv"] == algo
     assert not torch.equal(outs["taps"], outs["winograd"])
     assert_close(outs["winograd"], outs["taps"], name="winograd vs taps")
     monkeypatch.setenv("FASTQA_CPU_GLU_CONV", "fastest")

@@ -247,20 +247,25 @@ std::vector<const T*> data_pointers(const std::vector<at::Tensor>& mats) {
   return ptrs;
 }
 
-// The forward's pre-activation through Winograd, fused with the epilogue: pre [N, 2H] (bias included),
-// and y for every real row.
+// The forward's pre-activation through Winograd, fused with the epilogue: allocates and fills pre [N, 2H]
+// (bias included) and y [B, T, H] (every real row).
 template <typename T>
 void winograd_forward(const at::Tensor& x, const bool* mask, const Geometry& g, const at::Tensor& xp,
                       const at::Tensor& weight, const T* bias, bool residual, T scale, at::Tensor& pre,
                       at::Tensor& y) {
   const winograd::Plan p = winograd::make_plan(g.K);
   const int64_t tiles = ceil_div(g.N, p.m);
-  const at::Tensor u = transformed_weight(weight, winograd::as_tensor(p.EK, p.n, g.K, x.scalar_type()));
-  std::vector<at::Tensor> w;
-  for (int64_t i = 0; i < p.n; ++i) w.push_back(u[i]);
-  const std::vector<at::Tensor> mats = winograd_products(xp, g.B * g.Tp, p, tiles, 0, w);
+  // The transformed weight (8/K times the weight) is released before the output transform allocates.
+  const std::vector<at::Tensor> mats = [&] {
+    const at::Tensor u = transformed_weight(weight, winograd::as_tensor(p.EK, p.n, g.K, x.scalar_type()));
+    std::vector<at::Tensor> w;
+    for (int64_t i = 0; i < p.n; ++i) w.push_back(u[i]);
+    return winograd_products(xp, g.B * g.Tp, p, tiles, 0, w);
+  }();
   const std::vector<const T*> mp = data_pointers<T>(mats);
   const std::vector<T> em(p.Em.begin(), p.Em.end());
+  pre = at::empty({g.N, 2 * g.H}, x.options());
+  y = at::empty({g.B, g.T, g.H}, x.options());
   const T* xpd = xp.data_ptr<T>();
   T* pd = pre.data_ptr<T>();
   T* yd = y.data_ptr<T>();
@@ -294,10 +299,12 @@ at::Tensor winograd_backward(const at::Tensor& grad_pre, const at::Tensor& xp, c
   // the reversed taps W_{K-1-k}^T, i.e. the same F(m, K) with U'_i = (sum_k EK[i, K-1-k] W_k)^T.
   {
     const int64_t tiles = ceil_div(rows, p.m);
-    const at::Tensor uf = transformed_weight(weight, ek.flip({1}));  // [n, 2H, H]
-    std::vector<at::Tensor> w;
-    for (int64_t i = 0; i < p.n; ++i) w.push_back(uf[i].t());
-    const std::vector<at::Tensor> mats = winograd_products(grad_pre, g.N, p, tiles, g.K - 1, w);
+    const std::vector<at::Tensor> mats = [&] {
+      const at::Tensor uf = transformed_weight(weight, ek.flip({1}));  // [n, 2H, H]
+      std::vector<at::Tensor> w;
+      for (int64_t i = 0; i < p.n; ++i) w.push_back(uf[i].t());
+      return winograd_products(grad_pre, g.N, p, tiles, g.K - 1, w);
+    }();
     const std::vector<const T*> mp = data_pointers<T>(mats);
     const T* gyd = grad_y.data_ptr<T>();
     T* gxd = grad_x.data_ptr<T>();
@@ -346,9 +353,8 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd", [&] {
     finite = fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
   });
-  at::Tensor y = at::empty({g.B, g.T, g.H}, x.options());
   if (use_winograd(g.K, finite && all_finite(weight))) {
-    at::Tensor pre = at::empty({g.N, 2 * g.H}, x.options());
+    at::Tensor pre, y;  // allocated once the products are done (a lower peak)
     const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd_winograd", [&] {
       winograd_forward<scalar_t>(x, m, g, xp, weight, bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr,
@@ -356,6 +362,7 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
     });
     return {y, pre};
   }
+  at::Tensor y = at::empty({g.B, g.T, g.H}, x.options());
   // pre = bias + sum_k xp[k : k+N] @ W_k^T through the GEMM entry point: the bias is fused into the
   // first tap's GEMM, each later tap accumulates (oneDNN: a fused binary add), and the result is
   // adopted as it comes (no copy into a preallocated buffer).

@@ -34,6 +34,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace fastqa {
@@ -284,58 +285,66 @@ void winograd_forward(const at::Tensor& x, const bool* mask, const Geometry& g, 
   });
 }
 
-// Winograd backward of the contractions: grad_x (with its residual / mask epilogue) from grad_pre
-// [N, 2H] (junk rows zero), and the weight gradient [2H, H, K].
+// Winograd backward of the contractions: the weight gradient [2H, H, K] (returned) and grad_x (with its
+// residual / mask epilogue) from grad_pre [N, 2H] (junk rows zero). The weight gradient comes first so that
+// xp (taken over: the caller's handle is moved in) and its transforms are freed before grad_x's.
 template <typename T>
-at::Tensor winograd_backward(const at::Tensor& grad_pre, const at::Tensor& xp, const at::Tensor& weight,
+at::Tensor winograd_backward(const at::Tensor& grad_pre, at::Tensor xp, const at::Tensor& weight,
                              const at::Tensor& grad_y, const bool* mask, const Geometry& g, bool residual, T scale,
                              at::Tensor& grad_x) {
   const winograd::Plan p = winograd::make_plan(g.K);
-  const at::ScalarType dtype = xp.scalar_type();
-  const at::Tensor ek = winograd::as_tensor(p.EK, p.n, g.K, dtype);
-  const std::vector<T> em(p.Em.begin(), p.Em.end());
+  const at::ScalarType dtype = grad_pre.scalar_type();
   const int64_t H = g.H, rows = g.B * g.Tp;
+  // grad W_k = sum_r grad_pre[r]^T xp[r + k] through F(K, m): P_i = sum_o Em[i, o] grad_pre[t m + o],
+  // V_i = the forward's input transform of xp, Q_i = P_i^T V_i, grad W_k = sum_i EK[i, k] Q_i (one Q_i
+  // at a time, added into the taps in a fixed order).
+  at::Tensor grad_taps = at::zeros({g.K, 2 * H, H}, grad_pre.options());
+  {
+    const int64_t tiles = ceil_div(g.N, p.m);
+    at::Tensor pt = at::empty({p.n, tiles, 2 * H}, grad_pre.options());
+    at::Tensor v = at::empty({p.n, tiles, H}, grad_pre.options());
+    winograd::gather_tiles<T>(grad_pre.data_ptr<T>(), g.N, 2 * H, tiles, p.m, 0, p.Em, p.n, p.m, pt.data_ptr<T>());
+    winograd::gather_tiles<T>(xp.data_ptr<T>(), rows, H, tiles, p.m, 0, p.BT, p.n, p.n, v.data_ptr<T>());
+    xp.reset();
+    // oneDNN multiplies a row-major left operand: P_i^T is made contiguous (BLAS reads the view).
+    const bool onednn = gemm::engine_for(dtype) == gemm::Engine::kOneDnn;
+    at::Tensor q = at::empty({2 * H, H}, grad_pre.options());
+    for (int64_t i = 0; i < p.n; ++i) {
+      gemm::mm_out(q, onednn ? pt[i].t().contiguous() : pt[i].t(), v[i]);
+      for (int64_t k = 0; k < g.K; ++k) {
+        const double f = p.EK[i * g.K + k];
+        if (f != 0.0) grad_taps[k].add_(q, f);
+      }
+    }
+  }
   // grad xp[s] = sum_k grad_pre[s - k] @ W_k: a correlation of grad_pre (K-1 zero rows in front) with
   // the reversed taps W_{K-1-k}^T, i.e. the same F(m, K) with U'_i = (sum_k EK[i, K-1-k] W_k)^T.
-  {
-    const int64_t tiles = ceil_div(rows, p.m);
-    const std::vector<at::Tensor> mats = [&] {
-      const at::Tensor uf = transformed_weight(weight, ek.flip({1}));  // [n, 2H, H]
-      std::vector<at::Tensor> w;
-      for (int64_t i = 0; i < p.n; ++i) w.push_back(uf[i].t());
-      return winograd_products(grad_pre, g.N, p, tiles, g.K - 1, w);
-    }();
-    const std::vector<const T*> mp = data_pointers<T>(mats);
-    const T* gyd = grad_y.data_ptr<T>();
-    T* gxd = grad_x.data_ptr<T>();
-    at::parallel_for(0, tiles, 4, [&](int64_t t0, int64_t t1) {
-      std::vector<T> conv(H);
-      for (int64_t t = t0; t < t1; ++t) {
-        for (int64_t o = 0; o < p.m && t * p.m + o < rows; ++o) {
-          const int64_t s = t * p.m + o, b = s / g.Tp, tt = s % g.Tp - g.pad_left;
-          if (tt < 0 || tt >= g.T) continue;  // padding rows
-          const int64_t i = b * g.T + tt;
-          const bool kept = mask == nullptr || mask[i];
-          if (kept) winograd::scatter_row<T>(mp, t, o, p.m, H, em, conv.data());
-          grad_x_row<T>(kept ? conv.data() : nullptr, residual ? scale : T(0), gyd + i * H, H, gxd + i * H);
-        }
+  const int64_t tiles = ceil_div(rows, p.m);
+  const std::vector<at::Tensor> mats = [&] {
+    const at::Tensor ek = winograd::as_tensor(p.EK, p.n, g.K, dtype);
+    const at::Tensor uf = transformed_weight(weight, ek.flip({1}));  // [n, 2H, H]
+    std::vector<at::Tensor> w;
+    for (int64_t i = 0; i < p.n; ++i) w.push_back(uf[i].t());
+    return winograd_products(grad_pre, g.N, p, tiles, g.K - 1, w);
+  }();
+  const std::vector<const T*> mp = data_pointers<T>(mats);
+  const std::vector<T> em(p.Em.begin(), p.Em.end());
+  const T* gyd = grad_y.data_ptr<T>();
+  T* gxd = grad_x.data_ptr<T>();
+  at::parallel_for(0, tiles, 4, [&](int64_t t0, int64_t t1) {
+    std::vector<T> conv(H);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t o = 0; o < p.m && t * p.m + o < rows; ++o) {
+        const int64_t s = t * p.m + o, b = s / g.Tp, tt = s % g.Tp - g.pad_left;
+        if (tt < 0 || tt >= g.T) continue;  // padding rows
+        const int64_t i = b * g.T + tt;
+        const bool kept = mask == nullptr || mask[i];
+        if (kept) winograd::scatter_row<T>(mp, t, o, p.m, H, em, conv.data());
+        grad_x_row<T>(kept ? conv.data() : nullptr, residual ? scale : T(0), gyd + i * H, H, gxd + i * H);
       }
-    });
-  }
-  // grad W_k = sum_r grad_pre[r]^T xp[r + k] through F(K, m): P_i = sum_o Em[i, o] grad_pre[t m + o],
-  // V_i = the forward's input transform of xp, Q_i = P_i^T V_i, grad W_k = sum_i EK[i, k] Q_i.
-  const int64_t tiles = ceil_div(g.N, p.m);
-  at::Tensor pt = at::empty({p.n, tiles, 2 * H}, xp.options());
-  at::Tensor v = at::empty({p.n, tiles, H}, xp.options());
-  winograd::gather_tiles<T>(grad_pre.data_ptr<T>(), g.N, 2 * H, tiles, p.m, 0, p.Em, p.n, p.m, pt.data_ptr<T>());
-  winograd::gather_tiles<T>(xp.data_ptr<T>(), rows, H, tiles, p.m, 0, p.BT, p.n, p.n, v.data_ptr<T>());
-  // oneDNN multiplies a row-major left operand: P_i^T is made contiguous (BLAS reads the view).
-  const bool onednn = gemm::engine_for(dtype) == gemm::Engine::kOneDnn;
-  at::Tensor q = at::empty({p.n, 2 * H, H}, xp.options());
-  for (int64_t i = 0; i < p.n; ++i) {
-    gemm::mm_out(q[i], onednn ? pt[i].t().contiguous() : pt[i].t(), v[i]);
-  }
-  return at::mm(q.view({p.n, 2 * H * H}).t(), ek).view({2 * H, H, g.K});
+    }
+  });
+  return grad_taps.permute({1, 2, 0}).contiguous();
 }
 
 std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at::Tensor& weight,
@@ -458,7 +467,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
   if (use_winograd(g.K, finite && grad_pre_finite.load() && all_finite(weight))) {
     at::Tensor grad_weight;
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_winograd", [&] {
-      grad_weight = winograd_backward<scalar_t>(grad_pre, xp, weight, grad_y, m, g, residual,
+      grad_weight = winograd_backward<scalar_t>(grad_pre, std::move(xp), weight, grad_y, m, g, residual,
                                                 static_cast<scalar_t>(scale), grad_x);
     });
     return {grad_x, grad_weight, grad_bias};

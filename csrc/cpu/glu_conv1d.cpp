@@ -26,7 +26,6 @@
 #include "cpu/winograd.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -101,14 +100,13 @@ inline bool row_finite(const T* p, int64_t n) {
 
 // xp [B*Tp, H]: x with masked positions zeroed, pad_left zero rows before and K-1-pad_left after
 // every sequence. Reads x through its strides (channels-first views included). Returns whether every
-// value copied is finite (the Winograd path is only taken then, see use_winograd).
+// value copied is finite (the Winograd path is only taken then, see winograd_requested).
 template <typename T>
 bool fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, T* xp) {
-  std::atomic<bool> finite{true};
   const T* xd = x.data_ptr<T>();
   const int64_t sb = x.stride(0), st = x.stride(1), sc = x.stride(2);
   const int64_t H = g.H;
-  at::parallel_for(0, g.B * g.Tp, kRowBlock, [&](int64_t begin, int64_t end) {
+  const auto fill_rows = [&](int64_t begin, int64_t end, int finite) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / g.Tp, t = row % g.Tp - g.pad_left;
       T* dst = xp + row * H;
@@ -122,10 +120,11 @@ bool fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, T* xp
       } else {
         for (int64_t c = 0; c < H; ++c) dst[c] = src[c * sc];
       }
-      if (!row_finite(dst, H)) finite.store(false, std::memory_order_relaxed);
+      finite &= row_finite(dst, H);
     }
-  });
-  return finite.load();
+    return finite;
+  };
+  return at::parallel_reduce(0, g.B * g.Tp, kRowBlock, 1, fill_rows, [](int a, int b) { return a & b; });
 }
 
 // Row (b, t) of x: its copy in xp where the mask kept it, else read through x's strides into tmp.
@@ -205,14 +204,15 @@ inline void grad_x_row(const T* conv, T res_scale, const T* gy, int64_t n, T* ds
 // "winograd" (F(m, K), see winograd.h: about half the GEMM work for K 3-7). FASTQA_CPU_GLU_CONV=auto|
 // winograd|taps, read at every call; auto (unset) takes Winograd wherever it applies (2 <= K <= 7) --
 // the GEMMs are most of the op's time, and they shrink by m K / n for every shape. Operands holding a
-// NaN or an inf always take the taps: Winograd's transforms would spread one non-finite value over
-// its whole tile, where torch's convolution keeps it to the outputs that read it.
-bool use_winograd(int64_t K, bool operands_finite) {
+// NaN or an inf always take the taps (callers check after this says yes): Winograd's transforms would
+// spread one non-finite value over its whole tile, where torch's convolution keeps it to the outputs
+// that read it.
+bool winograd_requested(int64_t K) {
   const char* env = std::getenv("FASTQA_CPU_GLU_CONV");
   const std::string v = env == nullptr ? "" : env;
   TORCH_CHECK(v.empty() || v == "auto" || v == "winograd" || v == "taps",
               "FASTQA_CPU_GLU_CONV must be auto, winograd or taps, got '", v, "'");
-  return v != "taps" && winograd::applies(K) && operands_finite;
+  return v != "taps" && winograd::applies(K);
 }
 
 bool all_finite(const at::Tensor& t) { return at::isfinite(t).all().item<bool>(); }
@@ -362,7 +362,7 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd", [&] {
     finite = fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
   });
-  if (use_winograd(g.K, finite && all_finite(weight))) {
+  if (winograd_requested(g.K) && finite && all_finite(weight)) {
     at::Tensor pre, y;  // allocated once the products are done (a lower peak)
     const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd_winograd", [&] {
@@ -422,8 +422,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
   at::Tensor grad_pre = at::empty({g.N, 2 * g.H}, x.options());
   at::Tensor bias_partials = at::empty({has_bias ? n_blocks : 0, 2 * g.H}, x.options());
 
-  // grad_pre = d y / d pre (junk rows zero), and per-block bias-gradient partials, in one pass.
-  std::atomic<bool> grad_pre_finite{true};
+  // grad_pre = d y / d pre (junk rows zero), per-block bias-gradient partials and per-block "all finite"
+  // flags (for the Winograd choice), in one pass.
+  std::vector<char> block_finite(n_blocks, 1);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_glu", [&] {
     const scalar_t* pd = pre.data_ptr<scalar_t>();
     const scalar_t* gyd = grad_y.data_ptr<scalar_t>();
@@ -440,7 +441,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
           const int64_t r = (i / g.T) * g.Tp + i % g.T;
           glu_backward_row<scalar_t>(pd + r * 2 * H, gyd + i * H, s, H, gpd + r * 2 * H);
           if (part != nullptr) add_row<scalar_t>(gpd + r * 2 * H, 2 * H, part);
-          if (!row_finite(gpd + r * 2 * H, 2 * H)) grad_pre_finite.store(false, std::memory_order_relaxed);
+          block_finite[blk] &= row_finite(gpd + r * 2 * H, 2 * H);
         }
       }
     });
@@ -454,7 +455,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_pad", [&] {
     finite = fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
   });
-  at::Tensor grad_x = at::empty({g.B, g.T, g.H}, x.options());
   at::Tensor grad_bias = has_bias ? at::empty({2 * g.H}, x.options()) : at::empty({0}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_bias", [&] {
     if (has_bias) {  // fixed-order sum of the per-block partials
@@ -464,7 +464,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
       for (int64_t blk = 0; blk < n_blocks; ++blk) add_row<scalar_t>(partials + blk * 2 * g.H, 2 * g.H, gbd);
     }
   });
-  if (use_winograd(g.K, finite && grad_pre_finite.load() && all_finite(weight))) {
+  const bool grad_pre_finite = std::all_of(block_finite.begin(), block_finite.end(), [](char f) { return f != 0; });
+  if (winograd_requested(g.K) && finite && grad_pre_finite && all_finite(weight)) {
+    at::Tensor grad_x = at::empty({g.B, g.T, g.H}, x.options());
     at::Tensor grad_weight;
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_winograd", [&] {
       grad_weight = winograd_backward<scalar_t>(grad_pre, std::move(xp), weight, grad_y, m, g, residual,
@@ -495,6 +497,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
   }
   grad_pre.reset();  // done with it: free before grad_x is allocated
 
+  at::Tensor grad_x = at::empty({g.B, g.T, g.H}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_x", [&] {
     const scalar_t* gxp = grad_xp.data_ptr<scalar_t>();
     const scalar_t* gyd = grad_y.data_ptr<scalar_t>();

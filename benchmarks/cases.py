@@ -98,6 +98,24 @@ def self_attention_case(B: int, L: int, d: int, heads: int, *, quick: bool = Fal
         flops=_fwd_bwd(4.0 * B * L * L * d), quick=quick)  # q kᵀ and p v, every key (padding included)
 
 
+# --- linear map -----------------------------------------------------------------------------------
+
+def linear_case(rows: tuple[int, ...], K: int, N: int, *, what: str, quick: bool = False) -> OpCase:
+    """nn.Linear on [*rows, K] -> [*rows, N] (fastqa.linear: each product on the GEMM engine measured
+    fastest for its shape)."""
+    def make_inputs(gen: torch.Generator) -> OpInputs:
+        return OpInputs((_randn(gen, *rows, K), _randn(gen, N, K, scale=K ** -0.5), _randn(gen, N, scale=0.1)),
+                        {}, (0, 1, 2))
+
+    m = 1
+    for r in rows:
+        m *= r
+    return OpCase(
+        op="linear", name=f"{what}_M{m}_K{K}_N{N}", shape={"rows": list(rows), "K": K, "N": N},
+        make_inputs=make_inputs, reference=ref.linear, fastqa_fn="linear",
+        flops=_fwd_bwd(2.0 * m * K * N), quick=quick)
+
+
 # --- GLU convolution ------------------------------------------------------------------------------
 
 def glu_case(B: int, H: int, T: int, K: int, *, causal: bool, quick: bool = False) -> OpCase:
@@ -156,6 +174,9 @@ for _case in (
     cqa_case(32, 1000, 100, 128),
     self_attention_case(32, 400, 128, 8),  # QANet paper: the context's encoder blocks
     self_attention_case(8, 400, 128, 8, quick=True),
+    linear_case((200,), 256, 5893, what="vocab"),         # ConvS2S's output projection, a decode step of 200
+    linear_case((32, 400), 128, 128, what="ffn"),         # QANet's feed-forward layer, context side
+    linear_case((8, 400), 128, 128, what="ffn", quick=True),
     *(glu_case(B, H, T, K, causal=causal, quick=causal and (B, H, T, K) == (64, 256, 50, 5))
       for causal in (True, False) for B, H, T, K in ((128, 512, 30, 3), (32, 512, 100, 3), (64, 256, 50, 5))),
     glu_step_case(64, 512, 3),  # ConvS2S decoder width, 64 sentences

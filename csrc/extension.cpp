@@ -28,10 +28,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         out["requested"] = c.requested;
         out["onednn_available"] = c.onednn_available;
         out["gflops"] = rates;
+        pybind11::list shapes;
+        for (const gemm::ShapeChoice& s : gemm::shape_choices()) {
+          pybind11::dict d;
+          d["m"] = s.m;
+          d["k"] = s.k;
+          d["n"] = s.n;
+          d["threads"] = s.threads;
+          d["layout"] = s.layout;
+          d["gflops"] = pybind11::dict(pybind11::arg("blas") = s.blas_gflops, pybind11::arg("onednn") = s.onednn_gflops);
+          d["engine"] = gemm::engine_name(s.engine);
+          shapes.append(d);
+        }
+        out["shapes"] = shapes;
         return out;
       },
-      "The CPU kernels' GEMM engine: the one in use (float32), what FASTQA_CPU_GEMM asked for, whether "
-      "oneDNN is usable, and each engine's measured float32 rate in GFLOP/s");
+      "The CPU kernels' GEMM engine: the process's (float32), what FASTQA_CPU_GEMM asked for, whether "
+      "oneDNN is usable, each engine's measured float32 rate in GFLOP/s, and the per-shape choices made "
+      "so far (auto: each top-level GEMM shape measured with both engines)");
   m.def(
       "gemm_choose",
       [](double blas_gflops, double onednn_gflops, bool onednn_available, const std::string& requested) {

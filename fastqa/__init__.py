@@ -12,6 +12,7 @@ from .ops import (  # noqa: E402
     dwsep_conv1d,
     glu_conv1d,
     glu_conv1d_step,
+    linear,
     ln_dwsep_conv1d,
     self_attention,
     trilinear_similarity,
@@ -19,6 +20,6 @@ from .ops import (  # noqa: E402
 
 __all__ = [
     "BACKENDS", "info", "__version__", "layers", "ops", "reference",
-    "context_query_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "ln_dwsep_conv1d",
+    "context_query_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "linear", "ln_dwsep_conv1d",
     "self_attention", "trilinear_similarity",
 ]

@@ -25,7 +25,7 @@ ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_li
 # determinism tests, on the cpu backend (compile/opcheck/gradcheck do not depend on the engine:
 # float64 always runs on BLAS).
 OP_TESTS = [str(TESTS / f) for f in ("test_glu_conv1d.py", "test_dwsep_conv1d.py",
-                                     "test_context_query_attention.py")]
+                                     "test_context_query_attention.py", "test_linear.py")]
 ENGINE_SELECTION = ("cpu and (matches_reference or edge_shapes or real_shapes or model_shapes or odd_shapes"
                     " or deterministic or bit_identical or step_kernel or step_sequence or residual_scale_bias"
                     " or strided or noncontiguous)")

@@ -10,7 +10,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 namespace fastqa {
@@ -170,8 +173,97 @@ Engine engine_for(at::ScalarType dtype) {
   return dtype == at::kFloat ? choice().engine : Engine::kBlas;
 }
 
+namespace {
+
+// A probe multiplies at most this many rows of a: enough for the shape's steady-state rate (a product
+// of 1600 rows and one of 12800 rows can prefer different engines), bounded in cost.
+constexpr int64_t kProbeRows = 4096;
+
+int64_t pow2_at_least(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// 'r' row-major, 'c' column-major (a transposed view of a contiguous matrix), 's' any other strides.
+char layout_of(const at::Tensor& t) {
+  return t.is_contiguous() ? 'r' : t.t().is_contiguous() ? 'c' : 's';
+}
+
+using ShapeKey = std::tuple<int64_t, int64_t, int64_t, int, char, char, bool, bool>;
+
+struct ShapeTable {
+  std::mutex mutex;
+  std::map<ShapeKey, Engine> engine;
+  std::vector<ShapeChoice> seen;
+};
+
+ShapeTable& shape_table() {
+  static ShapeTable table;
+  return table;
+}
+
+// Each engine's rate on this GEMM as the entry points issue it (into a scratch result: the caller's
+// output is not touched): one warm-up call each, then the best of two interleaved calls.
+std::pair<double, double> probe(const at::Tensor& a, const at::Tensor& w, bool with_bias, bool accumulate) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const at::Tensor ap = a.narrow(0, 0, std::min<int64_t>(a.size(0), kProbeRows));
+  const int64_t n = w.size(0);
+  const c10::optional<at::Tensor> bias =
+      with_bias ? c10::optional<at::Tensor>(at::zeros({n}, a.options())) : c10::nullopt;
+  at::Tensor acc = at::zeros({ap.size(0), n}, a.options());
+  const auto t = time_pair(
+      [&] {
+        if (accumulate) {
+          acc.addmm_(ap, w.t());
+        } else {
+          (void)(with_bias ? at::addmm(*bias, ap, w.t()) : at::mm(ap, w.t()));
+        }
+      },
+      [&] { (void)(accumulate ? onednn_linear_add(ap, acc, w) : onednn_linear(ap, w, bias)); }, 2);
+  const double flop = 2.0 * ap.size(0) * ap.size(1) * n;
+  return {flop / t.first / 1e9, flop / t.second / 1e9};
+}
+
+}  // namespace
+
+std::vector<ShapeChoice> shape_choices() {
+  ShapeTable& table = shape_table();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  return table.seen;
+}
+
+Engine engine_for(const at::Tensor& a, const at::Tensor& w, bool with_bias, bool accumulate) {
+  const Choice& c = choice();
+  const int64_t m = a.size(0), k = a.size(1), n = w.size(0);
+  if (a.scalar_type() != at::kFloat || c.requested != "auto" || !c.onednn_available || at::in_parallel_region() ||
+      2.0 * m * k * n < kShapeProbeFlop) {
+    return engine_for(a.scalar_type());
+  }
+  const ShapeKey key{pow2_at_least(m), k, n, at::get_num_threads(), layout_of(a), layout_of(w), with_bias,
+                     accumulate};
+  ShapeTable& table = shape_table();
+  std::lock_guard<std::mutex> lock(table.mutex);  // a probe runs once per shape, whichever thread asks first
+  const auto found = table.engine.find(key);
+  if (found != table.engine.end()) return found->second;
+  const auto rates = probe(a, w, with_bias, accumulate);
+  ShapeChoice s;
+  s.m = std::get<0>(key);
+  s.k = k;
+  s.n = n;
+  s.threads = std::get<3>(key);
+  s.layout = std::string("a ") + layout_of(a) + ", w " + layout_of(w) + (with_bias ? ", bias" : "") +
+             (accumulate ? ", accumulate" : "");
+  s.blas_gflops = rates.first;
+  s.onednn_gflops = rates.second;
+  s.engine = choose(rates.first, rates.second, true, "auto");
+  table.engine.emplace(key, s.engine);
+  table.seen.push_back(s);
+  return s.engine;
+}
+
 void mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
-  if (engine_for(a.scalar_type()) == Engine::kOneDnn && a.numel() > 0 && b.numel() > 0) {
+  if (a.numel() > 0 && b.numel() > 0 && engine_for(a, b.t(), false, accumulate) == Engine::kOneDnn) {
     out.copy_(accumulate ? onednn_linear_add(a, out, b.t()) : onednn_linear(a, b.t(), c10::nullopt));
     return;
   }
@@ -184,7 +276,7 @@ void mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, boo
 }
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& acc) {
-  if (engine_for(a.scalar_type()) == Engine::kOneDnn && a.numel() > 0 && b.numel() > 0) {
+  if (a.numel() > 0 && b.numel() > 0 && engine_for(a, b.t(), false, acc.defined()) == Engine::kOneDnn) {
     return acc.defined() ? onednn_linear_add(a, acc, b.t()) : onednn_linear(a, b.t(), c10::nullopt);
   }
   if (acc.defined()) return acc.addmm_(a, b);
@@ -193,7 +285,7 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& acc) {
 
 at::Tensor linear(const at::Tensor& a, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
   const bool has_bias = bias.has_value() && bias->defined();
-  if (engine_for(a.scalar_type()) == Engine::kOneDnn && a.numel() > 0 && w.numel() > 0) {
+  if (a.numel() > 0 && w.numel() > 0 && engine_for(a, w, has_bias, false) == Engine::kOneDnn) {
     return onednn_linear(a, w, has_bias ? bias : c10::nullopt);
   }
   return has_bias ? at::addmm(*bias, a, w.t()) : at::mm(a, w.t());

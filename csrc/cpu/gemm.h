@@ -7,10 +7,19 @@
 //               (the ops torch.compile's CPU backend uses). float32 only; there where the torch build
 //               has them and torch.backends.mkldnn is enabled.
 // On AMD processors MKL's sgemm runs its AVX2 code while oneDNN's runs AVX-512: up to ~2x apart.
-// On Intel the two are close. So the engine is chosen once per process, at the first call of an op,
-// by timing one float32 GEMM with each (gemm::choice()), or forced by FASTQA_CPU_GEMM=blas|onednn
-// (auto: measure). Later calls never re-measure: the engine cannot change between a forward and its
-// backward, and repeated backwards stay bit-identical.
+// On Intel the two are close. But the gap depends on the shape as much as on the processor: on an AMD
+// EPYC with AVX2 only, where the two tie on a 512^3 product, oneDNN was 1.9x faster on [200, 256] x
+// [256, 5893] (a vocabulary projection) and BLAS 1.2x faster on [1600, 128] x [128, 128]. So:
+//   * the process's engine (gemm::choice()) is chosen once, at the first call of an op, by timing one
+//     512^3 float32 GEMM with each; it serves the GEMMs issued inside parallel regions (single-threaded
+//     tile products) and the small ones;
+//   * with FASTQA_CPU_GEMM=auto (the default), a top-level float32 GEMM of at least kShapeProbeFlop
+//     is timed with both engines the first time its shape is seen (M rounded up to a power of two,
+//     K, N, the operand layouts, the bias or accumulation, the thread count) and the faster one is kept
+//     for that shape (gemm::shape_choices());
+//   * FASTQA_CPU_GEMM=blas|onednn forces one engine everywhere.
+// Nothing is measured twice: a shape's engine cannot change between a forward and its backward, and
+// repeated backwards stay bit-identical.
 //
 // Call gemm::prepare() at the top of an op, outside any parallel region: the first call measures
 // (with all threads). A GEMM issued inside at::parallel_for runs single-threaded in either engine.
@@ -21,6 +30,7 @@
 #include <c10/util/Optional.h>
 
 #include <string>
+#include <vector>
 
 namespace fastqa {
 namespace gemm {
@@ -60,6 +70,26 @@ inline void prepare() { (void)choice(); }
 
 // The engine for this dtype: float32 -> the chosen engine; float64 -> BLAS.
 Engine engine_for(at::ScalarType dtype);
+
+// Top-level GEMMs below this many floating-point operations take the process's engine unmeasured (a
+// probe would cost more than a choice can save).
+constexpr double kShapeProbeFlop = 4e6;
+
+// One shape's measured choice (FASTQA_CPU_GEMM=auto only). m is M rounded up to a power of two.
+struct ShapeChoice {
+  int64_t m = 0, k = 0, n = 0;
+  int threads = 0;
+  std::string layout;  // e.g. "a row-major, w [N,K], bias"
+  double blas_gflops = 0, onednn_gflops = 0;
+  Engine engine = Engine::kBlas;
+};
+// Every shape measured so far in this process, in the order they were first seen.
+std::vector<ShapeChoice> shape_choices();
+
+// The engine for out[M, N] = a[M, K] @ w[N, K]^T (+ bias or + out): the process's engine for float64,
+// inside a parallel region, below kShapeProbeFlop or when forced; otherwise the shape's measured one
+// (measured now if the shape is new, on a's first rows, with the bias when `with_bias`).
+Engine engine_for(const at::Tensor& a, const at::Tensor& w, bool with_bias, bool accumulate);
 
 // out (=, or += when accumulate) a @ b. a [M, K], b [K, N], out [M, N]: any strides (transposed
 // views included). oneDNN writes a fresh result that is copied into out: prefer mm() when the caller

@@ -2,9 +2,10 @@
 from .context_query_attention import ContextQueryAttention, TrilinearSimilarity
 from .dwsep_conv1d import DepthwiseSeparableConv1d, LayerNormDepthwiseSeparableConv1d
 from .glu_conv1d import GLUConv1d
+from .linear import Linear
 from .self_attention import SelfAttention
 
 __all__ = [
-    "ContextQueryAttention", "DepthwiseSeparableConv1d", "GLUConv1d", "LayerNormDepthwiseSeparableConv1d",
+    "ContextQueryAttention", "DepthwiseSeparableConv1d", "GLUConv1d", "LayerNormDepthwiseSeparableConv1d", "Linear",
     "SelfAttention", "TrilinearSimilarity",
 ]

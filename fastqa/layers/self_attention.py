@@ -5,6 +5,7 @@ import torch
 
 from ..ops.self_attention import self_attention
 from ..reference.self_attention import SelfAttention as _ReferenceSelfAttention
+from .linear import Linear
 
 __all__ = ["SelfAttention"]
 
@@ -12,7 +13,11 @@ __all__ = ["SelfAttention"]
 class SelfAttention(_ReferenceSelfAttention):
     """``fastqa.reference.SelfAttention`` (same parameters and state_dict) with ``fastqa.self_attention``
     between the projections: qkv's output is read as it is and the heads come out side by side, so no
-    transposes either way. ``backend``: "auto", "reference" or "cpu"."""
+    transposes either way; the projections are ``fastqa.layers.Linear`` (each product on the GEMM engine
+    measured fastest for its shape). ``backend``: "auto", "reference" or "cpu" (the attention's; the
+    projections pick theirs)."""
+
+    projection = Linear
 
     def __init__(self, d_model: int, heads: int, backend: str = "auto") -> None:
         super().__init__(d_model, heads)

@@ -258,10 +258,11 @@ class Highway(nn.Module):
     x <- x + sigmoid(g) * (dropout(relu(h)) - x), i.e. g*h + (1-g)*x.
     """
 
-    def __init__(self, dim: int, num_layers: int = 2, dropout: float = 0.0) -> None:
+    def __init__(self, dim: int, num_layers: int = 2, dropout: float = 0.0,
+                 linear: type[nn.Linear] = nn.Linear) -> None:
         super().__init__()
         self.dropout = dropout
-        self.layers = nn.ModuleList(init_linear(nn.Linear(dim, 2 * dim)) for _ in range(num_layers))
+        self.layers = nn.ModuleList(init_linear(linear(dim, 2 * dim)) for _ in range(num_layers))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., dim] -> [..., dim]."""

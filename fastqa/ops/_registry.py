@@ -13,6 +13,7 @@ imported (``register_triton_autograd``, called by ``fastqa.ops`` after importing
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any, Callable
 
@@ -57,4 +58,16 @@ def kernel(backend: str, module: str, name: str) -> Any:
         # an import, and by the time a graph is traced the ops are registered.
         importlib.import_module(f"fastqa.triton_kernels.{module}")
         register_triton_autograd(module)
-    return getattr(getattr(torch.ops, _NAMESPACES[backend]), name)
+    op = getattr(getattr(torch.ops, _NAMESPACES[backend]), name)
+    if torch.compiler.is_compiling():
+        return op
+    return functools.partial(_below_autograd, op)
+
+
+def _below_autograd(op: Any, *args: Any) -> Any:
+    """Call ``op`` past its Autograd dispatch key. The callers (the Functions' forward and backward, the
+    forward-only decode step) handle gradients themselves, and the Python autograd kernel that
+    ``register_op_autograd`` puts on each forward op (for graphs that call the op directly) would only
+    re-dispatch -- at ~0.1 ms a call, what a small op's whole kernel takes."""
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args)

@@ -33,14 +33,16 @@ class SelfAttention(nn.Module):
     the same, so one state_dict loads into both.
     """
 
+    projection: type[nn.Linear] = nn.Linear   # the class of qkv and out (the fast layer: fastqa.layers.Linear)
+
     def __init__(self, d_model: int, heads: int) -> None:
         super().__init__()
         if heads <= 0 or d_model % heads:
             raise ValueError(f"d_model ({d_model}) must be a positive multiple of heads ({heads})")
         self.heads = heads
         self.norm = nn.LayerNorm(d_model)
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.out = nn.Linear(d_model, d_model)
+        self.qkv = self.projection(d_model, 3 * d_model)
+        self.out = self.projection(d_model, d_model)
 
     def attend(self, qkv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self_attention(qkv, mask, self.heads)

@@ -38,6 +38,7 @@ __all__ = ["ConvS2S", "ConvS2SDecoder", "ConvS2SEncoder", "EncoderOut"]
 
 SQRT_HALF = math.sqrt(0.5)
 _GLU_CONV = {"fast": fastqa.layers.GLUConv1d, "reference": fastqa.reference.GLUConv1d}
+_LINEAR = {"fast": fastqa.layers.Linear, "reference": fastqa.reference.Linear}
 
 
 # --- building blocks: initialisation in one place ---------------------------------------------------------
@@ -51,9 +52,10 @@ def _embedding(num: int, dim: int, padding_idx: int | None = None) -> nn.Embeddi
     return m
 
 
-def _linear(in_features: int, out_features: int, dropout: float = 0.0) -> nn.Linear:
-    """Weight-normalised linear map; N(0, sqrt((1 - dropout) / in)) keeps the variance through dropout."""
-    m = nn.Linear(in_features, out_features)
+def _linear(layers: str, in_features: int, out_features: int, dropout: float = 0.0) -> nn.Linear:
+    """Weight-normalised linear map; N(0, sqrt((1 - dropout) / in)) keeps the variance through dropout.
+    The fast layers' nn.Linear runs each product on the GEMM engine measured fastest for its shape."""
+    m = _LINEAR[layers](in_features, out_features)
     nn.init.normal_(m.weight, 0.0, math.sqrt((1.0 - dropout) / in_features))
     nn.init.zeros_(m.bias)
     return parametrizations.weight_norm(m, dim=0)
@@ -136,10 +138,10 @@ class ConvS2SEncoder(nn.Module):
         self.pad_id = cfg.pad_id
         self.embed_tokens = _embedding(cfg.src_vocab_size, cfg.embed_dim, cfg.pad_id)
         self.embed_positions = _embedding(cfg.max_positions, cfg.embed_dim)
-        self.fc1 = _linear(cfg.embed_dim, cfg.hidden_dim, cfg.dropout)
+        self.fc1 = _linear(layers, cfg.embed_dim, cfg.hidden_dim, cfg.dropout)
         self.convs = nn.ModuleList(_glu_conv(layers, cfg.hidden_dim, cfg.kernel_size, cfg.dropout, causal=False)
                                    for _ in range(cfg.encoder_layers))
-        self.fc2 = _linear(cfg.hidden_dim, cfg.embed_dim)
+        self.fc2 = _linear(layers, cfg.hidden_dim, cfg.embed_dim)
         self.dropout = nn.Dropout(cfg.dropout)
         self.grad_scale = 1.0 / (2.0 * cfg.decoder_layers)
 
@@ -166,10 +168,10 @@ class ConvS2SEncoder(nn.Module):
 class _Attention(nn.Module):
     """One decoder layer's attention over the encoder output."""
 
-    def __init__(self, hidden_dim: int, embed_dim: int) -> None:
+    def __init__(self, layers: str, hidden_dim: int, embed_dim: int) -> None:
         super().__init__()
-        self.in_proj = _linear(hidden_dim, embed_dim)
-        self.out_proj = _linear(embed_dim, hidden_dim)
+        self.in_proj = _linear(layers, hidden_dim, embed_dim)
+        self.out_proj = _linear(layers, embed_dim, hidden_dim)
 
     def forward(self, g: torch.Tensor, e: torch.Tensor, enc: EncoderOut) -> tuple[torch.Tensor, torch.Tensor]:
         """g: [N, T, H] GLU output; e: [N, T, E] target embeddings; N = B * r rows, r per sentence
@@ -189,12 +191,12 @@ class ConvS2SDecoder(nn.Module):
         super().__init__()
         self.embed_tokens = _embedding(cfg.tgt_vocab_size, cfg.embed_dim, cfg.pad_id)
         self.embed_positions = _embedding(cfg.max_positions, cfg.embed_dim)
-        self.fc1 = _linear(cfg.embed_dim, cfg.hidden_dim, cfg.dropout)
+        self.fc1 = _linear(layers, cfg.embed_dim, cfg.hidden_dim, cfg.dropout)
         self.convs = nn.ModuleList(_glu_conv(layers, cfg.hidden_dim, cfg.kernel_size, cfg.dropout, causal=True)
                                    for _ in range(cfg.decoder_layers))
-        self.attentions = nn.ModuleList(_Attention(cfg.hidden_dim, cfg.embed_dim) for _ in range(cfg.decoder_layers))
-        self.fc2 = _linear(cfg.hidden_dim, cfg.embed_dim)
-        self.fc3 = _linear(cfg.embed_dim, cfg.tgt_vocab_size, cfg.dropout)
+        self.attentions = nn.ModuleList(_Attention(layers, cfg.hidden_dim, cfg.embed_dim) for _ in range(cfg.decoder_layers))
+        self.fc2 = _linear(layers, cfg.hidden_dim, cfg.embed_dim)
+        self.fc3 = _linear(layers, cfg.embed_dim, cfg.tgt_vocab_size, cfg.dropout)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def _output(self, x: torch.Tensor) -> torch.Tensor:

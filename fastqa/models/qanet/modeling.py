@@ -13,8 +13,9 @@ Every encoder block: timing signal, then pre-LayerNorm sublayers (convolutions, 
 each ``x + dropout(sublayer(LN(x)))`` with stochastic depth in training. Padding never reaches a real
 position: the convolutions read padded rows as zeros (their ``mask``), attention masks padded keys, and
 the embedding of a padding token is exactly zero, so an answer does not depend on the batch it is in. ``layers`` picks the modules of the
-convolution sublayers, the self-attention sublayers, the embedding resizer and the context-query attention;
-the rest is ``torch.nn`` and the same for all three, so one state_dict loads into each.
+convolution sublayers, the self-attention sublayers, the embedding resizer, the context-query attention and
+the linear maps (fast: ``fastqa.layers.Linear``, each product on the GEMM engine measured fastest for its
+shape); the rest is ``torch.nn`` and the same for all three, so one state_dict loads into each.
 """
 from __future__ import annotations
 
@@ -48,15 +49,16 @@ class _LayerSet:
     conv: type[nn.Module]     # depthwise-separable conv: the embedding resizer
     cqa: type[nn.Module]      # context-query attention
     attention: type[nn.Module]  # pre-LN multi-head self-attention sublayer branch
+    linear: type[nn.Linear]   # every linear map (feed-forward, highway, context-query resizer, heads)
 
 
 LAYER_SETS: dict[str, _LayerSet] = {
     "fast": _LayerSet(fused.LayerNormDepthwiseSeparableConv1d, fused.DepthwiseSeparableConv1d,
-                      fused.ContextQueryAttention, fused.SelfAttention),
+                      fused.ContextQueryAttention, fused.SelfAttention, fused.Linear),
     "reference": _LayerSet(reference.LayerNormDepthwiseSeparableConv1d, reference.DepthwiseSeparableConv1d,
-                           reference.ContextQueryAttention, reference.SelfAttention),
+                           reference.ContextQueryAttention, reference.SelfAttention, reference.Linear),
     "naive": _LayerSet(reference.LayerNormDepthwiseSeparableConv1d, reference.DepthwiseSeparableConv1d,
-                       NaiveContextQueryAttention, reference.SelfAttention),
+                       NaiveContextQueryAttention, reference.SelfAttention, reference.Linear),
 }
 
 
@@ -112,11 +114,11 @@ class CharEmbedding(nn.Module):
 class FeedForward(nn.Module):
     """Pre-LN feed-forward sublayer branch: ff2(relu(ff1(LN(x))))."""
 
-    def __init__(self, d_model: int) -> None:
+    def __init__(self, d_model: int, linear: type[nn.Linear] = nn.Linear) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.ff1 = init_linear(nn.Linear(d_model, d_model))
-        self.ff2 = init_linear(nn.Linear(d_model, d_model))
+        self.ff1 = init_linear(linear(d_model, d_model))
+        self.ff2 = init_linear(linear(d_model, d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, L, d] -> [B, L, d]."""
@@ -139,7 +141,7 @@ class EncoderBlock(nn.Module):
         self.attention = layer_set.attention(d_model, heads)
         init_linear(self.attention.qkv)
         init_linear(self.attention.out)
-        self.ffn = FeedForward(d_model)
+        self.ffn = FeedForward(d_model, layer_set.linear)
 
     @property
     def num_sublayers(self) -> int:
@@ -186,19 +188,19 @@ class QANet(FrozenWordVectors):
                                             pad_id=c.pad_id, dropout=c.char_dropout)
         # [word; char] -> d first, then the highway at width d (as the authors' code: cheaper than at 500).
         self.emb_resize = ls.conv(c.word_dim + c.char_channels, d, c.emb_resize_kernel)
-        self.highway = Highway(d, 2, c.dropout)
+        self.highway = Highway(d, 2, c.dropout, linear=ls.linear)
         self.emb_encoder = EncoderBlock(d, c.heads, c.emb_conv_layers, c.emb_conv_kernel, c.dropout, ls)
         self.cq_attention = ls.cqa(d)
-        self.cq_resize = init_linear(nn.Linear(4 * d, d))
+        self.cq_resize = init_linear(ls.linear(4 * d, d))
         self.model_encoder = nn.ModuleList(
             EncoderBlock(d, c.heads, c.model_conv_layers, c.model_conv_kernel, c.dropout, ls)
             for _ in range(c.model_blocks))
-        self.start_head = init_linear(nn.Linear(2 * d, 1))
-        self.end_head = init_linear(nn.Linear(2 * d, 1))
+        self.start_head = init_linear(ls.linear(2 * d, 1))
+        self.end_head = init_linear(ls.linear(2 * d, 1))
         if c.no_answer:
             # The null score reads the max-pooled head inputs, so it can tell answerable from unanswerable.
-            self.null_start = init_linear(nn.Linear(2 * d, 1))
-            self.null_end = init_linear(nn.Linear(2 * d, 1))
+            self.null_start = init_linear(ls.linear(2 * d, 1))
+            self.null_end = init_linear(ls.linear(2 * d, 1))
         self._init_word_vectors()
 
         # Survival probabilities: l counts the sublayers of one stack (1..L), the same in each pass.

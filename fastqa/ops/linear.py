@@ -1,0 +1,109 @@
+"""Linear map (nn.Linear) on the CPU kernels' GEMM entry point: autograd Function + dispatch.
+
+Kernels (the C++ CPU backend; there is no Triton kernel: on a GPU, ``backend="auto"`` runs the reference,
+``F.linear``, i.e. cuBLAS)::
+
+    fastqa::linear_fwd(x, weight, bias?) -> y
+    fastqa::linear_bwd(grad_y, x, weight, has_bias) -> (grad_x, grad_weight, grad_bias)   # grad_bias empty
+                                                                                          # without a bias
+Each of the three products runs on the GEMM engine measured fastest for its shape (``FASTQA_CPU_GEMM``,
+``fastqa.info()["cpu_extension"]["gemm"]["shapes"]``): where oneDNN beats BLAS on a shape (a vocabulary
+projection on an AMD processor: ~2x), the model's linear maps get that speed; elsewhere they run what
+``F.linear`` runs.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import reference
+from .._backend import cpu_available, resolve_backend
+from .._checks import check_optional, check_positive, check_tensor, entry_prologue
+from ._function import has_tangent, input_grads, once_differentiable, register_op_autograd
+from ._registry import kernel, qualified, register_autograd_hook
+
+_MODULE = "linear"
+
+__all__ = ["linear"]
+
+_LINEAR_INPUTS = ("backend", "x", "weight", "bias")
+_LINEAR_OP_INPUTS = _LINEAR_INPUTS[1:]
+
+
+def _linear_save(ctx, backend: str, inputs: tuple) -> None:
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.backend, ctx.has_bias = backend, bias is not None
+
+
+def _linear_grads(ctx, grad_y: torch.Tensor) -> dict:
+    x, weight = ctx.saved_tensors
+    grads = kernel(ctx.backend, _MODULE, "linear_bwd")(grad_y, x, weight, ctx.has_bias)
+    return dict(zip(("x", "weight", "bias"), grads))
+
+
+class _LinearFunction(torch.autograd.Function):
+    """x Wᵀ + b, each product on the engine measured fastest for its shape."""
+
+    @staticmethod
+    def forward(ctx, backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = kernel(backend, _MODULE, "linear_fwd")(x, weight, bias)
+        _linear_save(ctx, backend, (x, weight, bias))
+        return y
+
+    @staticmethod
+    @once_differentiable("linear")
+    def backward(ctx, grad_y: torch.Tensor):
+        return input_grads(ctx, _LINEAR_INPUTS, **_linear_grads(ctx, grad_y))
+
+
+def _register_autograd(backend: str) -> None:
+    """The Function's formula on ``fastqa::linear_fwd`` itself (graphs that call the op: torch.export)."""
+    if backend != "cpu":
+        return  # no Triton kernel
+
+    def setup_context(ctx, inputs, output):
+        _linear_save(ctx, backend, inputs)
+
+    def backward(ctx, grad_y):
+        return input_grads(ctx, _LINEAR_OP_INPUTS, **_linear_grads(ctx, grad_y))
+
+    register_op_autograd(qualified(backend, "linear_fwd"), "linear", setup_context, backward)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           backend: str = "auto") -> torch.Tensor:
+    """``F.linear``: x [..., K] (at least one leading dimension, any strides), weight [N, K], bias [N] or
+    None -> [..., N] = x Wᵀ + b.
+
+    backend: "auto", "reference" or "cpu" (no Triton kernel: on CUDA, "auto" runs the reference, cuBLAS).
+    """
+    if isinstance(x, torch.Tensor) and x.dim() < 2:
+        raise ValueError(f"x must have at least 2 dimensions ([..., K]), got shape {tuple(x.shape)}")
+    x, weight, bias = entry_prologue("x", x, x.dim() if isinstance(x, torch.Tensor) else 2, weight, bias)
+    check_tensor("weight", weight, shape=(None, x.shape[-1]), like=x)
+    check_positive("weight", weight, range(2))
+    check_optional("bias", bias, shape=(weight.shape[0],), like=x)
+    if backend == "triton":
+        raise ValueError("fastqa.linear has no Triton kernel: on a GPU, backend='auto' (or 'reference') runs "
+                         "F.linear (cuBLAS)")
+    resolved = resolve_backend(backend, "linear", x.device, x.dtype)
+    if resolved != "cpu" or has_tangent(x, weight, bias):
+        return reference.linear(x, weight, bias)
+    if not torch.is_grad_enabled() or not (x.requires_grad or weight.requires_grad
+                                           or (bias is not None and bias.requires_grad)):
+        # Nothing to differentiate (inference, decoding): the kernel alone, without the Function's cost.
+        return kernel(resolved, _MODULE, "linear_fwd")(x, weight, bias)
+    return _LinearFunction.apply(resolved, x, weight, bias)
+
+
+register_autograd_hook(_MODULE, _register_autograd)
+
+if cpu_available():
+    @torch.library.register_fake("fastqa::linear_fwd")
+    def _fwd_fake(x, weight, bias):
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    @torch.library.register_fake("fastqa::linear_bwd")
+    def _bwd_fake(grad_y, x, weight, has_bias):
+        return (x.new_empty(x.shape), weight.new_empty(weight.shape),
+                weight.new_empty((weight.shape[0],) if has_bias else (0,)))

@@ -1,0 +1,149 @@
+"""linear (and the Linear layer): the C++ op on the GEMM entry point against F.linear."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.utils import parametrizations
+
+import fastqa
+from fastqa import reference
+from fastqa._backend import cpu_available, cpu_gemm_info
+from fastqa.layers import Linear
+
+from helpers import check_against_reference, ran_ops
+
+pytestmark = pytest.mark.skipif(not cpu_available(), reason="the kernel is C++ only: needs fastqa._C")
+
+NAMES = ["x", "weight", "bias"]
+
+# (leading dims, K, N): ConvS2S's output projection (a smaller vocabulary) and a decode step's, QANet's
+# feed-forward layer and its context-query resizer, then edges.
+REAL = [((200,), 256, 1000), ((2, 400), 128, 128), ((2, 400), 512, 128)]
+EDGE = [
+    ((1,), 1, 1),          # one row, one input, one output
+    ((3, 7), 5, 3),        # odd sizes below the vector width
+    ((2, 3, 4), 9, 17),    # two leading dimensions
+]
+
+
+def make_inputs(lead, k, n, *, dtype=torch.float32, seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, k, generator=g, dtype=dtype)
+    weight = torch.randn(n, k, generator=g, dtype=dtype) / k ** 0.5
+    b = torch.randn(n, generator=g, dtype=dtype) if bias else None
+    return x, weight, b
+
+
+def fused(x, weight, bias):
+    return fastqa.linear(x, weight, bias, backend="cpu")
+
+
+@pytest.mark.parametrize("shape", REAL + EDGE, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_matches_reference_forward_and_gradient(shape, dtype, bias):
+    x, weight, b = make_inputs(*shape, dtype=dtype, bias=bias)
+    check_against_reference(fused, reference.linear, (x, weight, b), names=NAMES)
+
+
+def test_matches_reference_with_strided_operands():
+    """x a transposed view, weight a slice of a wider matrix: any strides in, the same values out."""
+    x, weight, b = make_inputs((6, 40), 32, 48)
+    x_t = x.transpose(0, 1).contiguous().transpose(0, 1)       # [6, 40, 32], non-contiguous
+    wide = torch.cat([weight, weight[:, :8]], dim=1)[:, :32]   # [48, 32], row stride 40
+    assert not x_t.is_contiguous() and not wide.is_contiguous()
+    check_against_reference(fused, reference.linear, (x_t, wide, b), names=NAMES)
+
+
+def test_runs_the_kernels_and_repeated_backward_is_bit_identical():
+    x, weight, b = make_inputs((64, 30), 256, 512)
+    assert ran_ops(lambda: fused(x, weight, b)) == {"fastqa::linear_fwd"}
+
+    def grads():
+        leaves = [t.clone().requires_grad_() for t in (x, weight, b)]
+        fused(*leaves).pow(2).sum().backward()
+        return [t.grad for t in leaves]
+
+    first = grads()
+    assert ran_ops(grads) == {"fastqa::linear_fwd", "fastqa::linear_bwd"}
+    for a, c in zip(first, grads()):
+        assert torch.equal(a, c)
+
+
+def test_large_products_are_measured_per_shape():
+    """FASTQA_CPU_GEMM=auto: a product above the probe threshold gets an entry in info() with both
+    engines' rates and the chooser's pick; a forced engine measures nothing."""
+    x, weight, b = make_inputs((96,), 200, 700)   # 2 * 96 * 200 * 700 = 27 MFLOP: probed
+    fused(x, weight, b)
+    gemm = cpu_gemm_info()
+    shapes = gemm["shapes"]
+    if gemm["requested"] != "auto" or not gemm["onednn_available"]:
+        assert shapes == []
+        return
+    from fastqa import _C
+    mine = [s for s in shapes if (s["m"], s["k"], s["n"]) == (128, 200, 700) and "bias" in s["layout"]]
+    assert len(mine) == 1, shapes
+    rates = mine[0]["gflops"]
+    assert rates["blas"] > 0 and rates["onednn"] > 0
+    assert mine[0]["engine"] == _C.gemm_choose(rates["blas"], rates["onednn"], True, "auto")
+    fused(x[:90], weight, b)   # the same power-of-two bucket: no second measurement
+    assert len([s for s in cpu_gemm_info()["shapes"] if (s["m"], s["k"], s["n"]) == (128, 200, 700)
+                and "bias" in s["layout"]]) == 1
+
+
+def test_layer_is_nn_linear_with_the_same_state_dict_and_weight_norm():
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(24, 40)
+    fast = Linear(24, 40)
+    assert isinstance(fast, torch.nn.Linear)
+    fast.load_state_dict(ref.state_dict())
+    assert list(fast.state_dict()) == ["weight", "bias"]
+    x = torch.randn(3, 5, 24)
+    check_against_reference(lambda x: fast(x), lambda x: ref(x), (x,), names=["x"])
+    # Weight-normalised (as ConvS2S builds them): gradients reach weight_g and weight_v alike.
+    parametrizations.weight_norm(ref, dim=0)
+    parametrizations.weight_norm(fast, dim=0)
+    fast.load_state_dict(ref.state_dict())
+    fast(x).pow(2).sum().backward()
+    ref(x).pow(2).sum().backward()
+    for (name, p), q in zip(fast.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_without_gradients_runs_the_kernel_alone():
+    x, weight, b = make_inputs((8,), 16, 12)
+    with torch.no_grad():
+        y = fused(x.requires_grad_(), weight, b)
+    assert y.grad_fn is None
+    torch.testing.assert_close(y, reference.linear(x.detach(), weight, b))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_opcheck(bias):
+    x, weight, b = make_inputs((4, 6), 8, 5, bias=bias)
+    torch.library.opcheck(torch.ops.fastqa.linear_fwd, (x, weight, b))
+    torch.library.opcheck(torch.ops.fastqa.linear_bwd, (torch.randn(4, 6, 5), x, weight, bias))
+
+
+def test_compiles_without_graph_breaks():
+    x, weight, b = make_inputs((4, 6), 8, 5)
+    compiled = torch.compile(fused, fullgraph=True)
+    torch.testing.assert_close(compiled(x, weight, b), reference.linear(x, weight, b))
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (lambda x, w, b: (x[0, 0], w, b), ValueError, "x must have at least 2 dimensions"),
+    (lambda x, w, b: (x, w[:, :3], b), ValueError, "weight must have shape"),
+    (lambda x, w, b: (x, w, b[:2]), ValueError, "bias must have shape"),
+    (lambda x, w, b: (x, w.double(), b), TypeError, "weight must have dtype"),
+    (lambda x, w, b: (x.long(), w, b), TypeError, "x must be a floating-point tensor"),
+    (lambda x, w, b: (x, w, "b"), TypeError, "bias must be a torch.Tensor"),
+])
+def test_bad_arguments_name_the_argument(bad, error, match):
+    with pytest.raises(error, match=match):
+        fastqa.linear(*bad(*make_inputs((2, 3), 4, 5)))
+
+
+def test_no_triton_kernel_is_a_clear_error():
+    with pytest.raises(ValueError, match="no Triton kernel"):
+        fastqa.linear(*make_inputs((2,), 4, 5), backend="triton")

@@ -24,7 +24,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         rates["blas"] = r.blas;
         if (c.onednn_available) rates["onednn"] = r.onednn;
         pybind11::dict out;
-        out["engine"] = gemm::engine_name(c.engine);
+        out["engine"] = gemm::engine_name(gemm::process_engine());
         out["requested"] = c.requested;
         out["onednn_available"] = c.onednn_available;
         out["gflops"] = rates;
@@ -35,9 +35,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           d["k"] = s.k;
           d["n"] = s.n;
           d["threads"] = s.threads;
-          d["layout"] = s.layout;
+          d["a"] = std::string(1, s.a_layout);
+          d["w"] = std::string(1, s.w_layout);
+          d["bias"] = s.bias;
+          d["accumulate"] = s.accumulate;
           d["gflops"] = pybind11::dict(pybind11::arg("blas") = s.blas_gflops, pybind11::arg("onednn") = s.onednn_gflops);
           d["engine"] = gemm::engine_name(s.engine);
+          d["restored"] = s.restored;
           shapes.append(d);
         }
         out["shapes"] = shapes;
@@ -46,6 +50,34 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "The CPU kernels' GEMM engine: the process's (float32), what FASTQA_CPU_GEMM asked for, whether "
       "oneDNN is usable, each engine's measured float32 rate in GFLOP/s, and the per-shape choices made "
       "so far (auto: each top-level GEMM shape measured with both engines)");
+  m.def(
+      "gemm_restore",
+      [](const std::string& engine, const pybind11::list& shapes) {
+        namespace gemm = fastqa::gemm;
+        auto parse = [](const std::string& name) {
+          TORCH_CHECK(name == "blas" || name == "onednn", "gemm_restore: engine must be blas or onednn, got '", name, "'");
+          return name == "onednn" ? gemm::Engine::kOneDnn : gemm::Engine::kBlas;
+        };
+        std::vector<gemm::ShapeChoice> parsed;
+        for (const auto& item : shapes) {
+          const auto d = item.cast<pybind11::dict>();
+          gemm::ShapeChoice s;
+          s.m = d["m"].cast<int64_t>();
+          s.k = d["k"].cast<int64_t>();
+          s.n = d["n"].cast<int64_t>();
+          s.threads = d["threads"].cast<int>();
+          s.a_layout = d["a"].cast<std::string>().at(0);
+          s.w_layout = d["w"].cast<std::string>().at(0);
+          s.bias = d["bias"].cast<bool>();
+          s.accumulate = d["accumulate"].cast<bool>();
+          s.engine = parse(d["engine"].cast<std::string>());
+          parsed.push_back(s);
+        }
+        gemm::restore(parse(engine), parsed);
+      },
+      "Take the process engine and the per-shape choices of gemm_info() from another process (a training "
+      "checkpoint), so a resumed run multiplies every shape on the same engine; no-op unless "
+      "FASTQA_CPU_GEMM=auto and oneDNN is usable");
   m.def(
       "gemm_choose",
       [](double blas_gflops, double onednn_gflops, bool onednn_available, const std::string& requested) {

@@ -117,6 +117,27 @@ def _warn_fallback(op: str, preferred: str, reason: str) -> None:
                   RuntimeWarning, stacklevel=4)
 
 
+def cpu_gemm_plan() -> dict[str, Any] | None:
+    """What the CPU GEMM engine decided in this process (the process engine and every shape's), for a
+    training checkpoint: ``restore_cpu_gemm_plan`` in a resumed process makes it multiply every shape on
+    the same engine, so its losses equal the uninterrupted run's bit for bit. None without the extension
+    or with a bad ``FASTQA_CPU_GEMM``."""
+    info = cpu_gemm_info()
+    if info is None or "error" in info:
+        return None
+    return {"engine": info["engine"], "shapes": [{k: s[k] for k in ("m", "k", "n", "threads", "a", "w", "bias",
+                                                                    "accumulate", "engine")}
+                                                 for s in info["shapes"]]}
+
+
+def restore_cpu_gemm_plan(plan: dict[str, Any] | None) -> None:
+    """Take another process's ``cpu_gemm_plan()`` (no-op for None, without the extension, or where the
+    engine is forced by ``FASTQA_CPU_GEMM`` or oneDNN is not usable)."""
+    if plan is None or _EXT is None or "error" in (cpu_gemm_info() or {}):
+        return
+    _EXT.gemm_restore(plan["engine"], plan["shapes"])
+
+
 def cpu_gemm_info() -> dict[str, Any] | None:
     """The CPU kernels' GEMM engine (``FASTQA_CPU_GEMM``): ``engine`` in use for float32 ("blas":
     MKL/OpenBLAS through at::mm, "onednn": torch's oneDNN), ``requested``, ``onednn_available`` and

@@ -124,3 +124,56 @@ def test_bad_variable_raises_naming_it():
         "print('ok')",
     ]), "fastest", timeout=600)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(not ONEDNN, reason="this torch build has no oneDNN linear op: nothing to choose")
+def test_restored_plan_sets_each_shape_and_the_process_engine():
+    """A plan from another process (what a training checkpoint carries) decides every shape it names and
+    the process engine: the product then equals, bit for bit, the one of a process forced to that engine."""
+    code = "\n".join([
+        "import sys, torch, fastqa",
+        "from fastqa._backend import cpu_gemm_info, cpu_gemm_plan, restore_cpu_gemm_plan",
+        "g = torch.Generator().manual_seed(0)",
+        "x, w, b = torch.randn(300, 256, generator=g), torch.randn(900, 256, generator=g), torch.randn(900, generator=g)",
+        "if sys.argv[1] != 'auto':",
+        "    sys.stdout.buffer.write(fastqa.linear(x, w, b, backend='cpu').numpy().tobytes()); sys.exit(0)",
+        "fastqa.linear(x, w, b, backend='cpu')",
+        "plan = cpu_gemm_plan()",
+        "mine = [s for s in plan['shapes'] if (s['m'], s['k'], s['n'], s['bias']) == (512, 256, 900, True)]",
+        "assert len(mine) == 1, plan",
+        "other = {'blas': 'onednn', 'onednn': 'blas'}",
+        "flipped = {'engine': other[plan['engine']], 'shapes': [{**s, 'engine': other[s['engine']]} for s in plan['shapes']]}",
+        "restore_cpu_gemm_plan(flipped)",
+        "info = cpu_gemm_info()",
+        "assert info['engine'] == flipped['engine'], info",
+        "now = [s for s in info['shapes'] if (s['m'], s['k'], s['n'], s['bias']) == (512, 256, 900, True)]",
+        "assert len(now) == 1 and now[0]['restored'] and now[0]['engine'] == other[mine[0]['engine']], now",
+        "print(now[0]['engine'], file=sys.stderr)",
+        "sys.stdout.buffer.write(fastqa.linear(x, w, b, backend='cpu').numpy().tobytes())",
+    ])
+
+    def run(engine: str) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, "-c", code, engine], cwd=TESTS.parent, capture_output=True,
+                              env={**os.environ, "FASTQA_CPU_GEMM": engine}, timeout=600)
+        assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+        return proc
+
+    restored = run("auto")
+    engine = restored.stderr.decode().strip().splitlines()[-1]
+    forced = run(engine)
+    assert len(restored.stdout) == 300 * 900 * 4 and restored.stdout == forced.stdout
+    forced_other = run({"blas": "onednn", "onednn": "blas"}[engine])
+    assert forced_other.stdout != forced.stdout   # the two engines do round differently on this product
+
+
+def test_restoring_under_a_forced_engine_changes_nothing():
+    proc = _run("\n".join([
+        "import torch, fastqa",
+        "from fastqa._backend import cpu_gemm_info, restore_cpu_gemm_plan",
+        "restore_cpu_gemm_plan({'engine': 'onednn', 'shapes': [dict(m=512, k=256, n=900, threads=1, a='r', w='r',"
+        " bias=True, accumulate=False, engine='onednn')]})",
+        "info = cpu_gemm_info()",
+        "assert info['engine'] == 'blas' and info['shapes'] == [], info",
+        "print('ok')",
+    ]), "blas", timeout=600)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

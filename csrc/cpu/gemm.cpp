@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -169,8 +170,22 @@ const Choice& choice() {
   return made;
 }
 
+namespace {
+std::atomic<int> restored_process_engine{-1};  // -1: none; else an Engine set by restore()
+
+bool restorable() {
+  const Choice& c = choice();
+  return c.requested == "auto" && c.onednn_available;
+}
+}  // namespace
+
+Engine process_engine() {
+  const int restored = restored_process_engine.load(std::memory_order_relaxed);
+  return restored >= 0 ? static_cast<Engine>(restored) : choice().engine;
+}
+
 Engine engine_for(at::ScalarType dtype) {
-  return dtype == at::kFloat ? choice().engine : Engine::kBlas;
+  return dtype == at::kFloat ? process_engine() : Engine::kBlas;
 }
 
 namespace {
@@ -233,6 +248,33 @@ std::vector<ShapeChoice> shape_choices() {
   return table.seen;
 }
 
+namespace {
+ShapeKey key_of(const ShapeChoice& s) {
+  return ShapeKey{s.m, s.k, s.n, s.threads, s.a_layout, s.w_layout, s.bias, s.accumulate};
+}
+}  // namespace
+
+void restore(Engine process, const std::vector<ShapeChoice>& shapes) {
+  if (!restorable()) return;  // a forced engine (or BLAS only) decides the same in every process
+  restored_process_engine.store(static_cast<int>(process), std::memory_order_relaxed);
+  ShapeTable& table = shape_table();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  for (ShapeChoice s : shapes) {
+    s.restored = true;
+    s.blas_gflops = s.onednn_gflops = 0;
+    const ShapeKey key = key_of(s);
+    const bool seen = table.engine.count(key) > 0;
+    table.engine[key] = s.engine;
+    if (seen) {
+      for (ShapeChoice& t : table.seen) {
+        if (key_of(t) == key) t = s;
+      }
+    } else {
+      table.seen.push_back(s);
+    }
+  }
+}
+
 Engine engine_for(const at::Tensor& a, const at::Tensor& w, bool with_bias, bool accumulate) {
   const Choice& c = choice();
   const int64_t m = a.size(0), k = a.size(1), n = w.size(0);
@@ -252,8 +294,10 @@ Engine engine_for(const at::Tensor& a, const at::Tensor& w, bool with_bias, bool
   s.k = k;
   s.n = n;
   s.threads = std::get<3>(key);
-  s.layout = std::string("a ") + layout_of(a) + ", w " + layout_of(w) + (with_bias ? ", bias" : "") +
-             (accumulate ? ", accumulate" : "");
+  s.a_layout = layout_of(a);
+  s.w_layout = layout_of(w);
+  s.bias = with_bias;
+  s.accumulate = accumulate;
   s.blas_gflops = rates.first;
   s.onednn_gflops = rates.second;
   s.engine = choose(rates.first, rates.second, true, "auto");

@@ -68,23 +68,35 @@ bool onednn_available();
 // Makes the choice if not made yet. Call at the top of each op (outside parallel regions).
 inline void prepare() { (void)choice(); }
 
-// The engine for this dtype: float32 -> the chosen engine; float64 -> BLAS.
+// The engine for this dtype: float32 -> process_engine(); float64 -> BLAS.
 Engine engine_for(at::ScalarType dtype);
 
 // Top-level GEMMs below this many floating-point operations take the process's engine unmeasured (a
 // probe would cost more than a choice can save).
 constexpr double kShapeProbeFlop = 4e6;
 
-// One shape's measured choice (FASTQA_CPU_GEMM=auto only). m is M rounded up to a power of two.
+// One shape's choice (FASTQA_CPU_GEMM=auto only): m is M rounded up to a power of two; a_layout and
+// w_layout are 'r' (row-major), 'c' (a transposed view of a row-major matrix) or 's' (other strides).
 struct ShapeChoice {
   int64_t m = 0, k = 0, n = 0;
   int threads = 0;
-  std::string layout;  // e.g. "a row-major, w [N,K], bias"
-  double blas_gflops = 0, onednn_gflops = 0;
+  char a_layout = 'r', w_layout = 'r';
+  bool bias = false, accumulate = false;
+  double blas_gflops = 0, onednn_gflops = 0;  // measured here; 0 for a restored choice
   Engine engine = Engine::kBlas;
+  bool restored = false;                      // set by restore(), not measured in this process
 };
-// Every shape measured so far in this process, in the order they were first seen.
+// Every shape decided so far in this process, in the order they were first seen.
 std::vector<ShapeChoice> shape_choices();
+
+// The float32 engine of the process's small and in-thread products: choice().engine, or the one
+// restore() set.
+Engine process_engine();
+
+// Takes another process's decisions (a training checkpoint's), so that a resumed run multiplies every
+// shape on the engine the interrupted one used and reproduces its losses bit for bit: the process's
+// engine and each shape's, measured or not. Ignored unless FASTQA_CPU_GEMM=auto and oneDNN is usable.
+void restore(Engine process, const std::vector<ShapeChoice>& shapes);
 
 // The engine for out[M, N] = a[M, K] @ w[N, K]^T (+ bias or + out): the process's engine for float64,
 // inside a parallel region, below kShapeProbeFlop or when forced; otherwise the shape's measured one

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._backend import cpu_gemm_plan, restore_cpu_gemm_plan
 from ..data.batching import shard
 from ..errors import UserError
 from . import distributed
@@ -154,6 +155,9 @@ def _restore(task: Task, payload: dict, path: Path, optimizer, scheduler, ema: E
         log.warning("resuming a %d-process run with %d processes: the data order is the same, dropout masks "
                     "will differ", len(rng), env.world_size)
     _set_rng_state(rng[env.rank % len(rng)])
+    # The same GEMM engine for every shape as before the interruption (FASTQA_CPU_GEMM=auto measures
+    # them per process, and two engines round differently): bit-identical losses after resuming.
+    restore_cpu_gemm_plan(payload.get("gemm_plan"))
     return _Progress(step=payload["step"], epoch=payload["epoch"], batch_in_epoch=payload["batch_in_epoch"])
 
 
@@ -171,6 +175,7 @@ def _save(task: Task, settings: TrainSettings, optimizer, scheduler, ema: EMA | 
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "rng": rng,
+            "gemm_plan": cpu_gemm_plan(),
             "settings": asdict(settings),
             **asdict(progress),
         })

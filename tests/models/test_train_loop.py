@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fastqa.errors import UserError
+from fastqa._backend import cpu_gemm_plan
 from fastqa.train import TrainSettings, fit, load_checkpoint, save_checkpoint
 from fastqa.train.checkpoint import atomic_write_text
 from toy_task import ToyTask
@@ -38,6 +39,8 @@ def test_fit_writes_run_folder_and_loss_falls(tmp_path):
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
     payload = load_checkpoint(tmp_path)
     assert payload["kind"] == "toy" and payload["step"] == 60 and payload["ema"] is not None
+    # The GEMM engine's decisions travel with the run (a resumed process restores them: same rounding).
+    assert payload["gemm_plan"] == cpu_gemm_plan()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 

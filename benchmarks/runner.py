@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import importlib
 import platform
 import sys
 import time
@@ -28,22 +29,13 @@ def versions() -> dict[str, str | None]:
     return {"torch": torch.__version__, "triton": triton_version, "fastqa": fastqa_version}
 
 
-def cpu_gemm() -> dict[str, Any] | None:
-    """fastqa's CPU GEMM engine (the one in use and each engine's measured rate), None without it."""
+def ask_fastqa(name: str) -> Any:
+    """``fastqa._backend.<name>()`` (e.g. the CPU GEMM engine and its rates, the GLU algorithm setting), or
+    ``{"error": ...}`` where fastqa cannot answer: recorded, never fatal to a benchmark run."""
     try:
-        from fastqa._backend import cpu_gemm_info
-        return cpu_gemm_info()
-    except Exception as exc:  # recorded, never fatal to a benchmark run
+        return getattr(importlib.import_module("fastqa._backend"), name)()
+    except Exception as exc:
         return {"error": _short(exc)}
-
-
-def cpu_glu_conv() -> str | None:
-    """How fastqa's CPU glu_conv1d runs its taps (FASTQA_CPU_GLU_CONV), None without fastqa."""
-    try:
-        from fastqa._backend import cpu_glu_conv as setting
-        return setting()
-    except Exception:  # recorded as unknown, never fatal to a benchmark run
-        return None
 
 
 def _short(exc: BaseException) -> str:
@@ -122,8 +114,8 @@ def run(cases: Sequence[Case], *, device: torch.device, dtype: torch.dtype, sett
         "host": platform.node(), "device": measure.device_name(device), "device_type": device.type,
         "dtype": str(dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
         "python": platform.python_version(), **versions(), **peaks,
-        "cpu_gemm": cpu_gemm() if device.type == "cpu" else None,
-        "cpu_glu_conv": cpu_glu_conv() if device.type == "cpu" else None,
+        "cpu_gemm": ask_fastqa("cpu_gemm_info") if device.type == "cpu" else None,
+        "cpu_glu_conv": ask_fastqa("cpu_glu_conv") if device.type == "cpu" else None,
         "settings": vars(settings), "compile_per_op": compile_per_op, "argv": sys.argv[1:],
     }
     records: list[dict] = []

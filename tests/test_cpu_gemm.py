@@ -67,10 +67,12 @@ def test_info_names_the_engine_and_each_rate():
         assert gemm["engine"] == _chooser()(gemm["gflops"]["blas"], gemm["gflops"]["onednn"], True, "auto")
 
 
-def _run(code: str, env_engine: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+def _run(code: str, env_engine: str, timeout: float = 1800, *argv: str,
+         text: bool = True) -> subprocess.CompletedProcess:
+    """``python -c code *argv`` with FASTQA_CPU_GEMM=env_engine (output as text, or bytes with text=False)."""
     env = {**os.environ, "FASTQA_CPU_GEMM": env_engine}
-    return subprocess.run([sys.executable, "-c", code], cwd=TESTS.parent, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-c", code, *argv], cwd=TESTS.parent, env=env, capture_output=True,
+                          text=text, timeout=timeout)
 
 
 def _op_tests_code(disable_onednn: bool, expect_engine: str) -> str:
@@ -153,8 +155,7 @@ def test_restored_plan_sets_each_shape_and_the_process_engine():
     ])
 
     def run(engine: str) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-c", code, engine], cwd=TESTS.parent, capture_output=True,
-                              env={**os.environ, "FASTQA_CPU_GEMM": engine}, timeout=600)
+        proc = _run(code, engine, 600, engine, text=False)
         assert proc.returncode == 0, proc.stderr.decode()[-3000:]
         return proc
 

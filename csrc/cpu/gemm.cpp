@@ -171,24 +171,8 @@ const Choice& choice() {
 }
 
 namespace {
+
 std::atomic<int> restored_process_engine{-1};  // -1: none; else an Engine set by restore()
-
-bool restorable() {
-  const Choice& c = choice();
-  return c.requested == "auto" && c.onednn_available;
-}
-}  // namespace
-
-Engine process_engine() {
-  const int restored = restored_process_engine.load(std::memory_order_relaxed);
-  return restored >= 0 ? static_cast<Engine>(restored) : choice().engine;
-}
-
-Engine engine_for(at::ScalarType dtype) {
-  return dtype == at::kFloat ? process_engine() : Engine::kBlas;
-}
-
-namespace {
 
 // A probe multiplies at most this many rows of a: enough for the shape's steady-state rate (a product
 // of 1600 rows and one of 12800 rows can prefer different engines), bounded in cost.
@@ -207,10 +191,15 @@ char layout_of(const at::Tensor& t) {
 
 using ShapeKey = std::tuple<int64_t, int64_t, int64_t, int, char, char, bool, bool>;
 
+ShapeKey key_of(const ShapeChoice& s) {
+  return ShapeKey{s.m, s.k, s.n, s.threads, s.a_layout, s.w_layout, s.bias, s.accumulate};
+}
+
+// The shapes decided so far, in the order first seen, and where each one's key sits among them.
 struct ShapeTable {
   std::mutex mutex;
-  std::map<ShapeKey, Engine> engine;
   std::vector<ShapeChoice> seen;
+  std::map<ShapeKey, size_t> index;
 };
 
 ShapeTable& shape_table() {
@@ -243,35 +232,35 @@ std::pair<double, double> probe(const at::Tensor& a, const at::Tensor& w, bool w
 
 }  // namespace
 
+Engine process_engine() {
+  const int restored = restored_process_engine.load(std::memory_order_relaxed);
+  return restored >= 0 ? static_cast<Engine>(restored) : choice().engine;
+}
+
+Engine engine_for(at::ScalarType dtype) {
+  return dtype == at::kFloat ? process_engine() : Engine::kBlas;
+}
+
 std::vector<ShapeChoice> shape_choices() {
   ShapeTable& table = shape_table();
   std::lock_guard<std::mutex> lock(table.mutex);
   return table.seen;
 }
 
-namespace {
-ShapeKey key_of(const ShapeChoice& s) {
-  return ShapeKey{s.m, s.k, s.n, s.threads, s.a_layout, s.w_layout, s.bias, s.accumulate};
-}
-}  // namespace
-
 void restore(Engine process, const std::vector<ShapeChoice>& shapes) {
-  if (!restorable()) return;  // a forced engine (or BLAS only) decides the same in every process
+  const Choice& c = choice();
+  if (c.requested != "auto" || !c.onednn_available) return;  // forced, or BLAS only: the same everywhere
   restored_process_engine.store(static_cast<int>(process), std::memory_order_relaxed);
   ShapeTable& table = shape_table();
   std::lock_guard<std::mutex> lock(table.mutex);
   for (ShapeChoice s : shapes) {
     s.restored = true;
     s.blas_gflops = s.onednn_gflops = 0;
-    const ShapeKey key = key_of(s);
-    const bool seen = table.engine.count(key) > 0;
-    table.engine[key] = s.engine;
-    if (seen) {
-      for (ShapeChoice& t : table.seen) {
-        if (key_of(t) == key) t = s;
-      }
-    } else {
+    const auto [slot, added] = table.index.emplace(key_of(s), table.seen.size());
+    if (added) {
       table.seen.push_back(s);
+    } else {
+      table.seen[slot->second] = s;
     }
   }
 }
@@ -283,26 +272,22 @@ Engine engine_for(const at::Tensor& a, const at::Tensor& w, bool with_bias, bool
       2.0 * m * k * n < kShapeProbeFlop) {
     return engine_for(a.scalar_type());
   }
-  const ShapeKey key{pow2_at_least(m), k, n, at::get_num_threads(), layout_of(a), layout_of(w), with_bias,
-                     accumulate};
-  ShapeTable& table = shape_table();
-  std::lock_guard<std::mutex> lock(table.mutex);  // a probe runs once per shape, whichever thread asks first
-  const auto found = table.engine.find(key);
-  if (found != table.engine.end()) return found->second;
-  const auto rates = probe(a, w, with_bias, accumulate);
   ShapeChoice s;
-  s.m = std::get<0>(key);
+  s.m = pow2_at_least(m);
   s.k = k;
   s.n = n;
-  s.threads = std::get<3>(key);
+  s.threads = at::get_num_threads();
   s.a_layout = layout_of(a);
   s.w_layout = layout_of(w);
   s.bias = with_bias;
   s.accumulate = accumulate;
-  s.blas_gflops = rates.first;
-  s.onednn_gflops = rates.second;
-  s.engine = choose(rates.first, rates.second, true, "auto");
-  table.engine.emplace(key, s.engine);
+  ShapeTable& table = shape_table();
+  std::lock_guard<std::mutex> lock(table.mutex);  // a probe runs once per shape, whichever thread asks first
+  const auto found = table.index.find(key_of(s));
+  if (found != table.index.end()) return table.seen[found->second].engine;
+  std::tie(s.blas_gflops, s.onednn_gflops) = probe(a, w, with_bias, accumulate);
+  s.engine = choose(s.blas_gflops, s.onednn_gflops, true, "auto");
+  table.index.emplace(key_of(s), table.seen.size());
   table.seen.push_back(s);
   return s.engine;
 }

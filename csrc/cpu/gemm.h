@@ -98,9 +98,9 @@ Engine process_engine();
 // engine and each shape's, measured or not. Ignored unless FASTQA_CPU_GEMM=auto and oneDNN is usable.
 void restore(Engine process, const std::vector<ShapeChoice>& shapes);
 
-// The engine for out[M, N] = a[M, K] @ w[N, K]^T (+ bias or + out): the process's engine for float64,
-// inside a parallel region, below kShapeProbeFlop or when forced; otherwise the shape's measured one
-// (measured now if the shape is new, on a's first rows, with the bias when `with_bias`).
+// The engine for out[M, N] = a[M, K] @ w[N, K]^T (+ bias or + out): engine_for(dtype) for float64, inside
+// a parallel region, below kShapeProbeFlop or when forced; otherwise the shape's (measured now if the
+// shape is new, on a's first rows, with the bias when `with_bias`; or restored).
 Engine engine_for(const at::Tensor& a, const at::Tensor& w, bool with_bias, bool accumulate);
 
 // out (=, or += when accumulate) a @ b. a [M, K], b [K, N], out [M, N]: any strides (transposed

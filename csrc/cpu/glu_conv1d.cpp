@@ -306,11 +306,11 @@ at::Tensor winograd_backward(const at::Tensor& grad_pre, at::Tensor xp, const at
     winograd::gather_tiles<T>(grad_pre.data_ptr<T>(), g.N, 2 * H, tiles, p.m, 0, p.Em, p.n, p.m, pt.data_ptr<T>());
     winograd::gather_tiles<T>(xp.data_ptr<T>(), rows, H, tiles, p.m, 0, p.BT, p.n, p.n, v.data_ptr<T>());
     xp.reset();
-    // oneDNN multiplies a row-major left operand: P_i^T is made contiguous (BLAS reads the view).
-    const bool onednn = gemm::engine_for(dtype) == gemm::Engine::kOneDnn;
+    // P_i^T as a view: BLAS reads it as it is, oneDNN copies it into its own layout (the same values and
+    // time as a copy made here), and the GEMM entry point picks the engine for this shape and layout.
     at::Tensor q = at::empty({2 * H, H}, grad_pre.options());
     for (int64_t i = 0; i < p.n; ++i) {
-      gemm::mm_out(q, onednn ? pt[i].t().contiguous() : pt[i].t(), v[i]);
+      gemm::mm_out(q, pt[i].t(), v[i]);
       for (int64_t k = 0; k < g.K; ++k) {
         const double f = p.EK[i * g.K + k];
         if (f != 0.0) grad_taps[k].add_(q, f);

@@ -63,7 +63,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_bwd(const at::Tensor& grad
   const at::Tensor grad_x = gemm::linear(g, weight.t(), c10::nullopt).view(x.sizes());
   const at::Tensor grad_weight = gemm::linear(g.t(), x2.t(), c10::nullopt);
   const at::Tensor grad_bias = has_bias ? g.sum(0) : at::empty({0}, weight.options());
-  return {grad_x, grad_weight.contiguous(), grad_bias};
+  return {grad_x, grad_weight, grad_bias};
 }
 
 }  // namespace

@@ -75,6 +75,12 @@ def once_differentiable(op: str) -> Callable:
     return decorate
 
 
+def records_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd is recording for any of ``tensors`` (grad mode on and one requires grad): where it
+    is not, forward-only entry points run their kernel without a Function."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def has_tangent(*tensors: torch.Tensor | None) -> bool:
     """Whether forward-mode AD carries a tangent through any of ``tensors``: a dual tensor of
     ``torch.autograd.forward_ad`` or an input of ``torch.func.jvp`` (which sets a dual level too)."""

@@ -18,7 +18,7 @@ from .. import reference
 from .._backend import cpu_available, resolve_backend
 from .._checks import check_flag, check_optional, check_real, check_tensor, entry_prologue
 from ..reference.glu_conv1d import SQRT_HALF
-from ._function import has_tangent, input_grads, once_differentiable, register_op_autograd
+from ._function import has_tangent, input_grads, once_differentiable, records_grad, register_op_autograd
 from ._registry import kernel, qualified, register_autograd_hook
 
 _MODULE = "glu_conv1d"
@@ -139,9 +139,8 @@ def glu_conv1d_step(x_t: torch.Tensor, state: torch.Tensor, weight: torch.Tensor
     scale = check_real("scale", scale)
 
     backend = resolve_backend(backend, "glu_conv1d_step", x_t.device, x_t.dtype)
-    tensors = (x_t, state, weight) if bias is None else (x_t, state, weight, bias)
-    if (backend == "reference" or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-            or has_tangent(*tensors)):
+    tensors = (x_t, state, weight, bias)
+    if backend == "reference" or records_grad(*tensors) or has_tangent(*tensors):
         return reference.glu_conv1d_step(x_t, state, weight, bias, residual=residual, scale=scale)
     return kernel(backend, _MODULE, "glu_conv1d_step")(x_t, state, weight, bias, residual, scale)
 

@@ -18,7 +18,7 @@ import torch
 from .. import reference
 from .._backend import cpu_available, resolve_backend
 from .._checks import check_optional, check_positive, check_tensor, entry_prologue
-from ._function import has_tangent, input_grads, once_differentiable, register_op_autograd
+from ._function import has_tangent, input_grads, once_differentiable, records_grad, register_op_autograd
 from ._registry import kernel, qualified, register_autograd_hook
 
 _MODULE = "linear"
@@ -77,9 +77,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     backend: "auto", "reference" or "cpu" (no Triton kernel: on CUDA, "auto" runs the reference, cuBLAS).
     """
-    if isinstance(x, torch.Tensor) and x.dim() < 2:
+    ndim = x.dim() if isinstance(x, torch.Tensor) else 2   # not a tensor: entry_prologue's TypeError
+    if ndim < 2:
         raise ValueError(f"x must have at least 2 dimensions ([..., K]), got shape {tuple(x.shape)}")
-    x, weight, bias = entry_prologue("x", x, x.dim() if isinstance(x, torch.Tensor) else 2, weight, bias)
+    x, weight, bias = entry_prologue("x", x, ndim, weight, bias)
     check_tensor("weight", weight, shape=(None, x.shape[-1]), like=x)
     check_positive("weight", weight, range(2))
     check_optional("bias", bias, shape=(weight.shape[0],), like=x)
@@ -89,8 +90,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     resolved = resolve_backend(backend, "linear", x.device, x.dtype)
     if resolved != "cpu" or has_tangent(x, weight, bias):
         return reference.linear(x, weight, bias)
-    if not torch.is_grad_enabled() or not (x.requires_grad or weight.requires_grad
-                                           or (bias is not None and bias.requires_grad)):
+    if not records_grad(x, weight, bias):
         # Nothing to differentiate (inference, decoding): the kernel alone, without the Function's cost.
         return kernel(resolved, _MODULE, "linear_fwd")(x, weight, bias)
     return _LinearFunction.apply(resolved, x, weight, bias)

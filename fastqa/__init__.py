@@ -13,6 +13,7 @@ from .ops import (  # noqa: E402
     glu_conv1d,
     glu_conv1d_step,
     linear,
+    linear_argmax,
     ln_dwsep_conv1d,
     self_attention,
     trilinear_similarity,
@@ -20,6 +21,6 @@ from .ops import (  # noqa: E402
 
 __all__ = [
     "BACKENDS", "info", "__version__", "layers", "ops", "reference",
-    "context_query_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "linear", "ln_dwsep_conv1d",
+    "context_query_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "linear", "linear_argmax", "ln_dwsep_conv1d",
     "self_attention", "trilinear_similarity",
 ]

@@ -147,3 +147,71 @@ def test_bad_arguments_name_the_argument(bad, error, match):
 def test_no_triton_kernel_is_a_clear_error():
     with pytest.raises(ValueError, match="no Triton kernel"):
         fastqa.linear(*make_inputs((2,), 4, 5), backend="triton")
+
+
+# --- linear_argmax: greedy decoding's next token -------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", REAL + EDGE, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_argmax_matches_reference(shape, dtype, bias):
+    x, weight, b = make_inputs(*shape, dtype=dtype, bias=bias)
+    n = weight.shape[0]
+    for exclude in ([], [0] if n > 1 else [], sorted({0, 2, n - 1}) if n > 3 else []):
+        got = fastqa.linear_argmax(x, weight, b, exclude, backend="cpu")
+        want = reference.linear_argmax(x, weight, b, exclude)
+        assert got.dtype == torch.long and got.shape == x.shape[:-1]
+        assert torch.equal(got, want), f"exclude={exclude}"
+        assert not any(int(i) in exclude for i in got.flatten())
+
+
+def test_argmax_ties_infinities_and_nan_as_torch_argmax():
+    """Zero inputs make the logits the bias exactly: ties give the first, +inf wins, a NaN anywhere gives the
+    first NaN (torch.argmax), nothing finite gives 0, an excluded maximum is passed over; 37 features, so
+    the scan's vector part and its scalar tail both see the winner."""
+    n = 37
+    rows = torch.randn(6, n)
+    rows[0, [5, 30]] = 9.0                     # a tie: the first
+    rows[1, 20] = float("inf")
+    rows[2, [3, 33]] = float("nan")            # the first NaN
+    rows[3, :] = float("-inf")                 # nothing finite: index 0, as torch
+    rows[4, 36] = 50.0                         # the last element (the scalar tail of the scan)
+    rows[5, 1] = 100.0                         # excluded below: the next largest instead
+    x, weight = torch.zeros(2, 4), torch.randn(n, 4)
+    got = [fastqa.linear_argmax(x, weight, row, [1], backend="cpu") for row in rows]
+    logits = rows.clone()
+    logits[:, 1] = float("-inf")
+    assert [g.tolist() for g in got] == [[int(i)] * 2 for i in logits.argmax(1)]
+    assert [g[0].item() for g in got][:5] == [5, 20, 3, 0, 36]
+
+
+def test_argmax_layer_method_and_opcheck():
+    torch.manual_seed(0)
+    fast, ref = Linear(16, 50), reference.Linear(16, 50)
+    ref.load_state_dict(fast.state_dict())
+    parametrizations.weight_norm(fast, dim=0)      # as ConvS2S's output layer
+    parametrizations.weight_norm(ref, dim=0)
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randn(4, 3, 16)
+    with torch.no_grad():
+        assert torch.equal(fast.argmax(x, [7]), ref.argmax(x, [7]))
+        assert ran_ops(lambda: fast.argmax(x, [7])) == {"fastqa::linear_argmax"}
+    x2, weight, b = make_inputs((5,), 8, 9)
+    torch.library.opcheck(torch.ops.fastqa.linear_argmax, (x2, weight, b, [0, 3]))
+
+
+@pytest.mark.parametrize("exclude, error, match", [
+    ([9], ValueError, r"exclude holds 9, outside the 9 output features"),
+    ([-1], ValueError, "exclude holds -1"),
+    (list(range(9)), ValueError, "leaves none of the 9 output features"),
+    ([1.0], TypeError, "exclude must hold ints"),
+    ("ab", TypeError, "exclude must be a sequence of ints"),
+])
+def test_argmax_bad_exclude_names_it(exclude, error, match):
+    with pytest.raises(error, match=match):
+        fastqa.linear_argmax(*make_inputs((2,), 4, 9), exclude)
+
+
+def test_argmax_no_triton_kernel_is_a_clear_error():
+    with pytest.raises(ValueError, match="no Triton kernel"):
+        fastqa.linear_argmax(*make_inputs((2,), 4, 5), backend="triton")

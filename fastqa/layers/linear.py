@@ -1,10 +1,12 @@
 """Drop-in nn.Linear whose products run on the GEMM engine measured fastest for their shape."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import nn
 
-from ..ops.linear import linear
+from ..ops.linear import linear, linear_argmax
 
 __all__ = ["Linear"]
 
@@ -23,3 +25,8 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., in_features] (at least 2 dimensions) -> [..., out_features]."""
         return linear(x, self.weight, self.bias, backend=self.backend)
+
+    def argmax(self, x: torch.Tensor, exclude: Sequence[int] = ()) -> torch.Tensor:
+        """x: [..., in_features] -> [...] int64: the index of the largest output feature, never one of
+        ``exclude`` (greedy decoding's next token; see ``fastqa.linear_argmax``)."""
+        return linear_argmax(x, self.weight, self.bias, exclude, backend=self.backend)

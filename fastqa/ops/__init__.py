@@ -7,7 +7,7 @@ from .._backend import triton_usable_here
 from .context_query_attention import context_query_attention, trilinear_similarity
 from .dwsep_conv1d import dwsep_conv1d, ln_dwsep_conv1d
 from .glu_conv1d import glu_conv1d, glu_conv1d_step
-from .linear import linear
+from .linear import linear, linear_argmax
 from .self_attention import self_attention
 
 if triton_usable_here():
@@ -17,6 +17,6 @@ if triton_usable_here():
     register_triton_autograd()
 
 __all__ = [
-    "context_query_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "linear", "ln_dwsep_conv1d",
+    "context_query_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "linear", "linear_argmax", "ln_dwsep_conv1d",
     "self_attention", "trilinear_similarity",
 ]

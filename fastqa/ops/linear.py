@@ -6,12 +6,15 @@ Kernels (the C++ CPU backend; there is no Triton kernel: on a GPU, ``backend="au
     fastqa::linear_fwd(x, weight, bias?) -> y
     fastqa::linear_bwd(grad_y, x, weight, has_bias) -> (grad_x, grad_weight, grad_bias)   # grad_bias empty
                                                                                           # without a bias
+    fastqa::linear_argmax(x, weight, bias?, exclude) -> index    # forward only: argmax of the output
 Each of the three products runs on the GEMM engine measured fastest for its shape (``FASTQA_CPU_GEMM``,
 ``fastqa.info()["cpu_extension"]["gemm"]["shapes"]``): where oneDNN beats BLAS on a shape (a vocabulary
 projection on an AMD processor: ~2x), the model's linear maps get that speed; elsewhere they run what
 ``F.linear`` runs.
 """
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
@@ -23,7 +26,7 @@ from ._registry import kernel, qualified, register_autograd_hook
 
 _MODULE = "linear"
 
-__all__ = ["linear"]
+__all__ = ["linear", "linear_argmax"]
 
 _LINEAR_INPUTS = ("backend", "x", "weight", "bias")
 _LINEAR_OP_INPUTS = _LINEAR_INPUTS[1:]
@@ -96,12 +99,57 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return _LinearFunction.apply(resolved, x, weight, bias)
 
 
+def linear_argmax(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  exclude: Sequence[int] = (), *, backend: str = "auto") -> torch.Tensor:
+    """The index of the largest output feature: x [..., K], weight [N, K], bias [N] or None -> [...] int64 =
+    argmax over N of ``linear(x, weight, bias)``, never a feature in ``exclude`` (ids in [0, N), not all of
+    them); ties and NaN as torch.argmax (the first). Greedy decoding's next token: the C++ kernel scans each
+    row of logits with vector instructions right after the GEMM (~6x faster than torch.argmax's scan of a
+    [200, 5893] block). No gradient (the result is indices).
+
+    backend: "auto", "reference" or "cpu" (no Triton kernel: on CUDA, "auto" runs the reference).
+    """
+    ndim = x.dim() if isinstance(x, torch.Tensor) else 2
+    if ndim < 2:
+        raise ValueError(f"x must have at least 2 dimensions ([..., K]), got shape {tuple(x.shape)}")
+    x, weight, bias = entry_prologue("x", x, ndim, weight, bias)
+    check_tensor("weight", weight, shape=(None, x.shape[-1]), like=x)
+    check_positive("weight", weight, range(2))
+    check_optional("bias", bias, shape=(weight.shape[0],), like=x)
+    exclude = _check_exclude(exclude, weight.shape[0])
+    if backend == "triton":
+        raise ValueError("fastqa.linear_argmax has no Triton kernel: on a GPU, backend='auto' (or 'reference') "
+                         "runs F.linear and torch.argmax")
+    resolved = resolve_backend(backend, "linear_argmax", x.device, x.dtype)
+    if resolved != "cpu":
+        return reference.linear_argmax(x, weight, bias, exclude)
+    return kernel(resolved, _MODULE, "linear_argmax")(x, weight, bias, exclude)
+
+
+def _check_exclude(exclude: object, features: int) -> list[int]:
+    if isinstance(exclude, (str, bytes)) or not isinstance(exclude, Sequence):
+        raise TypeError(f"exclude must be a sequence of ints, got {type(exclude).__name__}")
+    ids = list(exclude)
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"exclude must hold ints, got {type(i).__name__}")
+        if not 0 <= i < features:
+            raise ValueError(f"exclude holds {i}, outside the {features} output features [0, {features})")
+    if len(set(ids)) >= features:
+        raise ValueError(f"exclude leaves none of the {features} output features to choose")
+    return ids
+
+
 register_autograd_hook(_MODULE, _register_autograd)
 
 if cpu_available():
     @torch.library.register_fake("fastqa::linear_fwd")
     def _fwd_fake(x, weight, bias):
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    @torch.library.register_fake("fastqa::linear_argmax")
+    def _argmax_fake(x, weight, bias, exclude):
+        return x.new_empty(x.shape[:-1], dtype=torch.long)
 
     @torch.library.register_fake("fastqa::linear_bwd")
     def _bwd_fake(grad_y, x, weight, has_bias):

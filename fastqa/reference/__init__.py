@@ -16,13 +16,13 @@ from .dwsep_conv1d import (
     ln_dwsep_conv1d,
 )
 from .glu_conv1d import GLUConv1d, glu_conv1d, glu_conv1d_naive, glu_conv1d_step
-from .linear import Linear, linear
+from .linear import Linear, linear, linear_argmax
 from .self_attention import SelfAttention, self_attention
 
 __all__ = [
     "ContextQueryAttention", "DepthwiseSeparableConv1d", "GLUConv1d", "LayerNormDepthwiseSeparableConv1d", "Linear",
     "SelfAttention", "TrilinearSimilarity",
     "context_query_attention", "context_query_attention_naive", "conv_padding", "dwsep_conv1d",
-    "glu_conv1d", "glu_conv1d_naive", "glu_conv1d_step", "linear", "ln_dwsep_conv1d", "masked_softmax", "self_attention", "trilinear_similarity",
+    "glu_conv1d", "glu_conv1d_naive", "glu_conv1d_step", "linear", "linear_argmax", "ln_dwsep_conv1d", "masked_softmax", "self_attention", "trilinear_similarity",
     "trilinear_similarity_naive",
 ]

@@ -1,14 +1,32 @@
-"""Pure-PyTorch linear map: the ground truth and fallback of ``fastqa.linear`` (``F.linear``); its module is
-``nn.Linear`` itself."""
+"""Pure-PyTorch linear map: the ground truth and fallback of ``fastqa.linear`` (``F.linear``) and of
+``fastqa.linear_argmax``; its module is ``nn.Linear`` with an ``argmax`` method."""
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-Linear = nn.Linear
-
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K], weight [N, K], bias [N] or None -> [..., N] = x Wᵀ + b."""
     return F.linear(x, weight, bias)
+
+
+def linear_argmax(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  exclude: Sequence[int] = ()) -> torch.Tensor:
+    """x [..., K], weight [N, K], bias [N] or None -> [...] int64: argmax over N of x Wᵀ + b, the features in
+    ``exclude`` never chosen (torch.argmax: the first on ties, the first NaN if any)."""
+    y = F.linear(x, weight, bias)
+    if len(exclude):
+        y[..., list(exclude)] = float("-inf")
+    return y.argmax(-1)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` plus ``argmax(x, exclude)``: the index of the largest output feature (greedy decoding)."""
+
+    def argmax(self, x: torch.Tensor, exclude: Sequence[int] = ()) -> torch.Tensor:
+        """x: [..., in_features] -> [...] int64, see ``linear_argmax``."""
+        return linear_argmax(x, self.weight, self.bias, exclude)

@@ -112,11 +112,11 @@ def test_empty_question_gives_no_nan():
     assert torch.isfinite(log_s).all() and torch.isfinite(log_e).all()
 
 
-@pytest.mark.parametrize("no_answer", [False, True])
-def test_fast_reference_naive_same_outputs_and_gradients(no_answer):
+@pytest.mark.parametrize("no_answer, word_match", [(False, False), (True, False), (False, True)])
+def test_fast_reference_naive_same_outputs_and_gradients(no_answer, word_match):
     """Same weights in the three implementations: outputs (eval: fused residual path) and every parameter's
     gradient (training path, dropout and stochastic depth off) agree within the float64 tolerance."""
-    cfg = tiny_config(no_answer=no_answer, dropout=0.0, char_dropout=0.0, layer_dropout=0.0)
+    cfg = tiny_config(no_answer=no_answer, word_match=word_match, dropout=0.0, char_dropout=0.0, layer_dropout=0.0)
     gen = torch.Generator().manual_seed(4)
     batch = make_batch(gen, c_lens=[17, 11, 14], q_lens=[6, 2, 5])
     models = {impl: built(cfg, impl, seed=5, dtype=torch.float64) for impl in IMPLS}
@@ -140,6 +140,27 @@ def test_fast_reference_naive_same_outputs_and_gradients(no_answer):
             assert_close(got, want, name=f"{impl} output {i}", atol=atol, rtol=rtol)
         for name, want in grads["reference"].items():
             assert_close(grads[impl][name], want, name=f"{impl} grad of {name}", atol=atol, rtol=rtol)
+
+
+def test_word_match_feature():
+    """word_match: 1 where the word occurs in the other text; <pad> and <unk> (id 1) never match; the
+    resizer reads one more channel (the last), and what it reads there reaches the answer distribution."""
+    model = built(tiny_config(word_match=True), "fast").eval()
+    assert model.emb_resize.pointwise.weight.shape[1] == 8 + 8 + 1
+    ctx = torch.tensor([[5, 7, 1, 9, 5, 0], [3, 3, 4, 1, 0, 0]])
+    qst = torch.tensor([[9, 1, 5, 0], [1, 8, 0, 0]])
+    got_c = model._word_match(ctx, qst).squeeze(-1)
+    got_q = model._word_match(qst, ctx).squeeze(-1)
+    assert got_c.tolist() == [[True, False, False, True, True, False], [False] * 6]
+    assert got_q.tolist() == [[True, False, True, False], [False] * 4]
+    gen = torch.Generator().manual_seed(9)
+    cw, cc, qw, qc = make_batch(gen, B=1, n=12, m=4)
+    qw[0, 0] = cw[0, 3]
+    with torch.no_grad():
+        with_feature = model(cw, cc, qw, qc)[0]
+        model.emb_resize.depthwise.weight[-1].zero_()     # the match channel no longer reaches the model
+        without = model(cw, cc, qw, qc)[0]
+    assert not torch.allclose(with_feature, without)
 
 
 def test_float32_fast_matches_reference():

@@ -121,6 +121,23 @@ def _stepper(model: "ConvS2S", incremental: bool
     return full
 
 
+def _greedy_stepper(model: "ConvS2S", incremental: bool
+                    ) -> Callable[[torch.Tensor, DecoderState], tuple[torch.Tensor, DecoderState]]:
+    """(tokens so far [N, t+1], state) -> (the likeliest next token [N], never pad or sos; state)."""
+    never = (model.config.pad_id, model.config.sos_id)
+    if incremental:
+        def incremental_step(tokens: torch.Tensor, state: DecoderState):
+            nxt, _, state = model.decode_step(tokens[:, -1], state, argmax_exclude=never)
+            return nxt, state
+        return incremental_step
+    step = _stepper(model, incremental)
+
+    def full(tokens: torch.Tensor, state: DecoderState):
+        logits, _, state = step(tokens, state)
+        return _forbid(logits, model, None).argmax(1), state
+    return full
+
+
 def _forbid(logits: torch.Tensor, model: "ConvS2S", force_eos: torch.Tensor | None) -> torch.Tensor:
     """Never pad or sos; rows in force_eos ([N] bool) may only end. In place on logits [N, V]."""
     cfg = model.config
@@ -150,11 +167,10 @@ def greedy_decode(model: "ConvS2S", src: torch.Tensor, *, max_len_a: float = 1.2
         live = torch.arange(batch)                       # original index of each remaining sentence
         tokens = torch.full((batch, 1), cfg.sos_id, dtype=torch.long, device=src.device)
         state = model.initial_state(enc, 1, incremental=incremental)
-        step = _stepper(model, incremental)
+        step = _greedy_stepper(model, incremental)
         for t in range(int(max_len.max()) + 1):
-            logits, _, state = step(tokens, state)
-            force = max_len.eq(t)
-            nxt = _forbid(logits, model, force if bool(force.any()) else None).argmax(1)     # [N]
+            nxt, state = step(tokens, state)                                                  # [N]
+            nxt = torch.where(max_len.eq(t), cfg.eos_id, nxt)     # at its max length a sentence may only end
             tokens = torch.cat([tokens, nxt.unsqueeze(1)], dim=1)
             done = nxt.eq(cfg.eos_id)
             if bool(done.any()):

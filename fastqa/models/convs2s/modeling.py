@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -199,8 +200,10 @@ class ConvS2SDecoder(nn.Module):
         self.fc3 = _linear(layers, cfg.embed_dim, cfg.tgt_vocab_size, cfg.dropout)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def _output(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc3(self.dropout(self.fc2(x)))
+    def _output(self, x: torch.Tensor, argmax_exclude: Sequence[int] | None = None) -> torch.Tensor:
+        """x: [..., H] -> logits [..., V], or with argmax_exclude their argmax [...] (never one of those ids)."""
+        features = self.dropout(self.fc2(x))
+        return self.fc3(features) if argmax_exclude is None else self.fc3.argmax(features, argmax_exclude)
 
     def forward(self, tgt_in: torch.Tensor, enc: EncoderOut, *, last_only: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -238,9 +241,11 @@ class ConvS2SDecoder(nn.Module):
             memory.append((keys, bias, values))
         return memory
 
-    def step(self, tokens: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, torch.Tensor, DecoderState]:
+    def step(self, tokens: torch.Tensor, state: DecoderState, argmax_exclude: Sequence[int] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, DecoderState]:
         """One incremental step: tokens [N] (the newest token of each row, at position state.step).
-        Returns (logits [N, V], attention [N, S], the advanced state)."""
+        Returns (logits [N, V] -- with argmax_exclude, the argmax of each row's logits [N] int64, never one
+        of those ids --, attention [N, S], the advanced state)."""
         enc, pos = state.encoder, state.step
         b, s, emb = enc.keys.shape
         n = tokens.shape[0]
@@ -264,7 +269,7 @@ class ConvS2SDecoder(nn.Module):
             attn = w if attn is None else attn + w
             x = torch.add(a, x).mul_(SQRT_HALF)
         new_state = dataclasses.replace(state, conv_states=new_states, step=pos + 1)
-        return self._output(x), attn.view(n, s) / len(self.convs), new_state
+        return self._output(x, argmax_exclude), attn.view(n, s) / len(self.convs), new_state
 
 
 # --- the model -------------------------------------------------------------------------------------------------
@@ -321,10 +326,12 @@ class ConvS2S(nn.Module):
         return DecoderState(encoder=enc, conv_states=states, step=0, rows_per_sentence=rows_per_sentence,
                             memory=self.decoder.attention_memory(enc) if fold else [])
 
-    def decode_step(self, tokens: torch.Tensor, state: DecoderState
+    def decode_step(self, tokens: torch.Tensor, state: DecoderState, *, argmax_exclude: Sequence[int] | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, DecoderState]:
         """Incremental decoding: tokens [N] at position state.step -> (logits [N, V], attention [N, S],
-        new state). The state is not modified in place."""
+        new state). The state is not modified in place. With ``argmax_exclude`` (token ids never to pick)
+        the first result is the greedy choice instead, [N] int64: the output layer's ``argmax`` (on the
+        fast layers a kernel that scans the logits as the GEMM leaves them, instead of torch.argmax)."""
         if state.step >= self.config.max_positions:
             raise ValueError(f"decoding position {state.step} is past max_positions {self.config.max_positions}")
-        return self.decoder.step(tokens, state)
+        return self.decoder.step(tokens, state, argmax_exclude)

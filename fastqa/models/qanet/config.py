@@ -46,6 +46,10 @@ class QANetConfig(ModelConfig):
     1 - (l / L) * layer_dropout in training. emb_resize_kernel: kernel of the depthwise-separable conv that
     resizes [word; char] to d_model. max_word_len: characters kept per word by the data pipeline.
     no_answer: SQuAD v2.0 -- a learned null score (index 0) in the start and end distributions.
+    word_match: not in the QANet paper (off in both presets) -- DrQA's exact-match feature (Chen et al. 2017):
+    each word's input gets one more channel, 1 when the same word (same vocabulary id, neither <pad> nor
+    <unk>) occurs in the other text (a context word in the question, a question word in the context), for
+    readers trained on little data that must learn to find the question's words.
     layers: "fast" (fastqa.layers, fused kernels), "reference" (fastqa.reference, pure PyTorch) or
     "naive" (reference, with the tutorials' [B, n, m, 3d] trilinear); all three share parameter names.
     """
@@ -71,6 +75,7 @@ class QANetConfig(ModelConfig):
     layer_dropout: float = 0.1
     max_word_len: int = 16
     no_answer: bool = False
+    word_match: bool = False
     layers: str = "fast"
 
     PRESETS = PRESETS
@@ -98,6 +103,7 @@ class QANetConfig(ModelConfig):
         for name in ("dropout", "char_dropout", "layer_dropout"):
             self._check_prob(name)
         self._check_bool("no_answer")
+        self._check_bool("word_match")
         self._check_choice("layers", LAYERS)
 
     @property

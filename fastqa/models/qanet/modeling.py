@@ -187,7 +187,7 @@ class QANet(FrozenWordVectors):
         self.char_embedding = CharEmbedding(c.char_vocab_size, c.char_dim, c.char_channels, c.char_kernel,
                                             pad_id=c.pad_id, dropout=c.char_dropout)
         # [word; char] -> d first, then the highway at width d (as the authors' code: cheaper than at 500).
-        self.emb_resize = ls.conv(c.word_dim + c.char_channels, d, c.emb_resize_kernel)
+        self.emb_resize = ls.conv(c.word_dim + c.char_channels + int(c.word_match), d, c.emb_resize_kernel)
         self.highway = Highway(d, 2, c.dropout, linear=ls.linear)
         self.emb_encoder = EncoderBlock(d, c.heads, c.emb_conv_layers, c.emb_conv_kernel, c.dropout, ls)
         self.cq_attention = ls.cqa(d)
@@ -211,11 +211,20 @@ class QANet(FrozenWordVectors):
         self._model_survival = [[survival_prob(b * per_block + i + 1, total, c.layer_dropout)
                                  for i in range(per_block)] for b in range(c.model_blocks)]
 
-    def _embed(self, words: torch.Tensor, chars: torch.Tensor) -> torch.Tensor:
-        """words: [B, L]; chars: [B, L, W] -> [B, L, d]."""
+    def _embed(self, words: torch.Tensor, chars: torch.Tensor, other_words: torch.Tensor) -> torch.Tensor:
+        """words: [B, L]; chars: [B, L, W]; other_words: [B, L'] (the other text) -> [B, L, d]."""
         w = dropout(self.embed_words(words), self.config.dropout, self.training)
-        x = torch.cat([w, self.char_embedding(chars)], dim=-1)
-        return self.highway(self.emb_resize(x))
+        parts = [w, self.char_embedding(chars)]
+        if self.config.word_match:
+            parts.append(self._word_match(words, other_words).to(w.dtype))
+        return self.highway(self.emb_resize(torch.cat(parts, dim=-1)))
+
+    def _word_match(self, words: torch.Tensor, other_words: torch.Tensor) -> torch.Tensor:
+        """words: [B, L], other_words: [B, L'] -> [B, L, 1] bool: the word (not <pad>/<unk>) occurs in
+        other_words. Two different out-of-vocabulary words share <unk>, so <unk> never matches."""
+        real = (words != self.config.pad_id) & (words != self.config.unk_id)
+        found = (words.unsqueeze(2) == other_words.unsqueeze(1)).any(dim=2)     # [B, L, L'] -> [B, L]
+        return (found & real).unsqueeze(-1)
 
     def _model_pass(self, x: torch.Tensor, timing: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         for block, survival in zip(self.model_encoder, self._model_survival):
@@ -231,7 +240,7 @@ class QANet(FrozenWordVectors):
         pad = self.config.pad_id
         c_mask, q_mask = cw != pad, qw != pad
 
-        c, q = self._embed(cw, cc), self._embed(qw, qc)
+        c, q = self._embed(cw, cc, qw), self._embed(qw, qc, cw)
         d = c.shape[-1]
         c_timing = timing_signal(c.shape[1], d, device=c.device, dtype=c.dtype)
         q_timing = c_timing[: q.shape[1]] if q.shape[1] <= c.shape[1] else timing_signal(

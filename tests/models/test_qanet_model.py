@@ -211,6 +211,9 @@ def test_char_cnn_keeps_words_apart_and_ignores_char_padding():
         wider = torch.nn.functional.pad(cc, (0, 7))
         assert_close(model.char_embedding(wider), base, name="char embedding with wider W")
         assert (base >= 0).all()
+        # No characters at all (every word padding): zeros of the right shape.
+        empty = model.char_embedding(torch.zeros(2, 3, 4, dtype=torch.long))
+        assert empty.shape == (2, 3, base.shape[-1]) and (empty == 0).all()
 
 
 def test_char_embedding_equals_the_per_word_conv():

@@ -98,16 +98,24 @@ class CharEmbedding(nn.Module):
         # centre tap, so the max below never picks a padding character -- without a masked pass over the
         # [B*n, W, C] conv output (that pass and its backward were a fifth of the paper model's train step).
         table = torch.cat([table, table.new_full((1, table.shape[1]), torch.finfo(table.dtype).min / 4)])
+        # Only the words that have characters, up to the last column that holds one: padding words and
+        # padding columns are most of a batch (words of ~5 characters in 16 slots, contexts of different
+        # lengths), and dropping them changes nothing -- a window past the last column reads padding,
+        # which is what F.pad adds, and an all-padding word's vector is 0 (below).
         flat = chars.reshape(b * n, w)
-        ids = F.pad(flat, (k // 2, k // 2), value=self.pad_id)                     # [B*n, W + K - 1]
-        bags = ids.unfold(1, k, 1) + torch.arange(0, k * vocab, vocab, device=ids.device)  # [B*n, W, K]
+        real = flat != self.pad_id
+        words = real.any(1).nonzero().squeeze(1)                                   # [R]
+        width = int(real.any(0).nonzero().max()) + 1 if words.numel() else 1
+        flat = flat[words, :width]                                                 # [R, W']
+        ids = F.pad(flat, (k // 2, k // 2), value=self.pad_id)                     # [R, W' + K - 1]
+        bags = ids.unfold(1, k, 1) + torch.arange(0, k * vocab, vocab, device=ids.device)  # [R, W', K]
         bags[..., k // 2].masked_fill_(flat == self.pad_id, k * vocab)
-        h = F.embedding_bag(bags.reshape(-1, k), table, mode="sum").view(b * n, w, -1)  # conv, no bias
-        # max over the real characters, then bias and ReLU (both monotone: relu(max + b) = max relu(. + b));
-        # an all-padding word gets relu(min / 4 + b) = 0. max, not amax: amax's backward casts a
-        # [B*n, W, C] equality mask to float twice (~0.85 s of the paper model's step at batch 32);
-        # max's scatters the gradient through the argmax indices.
-        out = F.relu(h.max(dim=1).values + self.conv.bias)
+        h = F.embedding_bag(bags.reshape(-1, k), table, mode="sum").view(len(words), width, -1)  # conv, no bias
+        # max over the real characters, then bias and ReLU (both monotone: relu(max + b) = max relu(. + b)).
+        # max, not amax: amax's backward casts a [R, W', C] equality mask to float twice (~0.85 s of the
+        # paper model's step at batch 32); max's scatters the gradient through the argmax indices.
+        vectors = F.relu(h.max(dim=1).values + self.conv.bias)                    # [R, C]
+        out = vectors.new_zeros(b * n, vectors.shape[1]).index_copy(0, words, vectors)  # padding words: 0
         return dropout(out, self.dropout, self.training).reshape(b, n, -1)
 
 

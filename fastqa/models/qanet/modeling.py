@@ -110,8 +110,8 @@ class CharEmbedding(nn.Module):
         ids = F.pad(flat, (k // 2, k // 2), value=self.pad_id)                     # [R, W' + K - 1]
         bags = ids.unfold(1, k, 1) + torch.arange(0, k * vocab, vocab, device=ids.device)  # [R, W', K]
         bags[..., k // 2].masked_fill_(flat == self.pad_id, k * vocab)
-        h = F.embedding_bag(bags.reshape(-1, k), table, mode="sum").view(len(words), width, -1)  # conv, no bias
-        # max over the real characters, then bias and ReLU (both monotone: relu(max + b) = max relu(. + b)).
+        h = F.embedding_bag(bags.reshape(-1, k), table, mode="sum").view(len(words), width, table.shape[1])
+        # (h: the conv, no bias.) max over the real characters, then bias and ReLU (both monotone: relu(max + b) = max relu(. + b)).
         # max, not amax: amax's backward casts a [R, W', C] equality mask to float twice (~0.85 s of the
         # paper model's step at batch 32); max's scatters the gradient through the argmax indices.
         vectors = F.relu(h.max(dim=1).values + self.conv.bias)                    # [R, C]

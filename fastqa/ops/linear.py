@@ -80,16 +80,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     backend: "auto", "reference" or "cpu" (no Triton kernel: on CUDA, "auto" runs the reference, cuBLAS).
     """
-    ndim = x.dim() if isinstance(x, torch.Tensor) else 2   # not a tensor: entry_prologue's TypeError
-    if ndim < 2:
-        raise ValueError(f"x must have at least 2 dimensions ([..., K]), got shape {tuple(x.shape)}")
-    x, weight, bias = entry_prologue("x", x, ndim, weight, bias)
-    check_tensor("weight", weight, shape=(None, x.shape[-1]), like=x)
-    check_positive("weight", weight, range(2))
-    check_optional("bias", bias, shape=(weight.shape[0],), like=x)
-    if backend == "triton":
-        raise ValueError("fastqa.linear has no Triton kernel: on a GPU, backend='auto' (or 'reference') runs "
-                         "F.linear (cuBLAS)")
+    x, weight, bias = _check_arguments("linear", x, weight, bias, backend)
     resolved = resolve_backend(backend, "linear", x.device, x.dtype)
     if resolved != "cpu" or has_tangent(x, weight, bias):
         return reference.linear(x, weight, bias)
@@ -109,21 +100,28 @@ def linear_argmax(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
     backend: "auto", "reference" or "cpu" (no Triton kernel: on CUDA, "auto" runs the reference).
     """
-    ndim = x.dim() if isinstance(x, torch.Tensor) else 2
+    x, weight, bias = _check_arguments("linear_argmax", x, weight, bias, backend)
+    exclude = _check_exclude(exclude, weight.shape[0])
+    resolved = resolve_backend(backend, "linear_argmax", x.device, x.dtype)
+    if resolved != "cpu":
+        return reference.linear_argmax(x, weight, bias, exclude)
+    return kernel(resolved, _MODULE, "linear_argmax")(x, weight, bias, exclude)
+
+
+def _check_arguments(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: str
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The prologue of both entry points: (x, weight, bias) checked (and cast under autocast)."""
+    ndim = x.dim() if isinstance(x, torch.Tensor) else 2   # not a tensor: entry_prologue's TypeError
     if ndim < 2:
         raise ValueError(f"x must have at least 2 dimensions ([..., K]), got shape {tuple(x.shape)}")
     x, weight, bias = entry_prologue("x", x, ndim, weight, bias)
     check_tensor("weight", weight, shape=(None, x.shape[-1]), like=x)
     check_positive("weight", weight, range(2))
     check_optional("bias", bias, shape=(weight.shape[0],), like=x)
-    exclude = _check_exclude(exclude, weight.shape[0])
     if backend == "triton":
-        raise ValueError("fastqa.linear_argmax has no Triton kernel: on a GPU, backend='auto' (or 'reference') "
-                         "runs F.linear and torch.argmax")
-    resolved = resolve_backend(backend, "linear_argmax", x.device, x.dtype)
-    if resolved != "cpu":
-        return reference.linear_argmax(x, weight, bias, exclude)
-    return kernel(resolved, _MODULE, "linear_argmax")(x, weight, bias, exclude)
+        raise ValueError(f"fastqa.{op} has no Triton kernel: on a GPU, backend='auto' (or 'reference') runs "
+                         f"the reference (F.linear on cuBLAS)")
+    return x, weight, bias
 
 
 def _check_exclude(exclude: object, features: int) -> list[int]:

@@ -195,6 +195,33 @@ def test_encoder_padding_does_not_change_real_positions(layers):
         assert_close(logits_batch[i], model(src[i:i + 1, :m], tgt[i:i + 1])[0][0], name=f"sentence {i}")
 
 
+@pytest.mark.parametrize("layers", ["fast", "reference"])
+def test_packed_encoder_equals_padded_encoder(layers, monkeypatch):
+    """A batch with much padding is encoded with its real tokens packed into one row: the same keys, values
+    and parameter gradients as the padded computation (right and left padding, an empty source)."""
+    from fastqa.models.convs2s import modeling
+    torch.manual_seed(14)
+    model = ConvS2S(tiny_config(dropout=0.0), layers=layers).double()
+    src, _ = batch(torch.Generator().manual_seed(15), b=5, s=9)
+    src[3] = torch.cat([torch.full((4,), PAD), src[3, :5].clamp(min=4)])    # left-padded
+    src[4] = PAD                                                             # no tokens at all
+    outs, grads = {}, {}
+    for name, threshold in (("padded", 0.0), ("packed", 1.01)):
+        monkeypatch.setattr(modeling, "PACK_BELOW", threshold)
+        model.zero_grad()
+        enc = model.encode(src)
+        (enc.keys.pow(2).sum() + (enc.values * enc.mask.unsqueeze(-1)).sum()).backward()
+        outs[name] = enc
+        grads[name] = {k: p.grad.clone() for k, p in model.encoder.named_parameters() if p.grad is not None}
+    atol, rtol = TOLERANCES[torch.float64]
+    real = src.ne(PAD).unsqueeze(-1)
+    assert_close(outs["packed"].keys, outs["padded"].keys, name="keys", atol=atol, rtol=rtol)
+    assert_close(outs["packed"].values * real, outs["padded"].values * real, name="values", atol=atol, rtol=rtol)
+    assert grads["packed"].keys() == grads["padded"].keys() and len(grads["padded"]) > 0
+    for k, want in grads["padded"].items():
+        assert_close(grads["packed"][k], want, name=f"grad of {k}", atol=atol, rtol=rtol)
+
+
 def test_attention_rows_sum_to_one_and_empty_source_gives_no_nan():
     torch.manual_seed(13)
     model = ConvS2S(tiny_config()).eval()

@@ -9,6 +9,7 @@ from . import layers, ops, reference  # noqa: E402
 from ._backend import BACKENDS, info  # noqa: E402
 from .ops import (  # noqa: E402
     context_query_attention,
+    decode_attention,
     dwsep_conv1d,
     glu_conv1d,
     glu_conv1d_step,
@@ -21,6 +22,6 @@ from .ops import (  # noqa: E402
 
 __all__ = [
     "BACKENDS", "info", "__version__", "layers", "ops", "reference",
-    "context_query_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "linear", "linear_argmax", "ln_dwsep_conv1d",
+    "context_query_attention", "decode_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "linear", "linear_argmax", "ln_dwsep_conv1d",
     "self_attention", "trilinear_similarity",
 ]

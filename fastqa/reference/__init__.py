@@ -8,6 +8,7 @@ from .context_query_attention import (
     trilinear_similarity,
     trilinear_similarity_naive,
 )
+from .decode_attention import DecodeAttention, decode_attention
 from .dwsep_conv1d import (
     DepthwiseSeparableConv1d,
     LayerNormDepthwiseSeparableConv1d,
@@ -20,9 +21,9 @@ from .linear import Linear, linear, linear_argmax
 from .self_attention import SelfAttention, self_attention
 
 __all__ = [
-    "ContextQueryAttention", "DepthwiseSeparableConv1d", "GLUConv1d", "LayerNormDepthwiseSeparableConv1d", "Linear",
+    "ContextQueryAttention", "DecodeAttention", "DepthwiseSeparableConv1d", "GLUConv1d", "LayerNormDepthwiseSeparableConv1d", "Linear",
     "SelfAttention", "TrilinearSimilarity",
-    "context_query_attention", "context_query_attention_naive", "conv_padding", "dwsep_conv1d",
+    "context_query_attention", "context_query_attention_naive", "conv_padding", "decode_attention", "dwsep_conv1d",
     "glu_conv1d", "glu_conv1d_naive", "glu_conv1d_step", "linear", "linear_argmax", "ln_dwsep_conv1d", "masked_softmax", "self_attention", "trilinear_similarity",
     "trilinear_similarity_naive",
 ]

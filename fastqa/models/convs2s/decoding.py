@@ -35,7 +35,7 @@ class DecoderState:
     encoder: the EncoderOut of B sentences; conv_states: per decoder layer the last K-1 inputs of its
     causal convolution, [N, K-1, H] with N = B * rows_per_sentence rows grouped by sentence; memory: per
     decoder layer, its attention's linear maps folded into the encoder output once per batch (keys
-    [B, H, S], score bias [B, 1, S], values [B, S, H]; see ``ConvS2SDecoder.attention_memory``), shared
+    [B, S, H], score bias [B, 1, S], values [B, S, H]; see ``ConvS2SDecoder.attention_memory``), shared
     by a sentence's rows; step: the position of the next token to feed (0 = sos). Full-recompute
     decoding keeps only the encoder output (conv_states and memory empty).
     """

@@ -43,6 +43,7 @@ SQRT_HALF = math.sqrt(0.5)
 PACK_BELOW = 0.875
 _GLU_CONV = {"fast": fastqa.layers.GLUConv1d, "reference": fastqa.reference.GLUConv1d}
 _LINEAR = {"fast": fastqa.layers.Linear, "reference": fastqa.reference.Linear}
+_ATTEND = {"fast": fastqa.layers.DecodeAttention, "reference": fastqa.reference.DecodeAttention}
 
 
 # --- building blocks: initialisation in one place ---------------------------------------------------------
@@ -204,6 +205,7 @@ class _Attention(nn.Module):
         super().__init__()
         self.in_proj = _linear(layers, hidden_dim, embed_dim)
         self.out_proj = _linear(layers, embed_dim, hidden_dim)
+        self.attend = _ATTEND[layers]()   # softmax over the real source tokens, then the weighted values
 
     def forward(self, g: torch.Tensor, e: torch.Tensor, enc: EncoderOut) -> tuple[torch.Tensor, torch.Tensor]:
         """g: [N, T, H] GLU output; e: [N, T, E] target embeddings; N = B * r rows, r per sentence
@@ -211,10 +213,8 @@ class _Attention(nn.Module):
         n, t, _ = g.shape
         b, s, emb = enc.keys.shape
         d = (self.in_proj(g) + e).reshape(b, (n // b) * t, emb)      # the r rows of a sentence share its keys
-        scores = torch.baddbmm(enc.bias, d, enc.keys.transpose(1, 2), alpha=SQRT_HALF)   # [B, rT, S]
-        weights = torch.softmax(scores, dim=-1)
-        c = torch.bmm(weights, enc.values).reshape(n, t, emb)         # values carry sqrt(s)
-        out = torch.add(self.out_proj(c), g).mul_(SQRT_HALF)
+        c, weights = self.attend(d, enc.keys, enc.values, mask=enc.mask, scale=SQRT_HALF)   # values carry sqrt(s)
+        out = torch.add(self.out_proj(c.reshape(n, t, emb)), g).mul_(SQRT_HALF)
         return out, weights.reshape(n, t, s)
 
 
@@ -262,11 +262,11 @@ class ConvS2SDecoder(nn.Module):
         scores = sqrt(1/2) (W_in g + b_in + e) . z = g . (sqrt(1/2) W_in^T z) + sqrt(1/2) (b_in . z + e . z), and
         out_proj(weights @ values) = weights @ (values W_out^T) + b_out: computed once per batch, they turn
         the two [E x H] projections of every row at every step into products with the S source positions.
-        Returns (keys [B, H, S], score bias [B, 1, S] with the padding mask, values [B, S, H]) per layer.
+        Returns (keys [B, S, H], score bias [B, 1, S] with the padding mask, values [B, S, H]) per layer.
         """
         memory = []
         for attention in self.attentions:
-            keys = torch.matmul(enc.keys, attention.in_proj.weight).mul_(SQRT_HALF).transpose(1, 2)
+            keys = torch.matmul(enc.keys, attention.in_proj.weight).mul_(SQRT_HALF)
             bias = torch.matmul(enc.keys, attention.in_proj.bias).mul_(SQRT_HALF).unsqueeze(1) + enc.bias
             values = torch.matmul(enc.values, attention.out_proj.weight.t())
             memory.append((keys, bias, values))
@@ -292,8 +292,8 @@ class ConvS2SDecoder(nn.Module):
             if state.memory:
                 keys, bias, values = state.memory[i]
                 g3 = g.view(b, n // b, -1)
-                w = torch.softmax(torch.baddbmm(ez + bias, g3, keys), dim=-1)   # [B, r, S]
-                a = torch.baddbmm(attention.out_proj.bias, w, values).add_(g3).mul_(SQRT_HALF).view(n, -1)
+                c, w = attention.attend(g3, keys, values, ez + bias, enc.mask)         # [B, r, H], [B, r, S]
+                a = c.add_(attention.out_proj.bias).add_(g3).mul_(SQRT_HALF).view(n, -1)
             else:
                 a, w = attention(g.unsqueeze(1), e.unsqueeze(1), enc)
                 a = a.squeeze(1)

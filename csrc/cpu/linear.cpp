@@ -72,7 +72,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_bwd(const at::Tensor& grad
 
 // Index of the largest of row[0..n), as torch.argmax: the first one on ties, the first NaN if there is one.
 // Two passes over the row (it is in L1/L2 after the GEMM): a vectorised max, then the first position that
-// holds it. torch.argmax scans element by element and takes ~5x longer than this on a [200, 5893] block (1.67 vs 0.34 ms, 2 threads, AMD EPYC).
+// holds it. torch.argmax scans element by element and takes ~5x longer than this on a [200, 5893] block
+// (1.67 vs 0.34 ms, 2 threads, AMD EPYC).
 template <typename T>
 int64_t row_argmax(const T* row, int64_t n) {
   using S = NativeBlock<T>;

@@ -391,7 +391,12 @@ def test_config_presets_round_trip_and_errors():
             paper.model_conv_kernel, paper.model_passes) == (4, 7, 7, 2, 5, 3)
     small = QANetConfig.from_preset("small", word_vocab_size=100, char_vocab_size=50, no_answer=True)
     assert small.word_dim == 50 and small.no_answer
+    assert small.word_match and not paper.word_match       # the exact-match channel: small only
     assert QANetConfig.from_dict(small.to_dict()) == small
+    # A config saved before word_match existed (no key) loads as it was trained: without the channel.
+    old = small.to_dict()
+    del old["word_match"]
+    assert not QANetConfig.from_dict(old).word_match
     with pytest.raises(ValueError, match="unknown QANet preset"):
         QANetConfig.from_preset("huge", word_vocab_size=100, char_vocab_size=50)
     with pytest.raises(ValueError, match="word_vocab_size"):

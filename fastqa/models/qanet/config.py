@@ -8,7 +8,10 @@ Presets (vocabulary sizes always come from the data, so they are passed as overr
   dropout 0.1 (0.05 on the characters), stochastic depth down to 0.9 survival.
 - ``small``: sized to train visibly on a 2-core CPU within an hour with GloVe 50-d vectors -- 50-d words,
   32-d characters with a 64-channel conv, d_model 64, 4 heads, 1 embedding-encoder block of 2 convolutions
-  (kernel 7), 3 model-encoder blocks of 2 convolutions (kernel 5) applied 3 times, the same dropouts.
+  (kernel 7), 3 model-encoder blocks of 2 convolutions (kernel 5) applied 3 times, the same dropouts, and
+  the exact-match channel (``word_match``; not in the paper): trained on 40 SQuAD articles it reached dev
+  F1 40 in 1,500 steps, where the same model without it levelled off at 29.5 after 5,800
+  (``results/qanet-small-v11-match``).
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                   model_conv_kernel=5, model_passes=3, dropout=0.1, char_dropout=0.05, layer_dropout=0.1),
     "small": dict(word_dim=50, char_dim=32, char_channels=64, char_kernel=5, d_model=64, heads=4,
                   emb_conv_layers=2, emb_conv_kernel=7, model_blocks=3, model_conv_layers=2,
-                  model_conv_kernel=5, model_passes=3, dropout=0.1, char_dropout=0.05, layer_dropout=0.1),
+                  model_conv_kernel=5, model_passes=3, dropout=0.1, char_dropout=0.05, layer_dropout=0.1,
+                  word_match=True),
 }
 
 
@@ -46,7 +50,7 @@ class QANetConfig(ModelConfig):
     1 - (l / L) * layer_dropout in training. emb_resize_kernel: kernel of the depthwise-separable conv that
     resizes [word; char] to d_model. max_word_len: characters kept per word by the data pipeline.
     no_answer: SQuAD v2.0 -- a learned null score (index 0) in the start and end distributions.
-    word_match: not in the QANet paper (off in both presets) -- DrQA's exact-match feature (Chen et al. 2017):
+    word_match: not in the QANet paper (off in ``paper``, on in ``small``) -- DrQA's exact-match feature (Chen et al. 2017):
     each word's input gets one more channel, 1 when the same word (same vocabulary id, neither <pad> nor
     <unk>) occurs in the other text (a context word in the question, a question word in the context), for
     readers trained on little data that must learn to find the question's words.

@@ -5,15 +5,17 @@ Top-down::
     ConvS2S(src [B, S], tgt_in [B, T]) -> (logits [B, T, V], attention [B, T, S])
       encoder: token + learned position embeddings e -> fc1 -> L x centred GLU conv block (padding zeroed
                through the op's mask, residual, x sqrt(1/2)) -> fc2 -> keys z (padding zeroed, gradient
-               scaled by 1/(2 * decoder layers)); values (z + e) * sqrt(1/2)
+               scaled by 1/(2 * decoder layers)); values (z + e) * sqrt(1/2). A batch that is mostly
+               padding runs fc1, the convolutions and fc2 on its real tokens packed into one row.
       decoder: token + position embeddings e -> fc1 -> L x [causal GLU conv (zeros on the left) ->
-               attention (d = (W g + b + e) * sqrt(1/2), softmax(d z^T) (z + e), x sqrt(s) for s real source
-               tokens, out-projection, + g, x sqrt(1/2)) -> + block input, x sqrt(1/2)] -> fc2 -> fc3
+               attention (d = (W g + b + e) * sqrt(1/2), softmax over the real source tokens of d z^T,
+               times (z + e), x sqrt(s) for s real source tokens; ``layers.DecodeAttention`` --,
+               out-projection, + g, x sqrt(1/2)) -> + block input, x sqrt(1/2)] -> fc2 -> fc3
     Weight normalisation on every linear map and convolution, fairseq's initialisation (N(0, 0.1)
     embeddings; N(0, sqrt(c (1 - p) / fan_in)) weights, c = 4 for GLU convolutions; zero biases).
 
-``layers="fast"`` builds the convolutions from ``fastqa.layers.GLUConv1d`` (fused kernels),
-``"reference"`` from ``fastqa.reference.GLUConv1d`` (pure PyTorch); both have the same parameter names,
+``layers="fast"`` builds the convolutions, linear maps and attention from ``fastqa.layers`` (fused
+kernels), ``"reference"`` from ``fastqa.reference`` (pure PyTorch); both have the same parameter names,
 so one state_dict loads into either. Incremental decoding (``decode_step``) advances every decoder
 layer by one ``GLUConv1d.step`` per token on an explicit :class:`~.decoding.DecoderState`.
 """

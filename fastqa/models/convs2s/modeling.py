@@ -5,7 +5,7 @@ Top-down::
     ConvS2S(src [B, S], tgt_in [B, T]) -> (logits [B, T, V], attention [B, T, S])
       encoder: token + learned position embeddings e -> fc1 -> L x centred GLU conv block (padding zeroed
                through the op's mask, residual, x sqrt(1/2)) -> fc2 -> keys z (padding zeroed, gradient
-               scaled by 1/(2 * decoder layers)); values (z + e) * sqrt(1/2). A batch that is mostly
+               scaled by 1/(2 * decoder layers)); values (z + e) * sqrt(1/2). A batch more than 1/8
                padding runs fc1, the convolutions and fc2 on its real tokens packed into one row.
       decoder: token + position embeddings e -> fc1 -> L x [causal GLU conv (zeros on the left) ->
                attention (d = (W g + b + e) * sqrt(1/2), softmax over the real source tokens of d z^T,

@@ -116,6 +116,38 @@ def linear_case(rows: tuple[int, ...], K: int, N: int, *, what: str, quick: bool
         flops=_fwd_bwd(2.0 * m * K * N), quick=quick)
 
 
+def linear_argmax_case(M: int, K: int, N: int, *, quick: bool = False) -> OpCase:
+    """Greedy decoding's next token: argmax over N of [M, K] x [K, N] + b, pad and sos excluded."""
+    def make_inputs(gen: torch.Generator) -> OpInputs:
+        return OpInputs((_randn(gen, M, K), _randn(gen, N, K, scale=K ** -0.5), _randn(gen, N, scale=0.1)),
+                        {"exclude": [0, 2]}, ())
+
+    return OpCase(
+        op="linear_argmax", name=f"vocab_M{M}_K{K}_N{N}", shape={"M": M, "K": K, "N": N},
+        make_inputs=make_inputs, reference=ref.linear_argmax, fastqa_fn="linear_argmax",
+        flops=_fwd_bwd(2.0 * M * K * N), modes=("fwd",), quick=quick)
+
+
+# --- decode-time attention ------------------------------------------------------------------------
+
+def decode_attention_case(B: int, R: int, S: int, E: int, *, quick: bool = False) -> OpCase:
+    """One ConvS2S decoding step's attention: R rows per sentence over its S source positions, lengths
+    uniform in [S/2, S] (fastqa.decode_attention reads the real positions only)."""
+    def make_inputs(gen: torch.Generator) -> OpInputs:
+        args = (_randn(gen, B, R, E), _randn(gen, B, S, E, scale=E ** -0.5), _randn(gen, B, S, E))
+        return OpInputs(args, {"mask": _lengths_mask(gen, B, S), "scale": 0.5 ** 0.5}, ())
+
+    return OpCase(
+        op="decode_attention", name=f"B{B}_R{R}_S{S}_E{E}", shape={"B": B, "R": R, "S": S, "E": E},
+        make_inputs=make_inputs, reference=ref.decode_attention, fastqa_fn="decode_attention",
+        program=_both_outputs, flops=_fwd_bwd(4.0 * B * R * S * E), modes=("fwd",), quick=quick)
+
+
+def _both_outputs(op):
+    """(out, weights) as one flat tensor, so that the suite compares both."""
+    return lambda *args, **kwargs: torch.cat([t.flatten() for t in op(*args, **kwargs)])
+
+
 # --- GLU convolution ------------------------------------------------------------------------------
 
 def glu_case(B: int, H: int, T: int, K: int, *, causal: bool, quick: bool = False) -> OpCase:
@@ -177,6 +209,9 @@ for _case in (
     linear_case((200,), 256, 5893, what="vocab"),         # ConvS2S's output projection, a decode step of 200
     linear_case((32, 400), 128, 128, what="ffn"),         # QANet's feed-forward layer, context side
     linear_case((8, 400), 128, 128, what="ffn", quick=True),
+    linear_argmax_case(200, 256, 5893),                   # ConvS2S greedy decoding, 200 sentences
+    decode_attention_case(200, 1, 30, 256),               # a greedy step of 200 sentences (small preset)
+    decode_attention_case(40, 5, 30, 256, quick=True),    # a beam-5 step of 40 sentences
     *(glu_case(B, H, T, K, causal=causal, quick=causal and (B, H, T, K) == (64, 256, 50, 5))
       for causal in (True, False) for B, H, T, K in ((128, 512, 30, 3), (32, 512, 100, 3), (64, 256, 50, 5))),
     glu_step_case(64, 512, 3),  # ConvS2S decoder width, 64 sentences

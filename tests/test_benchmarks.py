@@ -47,7 +47,7 @@ def test_records_have_the_issue_fields(result):
     assert {(r["op"], r["mode"]) for r in recs} >= {
         ("dwsep_conv1d", "fwd"), ("dwsep_conv1d", "fwd+bwd"), ("ln_dwsep_conv1d", "fwd+bwd"),
         ("context_query_attention", "fwd+bwd"),
-        ("glu_conv1d", "fwd+bwd"), ("glu_conv1d_step", "fwd"), ("toy_model", "fwd")}
+        ("glu_conv1d", "fwd+bwd"), ("glu_conv1d_step", "fwd"), ("decode_attention", "fwd"), ("toy_model", "fwd")}
     for r in recs:
         assert FIELDS <= r.keys(), FIELDS - r.keys()
         assert r["runs"] >= 10

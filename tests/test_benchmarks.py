@@ -8,7 +8,8 @@ import torch
 
 from benchmarks import __main__ as cli
 from benchmarks import compare, measure, registry, report, runner
-from benchmarks.cases import cqa_case, dwsep_case, glu_case, glu_step_case, ln_dwsep_case
+from benchmarks.cases import (cqa_case, decode_attention_case, dwsep_case, glu_case, glu_step_case, linear_argmax_case,
+                              ln_dwsep_case)
 
 FIELDS = {"op", "case", "shape", "impl", "mode", "median_ms", "p25_ms", "p75_ms", "peak_mem_bytes",
           "max_abs_err", "bound_ms", "device", "torch", "triton", "fastqa"}
@@ -32,7 +33,8 @@ class _ModelLikeCase(registry.Case):
 @pytest.fixture(scope="module")
 def result():
     cases = [dwsep_case(2, 16, 8, 6, 3, relu_residual=True), ln_dwsep_case(2, 16, 8, 3), cqa_case(2, 8, 4, 8),
-             glu_case(2, 8, 6, 3, causal=True), glu_step_case(2, 8, 3, steps=4), _ModelLikeCase()]
+             glu_case(2, 8, 6, 3, causal=True), glu_step_case(2, 8, 3, steps=4), decode_attention_case(3, 2, 5, 8),
+             linear_argmax_case(4, 8, 9), _ModelLikeCase()]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny ops: a second thread only adds synchronisation on a busy machine
     try:
@@ -47,7 +49,8 @@ def test_records_have_the_issue_fields(result):
     assert {(r["op"], r["mode"]) for r in recs} >= {
         ("dwsep_conv1d", "fwd"), ("dwsep_conv1d", "fwd+bwd"), ("ln_dwsep_conv1d", "fwd+bwd"),
         ("context_query_attention", "fwd+bwd"),
-        ("glu_conv1d", "fwd+bwd"), ("glu_conv1d_step", "fwd"), ("decode_attention", "fwd"), ("toy_model", "fwd")}
+        ("glu_conv1d", "fwd+bwd"), ("glu_conv1d_step", "fwd"), ("decode_attention", "fwd"),
+        ("linear_argmax", "fwd"), ("toy_model", "fwd")}
     for r in recs:
         assert FIELDS <= r.keys(), FIELDS - r.keys()
         assert r["runs"] >= 10

@@ -1,10 +1,11 @@
-"""Dev EM/F1 and dev loss of the v1.1 baseline run and its two ablations, step for step: a Markdown table on
-stdout and compare.png beside this file.
+"""Dev EM/F1 and dev loss of the v1.1 baseline run, its two ablations and the run with the exact-match channel
+(the ``small`` preset since session 11), step for step: a Markdown table on stdout and compare.png beside this
+file.
 
     .venv/bin/python results/qanet-small-v11-ablation/compare.py [RUN_DIR ...]
 
-Reads ../qanet-small-v11/metrics.jsonl (the baseline, committed) and runs/<name>/metrics.jsonl of each ablation
-(or the metrics.jsonl copies committed here)."""
+Reads ../qanet-small-v11/metrics.jsonl (the baseline), the ablations' metrics.jsonl copies committed here and
+../qanet-small-v11-match/metrics.jsonl."""
 from __future__ import annotations
 
 import sys
@@ -20,6 +21,7 @@ RUNS = {
     "baseline (articles 0-39, dropout 0.1)": HERE.parent / "qanet-small-v11" / "metrics.jsonl",
     "articles 0-19": HERE / "metrics-20-articles.jsonl",
     "dropout 0.2 / char 0.1": HERE / "metrics-dropout-0.2.jsonl",
+    "+ exact-match channel": HERE.parent / "qanet-small-v11-match" / "metrics.jsonl",
 }
 
 
@@ -49,7 +51,7 @@ def main() -> int:
     axes[0].set(xlabel="step", ylabel="dev loss (articles 40-47)")
     axes[1].set(xlabel="step", ylabel="dev F1 (articles 40-47)")
     axes[1].legend()
-    fig.suptitle("QANet small, SQuAD v1.1 dev split by article: what limits dev F1")
+    fig.suptitle("QANet small, SQuAD v1.1 dev split by article: what limits dev F1, and what lifts it")
     fig.tight_layout()
     fig.savefig(HERE / "compare.png", dpi=100)
     return 0

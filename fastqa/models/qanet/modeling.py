@@ -2,7 +2,8 @@
 
 QANet(config, layers="fast" | "reference" | "naive"):
 
-    words, chars ─► embedding: [frozen word vector (trainable <unk>); char CNN per word + max]
+    words, chars ─► embedding: [frozen word vector (trainable <unk>); char CNN per word + max
+                                 (; with word_match, 1 where the word occurs in the other text)]
                  ─► depthwise-separable resize to d ─► 2-layer highway
                  ─► embedding-encoder block (shared by context and question)
     context, question ─► context-query attention [c, a, c∘a, c∘b] ─► 1x1 resize 4d -> d
@@ -111,8 +112,8 @@ class CharEmbedding(nn.Module):
         bags = ids.unfold(1, k, 1) + torch.arange(0, k * vocab, vocab, device=ids.device)  # [R, W', K]
         bags[..., k // 2].masked_fill_(flat == self.pad_id, k * vocab)
         h = F.embedding_bag(bags.reshape(-1, k), table, mode="sum").view(len(words), width, table.shape[1])
-        # (h: the conv, no bias.) max over the real characters, then bias and ReLU (both monotone: relu(max + b) = max relu(. + b)).
-        # max, not amax: amax's backward casts a [R, W', C] equality mask to float twice (~0.85 s of the
+        # h is the conv without its bias: max over the real characters, then bias and ReLU (both monotone:
+        # relu(max + b) = max relu(. + b)). max, not amax: amax's backward casts a [R, W', C] equality mask to float twice (~0.85 s of the
         # paper model's step at batch 32); max's scatters the gradient through the argmax indices.
         vectors = F.relu(h.max(dim=1).values + self.conv.bias)                    # [R, C]
         out = vectors.new_zeros(b * n, vectors.shape[1]).index_copy(0, words, vectors)  # padding words: 0

@@ -75,6 +75,12 @@ def _run(code: str, env_engine: str, timeout: float = 1800, *argv: str,
                           text=text, timeout=timeout)
 
 
+def _run_script(lines: list[str], env_engine: str) -> None:
+    """Run the script ``lines`` under FASTQA_CPU_GEMM=env_engine; it must exit 0 after its last line."""
+    proc = _run("\n".join([*lines, "print('ok')"]), env_engine, 600)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 def _op_tests_code(disable_onednn: bool, expect_engine: str) -> str:
     return "\n".join([
         "import sys, torch, pytest",
@@ -106,26 +112,22 @@ def test_without_onednn_auto_falls_back_to_blas():
     proc = _run(_op_tests_code(disable_onednn=True, expect_engine="blas").replace(
         ENGINE_SELECTION, "cpu and (real_shapes or model_shapes or step_kernel or matches_reference)"), "auto")
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    forced = _run("\n".join([
+    _run_script([
         "import torch, fastqa, pytest",
         "torch.backends.mkldnn.enabled = False",
         "x, w = torch.randn(2, 5, 8), torch.randn(16, 8, 3)",
         "with pytest.raises(RuntimeError, match='FASTQA_CPU_GEMM=onednn'):",
         "    fastqa.glu_conv1d(x, w, causal=True, backend='cpu')",
         "assert 'FASTQA_CPU_GEMM=onednn' in fastqa.info()['cpu_extension']['gemm']['error']",
-        "print('ok')",
-    ]), "onednn", timeout=600)
-    assert forced.returncode == 0 and "ok" in forced.stdout, forced.stdout[-3000:] + forced.stderr[-3000:]
+    ], "onednn")
 
 
 def test_bad_variable_raises_naming_it():
-    proc = _run("\n".join([
+    _run_script([
         "import torch, fastqa, pytest",
         "with pytest.raises(RuntimeError, match='FASTQA_CPU_GEMM must be auto, blas or onednn'):",
         "    fastqa.glu_conv1d(torch.randn(2, 5, 8), torch.randn(16, 8, 3), causal=True, backend='cpu')",
-        "print('ok')",
-    ]), "fastest", timeout=600)
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ], "fastest")
 
 
 @pytest.mark.skipif(not ONEDNN, reason="this torch build has no oneDNN linear op: nothing to choose")
@@ -168,13 +170,11 @@ def test_restored_plan_sets_each_shape_and_the_process_engine():
 
 
 def test_restoring_under_a_forced_engine_changes_nothing():
-    proc = _run("\n".join([
+    _run_script([
         "import torch, fastqa",
         "from fastqa._backend import cpu_gemm_info, restore_cpu_gemm_plan",
         "restore_cpu_gemm_plan({'engine': 'onednn', 'shapes': [dict(m=512, k=256, n=900, threads=1, a='r', w='r',"
         " bias=True, accumulate=False, engine='onednn')]})",
         "info = cpu_gemm_info()",
         "assert info['engine'] == 'blas' and info['shapes'] == [], info",
-        "print('ok')",
-    ]), "blas", timeout=600)
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ], "blas")

@@ -127,16 +127,15 @@ class EncoderOut:
 
     keys: [B, S, E] (z, padding zeroed); values: [B, S, E] ((z + e) sqrt(1/2), times sqrt(s) with s the
     sentence's real source tokens, so the attention output needs no further scaling);
-    bias: [B, 1, S] additive attention mask (0 real, most negative float at padding); mask: [B, S] bool.
+    mask: [B, S] bool (False = padding: the attention never reads it).
     """
     keys: torch.Tensor
     values: torch.Tensor
-    bias: torch.Tensor
     mask: torch.Tensor
 
     def index_select(self, sentences: torch.Tensor) -> "EncoderOut":
         """The sentences ``sentences`` ([B'] int64) only."""
-        return EncoderOut(*(t.index_select(0, sentences) for t in (self.keys, self.values, self.bias, self.mask)))
+        return EncoderOut(*(t.index_select(0, sentences) for t in (self.keys, self.values, self.mask)))
 
 
 class ConvS2SEncoder(nn.Module):
@@ -174,8 +173,7 @@ class ConvS2SEncoder(nn.Module):
         z = _GradMultiply.apply(z, self.grad_scale)
         lengths = mask.sum(1, dtype=z.dtype)                         # [B]
         values = (z + e) * (SQRT_HALF * lengths.sqrt()).view(-1, 1, 1)
-        bias = torch.zeros(mask.shape, dtype=z.dtype, device=z.device).masked_fill_(~mask, torch.finfo(z.dtype).min)
-        return EncoderOut(keys=z, values=values, bias=bias.unsqueeze(1), mask=mask)
+        return EncoderOut(keys=z, values=values, mask=mask)
 
     def _convolve(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The GLU conv stack: x [B, T, H], mask [B, T] -> [B, T, H]."""
@@ -264,12 +262,13 @@ class ConvS2SDecoder(nn.Module):
         scores = sqrt(1/2) (W_in g + b_in + e) . z = g . (sqrt(1/2) W_in^T z) + sqrt(1/2) (b_in . z + e . z), and
         out_proj(weights @ values) = weights @ (values W_out^T) + b_out: computed once per batch, they turn
         the two [E x H] projections of every row at every step into products with the S source positions.
-        Returns (keys [B, S, H], score bias [B, 1, S] with the padding mask, values [B, S, H]) per layer.
+        Returns (keys [B, S, H], score bias [B, 1, S], values [B, S, H]) per layer (the padding is the
+        attention's mask, enc.mask).
         """
         memory = []
         for attention in self.attentions:
             keys = torch.matmul(enc.keys, attention.in_proj.weight).mul_(SQRT_HALF)
-            bias = torch.matmul(enc.keys, attention.in_proj.bias).mul_(SQRT_HALF).unsqueeze(1) + enc.bias
+            bias = torch.matmul(enc.keys, attention.in_proj.bias).mul_(SQRT_HALF).unsqueeze(1)
             values = torch.matmul(enc.values, attention.out_proj.weight.t())
             memory.append((keys, bias, values))
         return memory

@@ -10,6 +10,7 @@ from ._backend import BACKENDS, info  # noqa: E402
 from .ops import (  # noqa: E402
     context_query_attention,
     decode_attention,
+    dropout_add,
     dwsep_conv1d,
     glu_conv1d,
     glu_conv1d_step,
@@ -22,6 +23,6 @@ from .ops import (  # noqa: E402
 
 __all__ = [
     "BACKENDS", "info", "__version__", "layers", "ops", "reference",
-    "context_query_attention", "decode_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "linear", "linear_argmax", "ln_dwsep_conv1d",
+    "context_query_attention", "decode_attention", "dropout_add", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "linear", "linear_argmax", "ln_dwsep_conv1d",
     "self_attention", "trilinear_similarity",
 ]

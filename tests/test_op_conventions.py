@@ -32,11 +32,12 @@ def _calls(device: torch.device):
             c, q, cm, qm, w, backend=backend)),
         ("glu_conv1d", (x, gw), lambda x, gw, backend: fastqa.glu_conv1d(x, gw, causal=True, backend=backend)),
         ("linear", (x, pw[:, :, 0]), lambda x, w, backend: fastqa.linear(x, w, backend=backend)),
+        ("dropout_add", (x, x.flip(2)), lambda b, r, backend: fastqa.dropout_add(b, 0.3, 7, r, backend=backend)),
     ]
 
 
 OPS = [name for name, _, _ in _calls(torch.device("cpu"))]
-CPU_ONLY = {"linear"}  # no Triton kernel: on a GPU fastqa.linear runs F.linear
+CPU_ONLY = {"linear", "dropout_add"}  # no Triton kernel: on a GPU these run their reference
 
 
 @pytest.mark.parametrize("op, backend", [(op, backend) for backend in compiled_backends() for op in OPS

@@ -1,5 +1,5 @@
 """Blocks the models share: the config base (presets, dict round trip, field checks), the sinusoidal timing
-signal, a highway network, masked log-softmax, sublayer residual with dropout and stochastic depth, and the
+signal, a highway network, masked log-softmax, sublayer dropout (plain PyTorch) and stochastic depth, and the
 initialisation of linear layers.
 
 Everything here is plain ``torch.nn`` (models import ``fastqa.layers`` and ``torch.nn`` only).
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ModelConfig", "check_config", "check_qa_inputs", "FrozenWordVectors", "Highway", "dropout", "init_linear", "masked_log_softmax", "residual_masks", "survival_prob", "timing_signal"]
+__all__ = ["ModelConfig", "check_config", "check_qa_inputs", "FrozenWordVectors", "Highway", "dropout", "init_linear", "masked_log_softmax", "survival_prob", "survival_scales", "timing_signal", "TorchDropoutAdd"]
 
 
 class ModelConfig:
@@ -218,29 +218,41 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return torch.where(keep, x, 0.0).mul_(1.0 / q)  # where, not x * keep: no float copy of the mask
 
 
-def residual_masks(shape: Sequence[int], *, dropout: float, survival: Sequence[float], device: torch.device,
-                   dtype: torch.dtype) -> torch.Tensor | None:
-    """Training-time multipliers of S sublayer outputs: sublayer i computes x + branch * masks[i].
-
-    Dropout on the branch (the sublayer output) only, never on the residual path; stochastic depth drops
-    sublayer i's whole branch for each example with probability 1 - survival[i] (per example, so every
-    parameter takes part in every step, as DistributedDataParallel needs). Kept entries are scaled by
-    1 / (P(keep) * survival[i]), so evaluation adds the branch as it is. All S masks are drawn at once
-    (a handful of ops per block instead of per sublayer). shape: a branch's [B, ...]; returns
-    [S, B, ...] of ``dtype``, or None when nothing is dropped (dropout 0 and every survival 1).
-    """
-    if dropout == 0.0 and all(s == 1.0 for s in survival):
+def survival_scales(batch: int, survival: Sequence[float], *, device: torch.device,
+                    dtype: torch.dtype) -> torch.Tensor | None:
+    """Stochastic depth's per-example factors of S sublayers: [S, batch], 0 where sublayer i's branch is
+    dropped for that example (probability 1 - survival[i]), 1 / survival[i] where it is kept (so evaluation
+    adds the branch as it is); None when every survival is 1. Per example, not per batch, so every parameter
+    takes part in every step, as DistributedDataParallel needs."""
+    if all(s == 1.0 for s in survival):
         return None
-    count, batch = len(survival), shape[0]
-    # Drawn in float32 whatever ``dtype``: the same seed gives the same masks in every precision.
-    surv = torch.tensor(survival, dtype=torch.float32).view(count, 1).to(device)
-    scale = ((torch.rand(count, batch, device=device) < surv) / surv).to(dtype)
-    scale = scale.view(count, batch, *([1] * (len(shape) - 1)))
-    if dropout == 0.0:
-        return scale
-    keep, q = _keep_mask(torch.Size((count, *shape)), dropout, device)
-    # where, not keep * scale: that first copied the bool mask into a float tensor of the masks' size.
-    return torch.where(keep, scale.mul_(1.0 / q), 0.0)
+    # Drawn in float32 whatever ``dtype``: the same seed gives the same draws in every precision.
+    surv = torch.tensor(survival, dtype=torch.float32).view(len(survival), 1).to(device)
+    return ((torch.rand(len(survival), batch, device=device) < surv) / surv).to(dtype)
+
+
+class TorchDropoutAdd(nn.Module):
+    """``residual + dropout(branch) * example_scale`` (training) / ``residual + branch`` (evaluation) in
+    plain PyTorch, masks from torch's generator (``_keep_mask``): the interface of ``fastqa.layers.DropoutAdd``
+    for the models' pure-PyTorch layer sets. (``fastqa.reference.DropoutAdd`` reproduces the fused layer's
+    masks bit for bit, but with ~15 integer passes per call it would make a slow baseline.)"""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = float(p)
+
+    def forward(self, branch: torch.Tensor, residual: torch.Tensor | None = None,
+                example_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """branch: [B, ...]; residual: like branch or None; example_scale: [B] or None (training only)."""
+        if self.training and self.p > 0.0:
+            branch = dropout(branch, self.p, True)
+        if self.training and example_scale is not None:
+            scale = example_scale.view(-1, *([1] * (branch.dim() - 1)))
+            return branch * scale if residual is None else torch.addcmul(residual, branch, scale)
+        return branch if residual is None else residual + branch
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
 
 
 def init_linear(linear: nn.Linear) -> nn.Linear:
@@ -259,15 +271,15 @@ class Highway(nn.Module):
     """
 
     def __init__(self, dim: int, num_layers: int = 2, dropout: float = 0.0,
-                 linear: type[nn.Linear] = nn.Linear) -> None:
+                 linear: type[nn.Linear] = nn.Linear, dropout_layer: type[nn.Module] = TorchDropoutAdd) -> None:
         super().__init__()
-        self.dropout = dropout
+        self.dropout = dropout_layer(dropout)
         self.layers = nn.ModuleList(init_linear(linear(dim, 2 * dim)) for _ in range(num_layers))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., dim] -> [..., dim]."""
         for layer in self.layers:
             h, g = layer(x).chunk(2, dim=-1)
-            h = dropout(F.relu(h), self.dropout, self.training)
+            h = self.dropout(F.relu(h))
             x = torch.addcmul(x, torch.sigmoid(g), h - x)
         return x

@@ -6,6 +6,7 @@ so their custom ops are registered before any ``torch.compile`` trace reaches th
 from .._backend import triton_usable_here
 from .context_query_attention import context_query_attention, trilinear_similarity
 from .decode_attention import decode_attention
+from .dropout_add import dropout_add
 from .dwsep_conv1d import dwsep_conv1d, ln_dwsep_conv1d
 from .glu_conv1d import glu_conv1d, glu_conv1d_step
 from .linear import linear, linear_argmax
@@ -18,6 +19,6 @@ if triton_usable_here():
     register_triton_autograd()
 
 __all__ = [
-    "context_query_attention", "decode_attention", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "linear", "linear_argmax", "ln_dwsep_conv1d",
+    "context_query_attention", "decode_attention", "dropout_add", "dwsep_conv1d", "glu_conv1d", "glu_conv1d_step", "linear", "linear_argmax", "ln_dwsep_conv1d",
     "self_attention", "trilinear_similarity",
 ]

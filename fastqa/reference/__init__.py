@@ -9,6 +9,7 @@ from .context_query_attention import (
     trilinear_similarity_naive,
 )
 from .decode_attention import DecodeAttention, decode_attention
+from .dropout_add import DropoutAdd, draw_seed, dropout_add
 from .dwsep_conv1d import (
     DepthwiseSeparableConv1d,
     LayerNormDepthwiseSeparableConv1d,
@@ -21,9 +22,9 @@ from .linear import Linear, linear, linear_argmax
 from .self_attention import SelfAttention, self_attention
 
 __all__ = [
-    "ContextQueryAttention", "DecodeAttention", "DepthwiseSeparableConv1d", "GLUConv1d", "LayerNormDepthwiseSeparableConv1d", "Linear",
+    "ContextQueryAttention", "DecodeAttention", "DropoutAdd", "DepthwiseSeparableConv1d", "GLUConv1d", "LayerNormDepthwiseSeparableConv1d", "Linear",
     "SelfAttention", "TrilinearSimilarity",
-    "context_query_attention", "context_query_attention_naive", "conv_padding", "decode_attention", "dwsep_conv1d",
+    "context_query_attention", "context_query_attention_naive", "conv_padding", "decode_attention", "draw_seed", "dropout_add", "dwsep_conv1d",
     "glu_conv1d", "glu_conv1d_naive", "glu_conv1d_step", "linear", "linear_argmax", "ln_dwsep_conv1d", "masked_softmax", "self_attention", "trilinear_similarity",
     "trilinear_similarity_naive",
 ]

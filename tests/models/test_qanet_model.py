@@ -243,31 +243,42 @@ def test_char_embedding_equals_the_per_word_conv():
         assert_close(a, b, name=f"grad of {name}", atol=atol, rtol=rtol)
 
 
-def test_dropout_masks_rate_and_scale():
-    from fastqa.models.common import dropout, residual_masks
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_dropout_layer_rate_scale_and_stochastic_depth(impl):
+    """The layer set's dropout (fused kernel / plain PyTorch): P(keep) 0.9, kept entries scaled by 1/q, a
+    per-example factor of 0 drops the whole branch, the residual is added as it is; identity in eval."""
+    from fastqa.models.common import survival_scales
+    from fastqa.models.qanet.modeling import LAYER_SETS
     torch.manual_seed(21)
     q = 1 - round(0.1 * 65536) / 65536  # the keep probability, quantised to 1/65536
+    drop = LAYER_SETS[impl].dropout(0.1)
     x = torch.ones(4, 500, 100)
-    y = dropout(x, 0.1, True)
+    y = drop(x)
     kept = y != 0
     assert abs(kept.float().mean().item() - 0.9) < 0.005
     torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / q))
-    assert dropout(x, 0.1, False) is x
-    # Sublayer masks: survival 1 keeps every example; 0.5 drops whole examples, the kept ones 1/(q*0.5).
-    masks = residual_masks((64, 50, 20), dropout=0.1, survival=[1.0, 0.5], device=x.device, dtype=x.dtype)
-    assert masks.shape == (2, 64, 50, 20)
-    for mask, survival in zip(masks, (1.0, 0.5)):
-        per_example = (mask != 0).float().mean(dim=(1, 2))
+    assert not torch.equal(y, drop(x))  # a fresh mask per call
+    assert drop.eval()(x) is x
+    torch.testing.assert_close(drop(x, residual=x), 2 * x)
+    drop.train()
+    # Sublayer factors: survival 1 keeps every example; 0.5 drops whole examples, the kept ones 1/(q*0.5).
+    scales = survival_scales(64, [1.0, 0.5], device=x.device, dtype=x.dtype)
+    assert scales.shape == (2, 64)
+    residual = torch.randn(64, 50, 20)
+    for scale, survival in zip(scales, (1.0, 0.5)):
+        branch = drop(torch.ones(64, 50, 20), residual, scale) - residual
+        per_example = (branch.abs() > 1e-3).float().mean(dim=(1, 2))
         assert ((per_example == 0) | ((per_example - 0.9).abs() < 0.05)).all()
         dropped = (per_example == 0).float().mean().item()
         assert (dropped == 0) if survival == 1.0 else (0.25 < dropped < 0.75)
-        torch.testing.assert_close(mask[mask != 0], torch.full_like(mask[mask != 0], 1 / (q * survival)))
-    assert residual_masks((4, 5), dropout=0.0, survival=[1.0], device=x.device, dtype=x.dtype) is None
-    # The same seed draws the same masks in every precision (the float64 ground truth of a train step).
+        big = branch.abs() > 1e-3
+        torch.testing.assert_close(branch[big], torch.full_like(branch[big], 1 / (q * survival)))
+    assert survival_scales(4, [1.0], device=x.device, dtype=x.dtype) is None
+    # The same seed draws the same factors in every precision (the float64 ground truth of a train step).
     drawn = []
     for dtype in (torch.float32, torch.float64):
         torch.manual_seed(22)
-        drawn.append(residual_masks((8, 30, 4), dropout=0.1, survival=[0.9, 0.5], device=x.device, dtype=dtype))
+        drawn.append(survival_scales(8, [0.9, 0.5], device=x.device, dtype=dtype))
     torch.testing.assert_close(drawn[0].double(), drawn[1])
 
 
@@ -285,14 +296,15 @@ def test_dropout_off_in_eval_on_in_training():
     assert not torch.equal(c[0], d[0])
 
 
-def test_stochastic_depth_only_in_training():
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_stochastic_depth_only_in_training(impl):
     """layer_dropout alone (no dropout): training outputs vary from call to call; evaluation is deterministic
     and equals the same weights with stochastic depth off (inverted scaling: eval uses the branches as they
     are), which also equals a training-mode call without any dropout."""
     gen = torch.Generator().manual_seed(14)
     batch = make_batch(gen)
-    sd_model = built(tiny_config(dropout=0.0, char_dropout=0.0, layer_dropout=0.9), "reference")
-    plain = built(tiny_config(dropout=0.0, char_dropout=0.0, layer_dropout=0.0), "reference")
+    sd_model = built(tiny_config(dropout=0.0, char_dropout=0.0, layer_dropout=0.9), impl)
+    plain = built(tiny_config(dropout=0.0, char_dropout=0.0, layer_dropout=0.0), impl)
     plain.load_state_dict(sd_model.state_dict())
     with torch.no_grad():
         sd_model.train()

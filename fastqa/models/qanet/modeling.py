@@ -28,8 +28,8 @@ from torch import nn
 
 from ... import layers as fused
 from ... import reference
-from ..common import (FrozenWordVectors, Highway, check_config, check_qa_inputs, dropout, init_linear,
-                      masked_log_softmax, residual_masks, survival_prob, timing_signal)
+from ..common import (FrozenWordVectors, Highway, TorchDropoutAdd, check_config, check_qa_inputs, init_linear,
+                      masked_log_softmax, survival_prob, survival_scales, timing_signal)
 from .config import LAYERS, QANetConfig
 
 __all__ = ["LAYER_SETS", "CharEmbedding", "EncoderBlock", "FeedForward", "NaiveContextQueryAttention", "QANet"]
@@ -51,15 +51,16 @@ class _LayerSet:
     cqa: type[nn.Module]      # context-query attention
     attention: type[nn.Module]  # pre-LN multi-head self-attention sublayer branch
     linear: type[nn.Linear]   # every linear map (feed-forward, highway, context-query resizer, heads)
+    dropout: type[nn.Module]  # every dropout, and a sublayer's residual add with its stochastic depth
 
 
 LAYER_SETS: dict[str, _LayerSet] = {
     "fast": _LayerSet(fused.LayerNormDepthwiseSeparableConv1d, fused.DepthwiseSeparableConv1d,
-                      fused.ContextQueryAttention, fused.SelfAttention, fused.Linear),
+                      fused.ContextQueryAttention, fused.SelfAttention, fused.Linear, fused.DropoutAdd),
     "reference": _LayerSet(reference.LayerNormDepthwiseSeparableConv1d, reference.DepthwiseSeparableConv1d,
-                           reference.ContextQueryAttention, reference.SelfAttention, reference.Linear),
+                           reference.ContextQueryAttention, reference.SelfAttention, reference.Linear, TorchDropoutAdd),
     "naive": _LayerSet(reference.LayerNormDepthwiseSeparableConv1d, reference.DepthwiseSeparableConv1d,
-                       NaiveContextQueryAttention, reference.SelfAttention, reference.Linear),
+                       NaiveContextQueryAttention, reference.SelfAttention, reference.Linear, TorchDropoutAdd),
 }
 
 
@@ -81,10 +82,10 @@ class CharEmbedding(nn.Module):
     """
 
     def __init__(self, vocab_size: int, dim: int, channels: int, kernel_size: int, *, pad_id: int,
-                 dropout: float) -> None:
+                 dropout: float, dropout_layer: type[nn.Module] = TorchDropoutAdd) -> None:
         super().__init__()
         self.pad_id = pad_id
-        self.dropout = dropout
+        self.dropout = dropout_layer(dropout)
         self.embed = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
         self.conv = nn.Conv1d(dim, channels, kernel_size, padding=kernel_size // 2)
 
@@ -117,7 +118,7 @@ class CharEmbedding(nn.Module):
         # paper model's step at batch 32); max's scatters the gradient through the argmax indices.
         vectors = F.relu(h.max(dim=1).values + self.conv.bias)                    # [R, C]
         out = vectors.new_zeros(b * n, vectors.shape[1]).index_copy(0, words, vectors)  # padding words: 0
-        return dropout(out, self.dropout, self.training).reshape(b, n, -1)
+        return self.dropout(out).reshape(b, n, -1)
 
 
 class FeedForward(nn.Module):
@@ -144,7 +145,7 @@ class EncoderBlock(nn.Module):
     def __init__(self, d_model: int, heads: int, conv_layers: int, kernel_size: int, dropout: float,
                  layer_set: _LayerSet) -> None:
         super().__init__()
-        self.dropout = dropout
+        self.dropout = layer_set.dropout(dropout)
         self.convs = nn.ModuleList(layer_set.ln_conv(d_model, d_model, kernel_size, activation="relu")
                                    for _ in range(conv_layers))
         self.attention = layer_set.attention(d_model, heads)
@@ -161,17 +162,19 @@ class EncoderBlock(nn.Module):
         """x: [B, L, d]; timing: [L, d]; mask: [B, L] bool (True = a real position: the keys to attend to,
         and the rows the convolutions read -- padded rows enter them as zeros, so the outputs at real
         positions do not depend on how far the batch pads); survival: one float per sublayer."""
-        masks = residual_masks(x.shape, dropout=self.dropout, survival=survival, device=x.device,
-                               dtype=x.dtype) if self.training else None
+        scales = survival_scales(x.shape[0], survival, device=x.device, dtype=x.dtype) if self.training else None
+        # Nothing dropped (evaluation): the convolutions add their residual themselves.
+        plain = scales is None and (not self.training or self.dropout.p == 0.0)
         x = x + timing
         for i, conv in enumerate(self.convs):
-            # No mask (evaluation): the fused residual add; else x + dropout(conv(x)) with stochastic depth.
-            x = conv(x, residual=x, mask=mask) if masks is None else torch.addcmul(x, conv(x, mask=mask), masks[i])
+            x = conv(x, residual=x, mask=mask) if plain else self._add(conv(x, mask=mask), x, scales, i)
         n = len(self.convs)
-        branch = self.attention(x, mask)
-        x = x + branch if masks is None else torch.addcmul(x, branch, masks[n])
-        branch = self.ffn(x)
-        return x + branch if masks is None else torch.addcmul(x, branch, masks[n + 1])
+        x = self._add(self.attention(x, mask), x, scales, n)
+        return self._add(self.ffn(x), x, scales, n + 1)
+
+    def _add(self, branch: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None, i: int) -> torch.Tensor:
+        """x + dropout(branch), sublayer i's branch dropped per example by stochastic depth in training."""
+        return self.dropout(branch, x, None if scales is None else scales[i])
 
 
 class QANet(FrozenWordVectors):
@@ -194,10 +197,11 @@ class QANet(FrozenWordVectors):
 
         self._make_word_vectors(c.word_vocab_size, c.word_dim, pad_id=c.pad_id, unk_id=c.unk_id)
         self.char_embedding = CharEmbedding(c.char_vocab_size, c.char_dim, c.char_channels, c.char_kernel,
-                                            pad_id=c.pad_id, dropout=c.char_dropout)
+                                            pad_id=c.pad_id, dropout=c.char_dropout, dropout_layer=ls.dropout)
+        self.dropout = ls.dropout(c.dropout)  # on the word vectors and on the context-query resizer's output
         # [word; char] -> d first, then the highway at width d (as the authors' code: cheaper than at 500).
         self.emb_resize = ls.conv(c.word_dim + c.char_channels + int(c.word_match), d, c.emb_resize_kernel)
-        self.highway = Highway(d, 2, c.dropout, linear=ls.linear)
+        self.highway = Highway(d, 2, c.dropout, linear=ls.linear, dropout_layer=ls.dropout)
         self.emb_encoder = EncoderBlock(d, c.heads, c.emb_conv_layers, c.emb_conv_kernel, c.dropout, ls)
         self.cq_attention = ls.cqa(d)
         self.cq_resize = init_linear(ls.linear(4 * d, d))
@@ -222,7 +226,7 @@ class QANet(FrozenWordVectors):
 
     def _embed(self, words: torch.Tensor, chars: torch.Tensor, other_words: torch.Tensor) -> torch.Tensor:
         """words: [B, L]; chars: [B, L, W]; other_words: [B, L'] (the other text) -> [B, L, d]."""
-        w = dropout(self.embed_words(words), self.config.dropout, self.training)
+        w = self.dropout(self.embed_words(words))
         parts = [w, self.char_embedding(chars)]
         if self.config.word_match:
             parts.append(self._word_match(words, other_words).to(w.dtype))
@@ -258,7 +262,7 @@ class QANet(FrozenWordVectors):
         q = self.emb_encoder(q, q_timing, q_mask, self._emb_survival)
 
         x = self.cq_resize(self.cq_attention(c, q, c_mask, q_mask))
-        x = dropout(x, self.config.dropout, self.training)
+        x = self.dropout(x)
         m0 = self._model_pass(x, c_timing, c_mask)
         m1 = self._model_pass(m0, c_timing, c_mask)
         m2 = self._model_pass(m1, c_timing, c_mask)

@@ -1,0 +1,23 @@
+"""Drop-in sublayer dropout + residual add running the seeded one-pass kernel."""
+from __future__ import annotations
+
+import torch
+
+from ..ops.dropout_add import dropout_add
+from ..reference.dropout_add import DropoutAdd as _ReferenceDropoutAdd
+
+__all__ = ["DropoutAdd"]
+
+
+class DropoutAdd(_ReferenceDropoutAdd):
+    """``fastqa.reference.DropoutAdd`` (no parameters; the same masks for the same seed) computed by
+    ``fastqa.dropout_add``: the mask, the scale and the add in one pass, nothing stored for the backward.
+    ``backend``: "auto", "reference" or "cpu"."""
+
+    def __init__(self, p: float, backend: str = "auto") -> None:
+        super().__init__(p)
+        self.backend = backend
+
+    def apply_dropout(self, branch: torch.Tensor, seed: int, residual: torch.Tensor | None,
+                      example_scale: torch.Tensor | None) -> torch.Tensor:
+        return dropout_add(branch, self.p, seed, residual, example_scale, backend=self.backend)

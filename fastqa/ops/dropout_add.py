@@ -1,0 +1,87 @@
+"""Seeded dropout of a sublayer's output plus its residual in one pass: autograd Function + dispatch.
+
+Kernel (the C++ CPU backend; there is no Triton kernel: on a GPU, ``backend="auto"`` runs the reference,
+the same hash in torch integer ops)::
+
+    fastqa::dropout_add(branch, residual?, example_scale?, p, seed) -> out
+
+The backward is the same kernel on the gradient (same seed, no residual): nothing is saved for it, not
+even the mask.
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from .. import reference
+from .._backend import cpu_available, resolve_backend
+from .._checks import check_device, check_optional, check_tensor
+from ._function import has_tangent, input_grads, once_differentiable
+from ._registry import kernel
+
+_MODULE = "dropout_add"
+
+__all__ = ["dropout_add"]
+
+_DA_INPUTS = ("backend", "branch", "residual", "example_scale", "p", "seed")
+
+
+class _DropoutAddFunction(torch.autograd.Function):
+    """residual + branch * keep(seed) / P(keep) * example_scale through a backend's kernel."""
+
+    @staticmethod
+    def forward(ctx, backend: str, branch: torch.Tensor, residual: torch.Tensor | None,
+                example_scale: torch.Tensor | None, p: float, seed: int) -> torch.Tensor:
+        ctx.save_for_backward(example_scale)
+        ctx.backend, ctx.p, ctx.seed = backend, p, seed
+        return kernel(backend, _MODULE, "dropout_add")(branch, residual, example_scale, p, seed)
+
+    @staticmethod
+    @once_differentiable("dropout_add")
+    def backward(ctx, grad_out: torch.Tensor):
+        example_scale, = ctx.saved_tensors
+        grad_branch = None
+        if ctx.needs_input_grad[1]:
+            grad_branch = kernel(ctx.backend, _MODULE, "dropout_add")(grad_out.contiguous(), None, example_scale,
+                                                                      ctx.p, ctx.seed)
+        return input_grads(ctx, _DA_INPUTS, branch=grad_branch, residual=grad_out)
+
+
+def dropout_add(branch: torch.Tensor, p: float, seed: int, residual: torch.Tensor | None = None,
+                example_scale: torch.Tensor | None = None, *, backend: str = "auto") -> torch.Tensor:
+    """Inverted dropout of ``branch`` with a mask drawn from ``seed``, scaled per example, plus ``residual``.
+
+    branch: [B, ...]; residual: branch's shape, or None (plain dropout); example_scale: [B] per-example
+    factors (stochastic depth: 0 drops the example's branch, 1 / P(survive) keeps it), or None. p: the
+    drop probability in [0, 1], quantised to 1/65536; seed: an int64 (``fastqa.reference.draw_seed``).
+    Returns residual + branch * keep / P(keep) * example_scale[b], keep a hash of (seed, element index):
+    the same seed gives the same mask on every backend. Gradients flow to branch and residual;
+    example_scale is treated as a constant. backend: "auto", "reference" or "cpu".
+    """
+    # Elementwise: no autocast cast (the output keeps branch's dtype), and empty tensors are fine.
+    check_tensor("branch", branch)
+    check_device("branch", branch)
+    if branch.dim() == 0:
+        raise ValueError("branch must have a batch dimension, got a 0-d tensor")
+    if residual is not None:
+        check_tensor("residual", residual, shape=branch.shape, like=branch)
+    check_optional("example_scale", example_scale, shape=(branch.shape[0],), like=branch)
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"p must be a float in [0, 1], got {p!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not -2 ** 63 <= seed < 2 ** 63:
+        raise ValueError(f"seed must be an int64, got {seed!r}")
+    if backend == "triton":
+        raise ValueError("fastqa.dropout_add has no Triton kernel: on a GPU, backend='auto' (or 'reference') "
+                         "runs the reference")
+    p, seed = float(p), int(seed)
+    resolved = resolve_backend(backend, "dropout_add", branch.device, branch.dtype)
+    if resolved != "cpu" or has_tangent(branch, residual, example_scale):
+        return reference.dropout_add(branch, p, seed, residual, example_scale)
+    return _DropoutAddFunction.apply(resolved, branch, residual, example_scale, p, seed)
+
+
+if cpu_available():
+    @torch.library.register_fake("fastqa::dropout_add")
+    def _fake(branch, residual, example_scale, p, seed):
+        return branch.new_empty(branch.shape)

@@ -1,0 +1,90 @@
+"""Pure-PyTorch seeded dropout + residual add: the ground truth and fallback of ``fastqa.dropout_add``.
+
+The keep-mask is a counter-based hash of (seed, element index), computed here with int64 tensor ops
+bit for bit as the kernel computes it (``csrc/cpu/dropout_add.cpp`` states the hash): the same seed gives
+the same mask on every backend and device, and the backward recomputes it instead of storing it.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["DropoutAdd", "dropout_add", "draw_seed", "keep_mask"]
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 on int64 tensors holding uint32 values (the multipliers are < 2^31: no int64 overflow)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x21F0AAAD) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x735A2D97) & _M32
+    return x ^ (x >> 15)
+
+
+def drop_threshold(p: float) -> int:
+    """p quantised to 1/65536: an element is kept when its 16 random bits are >= this."""
+    return round(p * 65536)
+
+
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int, device: torch.device | str = "cpu"
+              ) -> torch.Tensor:
+    """Bool [shape]: element i (row-major index) is kept. P(keep) = 1 - round(p * 65536) / 65536."""
+    numel = 1
+    for s in shape:
+        numel *= int(s)
+    s0, s1 = seed & _M32, (seed >> 32) & _M32
+    j = torch.arange((numel + 1) // 2, dtype=torch.int64, device=device)
+    h = _mix32(_mix32((j & _M32) ^ s0) ^ s1 ^ (j >> 32))
+    u16 = torch.stack([h & 0xFFFF, h >> 16], dim=1).reshape(-1)[:numel]   # element 2j: low half, 2j+1: high
+    return (u16 >= drop_threshold(p)).view(shape)
+
+
+def dropout_add(branch: torch.Tensor, p: float, seed: int, residual: torch.Tensor | None = None,
+                example_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """residual + branch * keep / P(keep) * example_scale[b] (residual 0 and example_scale 1 when None).
+
+    branch: [B, ...]; residual: branch's shape; example_scale: [B] (e.g. stochastic depth: 0 for an example
+    whose sublayer is dropped, 1 / P(survive) otherwise). p in [0, 1], quantised to 1/65536; seed: int64.
+    """
+    drop = drop_threshold(p)
+    keep_scale = 0.0 if drop >= 65536 else 65536.0 / (65536 - drop)
+    factor = keep_mask(branch.shape, p, seed, branch.device).to(branch.dtype) * keep_scale
+    if example_scale is not None:
+        factor = factor * example_scale.view(-1, *([1] * (branch.dim() - 1)))
+    out = branch * factor
+    return out if residual is None else residual + out
+
+
+def draw_seed(generator: torch.Generator | None = None) -> int:
+    """A fresh int64 seed from ``generator`` (torch's default CPU generator when None): one draw, so a run
+    seeded with torch.manual_seed repeats its masks."""
+    return int(torch.randint(-2 ** 63, 2 ** 63 - 1, (), dtype=torch.int64, generator=generator))
+
+
+class DropoutAdd(nn.Module):
+    """``residual + dropout(branch) * example_scale`` in training, ``residual + branch`` in evaluation (no
+    parameters): a sublayer's output dropped and added to its residual. Each training call draws a seed
+    from torch's default generator (or ``generator``)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"p must be in [0, 1], got {p!r}")
+        self.p = float(p)
+
+    def apply_dropout(self, branch: torch.Tensor, seed: int, residual: torch.Tensor | None,
+                      example_scale: torch.Tensor | None) -> torch.Tensor:
+        return dropout_add(branch, self.p, seed, residual, example_scale)
+
+    def forward(self, branch: torch.Tensor, residual: torch.Tensor | None = None,
+                example_scale: torch.Tensor | None = None, generator: torch.Generator | None = None
+                ) -> torch.Tensor:
+        """branch: [B, ...]; residual: like branch or None; example_scale: [B] or None (training only)."""
+        if not self.training or (self.p == 0.0 and example_scale is None):
+            return branch if residual is None else residual + branch
+        return self.apply_dropout(branch, draw_seed(generator), residual, example_scale)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"

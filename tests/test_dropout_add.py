@@ -1,0 +1,157 @@
+"""dropout_add (and the DropoutAdd layer): the seeded one-pass C++ kernel against the reference, bit for bit
+(the mask is a hash of (seed, element index), so both compute the very same numbers), its gradients, the
+mask's statistics and the argument errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastqa
+from fastqa import reference
+from fastqa._backend import cpu_available
+from fastqa.layers import DropoutAdd
+from fastqa.reference.dropout_add import keep_mask
+
+from helpers import check_against_reference, ran_ops
+
+pytestmark = pytest.mark.skipif(not cpu_available(), reason="the kernel is C++ only: needs fastqa._C")
+
+# A QANet sublayer's output, a ConvS2S one, then edges: one element, odd sizes (a hash pair cut in two), a
+# row that is not a multiple of the kernel's chunk and examples that straddle chunks.
+REAL = [(32, 400, 128), (64, 27, 256)]
+EDGE = [(1, 1), (3, 5, 3), (2, 1025), (5, 1, 7)]
+SEEDS = [0, 123456789012345, -5, 2 ** 63 - 1]
+
+
+def make_inputs(shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    branch = torch.randn(*shape, generator=g, dtype=dtype)
+    residual = torch.randn(*shape, generator=g, dtype=dtype)
+    # Stochastic depth's factors: 0 (dropped) or 1 / survival.
+    scale = (torch.rand(shape[0], generator=g) < 0.7).to(dtype) / 0.7
+    return branch, residual, scale
+
+
+@pytest.mark.parametrize("shape", REAL + EDGE, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("with_residual, with_scale", [(True, True), (True, False), (False, True), (False, False)])
+def test_forward_equals_reference_bit_for_bit(shape, dtype, with_residual, with_scale):
+    branch, residual, scale = make_inputs(shape, dtype)
+    residual = residual if with_residual else None
+    scale = scale if with_scale else None
+    for p in (0.0, 0.1, 0.5, 1.0):
+        for seed in SEEDS:
+            got = fastqa.dropout_add(branch, p, seed, residual, scale, backend="cpu")
+            want = reference.dropout_add(branch, p, seed, residual, scale)
+            assert got.dtype == dtype and got.shape == branch.shape
+            assert torch.equal(got, want), f"p={p} seed={seed}: max diff {(got - want).abs().max()}"
+
+
+@pytest.mark.parametrize("shape", [REAL[1], *EDGE], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradients_equal_reference_bit_for_bit(shape, dtype):
+    """grad_branch is the kernel on the gradient with the same seed (the mask recomputed, never stored);
+    grad_residual the gradient itself. Checked exactly (atol = rtol = 0), with a non-contiguous grad_out."""
+    branch, residual, scale = make_inputs(shape, dtype, seed=1)
+    check_against_reference(
+        lambda b, r, s: fastqa.dropout_add(b, 0.25, 99, r, s, backend="cpu"),
+        lambda b, r, s: reference.dropout_add(b, 0.25, 99, r, s),
+        (branch, residual, scale), names=("branch", "residual", "example_scale"), grad_args=(True, True, False),
+        atol=0.0, rtol=0.0)
+    assert "fastqa::dropout_add" in ran_ops(
+        lambda: fastqa.dropout_add(branch.requires_grad_(), 0.25, 99, residual, scale).sum().backward())
+
+
+def test_gradcheck_float64():
+    branch, residual, scale = make_inputs((3, 4, 5), torch.float64, seed=2)
+    assert torch.autograd.gradcheck(lambda b, r: fastqa.dropout_add(b, 0.3, 5, r, scale, backend="cpu"),
+                                    (branch.requires_grad_(), residual.requires_grad_()))
+
+
+def test_non_contiguous_inputs_follow_the_logical_element_order():
+    """The mask belongs to the element's row-major index in branch's shape, whatever its strides."""
+    branch, residual, scale = make_inputs((6, 10, 8), seed=3)
+    b_t = branch.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
+    r_t = residual[:, :, :].transpose(0, 0)
+    got = fastqa.dropout_add(b_t, 0.3, 11, r_t, scale, backend="cpu")
+    assert torch.equal(got, reference.dropout_add(branch, 0.3, 11, residual, scale))
+
+
+def test_mask_rate_independence_and_seeds():
+    """P(keep) = 1 - round(p 65536)/65536; neighbours (the two halves of one hash) and consecutive seeds
+    are uncorrelated; a seed gives the same mask every time, on any shape of the same size."""
+    n = 1 << 20
+    for p in (0.1, 0.5, 0.9):
+        keep = keep_mask((n,), p, 1234).float()
+        q = 1 - round(p * 65536) / 65536
+        assert abs(keep.mean().item() - q) < 4 * (q * (1 - q) / n) ** 0.5
+        pairs = keep.view(-1, 2)
+        corr = torch.corrcoef(pairs.T)[0, 1].item()
+        assert abs(corr) < 0.01, f"p={p}: neighbours correlate ({corr})"
+        other = keep_mask((n,), p, 1235).float()
+        assert abs(torch.corrcoef(torch.stack([keep, other]))[0, 1].item()) < 0.01
+    assert torch.equal(keep_mask((64, 8), 0.1, 7), keep_mask((512,), 0.1, 7).view(64, 8))
+    ones = torch.ones(1000, 100)
+    out = fastqa.dropout_add(ones, 0.1, 3, backend="cpu")
+    kept = out != 0
+    torch.testing.assert_close(out[kept], torch.full_like(out[kept], 65536 / (65536 - round(0.1 * 65536))))
+    assert torch.equal(out, fastqa.dropout_add(ones, 0.1, 3, backend="cpu"))
+    assert not torch.equal(out, fastqa.dropout_add(ones, 0.1, 4, backend="cpu"))
+
+
+def test_edge_values_p_zero_one_and_empty():
+    branch, residual, scale = make_inputs((4, 9))
+    assert torch.equal(fastqa.dropout_add(branch, 0.0, 1, residual, backend="cpu"), residual + branch)
+    assert torch.equal(fastqa.dropout_add(branch, 1.0, 1, residual, backend="cpu"), residual + 0 * branch)
+    assert not fastqa.dropout_add(branch, 1.0, 1, backend="cpu").any()
+    empty = torch.empty(0, 5)
+    assert fastqa.dropout_add(empty, 0.5, 1, empty, backend="cpu").shape == (0, 5)
+
+
+def test_layer_matches_reference_layer_and_is_identity_in_eval():
+    branch, residual, scale = make_inputs((8, 30, 16), seed=4)
+    fast, ref = DropoutAdd(0.2), reference.DropoutAdd(0.2)
+    torch.manual_seed(5)
+    a = fast(branch, residual, scale)
+    torch.manual_seed(5)
+    b = ref(branch, residual, scale)
+    assert torch.equal(a, b)
+    g = torch.Generator().manual_seed(6)
+    assert torch.equal(fast(branch, generator=g), ref(branch, generator=torch.Generator().manual_seed(6)))
+    fast.eval()
+    assert fast(branch) is branch
+    assert torch.equal(fast(branch, residual, scale), residual + branch)  # no scale in evaluation
+    assert "p=0.2" in repr(fast)
+
+
+def test_opcheck():
+    branch, residual, scale = make_inputs((3, 5, 4))
+    torch.library.opcheck(torch.ops.fastqa.dropout_add.default, (branch, residual, scale, 0.3, 17))
+    torch.library.opcheck(torch.ops.fastqa.dropout_add.default, (branch, None, None, 0.0, -1))
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(p=1.5), ValueError, r"p must be a float in \[0, 1\]"),
+    (dict(p=-0.1), ValueError, "p must be"),
+    (dict(p=True), ValueError, "p must be"),
+    (dict(p=float("nan")), ValueError, "p must be"),
+    (dict(seed=2 ** 64), ValueError, "seed must be an int64"),
+    (dict(seed=1.5), ValueError, "seed must be an int64"),
+    (dict(residual=torch.zeros(4, 8)), ValueError, "residual must have shape"),
+    (dict(residual=torch.zeros(4, 9, dtype=torch.float64)), TypeError, "residual must have dtype"),
+    (dict(example_scale=torch.ones(5)), ValueError, "example_scale must have shape"),
+    (dict(branch=torch.zeros(4, 9, dtype=torch.int64)), TypeError, "branch must be a floating-point tensor"),
+    (dict(branch=torch.tensor(1.0)), ValueError, "branch must have a batch dimension"),
+    (dict(branch=[1.0]), TypeError, "branch must be a torch.Tensor"),
+    (dict(backend="triton"), ValueError, "no Triton kernel"),
+])
+def test_bad_arguments(kwargs, error, match):
+    args = dict(branch=torch.zeros(4, 9), p=0.1, seed=0, residual=None, example_scale=None, backend="cpu")
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        fastqa.dropout_add(args.pop("branch"), args.pop("p"), args.pop("seed"), **args)
+
+
+def test_layer_rejects_bad_p():
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\]"):
+        DropoutAdd(1.2)

@@ -5,6 +5,7 @@ import torch
 
 from ..ops.dropout_add import dropout_add
 from ..reference.dropout_add import DropoutAdd as _ReferenceDropoutAdd
+from ..reference.dropout_add import draw_seed
 
 __all__ = ["DropoutAdd"]
 
@@ -18,6 +19,6 @@ class DropoutAdd(_ReferenceDropoutAdd):
         super().__init__(p)
         self.backend = backend
 
-    def apply_dropout(self, branch: torch.Tensor, seed: int, residual: torch.Tensor | None,
-                      example_scale: torch.Tensor | None) -> torch.Tensor:
-        return dropout_add(branch, self.p, seed, residual, example_scale, backend=self.backend)
+    def apply_dropout(self, branch: torch.Tensor, residual: torch.Tensor | None, example_scale: torch.Tensor | None,
+                      generator: torch.Generator | None) -> torch.Tensor:
+        return dropout_add(branch, self.p, draw_seed(generator), residual, example_scale, backend=self.backend)

@@ -2,7 +2,7 @@
 signal, a highway network, masked log-softmax, sublayer dropout (plain PyTorch) and stochastic depth, and the
 initialisation of linear layers.
 
-Everything here is plain ``torch.nn`` (models import ``fastqa.layers`` and ``torch.nn`` only).
+Everything here is plain ``torch.nn`` (models import ``fastqa.layers``, ``fastqa.reference`` and ``torch.nn`` only).
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from typing import Any, ClassVar, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .. import reference
 
 __all__ = ["ModelConfig", "check_config", "check_qa_inputs", "FrozenWordVectors", "Highway", "dropout", "init_linear", "masked_log_softmax", "survival_prob", "survival_scales", "timing_signal", "TorchDropoutAdd"]
 
@@ -196,7 +198,8 @@ def survival_prob(index: int, total: int, layer_dropout: float) -> float:
     return 1.0 - index / total * layer_dropout
 
 
-def _keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[torch.Tensor, float]:
+def _keep_mask(shape: torch.Size, p: float, device: torch.device,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, float]:
     """Bool [shape] dropout keep-mask, P(keep) = 1 - p quantised to 1/65536, and that probability.
 
     Random int64 words viewed as four int16 each: one generator draw per four elements instead of one
@@ -205,16 +208,17 @@ def _keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[torch
     """
     numel = math.prod(shape)
     drop = round(p * 65536)
-    words = torch.randint(-2 ** 63, 2 ** 63 - 1, ((numel + 3) // 4,), dtype=torch.int64, device=device)
+    words = torch.randint(-2 ** 63, 2 ** 63 - 1, ((numel + 3) // 4,), dtype=torch.int64, device=device,
+                          generator=generator)
     keep = words.view(torch.int16)[:numel] >= drop - 32768
     return keep.view(shape), 1.0 - drop / 65536
 
 
-def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+def dropout(x: torch.Tensor, p: float, training: bool, generator: torch.Generator | None = None) -> torch.Tensor:
     """Inverted dropout (as F.dropout, with p quantised to 1/65536 and a cheaper mask, see ``_keep_mask``)."""
     if not training or p == 0.0:
         return x
-    keep, q = _keep_mask(x.shape, p, x.device)
+    keep, q = _keep_mask(x.shape, p, x.device, generator)
     return torch.where(keep, x, 0.0).mul_(1.0 / q)  # where, not x * keep: no float copy of the mask
 
 
@@ -231,28 +235,18 @@ def survival_scales(batch: int, survival: Sequence[float], *, device: torch.devi
     return ((torch.rand(len(survival), batch, device=device) < surv) / surv).to(dtype)
 
 
-class TorchDropoutAdd(nn.Module):
-    """``residual + dropout(branch) * example_scale`` (training) / ``residual + branch`` (evaluation) in
-    plain PyTorch, masks from torch's generator (``_keep_mask``): the interface of ``fastqa.layers.DropoutAdd``
-    for the models' pure-PyTorch layer sets. (``fastqa.reference.DropoutAdd`` reproduces the fused layer's
-    masks bit for bit, but with ~15 integer passes per call it would make a slow baseline.)"""
+class TorchDropoutAdd(reference.DropoutAdd):
+    """``fastqa.reference.DropoutAdd`` with its masks drawn from torch's generator (``_keep_mask``) instead of
+    hashed from a seed: the models' pure-PyTorch layer sets. (The reference layer reproduces the fused
+    layer's masks bit for bit, but with ~15 integer passes per call it would make a slow baseline.)"""
 
-    def __init__(self, p: float) -> None:
-        super().__init__()
-        self.p = float(p)
-
-    def forward(self, branch: torch.Tensor, residual: torch.Tensor | None = None,
-                example_scale: torch.Tensor | None = None) -> torch.Tensor:
-        """branch: [B, ...]; residual: like branch or None; example_scale: [B] or None (training only)."""
-        if self.training and self.p > 0.0:
-            branch = dropout(branch, self.p, True)
-        if self.training and example_scale is not None:
-            scale = example_scale.view(-1, *([1] * (branch.dim() - 1)))
-            return branch * scale if residual is None else torch.addcmul(residual, branch, scale)
-        return branch if residual is None else residual + branch
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
+    def apply_dropout(self, branch: torch.Tensor, residual: torch.Tensor | None, example_scale: torch.Tensor | None,
+                      generator: torch.Generator | None) -> torch.Tensor:
+        branch = dropout(branch, self.p, True, generator)
+        if example_scale is None:
+            return branch if residual is None else residual + branch
+        scale = example_scale.view(-1, *([1] * (branch.dim() - 1)))
+        return branch * scale if residual is None else torch.addcmul(residual, branch, scale)
 
 
 def init_linear(linear: nn.Linear) -> nn.Linear:

@@ -74,9 +74,10 @@ class DropoutAdd(nn.Module):
             raise ValueError(f"p must be in [0, 1], got {p!r}")
         self.p = float(p)
 
-    def apply_dropout(self, branch: torch.Tensor, seed: int, residual: torch.Tensor | None,
-                      example_scale: torch.Tensor | None) -> torch.Tensor:
-        return dropout_add(branch, self.p, seed, residual, example_scale)
+    def apply_dropout(self, branch: torch.Tensor, residual: torch.Tensor | None, example_scale: torch.Tensor | None,
+                      generator: torch.Generator | None) -> torch.Tensor:
+        """The training-time computation (forward's arguments)."""
+        return dropout_add(branch, self.p, draw_seed(generator), residual, example_scale)
 
     def forward(self, branch: torch.Tensor, residual: torch.Tensor | None = None,
                 example_scale: torch.Tensor | None = None, generator: torch.Generator | None = None
@@ -84,7 +85,7 @@ class DropoutAdd(nn.Module):
         """branch: [B, ...]; residual: like branch or None; example_scale: [B] or None (training only)."""
         if not self.training or (self.p == 0.0 and example_scale is None):
             return branch if residual is None else residual + branch
-        return self.apply_dropout(branch, draw_seed(generator), residual, example_scale)
+        return self.apply_dropout(branch, residual, example_scale, generator)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

@@ -127,6 +127,25 @@ inline NativeBlock<float>::V exp_nonpositive(NativeBlock<float>::V x) {
   return (V)((VI)(p * (V)two_n) & ~under);
 }
 
+// sum_i a[i] b[i] over n elements: two vector accumulators (two multiply-add chains in flight), then a
+// scalar tail.
+template <typename T>
+inline T dot(const T* a, const T* b, int64_t n) {
+  using S = NativeBlock<T>;
+  typename S::V acc0{}, acc1{};
+  int64_t i = 0;
+  for (; i + 2 * S::W <= n; i += 2 * S::W) {
+    acc0 += S::load(a + i) * S::load(b + i);
+    acc1 += S::load(a + i + S::W) * S::load(b + i + S::W);
+  }
+  for (; i + S::W <= n; i += S::W) acc0 += S::load(a + i) * S::load(b + i);
+  acc0 += acc1;
+  T sum = 0;
+  for (int64_t l = 0; l < S::W; ++l) sum += acc0[l];
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
 template <typename T>
 inline T* ptr(const at::Tensor& t) {
   return t.data_ptr<T>();

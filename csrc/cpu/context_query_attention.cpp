@@ -42,16 +42,8 @@ namespace {
 using at::Tensor;
 
 // ------------------------------------------------------------------------------------------------
-// Vectorisable scalar helpers
+// Memory
 // ------------------------------------------------------------------------------------------------
-
-template <typename T>
-inline T dot(const T* a, const T* b, int64_t len) {
-  T s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t k = 0; k < len; ++k) s += a[k] * b[k];
-  return s;
-}
 
 // at::empty for a large result that is written once, backed by transparent huge pages where the OS
 // offers them on request (Linux, THP mode "madvise"). Memory the allocator hands back to the OS is

@@ -24,24 +24,6 @@ namespace {
 
 constexpr const char* kOp = "fastqa::decode_attention";
 
-// sum_i q[i] k[i] over n elements: vector accumulators, then a scalar tail.
-template <typename T>
-T dot(const T* q, const T* k, int64_t n) {
-  using S = NativeBlock<T>;
-  typename S::V acc0{}, acc1{};
-  int64_t i = 0;
-  for (; i + 2 * S::W <= n; i += 2 * S::W) {
-    acc0 += S::load(q + i) * S::load(k + i);
-    acc1 += S::load(q + i + S::W) * S::load(k + i + S::W);
-  }
-  for (; i + S::W <= n; i += S::W) acc0 += S::load(q + i) * S::load(k + i);
-  acc0 += acc1;
-  T sum = 0;
-  for (int64_t l = 0; l < S::W; ++l) sum += acc0[l];
-  for (; i < n; ++i) sum += q[i] * k[i];
-  return sum;
-}
-
 // One sentence: q [R, E], keys [S, E], values [S, Ev]; `positions` the unmasked positions; bias rows
 // bias_stride apart (0: one row for all) or null. Writes weights [R, S] and out [R, Ev].
 template <typename T>

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import reference
+from ..reference.dropout_add import drop_threshold
 
 __all__ = ["ModelConfig", "check_config", "check_qa_inputs", "FrozenWordVectors", "Highway", "dropout", "init_linear", "masked_log_softmax", "survival_prob", "survival_scales", "timing_signal", "TorchDropoutAdd"]
 
@@ -207,7 +208,7 @@ def _keep_mask(shape: torch.Size, p: float, device: torch.device,
     train step).
     """
     numel = math.prod(shape)
-    drop = round(p * 65536)
+    drop = drop_threshold(p)
     words = torch.randint(-2 ** 63, 2 ** 63 - 1, ((numel + 3) // 4,), dtype=torch.int64, device=device,
                           generator=generator)
     keep = words.view(torch.int16)[:numel] >= drop - 32768

@@ -43,8 +43,8 @@ class _DropoutAddFunction(torch.autograd.Function):
         example_scale, = ctx.saved_tensors
         grad_branch = None
         if ctx.needs_input_grad[1]:
-            grad_branch = kernel(ctx.backend, _MODULE, "dropout_add")(grad_out.contiguous(), None, example_scale,
-                                                                      ctx.p, ctx.seed)
+            grad_branch = kernel(ctx.backend, _MODULE, "dropout_add")(grad_out, None, example_scale, ctx.p,
+                                                                      ctx.seed)
         return input_grads(ctx, _DA_INPUTS, branch=grad_branch, residual=grad_out)
 
 

@@ -28,7 +28,7 @@
 #include <type_traits>
 #include <vector>
 
-#ifdef __AVX512F__
+#ifdef __AVX__
 #include <immintrin.h>
 #endif
 
@@ -331,6 +331,67 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> trilinear_similarity_bwd(const Tensor
 // Context-query attention, one batch element at a time
 // ------------------------------------------------------------------------------------------------
 
+// p[j] = exp(min(s[j] - row_max, 0)) * real[j] for j < m; returns their sum. For float, whole native
+// vectors go through exp_nonpositive (GCC leaves the generic loop scalar: "control flow in loop" from the
+// min and the mask around vec_exp -- it was the largest part of the forward's own time) and the tail
+// through vec_exp: the same bits either way.
+template <typename T>
+T masked_exp_row(const T* s, T row_max, const T* real, T* p, int64_t m) {
+  T sum = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    p[j] = vec_exp(min_of(s[j] - row_max, T(0))) * real[j];
+    sum += p[j];
+  }
+  return sum;
+}
+
+template <>
+float masked_exp_row<float>(const float* s, float row_max, const float* real, float* p, int64_t m) {
+  using S = NativeBlock<float>;
+  const S::V zero{};
+  S::V acc{};
+  int64_t j = 0;
+  for (; j + S::W <= m; j += S::W) {
+    const S::V x = S::load(s + j) - row_max;
+    const S::V e = exp_nonpositive(zero < x ? zero : x) * S::load(real + j);  // min_of(x, 0), NaN kept
+    S::store(p + j, e);
+    acc += e;
+  }
+  float sum = 0;
+  for (int64_t l = 0; l < S::W; ++l) sum += acc[l];
+  for (; j < m; ++j) {
+    p[j] = vec_exp(min_of(s[j] - row_max, 0.0f)) * real[j];
+    sum += p[j];
+  }
+  return sum;
+}
+
+// s[j] = exp(s[j] - shift[j]) and sum[j] += s[j] for j < m (s <= shift): the column softmax's
+// exponentials, float on whole vectors through exp_nonpositive (half of vec_exp's work, same bits).
+template <typename T>
+void exp_shifted_accumulate(T* s, const T* shift, T* sum, int64_t m) {
+#pragma omp simd
+  for (int64_t j = 0; j < m; ++j) {
+    s[j] = vec_exp(s[j] - shift[j]);
+    sum[j] += s[j];
+  }
+}
+
+template <>
+void exp_shifted_accumulate<float>(float* s, const float* shift, float* sum, int64_t m) {
+  using S = NativeBlock<float>;
+  int64_t j = 0;
+  for (; j + S::W <= m; j += S::W) {
+    const S::V e = exp_nonpositive(S::load(s + j) - S::load(shift + j));
+    S::store(s + j, e);
+    S::store(sum + j, S::load(sum + j) + e);
+  }
+  for (; j < m; ++j) {
+    s[j] = vec_exp(s[j] - shift[j]);
+    sum[j] += s[j];
+  }
+}
+
 // Both masked softmaxes of S in one sweep over the rows plus a normalising one. On entry pc holds the
 // bilinear term of S (the linear terms are added here); on exit p = S̄ (row softmax over the real
 // question words) and pc = S̿ (column softmax over the real context words). A slice with no real word
@@ -351,12 +412,7 @@ void masked_softmaxes(T* pc, T* p, const T* c, const Weights<T>& w, const T* sq,
     for (int64_t j = 0; j < m; ++j) row_max = max_of(row_max, q_real[j] != 0 ? s[j] : lowest);
     // Masked words may exceed row_max (or row_max is -inf: no real word): min(., 0) keeps their exp
     // finite before the mask zeroes it, so no inf * 0.
-    T row_sum = 0;
-#pragma omp simd reduction(+ : row_sum)
-    for (int64_t j = 0; j < m; ++j) {
-      pi[j] = vec_exp(min_of(s[j] - row_max, T(0))) * q_real[j];
-      row_sum += pi[j];
-    }
+    const T row_sum = masked_exp_row(s, row_max, q_real, pi, m);
     const T inv = row_sum > 0 ? T(1) / row_sum : T(0);
 #pragma omp simd
     for (int64_t j = 0; j < m; ++j) pi[j] *= inv;
@@ -371,11 +427,7 @@ void masked_softmaxes(T* pc, T* p, const T* c, const Weights<T>& w, const T* sq,
       std::fill(s, s + m, T(0));
       continue;
     }
-#pragma omp simd
-    for (int64_t j = 0; j < m; ++j) {
-      s[j] = vec_exp(s[j] - col_max[j]);  // <= 0: this real row took part in col_max
-      col_sum[j] += s[j];
-    }
+    exp_shifted_accumulate(s, col_max, col_sum, m);  // s <= col_max: this real row took part in it
   }
 #pragma omp simd
   for (int64_t j = 0; j < m; ++j) col_sum[j] = col_sum[j] > 0 ? T(1) / col_sum[j] : T(0);
@@ -418,27 +470,39 @@ void masked_softmaxes_backward(T* dp, const T* dpc, const T* p, const T* pc, int
   }
 }
 
+#ifdef __AVX__
+// One native float vector to 64-byte-line memory without reading the line first (aligned p).
+inline void stream_store(float* p, NativeBlock<float>::V v) {
+#ifdef __AVX512F__
+  _mm512_stream_ps(p, v);
+#else
+  _mm256_stream_ps(p, v);
+#endif
+}
+#endif
+
 // out = [c, A, c∘A, c∘B] for one batch element [n, 4d] from ab = [A, B] [n, 2d]: one sequential
 // pass writes every output row whole (the GEMM result ab is still in L2).
 template <typename T>
 void attention_output(T* out, const T* c, const T* ab, int64_t n, int64_t d) {
-#ifdef __AVX512F__
-  // float with 64-byte aligned rows: non-temporal stores. `out` (4 floats per context word and feature)
-  // is far larger than the caches and not read back by the forward, so this skips the read-for-ownership
-  // of every output line: the write was the forward's largest phase.
+#ifdef __AVX__
+  // float, rows of whole native vectors on a vector-aligned buffer: non-temporal stores. `out` (4 floats
+  // per context word and feature) is far larger than the caches and not read back by the forward, so
+  // this skips the read-for-ownership of every output line: the write was the forward's largest phase.
   if constexpr (std::is_same_v<T, float>) {
-    if (d % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 64 == 0) {
+    using S = NativeBlock<float>;
+    if (d % S::W == 0 && reinterpret_cast<uintptr_t>(out) % kSimdBytes == 0) {
       for (int64_t i = 0; i < n; ++i) {
         float* oi = out + i * 4 * d;
         const float* ci = c + i * d;
         const float* ai = ab + i * 2 * d;
         const float* bi = ai + d;
-        for (int64_t k = 0; k < d; k += 16) {
-          const __m512 cv = _mm512_loadu_ps(ci + k), av = _mm512_loadu_ps(ai + k), bv = _mm512_loadu_ps(bi + k);
-          _mm512_stream_ps(oi + k, cv);
-          _mm512_stream_ps(oi + d + k, av);
-          _mm512_stream_ps(oi + 2 * d + k, _mm512_mul_ps(cv, av));
-          _mm512_stream_ps(oi + 3 * d + k, _mm512_mul_ps(cv, bv));
+        for (int64_t k = 0; k < d; k += S::W) {
+          const S::V cv = S::load(ci + k), av = S::load(ai + k);
+          stream_store(oi + k, cv);
+          stream_store(oi + d + k, av);
+          stream_store(oi + 2 * d + k, cv * av);
+          stream_store(oi + 3 * d + k, cv * S::load(bi + k));
         }
       }
       _mm_sfence();  // order the streaming stores before other threads read `out`

@@ -621,10 +621,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
       Tensor qt = at::empty({m, 2 * d}, opts);   // [q, S̿ᵀc]: the right factors of A and B
       Tensor dab = at::empty({n, 2 * d}, opts);  // [dA, dB]
       Tensor dp = at::empty({n, m}, opts), dpc = at::empty({n, m}, opts);
-      Tensor d_ctc = at::empty({m, d}, opts);  // d(S̿ᵀc)
+      Tensor dq_dctc = at::empty({m, 2 * d}, opts);  // [S̄ᵀ·dA, d(S̿ᵀc) = S̄ᵀ·dB]: one GEMM for both
       std::vector<scalar_t> col_dot(m);
       Tensor q_slot = qt.narrow(1, 0, d), ctc = qt.narrow(1, d, d);
-      Tensor da = dab.narrow(1, 0, d), db = dab.narrow(1, d, d);
+      Tensor dq_a = dq_dctc.narrow(1, 0, d), d_ctc = dq_dctc.narrow(1, d, d);
       for (int64_t b = b0; b < b1; ++b) {
         const Tensor c_b = c[b], q_b = q[b], p_b = p_row[b], pc_b = p_col[b];
         Tensor dc_b = grad_c[b], dq_b = grad_q[b];
@@ -636,8 +636,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
         attention_output_backward(ptr<scalar_t>(g[b]), ptr<scalar_t>(out[b]), cb, ptr<scalar_t>(dab),
                                   ptr<scalar_t>(dc_b), n, d);
         gemm::mm_out(dp, dab, qt.t());          // dS̄ = dA·qᵀ + dB·(S̿ᵀc)ᵀ
-        gemm::mm_out(dq_b, p_b.t(), da);  // dq = S̄ᵀ·dA (+ similarity part below)
-        gemm::mm_out(d_ctc, p_b.t(), db);       // d(S̿ᵀc) = S̄ᵀ·dB
+        gemm::mm_out(dq_dctc, p_b.t(), dab);    // [S̄ᵀ·dA, S̄ᵀ·dB]
+        dq_b.copy_(dq_a);                       // dq = S̄ᵀ·dA (+ similarity part below)
         gemm::mm_out(dpc, c_b, d_ctc.t());      // dS̿ = c·d(S̿ᵀc)ᵀ
         masked_softmaxes_backward(ptr<scalar_t>(dp), ptr<scalar_t>(dpc), ptr<scalar_t>(p_b), ptr<scalar_t>(pc_b),
                                   n, m, col_dot.data());

@@ -211,15 +211,12 @@ void depthwise_backward_rows(const T* gh, int64_t e0, const T* x, const T* wt, T
   }
 }
 
-// In place on a GEMM output tile y [rows, C]: y = relu?(y + bias) + residual, recording the ReLU mask.
+// In place on a GEMM output tile y [rows, C] (the bias already in it): y = relu?(y) + residual, recording
+// the ReLU mask.
 template <typename T>
-void epilogue_rows(T* y, const T* bias, const T* residual, bool* mask, int64_t rows, int64_t C, bool relu) {
+void epilogue_rows(T* y, const T* residual, bool* mask, int64_t rows, int64_t C, bool relu) {
   for (int64_t r = 0; r < rows; ++r) {
     T* __restrict row = y + r * C;
-    if (bias) {
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) row[c] += bias[c];
-    }
     if (relu) {
       bool* __restrict m = mask + r * C;
 #pragma omp simd
@@ -352,8 +349,15 @@ std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x_in, cons
         depthwise_rows(xp + b * s.L * s.C_in, wtp, dbp, h_tile.data_ptr<scalar_t>(), s.L, s.C_in, s.K, pad_left,
                        l0, l1);
         at::Tensor y_tile = y2d.narrow(0, row0, rows);
-        gemm::mm_out(y_tile, h_tile, w_t);
-        epilogue_rows(y_tile.data_ptr<scalar_t>(), pbp, rp ? rp + row0 * s.C_out : nullptr,
+        // The bias, when there is one, is the GEMM's starting value: BLAS then accumulates (beta = 1)
+        // instead of first zeroing the tile (MKL's beta = 0 pass was ~6% of this forward), and the
+        // epilogue has one pass less.
+        if (pbp) {
+          scalar_t* yt = y_tile.data_ptr<scalar_t>();
+          for (int64_t r = 0; r < rows; ++r) std::copy(pbp, pbp + s.C_out, yt + r * s.C_out);
+        }
+        gemm::mm_out(y_tile, h_tile, w_t, /*accumulate=*/pbp != nullptr);
+        epilogue_rows(y_tile.data_ptr<scalar_t>(), rp ? rp + row0 * s.C_out : nullptr,
                       mp ? mp + row0 * s.C_out : nullptr, rows, s.C_out, relu);
       }
     });

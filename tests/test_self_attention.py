@@ -99,6 +99,23 @@ def test_layer_matches_reference_layer_with_the_same_state_dict():
     check_against_reference(lambda x, m: fast(x, m), lambda x, m: ref(x, m), (x, mask), names=["x", "mask"])
 
 
+def test_layer_segments_attend_separately():
+    """segments cut a row into sequences attended apart (a packed batch): each gives what it gives alone."""
+    torch.manual_seed(1)
+    layer = SelfAttention(16, 2).double()
+    x = torch.randn(1, 12, 16, dtype=torch.float64)
+    mask = torch.ones(1, 12, dtype=torch.bool)
+    mask[0, 5:7] = False                                  # the gap after the first sequence
+    packed = layer(x, mask, [7, 5])
+    first, second = layer(x[:, :5], mask[:, :5]), layer(x[:, 7:], mask[:, 7:])
+    torch.testing.assert_close(packed[:, :5], first)
+    torch.testing.assert_close(packed[:, 7:], second)
+    torch.testing.assert_close(packed[0, 5:7], layer.out.bias.expand(2, 16))  # gap rows: attention gave zeros
+    for bad in ([7, 4], [12, 0], [13, -1]):
+        with pytest.raises(ValueError, match="segments must be positive lengths summing to x.shape"):
+            layer(x, mask, bad)
+
+
 @pytest.mark.parametrize("bad, error, match", [
     (lambda qkv, m: (qkv[0], m, 2), ValueError, "qkv must have 3 dimensions"),
     (lambda qkv, m: (qkv, m, 5), ValueError, "qkv's last dimension"),

@@ -1,6 +1,6 @@
 """Blocks the models share: the config base (presets, dict round trip, field checks), the sinusoidal timing
-signal, a highway network, masked log-softmax, sublayer dropout (plain PyTorch) and stochastic depth, and the
-initialisation of linear layers.
+signal, a highway network, masked log-softmax, sublayer dropout (plain PyTorch) and stochastic depth, the
+initialisation of linear layers, and the packing of a padded batch's real positions into one row.
 
 Everything here is plain ``torch.nn`` (models import ``fastqa.layers``, ``fastqa.reference`` and ``torch.nn`` only).
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 import torch
@@ -17,7 +18,9 @@ from torch import nn
 from .. import reference
 from ..reference.dropout_add import drop_threshold
 
-__all__ = ["ModelConfig", "check_config", "check_qa_inputs", "FrozenWordVectors", "Highway", "dropout", "init_linear", "masked_log_softmax", "survival_prob", "survival_scales", "timing_signal", "TorchDropoutAdd"]
+__all__ = ["ModelConfig", "PACK_BELOW", "PackedBatch", "check_config", "check_qa_inputs", "FrozenWordVectors", "Highway",
+           "dropout", "init_linear", "masked_log_softmax", "survival_prob", "survival_scales", "timing_signal",
+           "TorchDropoutAdd"]
 
 
 class ModelConfig:
@@ -278,3 +281,54 @@ class Highway(nn.Module):
             h = self.dropout(F.relu(h))
             x = torch.addcmul(x, torch.sigmoid(g), h - x)
         return x
+
+
+# The fast models pack a batch's real positions into one row when they fill less than this share of it (length-
+# bucketed training batches rarely do; a batch of mixed lengths -- decoding, evaluation -- does).
+PACK_BELOW = 0.875
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """A padded batch's real positions packed into one row: [B, L] -> [1, P].
+
+    Sequence b's real positions come in order, then ``gap`` masked rows before sequence b + 1 (the zeros a
+    centred convolution of width 2 * gap + 1 reads past each end, so every real position sees what it sees
+    padded). Position-wise work then skips the padding; attention takes ``segments``.
+    """
+
+    rows: torch.Tensor   # [R] int64: the packed row of each real position, in the mask's row-major order
+    mask: torch.Tensor   # [1, P] bool: True at the real rows, False at the gaps
+    lengths: torch.Tensor  # [B] int64: real positions per sequence
+    gap: int
+
+    @classmethod
+    def of(cls, mask: torch.Tensor, gap: int) -> "PackedBatch":
+        """mask: [B, L] bool (True = real) -> the packing, gap masked rows between neighbours."""
+        lengths = mask.sum(1)
+        starts = torch.cumsum(lengths + gap, 0) - lengths - gap      # sequence b starts after b gaps
+        rank = mask.cumsum(1) - 1                                    # [B, L]: index of the position in its row
+        rows = (starts.unsqueeze(1) + rank)[mask]
+        total = int(lengths.sum()) + gap * (mask.shape[0] - 1)
+        packed_mask = torch.zeros(1, max(total, 1), dtype=torch.bool, device=mask.device)
+        packed_mask[0, rows] = True
+        return cls(rows, packed_mask, lengths, gap)
+
+    def segments(self) -> list[int]:
+        """Rows of each sequence in the packed row, its trailing gap included (sums to P)."""
+        seg = (self.lengths + self.gap).tolist()
+        seg[-1] -= self.gap
+        return seg
+
+    def per_row(self, values: torch.Tensor) -> torch.Tensor:
+        """values: [..., B], one per sequence -> [..., P]: each packed row its sequence's value."""
+        return values.repeat_interleave(torch.tensor(self.segments(), device=values.device), dim=-1)
+
+    def pack(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x: [B, L, C] with its mask [B, L] -> [1, P, C] (zeros at the gaps)."""
+        return x.new_zeros(self.mask.shape[1], x.shape[-1]).index_copy(0, self.rows, x[mask]).unsqueeze(0)
+
+    def unpack(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x: [1, P, C] -> [B, L, C] by the mask [B, L] (zeros at the padding)."""
+        out = x.new_zeros(*mask.shape, x.shape[-1])
+        return out.masked_scatter(mask.unsqueeze(-1), x[0].index_select(0, self.rows))

@@ -2,6 +2,8 @@
 fallback of ``fastqa.self_attention``, and the pre-LayerNorm sublayer branch QANet's encoder blocks use."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -47,6 +49,18 @@ class SelfAttention(nn.Module):
     def attend(self, qkv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self_attention(qkv, mask, self.heads)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x: [B, L, d]; mask: [B, L] bool (True = a real position) -> [B, L, d]."""
-        return self.out(self.attend(self.qkv(self.norm(x)), mask))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, segments: Sequence[int] | None = None) -> torch.Tensor:
+        """x: [B, L, d]; mask: [B, L] bool (True = a real position) -> [B, L, d].
+
+        segments: lengths summing to L that cut each row into sequences attended separately (a packed batch:
+        several sequences one after another in one row, without their padding); None: each row is one."""
+        qkv = self.qkv(self.norm(x))
+        if segments is None:
+            return self.out(self.attend(qkv, mask))
+        segments = list(segments)
+        if sum(segments) != x.shape[1] or min(segments, default=0) <= 0:
+            raise ValueError(f"segments must be positive lengths summing to x.shape[1] = {x.shape[1]}, got "
+                             f"{segments}")
+        # split: views, whose backward is one cat (slicing would zero-fill a full-size gradient per piece)
+        pieces = zip(qkv.split(segments, dim=1), mask.split(segments, dim=1))
+        return self.out(torch.cat([self.attend(q, m) for q, m in pieces], dim=1))

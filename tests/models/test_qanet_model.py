@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import TOLERANCES, assert_close
 
-from fastqa.models.common import masked_log_softmax, timing_signal
+from fastqa.models.common import PackedBatch, masked_log_softmax, timing_signal
 from fastqa.models.qanet import QANet, QANetConfig
 
 IMPLS = ("fast", "reference", "naive")
@@ -140,6 +140,52 @@ def test_fast_reference_naive_same_outputs_and_gradients(no_answer, word_match):
             assert_close(got, want, name=f"{impl} output {i}", atol=atol, rtol=rtol)
         for name, want in grads["reference"].items():
             assert_close(grads[impl][name], want, name=f"{impl} grad of {name}", atol=atol, rtol=rtol)
+
+
+def test_packed_batch_rows_gaps_segments_and_round_trip():
+    mask = torch.tensor([[True, True, True, False], [False, True, True, False], [True, False, False, False]])
+    packed = PackedBatch.of(mask, gap=2)
+    # sequence 0 at rows 0-2, gap 3-4, sequence 1 (its real positions in order) at 5-6, gap 7-8, sequence 2 at 9
+    assert packed.rows.tolist() == [0, 1, 2, 5, 6, 9]
+    assert packed.mask[0].tolist() == [True] * 3 + [False] * 2 + [True] * 2 + [False] * 2 + [True]
+    assert packed.segments() == [5, 4, 1] and sum(packed.segments()) == packed.mask.shape[1]
+    assert packed.per_row(torch.tensor([[1.0, 2.0, 3.0]])).tolist() == [[1.0] * 5 + [2.0] * 4 + [3.0]]
+    x = torch.randn(3, 4, 2)
+    xp = packed.pack(x, mask)
+    assert xp.shape == (1, 10, 2) and not xp[0, ~packed.mask[0]].any()
+    torch.testing.assert_close(packed.unpack(xp, mask), x * mask.unsqueeze(-1), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_packed_model_encoder_equals_padded(impl, monkeypatch):
+    """Much padding: the model encoder runs on the real context words packed into one row (the fused layers'
+    default) -- the same outputs and parameter gradients as the padded computation, in evaluation and in
+    training with stochastic depth (drawn per example, as padded)."""
+    from fastqa.models.qanet import modeling
+    calls, pack = [], PackedBatch.of
+    monkeypatch.setattr(modeling.PackedBatch, "of", lambda mask, gap: calls.append(gap) or pack(mask, gap))
+    cfg = tiny_config(no_answer=True, dropout=0.0, char_dropout=0.0, layer_dropout=0.5)
+    model = built(cfg, impl, seed=6, dtype=torch.float64)
+    batch = make_batch(torch.Generator().manual_seed(7), B=4, n=19, m=6, c_lens=[19, 5, 12, 8], q_lens=[6, 2, 4, 6])
+    real = (batch[0] != 0).unsqueeze(0)
+    real = torch.cat([torch.ones_like(real[..., :1]), real], dim=-1)      # index 0: no answer
+    outs, grads = {}, {}
+    for packed in (False, True):
+        model.pack_padding = packed
+        model.zero_grad()
+        with torch.no_grad():
+            evaluated = model.eval()(*batch)
+        torch.manual_seed(8)  # the same stochastic-depth draws
+        log_s, log_e = model.train()(*batch)
+        (log_s.exp().pow(2).sum() + log_e[:, 4].sum()).backward()
+        outs[packed] = (*evaluated, log_s.detach(), log_e.detach())
+        grads[packed] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    assert calls == [cfg.model_conv_kernel // 2] * 2  # packed: once per forward (eval and train)
+    for i, (got, want) in enumerate(zip(outs[True], outs[False])):
+        assert_close(got * real[0], want * real[0], name=f"output {i}")
+    assert grads[True].keys() == grads[False].keys() and len(grads[False]) > 0
+    for k, want in grads[False].items():
+        assert_close(grads[True][k], want, name=f"grad of {k}")
 
 
 def test_word_match_feature():

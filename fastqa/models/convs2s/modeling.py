@@ -33,16 +33,13 @@ from torch.nn.utils import parametrizations
 import fastqa.layers
 import fastqa.reference
 
-from ..common import check_config
+from ..common import PACK_BELOW, PackedBatch, check_config
 from .config import ConvS2SConfig
 from .decoding import DecoderState
 
 __all__ = ["ConvS2S", "ConvS2SDecoder", "ConvS2SEncoder", "EncoderOut"]
 
 SQRT_HALF = math.sqrt(0.5)
-# The encoder packs a batch's real tokens into one row when they fill less than this share of it (training
-# batches, bucketed by length, rarely do; a translation batch of mixed lengths does).
-PACK_BELOW = 0.875
 _GLU_CONV = {"fast": fastqa.layers.GLUConv1d, "reference": fastqa.reference.GLUConv1d}
 _LINEAR = {"fast": fastqa.layers.Linear, "reference": fastqa.reference.Linear}
 _ATTEND = {"fast": fastqa.layers.DecodeAttention, "reference": fastqa.reference.DecodeAttention}
@@ -190,15 +187,8 @@ class ConvS2SEncoder(nn.Module):
     def _packing(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """mask [B, S] -> (row in the packed sequence of each real token, in mask's row-major order [R];
         the packed sequence's mask [1, P]: True at real tokens, False at the gaps between sentences)."""
-        gap = (self.convs[0].kernel_size - 1) // 2 if len(self.convs) else 0
-        lengths = mask.sum(1)
-        starts = torch.cumsum(lengths + gap, 0) - lengths - gap      # sentence b starts after b gaps
-        rank = mask.cumsum(1) - 1                                    # [B, S]: index of the token in its sentence
-        rows = (starts.unsqueeze(1) + rank)[mask]
-        total = int(lengths.sum()) + gap * (mask.shape[0] - 1)
-        packed_mask = torch.zeros(1, max(total, 1), dtype=torch.bool, device=mask.device)
-        packed_mask[0, rows] = True
-        return rows, packed_mask
+        packed = PackedBatch.of(mask, (self.convs[0].kernel_size - 1) // 2 if len(self.convs) else 0)
+        return packed.rows, packed.mask
 
 
 # --- decoder ---------------------------------------------------------------------------------------------------

@@ -28,8 +28,8 @@ from torch import nn
 
 from ... import layers as fused
 from ... import reference
-from ..common import (FrozenWordVectors, Highway, TorchDropoutAdd, check_config, check_qa_inputs, init_linear,
-                      masked_log_softmax, survival_prob, survival_scales, timing_signal)
+from ..common import (PACK_BELOW, FrozenWordVectors, Highway, PackedBatch, TorchDropoutAdd, check_config,
+                      check_qa_inputs, init_linear, masked_log_softmax, survival_prob, survival_scales, timing_signal)
 from .config import LAYERS, QANetConfig
 
 __all__ = ["LAYER_SETS", "CharEmbedding", "EncoderBlock", "FeedForward", "NaiveContextQueryAttention", "QANet"]
@@ -158,23 +158,34 @@ class EncoderBlock(nn.Module):
         return len(self.convs) + 2
 
     def forward(self, x: torch.Tensor, timing: torch.Tensor, mask: torch.Tensor,
-                survival: list[float]) -> torch.Tensor:
+                survival: list[float], packed: PackedBatch | None = None) -> torch.Tensor:
         """x: [B, L, d]; timing: [L, d]; mask: [B, L] bool (True = a real position: the keys to attend to,
         and the rows the convolutions read -- padded rows enter them as zeros, so the outputs at real
-        positions do not depend on how far the batch pads); survival: one float per sublayer."""
-        scales = survival_scales(x.shape[0], survival, device=x.device, dtype=x.dtype) if self.training else None
+        positions do not depend on how far the batch pads); survival: one float per sublayer.
+        packed: x is a packed batch ([1, P, d], timing [P, d], mask [1, P]: ``PackedBatch``), whose sequences
+        attend separately and drop sublayers per sequence."""
+        batch = x.shape[0] if packed is None else len(packed.lengths)
+        scales = survival_scales(batch, survival, device=x.device, dtype=x.dtype) if self.training else None
+        if scales is not None and packed is not None:
+            scales = packed.per_row(scales)                          # [S, P]: each row its sequence's factor
         # Nothing dropped (evaluation): the convolutions add their residual themselves.
         plain = scales is None and (not self.training or self.dropout.p == 0.0)
         x = x + timing
         for i, conv in enumerate(self.convs):
             x = conv(x, residual=x, mask=mask) if plain else self._add(conv(x, mask=mask), x, scales, i)
         n = len(self.convs)
-        x = self._add(self.attention(x, mask), x, scales, n)
+        segments = None if packed is None else packed.segments()
+        x = self._add(self.attention(x, mask, segments), x, scales, n)
         return self._add(self.ffn(x), x, scales, n + 1)
 
     def _add(self, branch: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None, i: int) -> torch.Tensor:
-        """x + dropout(branch), sublayer i's branch dropped per example by stochastic depth in training."""
-        return self.dropout(branch, x, None if scales is None else scales[i])
+        """x + dropout(branch), sublayer i's branch dropped per example by stochastic depth in training
+        (scales [S, B], or [S, P] for a packed x [1, P, d]: then per row)."""
+        if scales is None:
+            return self.dropout(branch, x)
+        if scales.shape[1] != x.shape[0]:  # packed: one factor per row, so the rows are the batch dimension
+            return self.dropout(branch.flatten(0, 1), x.flatten(0, 1), scales[i]).view_as(x)
+        return self.dropout(branch, x, scales[i])
 
 
 class QANet(FrozenWordVectors):
@@ -215,6 +226,10 @@ class QANet(FrozenWordVectors):
             self.null_start = init_linear(ls.linear(2 * d, 1))
             self.null_end = init_linear(ls.linear(2 * d, 1))
         self._init_word_vectors()
+        # The fused layers run the model encoder on the real context words only (PackedBatch) when padding
+        # is more than an eighth of the batch; the pure-PyTorch sets compute the padding, as a PyTorch user's
+        # model does. The same values at every real position either way.
+        self.pack_padding = layers == "fast"
 
         # Survival probabilities: l counts the sublayers of one stack (1..L), the same in each pass.
         n_emb = self.emb_encoder.num_sublayers
@@ -239,10 +254,31 @@ class QANet(FrozenWordVectors):
         found = (words.unsqueeze(2) == other_words.unsqueeze(1)).any(dim=2)     # [B, L, L'] -> [B, L]
         return (found & real).unsqueeze(-1)
 
-    def _model_pass(self, x: torch.Tensor, timing: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _model_pass(self, x: torch.Tensor, timing: torch.Tensor, mask: torch.Tensor,
+                    packed: PackedBatch | None = None) -> torch.Tensor:
         for block, survival in zip(self.model_encoder, self._model_survival):
-            x = block(x, timing, mask, survival)
+            x = block(x, timing, mask, survival, packed)
         return x
+
+    def _model_encoder(self, x: torch.Tensor, timing: torch.Tensor, mask: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The three passes of the model encoder: x [B, n, d], timing [n, d], mask [B, n] -> M0, M1, M2.
+        With ``pack_padding`` and much padding, on the real positions packed into one row: a quarter of
+        padding was a fifth of the fast model's train step (the convolutions, projections, LayerNorms and
+        dropouts compute every row; attention alone skips padded ones)."""
+        real = mask.sum(1)
+        if (not self.pack_padding or mask.shape[0] == 1 or not bool(real.all())
+                or int(real.sum()) >= PACK_BELOW * mask.numel()):
+            m0 = self._model_pass(x, timing, mask)
+            m1 = self._model_pass(m0, timing, mask)
+            return m0, m1, self._model_pass(m1, timing, mask)
+        packed = PackedBatch.of(mask, self.config.model_conv_kernel // 2)
+        positions = mask.nonzero()[:, 1]                                         # [R]: position of each real row
+        timing = timing.new_zeros(packed.mask.shape[1], timing.shape[1]).index_copy(0, packed.rows, timing[positions])
+        m0 = self._model_pass(packed.pack(x, mask), timing, packed.mask, packed)
+        m1 = self._model_pass(m0, timing, packed.mask, packed)
+        m2 = self._model_pass(m1, timing, packed.mask, packed)
+        return packed.unpack(m0, mask), packed.unpack(m1, mask), packed.unpack(m2, mask)
 
     def forward(self, context_words: torch.Tensor, context_chars: torch.Tensor, question_words: torch.Tensor,
                 question_chars: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,9 +299,7 @@ class QANet(FrozenWordVectors):
 
         x = self.cq_resize(self.cq_attention(c, q, c_mask, q_mask))
         x = self.dropout(x)
-        m0 = self._model_pass(x, c_timing, c_mask)
-        m1 = self._model_pass(m0, c_timing, c_mask)
-        m2 = self._model_pass(m1, c_timing, c_mask)
+        m0, m1, m2 = self._model_encoder(x, c_timing, c_mask)
 
         start_in, end_in = torch.cat([m0, m1], dim=-1), torch.cat([m0, m2], dim=-1)
         start, end = self.start_head(start_in).squeeze(-1), self.end_head(end_in).squeeze(-1)  # [B, n]

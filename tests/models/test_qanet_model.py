@@ -158,9 +158,9 @@ def test_packed_batch_rows_gaps_segments_and_round_trip():
 
 @pytest.mark.parametrize("impl", ["fast", "reference"])
 def test_packed_model_encoder_equals_padded(impl, monkeypatch):
-    """Much padding: the model encoder runs on the real context words packed into one row (the fused layers'
-    default) -- the same outputs and parameter gradients as the padded computation, in evaluation and in
-    training with stochastic depth (drawn per example, as padded)."""
+    """Much padding: the context path (resize conv, highway, embedding and model encoders) runs on the real
+    context words packed into one row (the fused layers' default) -- the same outputs and parameter gradients
+    as the padded computation, in evaluation and in training with stochastic depth (drawn per example)."""
     from fastqa.models.qanet import modeling
     calls, pack = [], PackedBatch.of
     monkeypatch.setattr(modeling.PackedBatch, "of", lambda mask, gap: calls.append(gap) or pack(mask, gap))
@@ -180,7 +180,8 @@ def test_packed_model_encoder_equals_padded(impl, monkeypatch):
         (log_s.exp().pow(2).sum() + log_e[:, 4].sum()).backward()
         outs[packed] = (*evaluated, log_s.detach(), log_e.detach())
         grads[packed] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
-    assert calls == [cfg.model_conv_kernel // 2] * 2  # packed: once per forward (eval and train)
+    gap = max(cfg.emb_resize_kernel, cfg.emb_conv_kernel, cfg.model_conv_kernel) // 2
+    assert calls == [gap] * 2  # packed: once per forward (eval and train)
     for i, (got, want) in enumerate(zip(outs[True], outs[False])):
         assert_close(got * real[0], want * real[0], name=f"output {i}")
     assert grads[True].keys() == grads[False].keys() and len(grads[False]) > 0

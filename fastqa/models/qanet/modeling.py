@@ -13,7 +13,10 @@ QANet(config, layers="fast" | "reference" | "naive"):
 Every encoder block: timing signal, then pre-LayerNorm sublayers (convolutions, self-attention, feed-forward),
 each ``x + dropout(sublayer(LN(x)))`` with stochastic depth in training. Padding never reaches a real
 position: the convolutions read padded rows as zeros (their ``mask``), attention masks padded keys, and
-the embedding of a padding token is exactly zero, so an answer does not depend on the batch it is in. ``layers`` picks the modules of the
+the embedding of a padding token is exactly zero, so an answer does not depend on the batch it is in. With the
+fused layers, a batch with much padding runs its context path (resize conv, highway, embedding and model
+encoders) on the real words only, packed into one row (``PackedBatch``): the same values, a quarter less work at
+a quarter of padding. ``layers`` picks the modules of the
 convolution sublayers, the self-attention sublayers, the embedding resizer, the context-query attention and
 the linear maps (fast: ``fastqa.layers.Linear``, each product on the GEMM engine measured fastest for its
 shape); the rest is ``torch.nn`` and the same for all three, so one state_dict loads into each.
@@ -226,7 +229,7 @@ class QANet(FrozenWordVectors):
             self.null_start = init_linear(ls.linear(2 * d, 1))
             self.null_end = init_linear(ls.linear(2 * d, 1))
         self._init_word_vectors()
-        # The fused layers run the model encoder on the real context words only (PackedBatch) when padding
+        # The fused layers run the context path on the real context words only (PackedBatch) when padding
         # is more than an eighth of the batch; the pure-PyTorch sets compute the padding, as a PyTorch user's
         # model does. The same values at every real position either way.
         self.pack_padding = layers == "fast"
@@ -239,13 +242,18 @@ class QANet(FrozenWordVectors):
         self._model_survival = [[survival_prob(b * per_block + i + 1, total, c.layer_dropout)
                                  for i in range(per_block)] for b in range(c.model_blocks)]
 
-    def _embed(self, words: torch.Tensor, chars: torch.Tensor, other_words: torch.Tensor) -> torch.Tensor:
-        """words: [B, L]; chars: [B, L, W]; other_words: [B, L'] (the other text) -> [B, L, d]."""
+    def _embed(self, words: torch.Tensor, chars: torch.Tensor, other_words: torch.Tensor,
+               packed: PackedBatch | None = None) -> torch.Tensor:
+        """words: [B, L]; chars: [B, L, W]; other_words: [B, L'] (the other text) -> [B, L, d], or [1, P, d] on
+        the packed rows (the resize conv and the highway skip the padding)."""
         w = self.dropout(self.embed_words(words))
         parts = [w, self.char_embedding(chars)]
         if self.config.word_match:
             parts.append(self._word_match(words, other_words).to(w.dtype))
-        return self.highway(self.emb_resize(torch.cat(parts, dim=-1)))
+        x = torch.cat(parts, dim=-1)
+        if packed is not None:
+            x = packed.pack(x, words != self.config.pad_id)  # the gaps are zeros, as padded words' embeddings
+        return self.highway(self.emb_resize(x))
 
     def _word_match(self, words: torch.Tensor, other_words: torch.Tensor) -> torch.Tensor:
         """words: [B, L], other_words: [B, L'] -> [B, L, 1] bool: the word (not <pad>/<unk>) occurs in
@@ -260,25 +268,18 @@ class QANet(FrozenWordVectors):
             x = block(x, timing, mask, survival, packed)
         return x
 
-    def _model_encoder(self, x: torch.Tensor, timing: torch.Tensor, mask: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The three passes of the model encoder: x [B, n, d], timing [n, d], mask [B, n] -> M0, M1, M2.
-        With ``pack_padding`` and much padding, on the real positions packed into one row: a quarter of
-        padding was a fifth of the fast model's train step (the convolutions, projections, LayerNorms and
-        dropouts compute every row; attention alone skips padded ones)."""
+    def _context_packing(self, mask: torch.Tensor) -> PackedBatch | None:
+        """The packing of the context's real words (mask [B, n]) for the fused layers when padding is over an
+        eighth of the batch, else None. The context path (resize conv, highway, embedding encoder, model
+        encoder) then skips the padding: a quarter of padding was a fifth of the fast model's train step (the
+        convolutions, projections, LayerNorms and dropouts compute every row; attention alone skipped padded
+        ones). Gaps as wide as the widest centred conv needs."""
         real = mask.sum(1)
         if (not self.pack_padding or mask.shape[0] == 1 or not bool(real.all())
                 or int(real.sum()) >= PACK_BELOW * mask.numel()):
-            m0 = self._model_pass(x, timing, mask)
-            m1 = self._model_pass(m0, timing, mask)
-            return m0, m1, self._model_pass(m1, timing, mask)
-        packed = PackedBatch.of(mask, self.config.model_conv_kernel // 2)
-        positions = mask.nonzero()[:, 1]                                         # [R]: position of each real row
-        timing = timing.new_zeros(packed.mask.shape[1], timing.shape[1]).index_copy(0, packed.rows, timing[positions])
-        m0 = self._model_pass(packed.pack(x, mask), timing, packed.mask, packed)
-        m1 = self._model_pass(m0, timing, packed.mask, packed)
-        m2 = self._model_pass(m1, timing, packed.mask, packed)
-        return packed.unpack(m0, mask), packed.unpack(m1, mask), packed.unpack(m2, mask)
+            return None
+        c = self.config
+        return PackedBatch.of(mask, max(c.emb_resize_kernel, c.emb_conv_kernel, c.model_conv_kernel) // 2)
 
     def forward(self, context_words: torch.Tensor, context_chars: torch.Tensor, question_words: torch.Tensor,
                 question_chars: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -289,17 +290,29 @@ class QANet(FrozenWordVectors):
         pad = self.config.pad_id
         c_mask, q_mask = cw != pad, qw != pad
 
-        c, q = self._embed(cw, cc, qw), self._embed(qw, qc, cw)
-        d = c.shape[-1]
-        c_timing = timing_signal(c.shape[1], d, device=c.device, dtype=c.dtype)
-        q_timing = c_timing[: q.shape[1]] if q.shape[1] <= c.shape[1] else timing_signal(
+        # packed: the context path runs on its real words, one row [1, P, d] (c_rows: its mask [1, P]).
+        packed = self._context_packing(c_mask)
+        c, q = self._embed(cw, cc, qw, packed), self._embed(qw, qc, cw)
+        d, n = c.shape[-1], cw.shape[1]
+        c_timing = timing_signal(n, d, device=c.device, dtype=c.dtype)
+        q_timing = c_timing[: q.shape[1]] if q.shape[1] <= n else timing_signal(
             q.shape[1], d, device=q.device, dtype=q.dtype)
-        c = self.emb_encoder(c, c_timing, c_mask, self._emb_survival)
+        c_rows = c_mask
+        if packed is not None:
+            c_timing, c_rows = packed.pack(c_timing.expand(*c_mask.shape, d), c_mask)[0], packed.mask
+        c = self.emb_encoder(c, c_timing, c_rows, self._emb_survival, packed)
         q = self.emb_encoder(q, q_timing, q_mask, self._emb_survival)
+        if packed is not None:
+            c = packed.unpack(c, c_mask)
 
-        x = self.cq_resize(self.cq_attention(c, q, c_mask, q_mask))
-        x = self.dropout(x)
-        m0, m1, m2 = self._model_encoder(x, c_timing, c_mask)
+        x = self.dropout(self.cq_resize(self.cq_attention(c, q, c_mask, q_mask)))
+        if packed is not None:
+            x = packed.pack(x, c_mask)
+        m0 = self._model_pass(x, c_timing, c_rows, packed)
+        m1 = self._model_pass(m0, c_timing, c_rows, packed)
+        m2 = self._model_pass(m1, c_timing, c_rows, packed)
+        if packed is not None:
+            m0, m1, m2 = (packed.unpack(m, c_mask) for m in (m0, m1, m2))
 
         start_in, end_in = torch.cat([m0, m1], dim=-1), torch.cat([m0, m2], dim=-1)
         start, end = self.start_head(start_in).squeeze(-1), self.end_head(end_in).squeeze(-1)  # [B, n]

@@ -301,6 +301,7 @@ class PackedBatch:
     mask: torch.Tensor   # [1, P] bool: True at the real rows, False at the gaps
     lengths: torch.Tensor  # [B] int64: real positions per sequence
     gap: int
+    flat: torch.Tensor   # [R] int64: each real position's row in the padded batch flattened to [B * L]
 
     @classmethod
     def of(cls, mask: torch.Tensor, gap: int) -> "PackedBatch":
@@ -312,7 +313,7 @@ class PackedBatch:
         total = int(lengths.sum()) + gap * (mask.shape[0] - 1)
         packed_mask = torch.zeros(1, max(total, 1), dtype=torch.bool, device=mask.device)
         packed_mask[0, rows] = True
-        return cls(rows, packed_mask, lengths, gap)
+        return cls(rows, packed_mask, lengths, gap, mask.flatten().nonzero().squeeze(1))
 
     def segments(self) -> list[int]:
         """Rows of each sequence in the packed row, its trailing gap included (sums to P)."""
@@ -324,11 +325,14 @@ class PackedBatch:
         """values: [..., B], one per sequence -> [..., P]: each packed row its sequence's value."""
         return values.repeat_interleave(torch.tensor(self.segments(), device=values.device), dim=-1)
 
-    def pack(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x: [B, L, C] with its mask [B, L] -> [1, P, C] (zeros at the gaps)."""
-        return x.new_zeros(self.mask.shape[1], x.shape[-1]).index_copy(0, self.rows, x[mask]).unsqueeze(0)
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, L, C], the padded batch -> [1, P, C] (zeros at the gaps). Gathers by row index: boolean
+        indexing (masked_select) ran single-threaded, ~38 ms on the paper model's [32, 400, 501] input."""
+        real = x.reshape(-1, x.shape[-1]).index_select(0, self.flat)
+        return x.new_zeros(self.mask.shape[1], x.shape[-1]).index_copy(0, self.rows, real).unsqueeze(0)
 
-    def unpack(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x: [1, P, C] -> [B, L, C] by the mask [B, L] (zeros at the padding)."""
-        out = x.new_zeros(*mask.shape, x.shape[-1])
-        return out.masked_scatter(mask.unsqueeze(-1), x[0].index_select(0, self.rows))
+    def unpack(self, x: torch.Tensor, batch_shape: tuple[int, int]) -> torch.Tensor:
+        """x: [1, P, C] -> [B, L, C] (zeros at the padding); batch_shape: (B, L)."""
+        b, length = batch_shape
+        out = x.new_zeros(b * length, x.shape[-1]).index_copy(0, self.flat, x[0].index_select(0, self.rows))
+        return out.view(b, length, x.shape[-1])

@@ -151,9 +151,9 @@ def test_packed_batch_rows_gaps_segments_and_round_trip():
     assert packed.segments() == [5, 4, 1] and sum(packed.segments()) == packed.mask.shape[1]
     assert packed.per_row(torch.tensor([[1.0, 2.0, 3.0]])).tolist() == [[1.0] * 5 + [2.0] * 4 + [3.0]]
     x = torch.randn(3, 4, 2)
-    xp = packed.pack(x, mask)
+    xp = packed.pack(x)
     assert xp.shape == (1, 10, 2) and not xp[0, ~packed.mask[0]].any()
-    torch.testing.assert_close(packed.unpack(xp, mask), x * mask.unsqueeze(-1), rtol=0, atol=0)
+    torch.testing.assert_close(packed.unpack(xp, (3, 4)), x * mask.unsqueeze(-1), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("impl", ["fast", "reference"])

@@ -252,7 +252,7 @@ class QANet(FrozenWordVectors):
             parts.append(self._word_match(words, other_words).to(w.dtype))
         x = torch.cat(parts, dim=-1)
         if packed is not None:
-            x = packed.pack(x, words != self.config.pad_id)  # the gaps are zeros, as padded words' embeddings
+            x = packed.pack(x)  # the gaps are zeros, as padded words' embeddings
         return self.highway(self.emb_resize(x))
 
     def _word_match(self, words: torch.Tensor, other_words: torch.Tensor) -> torch.Tensor:
@@ -299,20 +299,20 @@ class QANet(FrozenWordVectors):
             q.shape[1], d, device=q.device, dtype=q.dtype)
         c_rows = c_mask
         if packed is not None:
-            c_timing, c_rows = packed.pack(c_timing.expand(*c_mask.shape, d), c_mask)[0], packed.mask
+            c_timing, c_rows = packed.pack(c_timing.expand(*c_mask.shape, d))[0], packed.mask
         c = self.emb_encoder(c, c_timing, c_rows, self._emb_survival, packed)
         q = self.emb_encoder(q, q_timing, q_mask, self._emb_survival)
         if packed is not None:
-            c = packed.unpack(c, c_mask)
+            c = packed.unpack(c, c_mask.shape)
 
         x = self.dropout(self.cq_resize(self.cq_attention(c, q, c_mask, q_mask)))
         if packed is not None:
-            x = packed.pack(x, c_mask)
+            x = packed.pack(x)
         m0 = self._model_pass(x, c_timing, c_rows, packed)
         m1 = self._model_pass(m0, c_timing, c_rows, packed)
         m2 = self._model_pass(m1, c_timing, c_rows, packed)
         if packed is not None:
-            m0, m1, m2 = (packed.unpack(m, c_mask) for m in (m0, m1, m2))
+            m0, m1, m2 = (packed.unpack(m, c_mask.shape) for m in (m0, m1, m2))
 
         start_in, end_in = torch.cat([m0, m1], dim=-1), torch.cat([m0, m2], dim=-1)
         start, end = self.start_head(start_in).squeeze(-1), self.end_head(end_in).squeeze(-1)  # [B, n]

@@ -157,7 +157,7 @@ def test_packed_batch_rows_gaps_segments_and_round_trip():
 
 
 @pytest.mark.parametrize("impl", ["fast", "reference"])
-def test_packed_model_encoder_equals_padded(impl, monkeypatch):
+def test_packed_context_path_equals_padded(impl, monkeypatch):
     """Much padding: the context path (resize conv, highway, embedding and model encoders) runs on the real
     context words packed into one row (the fused layers' default) -- the same outputs and parameter gradients
     as the padded computation, in evaluation and in training with stochastic depth (drawn per example)."""

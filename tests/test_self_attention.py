@@ -99,6 +99,23 @@ def test_layer_matches_reference_layer_with_the_same_state_dict():
     check_against_reference(lambda x, m: fast(x, m), lambda x, m: ref(x, m), (x, mask), names=["x", "mask"])
 
 
+@pytest.mark.parametrize("segments", [[7, 13], [1, 18, 1], [20]], ids=str)
+def test_segments_match_the_reference(segments):
+    """segments: every row cut into sequences attended apart, forward and gradient as the reference (which
+    attends each piece alone); a piece with no real position attends to all of its own positions."""
+    qkv, mask = make_inputs(2, 20, 2, 8, dtype=torch.float64)
+    mask[:, 5:7] = False
+    mask[1, 7:] = False
+    check_against_reference(lambda q, m, h: fastqa.self_attention(q, m, h, segments=segments, backend="cpu"),
+                            lambda q, m, h: reference.self_attention(q, m, h, segments), (qkv, mask, 2), names=NAMES)
+
+
+@pytest.mark.parametrize("segments", [None, [5, 4]], ids=str)
+def test_opcheck(segments):
+    qkv, mask = make_inputs(2, 9, 2, 4)
+    torch.library.opcheck(torch.ops.fastqa.self_attention_fwd.default, (qkv.requires_grad_(), mask, 2, segments))
+
+
 def test_layer_segments_attend_separately():
     """segments cut a row into sequences attended apart (a packed batch): each gives what it gives alone."""
     torch.manual_seed(1)
@@ -112,7 +129,7 @@ def test_layer_segments_attend_separately():
     torch.testing.assert_close(packed[:, 7:], second)
     torch.testing.assert_close(packed[0, 5:7], layer.out.bias.expand(2, 16))  # gap rows: attention gave zeros
     for bad in ([7, 4], [12, 0], [13, -1]):
-        with pytest.raises(ValueError, match="segments must be positive lengths summing to x.shape"):
+        with pytest.raises(ValueError, match="segments must be positive int lengths summing to L = 12"):
             layer(x, mask, bad)
 
 
@@ -124,11 +141,14 @@ def test_layer_segments_attend_separately():
     (lambda qkv, m: (qkv, m.float(), 2), TypeError, "mask must have dtype torch.bool"),
     (lambda qkv, m: (qkv, m[:, :3], 2), ValueError, "mask must have shape"),
     (lambda qkv, m: (qkv.long(), m, 2), TypeError, "qkv must be a floating-point tensor"),
+    (lambda qkv, m: (qkv, m, 2, [4, 1]), ValueError, "segments must be positive int lengths summing to L = 6"),
+    (lambda qkv, m: (qkv, m, 2, [6, 0]), ValueError, "segments must be positive int lengths"),
 ])
 def test_bad_arguments_name_the_argument(bad, error, match):
     qkv, mask = make_inputs(2, 6, 2, 4)
+    args = bad(qkv, mask)
     with pytest.raises(error, match=match):
-        fastqa.self_attention(*bad(qkv, mask))
+        fastqa.self_attention(*args[:3], **({"segments": args[3]} if len(args) > 3 else {}))
 
 
 def test_no_triton_kernel_is_a_clear_error():

@@ -9,7 +9,9 @@
 //   zero at padded query rows (nothing real reads them: they are neither keys nor, in QANet, read by
 //   the masked convolutions), which are skipped -- a batch padded by a quarter saves a quarter of the work;
 //   lse [B, heads, L]: each query row's log-sum-exp of its scaled scores, what the backward needs (0 at
-//   padded rows).
+//   padded rows);
+//   segments (optional): lengths summing to L that cut every row into sequences attended apart -- a packed
+//   batch (several sequences one after another in one row) -- each a task of its own, as a row is without.
 //
 // Why not ATen's flash attention: with D = 16 its blocked GEMMs have an inner dimension of 16, and
 // each call's overhead and the score block's trips through memory dominate. Here one (sequence, head)
@@ -156,6 +158,36 @@ struct Geometry {
   int64_t B, L, H, D, C, Lp, Dp;
 };
 
+// One sequence: positions [start, start + len) of row b.
+struct Sequence {
+  int64_t b, start, len;
+  int64_t first_row(const Geometry& g) const { return b * g.L + start; }  // in the flattened [B * L] rows
+};
+
+// The sequences the kernels attend apart: each row whole, or each row cut by `segments` (checked: positive
+// lengths summing to L).
+std::vector<Sequence> sequences_of(const char* op, const Geometry& g, at::OptionalIntArrayRef segments) {
+  std::vector<Sequence> seqs;
+  if (!segments.has_value()) {
+    for (int64_t b = 0; b < g.B; ++b) seqs.push_back({b, 0, g.L});
+    return seqs;
+  }
+  int64_t total = 0;
+  for (const int64_t len : *segments) {
+    FASTQA_CHECK(len > 0, op, "segments must be positive lengths, got ", *segments);
+    total += len;
+  }
+  FASTQA_CHECK(total == g.L, op, "segments must sum to L = ", g.L, ", got ", *segments);
+  for (int64_t b = 0; b < g.B; ++b) {
+    int64_t start = 0;
+    for (const int64_t len : *segments) {
+      seqs.push_back({b, start, len});
+      start += len;
+    }
+  }
+  return seqs;
+}
+
 Geometry check_args(const char* op, const at::Tensor& qkv, const at::Tensor& mask, int64_t heads) {
   FASTQA_CHECK(qkv.dim() == 3, op, "qkv must be [B, L, 3C], got ", qkv.sizes());
   check_cpu_float(op, "qkv", qkv);
@@ -214,27 +246,27 @@ int64_t transpose_rows_8x8<float>(const float* src, int64_t stride, const int64_
 #endif
 
 // A task's keys: only the attended ones (a sequence with no attended key attends to all), compacted:
-// keys[0 .. nk) are their positions. Fills the transposed keys kt [D][Lk] and values vt [D][Lk] (for the
+// keys[0 .. nk) are their positions in the sequence. Fills the transposed keys kt [D][Lk] and values vt [D][Lk] (for the
 // score loops), keys kr [nk][Dp] and values vr [nk][Dp] as rows, all zero-padded, and bias [Lk] (0, or
 // -inf on the padding up to Lk = nk rounded up to a whole vector). Returns Lk. Skipping masked keys
 // changes nothing in the result (their probabilities are exactly 0) and saves their work.
 template <typename T>
-int64_t load_keys(const T* qkv, const bool* mask, const Geometry& g, int64_t b, int64_t h, int64_t* keys,
+int64_t load_keys(const T* qkv, const bool* mask, const Geometry& g, const Sequence& seq, int64_t h, int64_t* keys,
                   int64_t& nk, T* bias, T* kt, T* kr, T* vr, T* vt) {
-  const bool* mb = mask + b * g.L;
+  const bool* mb = mask + seq.first_row(g);
   nk = 0;
-  for (int64_t j = 0; j < g.L; ++j) {
+  for (int64_t j = 0; j < seq.len; ++j) {
     if (mb[j]) keys[nk++] = j;
   }
   if (nk == 0) {
-    for (int64_t j = 0; j < g.L; ++j) keys[j] = j;
-    nk = g.L;
+    for (int64_t j = 0; j < seq.len; ++j) keys[j] = j;
+    nk = seq.len;
   }
   const int64_t Lk = round_up(nk, kPad);
   for (int64_t j = 0; j < Lk; ++j) bias[j] = j < nk ? T(0) : -std::numeric_limits<T>::infinity();
   std::fill(kt, kt + g.Dp * Lk, T(0));
   if (vt) std::fill(vt, vt + g.Dp * Lk, T(0));
-  const int64_t row_stride = 3 * g.C, head = b * g.L * row_stride + h * g.D;
+  const int64_t row_stride = 3 * g.C, head = seq.first_row(g) * row_stride + h * g.D;
   // The transposed copies, 8 keys x 8 channels at a time where the head is whole vectors; then the rest.
   const int64_t blocked = transpose_rows_8x8(qkv + head + g.C, row_stride, keys, nk, g.D, kt, Lk);
   if (vt) transpose_rows_8x8(qkv + head + 2 * g.C, row_stride, keys, nk, g.D, vt, Lk);
@@ -258,29 +290,30 @@ int64_t load_keys(const T* qkv, const bool* mask, const Geometry& g, int64_t b, 
   return Lk;
 }
 
-// Rows rows[0 .. n) of head h's channels in src (rows of row_stride values: qkv for q, or a [B, L, C]
-// tensor), times `scale`, into dst [kRows, Dp] (zero-padded; rows past n are zero).
+// Rows rows[0 .. n) (positions in the sequence whose first row is first_row) of head h's channels in src
+// (rows of row_stride values: qkv for q, or a [B, L, C] tensor), times `scale`, into dst [kRows, Dp]
+// (zero-padded; rows past n are zero).
 template <typename T>
-void load_rows(const T* src, int64_t row_stride, const Geometry& g, int64_t b, int64_t h, const int64_t* rows,
-               int64_t n, T scale, T* dst) {
+void load_rows(const T* src, int64_t row_stride, const Geometry& g, int64_t first_row, int64_t h,
+               const int64_t* rows, int64_t n, T scale, T* dst) {
   std::fill(dst, dst + kRows * g.Dp, T(0));
   for (int64_t r = 0; r < n; ++r) {
-    const T* s = src + (b * g.L + rows[r]) * row_stride + h * g.D;
+    const T* s = src + (first_row + rows[r]) * row_stride + h * g.D;
     for (int64_t c = 0; c < g.D; ++c) dst[r * g.Dp + c] = s[c] * scale;
   }
 }
 
-// The padded rows (those not in keys[0 .. nk), ascending) of head h: zero in dst (rows of row_stride
-// values; the head's D channels) and, when given, in lse_row [L].
+// The padded rows of a sequence (those not in keys[0 .. nk), ascending) of head h: zero in dst (rows of
+// row_stride values; the head's D channels) and, when given, in lse_row [seq.len].
 template <typename T>
-void zero_padded_rows(const int64_t* keys, int64_t nk, const Geometry& g, int64_t b, int64_t h, T* dst,
+void zero_padded_rows(const int64_t* keys, int64_t nk, const Geometry& g, const Sequence& seq, int64_t h, T* dst,
                       int64_t row_stride, T* lse_row) {
-  for (int64_t j = 0, kk = 0; j < g.L; ++j) {
+  for (int64_t j = 0, kk = 0; j < seq.len; ++j) {
     if (kk < nk && keys[kk] == j) {
       ++kk;
       continue;
     }
-    T* row = dst + (b * g.L + j) * row_stride + h * g.D;
+    T* row = dst + (seq.first_row(g) + j) * row_stride + h * g.D;
     std::fill(row, row + g.D, T(0));
     if (lse_row) lse_row[j] = T(0);
   }
@@ -355,8 +388,10 @@ void softmax_rows(T* scores, int64_t Lp, int64_t n, T* lse, T* inv_sum) {
 }
 
 std::tuple<at::Tensor, at::Tensor> self_attention_fwd(const at::Tensor& qkv_in, const at::Tensor& mask_in,
-                                                      int64_t heads) {
+                                                      int64_t heads, at::OptionalIntArrayRef segments) {
   const Geometry g = check_args(kFwd, qkv_in, mask_in, heads);
+  const std::vector<Sequence> seqs = sequences_of(kFwd, g, segments);
+  const int64_t S = static_cast<int64_t>(seqs.size());
   const at::Tensor qkv = qkv_in.contiguous();
   const at::Tensor mask = mask_in.contiguous();
   at::Tensor out = at::empty({g.B, g.L, g.C}, qkv.options());
@@ -368,28 +403,29 @@ std::tuple<at::Tensor, at::Tensor> self_attention_fwd(const at::Tensor& qkv_in, 
     T* op = out.data_ptr<T>();
     T* lp = lse.data_ptr<T>();
     const T scale = T(1) / std::sqrt(T(g.D));
-    at::parallel_for(0, g.B * g.H, 1, [&](int64_t t0, int64_t t1) {
+    at::parallel_for(0, S * g.H, 1, [&](int64_t t0, int64_t t1) {
       std::vector<T> bias(g.Lp), kt(g.Dp * g.Lp), vr(g.L * g.Dp), qr(kRows * g.Dp), s(kRows * g.Lp),
           o(kRows * g.Dp);
       std::vector<int64_t> keys(g.L);
       T inv_sum[kRows], lse[kRows];
       for (int64_t t = t0; t < t1; ++t) {
-        const int64_t b = t / g.H, h = t % g.H;
+        const Sequence& seq = seqs[t / g.H];
+        const int64_t h = t % g.H, first = seq.first_row(g);
         int64_t nk = 0;
-        const int64_t Lk = load_keys<T>(qp, mp, g, b, h, keys.data(), nk, bias.data(), kt.data(), nullptr, vr.data(),
+        const int64_t Lk = load_keys<T>(qp, mp, g, seq, h, keys.data(), nk, bias.data(), kt.data(), nullptr, vr.data(),
                                         nullptr);
-        T* lse_row = lp + (b * g.H + h) * g.L;
-        zero_padded_rows<T>(keys.data(), nk, g, b, h, op, g.C, lse_row);
+        T* lse_row = lp + (seq.b * g.H + h) * g.L + seq.start;
+        zero_padded_rows<T>(keys.data(), nk, g, seq, h, op, g.C, lse_row);
         // The query rows are the real positions, as the keys (keys[0 .. nk)).
         for (int64_t i0 = 0; i0 < nk; i0 += kRows) {
           const int64_t n = std::min(kRows, nk - i0);
           const int64_t* rows = keys.data() + i0;
-          load_rows<T>(qp, 3 * g.C, g, b, h, rows, n, scale, qr.data());
+          load_rows<T>(qp, 3 * g.C, g, first, h, rows, n, scale, qr.data());
           rows_times_t<T>(qr.data(), g.Dp, kt.data(), g.D, Lk, bias.data(), s.data());
           softmax_rows<T>(s.data(), Lk, n, lse, inv_sum);
           rows_times<T>(s.data(), Lk, vr.data(), nk, g.Dp, o.data());
           for (int64_t r = 0; r < n; ++r) {
-            T* dst = op + (b * g.L + rows[r]) * g.C + h * g.D;
+            T* dst = op + (first + rows[r]) * g.C + h * g.D;
             for (int64_t c = 0; c < g.D; ++c) dst[c] = o[r * g.Dp + c] * inv_sum[r];
             lse_row[rows[r]] = lse[r];
           }
@@ -402,8 +438,10 @@ std::tuple<at::Tensor, at::Tensor> self_attention_fwd(const at::Tensor& qkv_in, 
 
 at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& qkv_in,
                               const at::Tensor& mask_in, const at::Tensor& out_in, const at::Tensor& lse_in,
-                              int64_t heads) {
+                              int64_t heads, at::OptionalIntArrayRef segments) {
   const Geometry g = check_args(kBwd, qkv_in, mask_in, heads);
+  const std::vector<Sequence> seqs = sequences_of(kBwd, g, segments);
+  const int64_t S = static_cast<int64_t>(seqs.size());
   FASTQA_CHECK(grad_out_in.sizes() == at::IntArrayRef({g.B, g.L, g.C}) && out_in.sizes() == grad_out_in.sizes() &&
                    grad_out_in.scalar_type() == qkv_in.scalar_type() && out_in.scalar_type() == qkv_in.scalar_type(),
                kBwd, "grad_out and out must be [B, L, C] = [", g.B, ", ", g.L, ", ", g.C, "] like qkv, got ",
@@ -423,26 +461,27 @@ at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& q
     const T* lp = lse.data_ptr<T>();
     T* gp = grad_qkv.data_ptr<T>();
     const T scale = T(1) / std::sqrt(T(g.D));
-    at::parallel_for(0, g.B * g.H, 1, [&](int64_t t0, int64_t t1) {
+    at::parallel_for(0, S * g.H, 1, [&](int64_t t0, int64_t t1) {
       std::vector<T> bias(g.Lp), kt(g.Dp * g.Lp), kr(g.L * g.Dp), vr(g.L * g.Dp), vt(g.Dp * g.Lp),
           dk(g.L * g.Dp), dv(g.L * g.Dp), qr(kRows * g.Dp), gor(kRows * g.Dp), orow(kRows * g.Dp),
           p(kRows * g.Lp), dp(kRows * g.Lp), dq(kRows * g.Dp);
       std::vector<int64_t> keys(g.L);
       for (int64_t t = t0; t < t1; ++t) {
-        const int64_t b = t / g.H, h = t % g.H;
+        const Sequence& seq = seqs[t / g.H];
+        const int64_t h = t % g.H, first = seq.first_row(g);
         int64_t nk = 0;
-        const int64_t Lk = load_keys<T>(qp, mp, g, b, h, keys.data(), nk, bias.data(), kt.data(), kr.data(),
+        const int64_t Lk = load_keys<T>(qp, mp, g, seq, h, keys.data(), nk, bias.data(), kt.data(), kr.data(),
                                         vr.data(), vt.data());
         std::fill(dk.begin(), dk.end(), T(0));
         std::fill(dv.begin(), dv.end(), T(0));
-        const T* lse_row = lp + (b * g.H + h) * g.L;
+        const T* lse_row = lp + (seq.b * g.H + h) * g.L + seq.start;
         // Padded query rows gave zeros, whatever q: their dQ is 0 and they add nothing to dK, dV.
         for (int64_t i0 = 0; i0 < nk; i0 += kRows) {
           const int64_t n = std::min(kRows, nk - i0);
           const int64_t* rows = keys.data() + i0;
-          load_rows<T>(qp, 3 * g.C, g, b, h, rows, n, scale, qr.data());
-          load_rows<T>(gop, g.C, g, b, h, rows, n, T(1), gor.data());
-          load_rows<T>(op, g.C, g, b, h, rows, n, T(1), orow.data());
+          load_rows<T>(qp, 3 * g.C, g, first, h, rows, n, scale, qr.data());
+          load_rows<T>(gop, g.C, g, first, h, rows, n, T(1), gor.data());
+          load_rows<T>(op, g.C, g, first, h, rows, n, T(1), orow.data());
           // P = exp(S - lse): the forward's probabilities (rows past n: 0).
           rows_times_t<T>(qr.data(), g.Dp, kt.data(), g.D, Lk, bias.data(), p.data());
           // dP = dO Vᵀ
@@ -466,18 +505,18 @@ at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& q
           accumulate_t_times<T>(dp.data(), Lk, qr.data(), nk, g.Dp, dk.data());
           accumulate_t_times<T>(p.data(), Lk, gor.data(), nk, g.Dp, dv.data());
           for (int64_t r = 0; r < n; ++r) {
-            T* dst = gp + (b * g.L + rows[r]) * 3 * g.C + h * g.D;
+            T* dst = gp + (first + rows[r]) * 3 * g.C + h * g.D;
             for (int64_t c = 0; c < g.D; ++c) dst[c] = dq[r * g.Dp + c] * scale;
           }
         }
         // Real positions get their compacted dK, dV rows; padded ones (skipped as keys and as queries) zeros.
         for (int64_t kk = 0; kk < nk; ++kk) {
-          T* row = gp + (b * g.L + keys[kk]) * 3 * g.C + h * g.D;
+          T* row = gp + (first + keys[kk]) * 3 * g.C + h * g.D;
           std::copy(dk.data() + kk * g.Dp, dk.data() + kk * g.Dp + g.D, row + g.C);
           std::copy(dv.data() + kk * g.Dp, dv.data() + kk * g.Dp + g.D, row + 2 * g.C);
         }
         for (int64_t part = 0; part < 3; ++part) {
-          zero_padded_rows<T>(keys.data(), nk, g, b, h, gp + part * g.C, 3 * g.C, static_cast<T*>(nullptr));
+          zero_padded_rows<T>(keys.data(), nk, g, seq, h, gp + part * g.C, 3 * g.C, static_cast<T*>(nullptr));
         }
       }
     });
@@ -488,10 +527,10 @@ at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& q
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fastqa, m) {
-  m.def("self_attention_fwd(Tensor qkv, Tensor mask, int heads) -> (Tensor out, Tensor lse)");
+  m.def("self_attention_fwd(Tensor qkv, Tensor mask, int heads, int[]? segments=None) -> (Tensor out, Tensor lse)");
   m.def(
-      "self_attention_bwd(Tensor grad_out, Tensor qkv, Tensor mask, Tensor out, Tensor lse, int heads) "
-      "-> Tensor grad_qkv");
+      "self_attention_bwd(Tensor grad_out, Tensor qkv, Tensor mask, Tensor out, Tensor lse, int heads, "
+      "int[]? segments=None) -> Tensor grad_qkv");
 }
 
 TORCH_LIBRARY_IMPL(fastqa, CPU, m) {

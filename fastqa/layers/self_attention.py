@@ -23,5 +23,5 @@ class SelfAttention(_ReferenceSelfAttention):
         super().__init__(d_model, heads)
         self.backend = backend
 
-    def attend(self, qkv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self_attention(qkv, mask, self.heads, backend=self.backend)
+    def attend(self, qkv: torch.Tensor, mask: torch.Tensor, segments: list[int] | None) -> torch.Tensor:
+        return self_attention(qkv, mask, self.heads, segments=segments, backend=self.backend)

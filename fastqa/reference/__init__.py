@@ -19,7 +19,7 @@ from .dwsep_conv1d import (
 )
 from .glu_conv1d import GLUConv1d, glu_conv1d, glu_conv1d_naive, glu_conv1d_step
 from .linear import Linear, linear, linear_argmax
-from .self_attention import SelfAttention, self_attention
+from .self_attention import SelfAttention, check_segments, self_attention
 
 __all__ = [
     "ContextQueryAttention", "DecodeAttention", "DropoutAdd", "DepthwiseSeparableConv1d", "GLUConv1d", "LayerNormDepthwiseSeparableConv1d", "Linear",

@@ -9,15 +9,33 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def self_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int) -> torch.Tensor:
+def check_segments(segments: Sequence[int] | None, length: int) -> list[int] | None:
+    """segments as a list of ints: positive lengths summing to ``length`` (or None); else a ValueError."""
+    if segments is None:
+        return None
+    segments = list(segments)
+    if (not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in segments)
+            or sum(segments) != length):
+        raise ValueError(f"segments must be positive int lengths summing to L = {length}, got {segments}")
+    return segments
+
+
+def self_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int,
+                   segments: Sequence[int] | None = None) -> torch.Tensor:
     """softmax(q kᵀ / sqrt(D) + mask) v per head, heads side by side.
 
     qkv: [B, L, 3C], the output of one nn.Linear(C, 3C): q = qkv[..., :C], k = qkv[..., C:2C],
     v = qkv[..., 2C:], head h in channels [h*D, (h+1)*D) of each, D = C / heads.
     mask: [B, L] bool, True = a real position: the keys to attend to; the padded query rows give zeros. A
     sequence with no real position attends to every key from every row (instead of producing NaN; its
-    outputs are the caller's to mask). Returns [B, L, C].
+    outputs are the caller's to mask). segments: lengths summing to L that cut every row into sequences
+    attended apart (None: each row is one). Returns [B, L, C].
     """
+    segments = check_segments(segments, qkv.shape[1])
+    if segments is not None:
+        # split: views, whose backward is one cat (slicing would zero-fill a full-size gradient per piece)
+        pieces = zip(qkv.split(segments, dim=1), mask.split(segments, dim=1))
+        return torch.cat([self_attention(q, m, heads) for q, m in pieces], dim=1)
     b, length, c3 = qkv.shape
     c = c3 // 3
     # split (not select) q, k, v: its backward is one cat, where select's zero-fills [3, B, h, L, D].
@@ -46,21 +64,12 @@ class SelfAttention(nn.Module):
         self.qkv = self.projection(d_model, 3 * d_model)
         self.out = self.projection(d_model, d_model)
 
-    def attend(self, qkv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self_attention(qkv, mask, self.heads)
+    def attend(self, qkv: torch.Tensor, mask: torch.Tensor, segments: list[int] | None) -> torch.Tensor:
+        return self_attention(qkv, mask, self.heads, segments)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, segments: Sequence[int] | None = None) -> torch.Tensor:
         """x: [B, L, d]; mask: [B, L] bool (True = a real position) -> [B, L, d].
 
         segments: lengths summing to L that cut each row into sequences attended separately (a packed batch:
         several sequences one after another in one row, without their padding); None: each row is one."""
-        qkv = self.qkv(self.norm(x))
-        if segments is None:
-            return self.out(self.attend(qkv, mask))
-        segments = list(segments)
-        if sum(segments) != x.shape[1] or min(segments, default=0) <= 0:
-            raise ValueError(f"segments must be positive lengths summing to x.shape[1] = {x.shape[1]}, got "
-                             f"{segments}")
-        # split: views, whose backward is one cat (slicing would zero-fill a full-size gradient per piece)
-        pieces = zip(qkv.split(segments, dim=1), mask.split(segments, dim=1))
-        return self.out(torch.cat([self.attend(q, m) for q, m in pieces], dim=1))
+        return self.out(self.attend(self.qkv(self.norm(x)), mask, check_segments(segments, x.shape[1])))

@@ -336,13 +336,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> trilinear_similarity_bwd(const Tensor
 // min and the mask around vec_exp -- it was the largest part of the forward's own time) and the tail
 // through vec_exp: the same bits either way.
 template <typename T>
-T masked_exp_row(const T* s, T row_max, const T* real, T* p, int64_t m) {
-  T sum = 0;
-  for (int64_t j = 0; j < m; ++j) {
+T masked_exp_row_from(const T* s, T row_max, const T* real, T* p, int64_t j, int64_t m, T sum) {
+  for (; j < m; ++j) {
     p[j] = vec_exp(min_of(s[j] - row_max, T(0))) * real[j];
     sum += p[j];
   }
   return sum;
+}
+
+template <typename T>
+T masked_exp_row(const T* s, T row_max, const T* real, T* p, int64_t m) {
+  return masked_exp_row_from(s, row_max, real, p, 0, m, T(0));
 }
 
 template <>
@@ -359,22 +363,23 @@ float masked_exp_row<float>(const float* s, float row_max, const float* real, fl
   }
   float sum = 0;
   for (int64_t l = 0; l < S::W; ++l) sum += acc[l];
-  for (; j < m; ++j) {
-    p[j] = vec_exp(min_of(s[j] - row_max, 0.0f)) * real[j];
-    sum += p[j];
-  }
-  return sum;
+  return masked_exp_row_from(s, row_max, real, p, j, m, sum);
 }
 
 // s[j] = exp(s[j] - shift[j]) and sum[j] += s[j] for j < m (s <= shift): the column softmax's
 // exponentials, float on whole vectors through exp_nonpositive (half of vec_exp's work, same bits).
 template <typename T>
-void exp_shifted_accumulate(T* s, const T* shift, T* sum, int64_t m) {
+void exp_shifted_accumulate_from(T* s, const T* shift, T* sum, int64_t j, int64_t m) {
 #pragma omp simd
-  for (int64_t j = 0; j < m; ++j) {
-    s[j] = vec_exp(s[j] - shift[j]);
-    sum[j] += s[j];
+  for (int64_t i = j; i < m; ++i) {
+    s[i] = vec_exp(s[i] - shift[i]);
+    sum[i] += s[i];
   }
+}
+
+template <typename T>
+void exp_shifted_accumulate(T* s, const T* shift, T* sum, int64_t m) {
+  exp_shifted_accumulate_from(s, shift, sum, 0, m);
 }
 
 template <>
@@ -386,10 +391,7 @@ void exp_shifted_accumulate<float>(float* s, const float* shift, float* sum, int
     S::store(s + j, e);
     S::store(sum + j, S::load(sum + j) + e);
   }
-  for (; j < m; ++j) {
-    s[j] = vec_exp(s[j] - shift[j]);
-    sum[j] += s[j];
-  }
+  exp_shifted_accumulate_from(s, shift, sum, j, m);
 }
 
 // Both masked softmaxes of S in one sweep over the rows plus a normalising one. On entry pc holds the

@@ -1,6 +1,8 @@
 """Drop-in pre-LN self-attention sublayer running the fused attention kernel."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from ..ops.self_attention import self_attention
@@ -23,5 +25,5 @@ class SelfAttention(_ReferenceSelfAttention):
         super().__init__(d_model, heads)
         self.backend = backend
 
-    def attend(self, qkv: torch.Tensor, mask: torch.Tensor, segments: list[int] | None) -> torch.Tensor:
+    def attend(self, qkv: torch.Tensor, mask: torch.Tensor, segments: Sequence[int] | None) -> torch.Tensor:
         return self_attention(qkv, mask, self.heads, segments=segments, backend=self.backend)

@@ -64,7 +64,7 @@ class SelfAttention(nn.Module):
         self.qkv = self.projection(d_model, 3 * d_model)
         self.out = self.projection(d_model, d_model)
 
-    def attend(self, qkv: torch.Tensor, mask: torch.Tensor, segments: list[int] | None) -> torch.Tensor:
+    def attend(self, qkv: torch.Tensor, mask: torch.Tensor, segments: Sequence[int] | None) -> torch.Tensor:
         return self_attention(qkv, mask, self.heads, segments)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, segments: Sequence[int] | None = None) -> torch.Tensor:
@@ -72,4 +72,4 @@ class SelfAttention(nn.Module):
 
         segments: lengths summing to L that cut each row into sequences attended separately (a packed batch:
         several sequences one after another in one row, without their padding); None: each row is one."""
-        return self.out(self.attend(self.qkv(self.norm(x)), mask, check_segments(segments, x.shape[1])))
+        return self.out(self.attend(self.qkv(self.norm(x)), mask, segments))

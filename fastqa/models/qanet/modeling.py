@@ -275,8 +275,7 @@ class QANet(FrozenWordVectors):
         convolutions, projections, LayerNorms and dropouts compute every row; attention alone skipped padded
         ones). Gaps as wide as the widest centred conv needs."""
         real = mask.sum(1)
-        if (not self.pack_padding or mask.shape[0] == 1 or not bool(real.all())
-                or int(real.sum()) >= PACK_BELOW * mask.numel()):
+        if not self.pack_padding or not bool(real.all()) or int(real.sum()) >= PACK_BELOW * mask.numel():
             return None
         c = self.config
         return PackedBatch.of(mask, max(c.emb_resize_kernel, c.emb_conv_kernel, c.model_conv_kernel) // 2)

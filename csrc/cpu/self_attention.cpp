@@ -188,6 +188,17 @@ std::vector<Sequence> sequences_of(const char* op, const Geometry& g, at::Option
   return seqs;
 }
 
+// Buffer sizes of a task: its sequence's length at most (a packed row is many short sequences; buffers of
+// the whole row's length, zero-filled per task, were a tenth of the backward).
+struct TaskSizes {
+  int64_t L, Lp;
+};
+TaskSizes task_sizes(const std::vector<Sequence>& seqs) {
+  int64_t longest = 1;
+  for (const Sequence& seq : seqs) longest = std::max(longest, seq.len);
+  return {longest, round_up(longest, kPad)};
+}
+
 Geometry check_args(const char* op, const at::Tensor& qkv, const at::Tensor& mask, int64_t heads) {
   FASTQA_CHECK(qkv.dim() == 3, op, "qkv must be [B, L, 3C], got ", qkv.sizes());
   check_cpu_float(op, "qkv", qkv);
@@ -391,6 +402,7 @@ std::tuple<at::Tensor, at::Tensor> self_attention_fwd(const at::Tensor& qkv_in, 
                                                       int64_t heads, at::OptionalIntArrayRef segments) {
   const Geometry g = check_args(kFwd, qkv_in, mask_in, heads);
   const std::vector<Sequence> seqs = sequences_of(kFwd, g, segments);
+  const TaskSizes ts = task_sizes(seqs);
   const int64_t S = static_cast<int64_t>(seqs.size());
   const at::Tensor qkv = qkv_in.contiguous();
   const at::Tensor mask = mask_in.contiguous();
@@ -404,9 +416,9 @@ std::tuple<at::Tensor, at::Tensor> self_attention_fwd(const at::Tensor& qkv_in, 
     T* lp = lse.data_ptr<T>();
     const T scale = T(1) / std::sqrt(T(g.D));
     at::parallel_for(0, S * g.H, 1, [&](int64_t t0, int64_t t1) {
-      std::vector<T> bias(g.Lp), kt(g.Dp * g.Lp), vr(g.L * g.Dp), qr(kRows * g.Dp), s(kRows * g.Lp),
+      std::vector<T> bias(ts.Lp), kt(g.Dp * ts.Lp), vr(ts.L * g.Dp), qr(kRows * g.Dp), s(kRows * ts.Lp),
           o(kRows * g.Dp);
-      std::vector<int64_t> keys(g.L);
+      std::vector<int64_t> keys(ts.L);
       T inv_sum[kRows], lse[kRows];
       for (int64_t t = t0; t < t1; ++t) {
         const Sequence& seq = seqs[t / g.H];
@@ -441,6 +453,7 @@ at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& q
                               int64_t heads, at::OptionalIntArrayRef segments) {
   const Geometry g = check_args(kBwd, qkv_in, mask_in, heads);
   const std::vector<Sequence> seqs = sequences_of(kBwd, g, segments);
+  const TaskSizes ts = task_sizes(seqs);
   const int64_t S = static_cast<int64_t>(seqs.size());
   FASTQA_CHECK(grad_out_in.sizes() == at::IntArrayRef({g.B, g.L, g.C}) && out_in.sizes() == grad_out_in.sizes() &&
                    grad_out_in.scalar_type() == qkv_in.scalar_type() && out_in.scalar_type() == qkv_in.scalar_type(),
@@ -462,18 +475,18 @@ at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& q
     T* gp = grad_qkv.data_ptr<T>();
     const T scale = T(1) / std::sqrt(T(g.D));
     at::parallel_for(0, S * g.H, 1, [&](int64_t t0, int64_t t1) {
-      std::vector<T> bias(g.Lp), kt(g.Dp * g.Lp), kr(g.L * g.Dp), vr(g.L * g.Dp), vt(g.Dp * g.Lp),
-          dk(g.L * g.Dp), dv(g.L * g.Dp), qr(kRows * g.Dp), gor(kRows * g.Dp), orow(kRows * g.Dp),
-          p(kRows * g.Lp), dp(kRows * g.Lp), dq(kRows * g.Dp);
-      std::vector<int64_t> keys(g.L);
+      std::vector<T> bias(ts.Lp), kt(g.Dp * ts.Lp), kr(ts.L * g.Dp), vr(ts.L * g.Dp), vt(g.Dp * ts.Lp),
+          dk(ts.L * g.Dp), dv(ts.L * g.Dp), qr(kRows * g.Dp), gor(kRows * g.Dp), orow(kRows * g.Dp),
+          p(kRows * ts.Lp), dp(kRows * ts.Lp), dq(kRows * g.Dp);
+      std::vector<int64_t> keys(ts.L);
       for (int64_t t = t0; t < t1; ++t) {
         const Sequence& seq = seqs[t / g.H];
         const int64_t h = t % g.H, first = seq.first_row(g);
         int64_t nk = 0;
         const int64_t Lk = load_keys<T>(qp, mp, g, seq, h, keys.data(), nk, bias.data(), kt.data(), kr.data(),
                                         vr.data(), vt.data());
-        std::fill(dk.begin(), dk.end(), T(0));
-        std::fill(dv.begin(), dv.end(), T(0));
+        std::fill(dk.begin(), dk.begin() + nk * g.Dp, T(0));
+        std::fill(dv.begin(), dv.begin() + nk * g.Dp, T(0));
         const T* lse_row = lp + (seq.b * g.H + h) * g.L + seq.start;
         // Padded query rows gave zeros, whatever q: their dQ is 0 and they add nothing to dK, dV.
         for (int64_t i0 = 0; i0 < nk; i0 += kRows) {

@@ -263,12 +263,16 @@ def test_char_cnn_keeps_words_apart_and_ignores_char_padding():
         assert empty.shape == (2, 3, base.shape[-1]) and (empty == 0).all()
 
 
-def test_char_embedding_equals_the_per_word_conv():
+@pytest.mark.parametrize("chunk_values", [None, 1, 100])
+def test_char_embedding_equals_the_per_word_conv(chunk_values):
     """The table/embedding_bag form equals the plain definition -- embed, Conv1d over each word's characters
-    ('same' zero padding), ReLU, max over the real characters -- in value and in both parameters' gradients."""
+    ('same' zero padding), ReLU, max over the real characters -- in value and in both parameters' gradients;
+    also when the words go through in chunks (one word, or a few, per chunk)."""
     torch.manual_seed(19)
     model = built(tiny_config(char_kernel=5), "reference", dtype=torch.float64).eval()
     ce = model.char_embedding
+    if chunk_values is not None:
+        ce._CHUNK_VALUES = chunk_values
     _, cc, _, _ = make_batch(torch.Generator().manual_seed(20), B=2, n=7, W=6)
     cc[1, 6] = 0  # an all-padding word -> zeros
 

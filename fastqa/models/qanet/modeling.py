@@ -75,14 +75,17 @@ class CharEmbedding(nn.Module):
     zero padding). Computed without the conv's GEMM: embedding then conv is linear in the one-hot
     characters, so table[k, c] = embed(c) @ conv.weight[:, :, k].T ([K * V, channels], V x dim x K x
     channels multiply-adds) is built once per call and the conv at character t is the sum over k of
-    table[k, char[t + k - K//2]] -- one ``F.embedding_bag`` (sum) over [B*n*W] bags of K rows. That
-    replaces 2 * B*n*W * dim * K * channels FLOPs (92 GFLOP forward for the paper model at batch 32)
-    by a gather. Windows never leave the word (each word's ids are padded on its own), padding
+    table[k, char[t + k - K//2]] -- ``F.embedding_bag`` (sum) over [B*n*W] bags of K rows, a chunk of words
+    at a time. That replaces 2 * B*n*W * dim * K * channels FLOPs (92 GFLOP forward for the paper model at
+    batch 32) by a gather. Windows never leave the word (each word's ids are padded on its own), padding
     characters have zero rows, like the conv's zero padding, and are left out of the max, so a word's
     vector depends neither on its neighbours nor on how far the batch pads W. The dropout is on the
     character vector of the word (after the max), which the table needs: dropping embedding entries per
     character occurrence would make every occurrence a different row.
     """
+
+    # Values of the conv output per chunk of words (see forward).
+    _CHUNK_VALUES = 1 << 21
 
     def __init__(self, vocab_size: int, dim: int, channels: int, kernel_size: int, *, pad_id: int,
                  dropout: float, dropout_layer: type[nn.Module] = TorchDropoutAdd) -> None:
@@ -115,11 +118,17 @@ class CharEmbedding(nn.Module):
         ids = F.pad(flat, (k // 2, k // 2), value=self.pad_id)                     # [R, W' + K - 1]
         bags = ids.unfold(1, k, 1) + torch.arange(0, k * vocab, vocab, device=ids.device)  # [R, W', K]
         bags[..., k // 2].masked_fill_(flat == self.pad_id, k * vocab)
-        h = F.embedding_bag(bags.reshape(-1, k), table, mode="sum").view(len(words), width, table.shape[1])
         # h is the conv without its bias: max over the real characters, then bias and ReLU (both monotone:
-        # relu(max + b) = max relu(. + b)). max, not amax: amax's backward casts a [R, W', C] equality mask to float twice (~0.85 s of the
-        # paper model's step at batch 32); max's scatters the gradient through the argmax indices.
-        vectors = F.relu(h.max(dim=1).values + self.conv.bias)                    # [R, C]
+        # relu(max + b) = max relu(. + b)). max, not amax: amax's backward casts a [R, W', C] equality mask to
+        # float twice (~0.85 s of the paper model's step at batch 32); max's scatters the gradient through the
+        # argmax indices. In chunks of words: each chunk's [words, W', C] sums (forward) and their gradient
+        # (backward, zero-filled) stay a few MB and reuse one buffer, where the whole batch's were 77 MB
+        # (the paper model at batch 32), allocated afresh and page-faulted in on every step.
+        channels = table.shape[1]
+        step = max(1, self._CHUNK_VALUES // (width * channels))
+        maxima = [F.embedding_bag(chunk.reshape(-1, k), table, mode="sum").view(len(chunk), width, channels)
+                  .max(dim=1).values for chunk in bags.split(step)]
+        vectors = F.relu(torch.cat(maxima) + self.conv.bias)                      # [R, C]
         out = vectors.new_zeros(b * n, vectors.shape[1]).index_copy(0, words, vectors)  # padding words: 0
         return self.dropout(out).reshape(b, n, -1)
 

@@ -331,22 +331,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> trilinear_similarity_bwd(const Tensor
 // Context-query attention, one batch element at a time
 // ------------------------------------------------------------------------------------------------
 
-// p[j] = exp(min(s[j] - row_max, 0)) * real[j] for j < m; returns their sum. For float, whole native
-// vectors go through exp_nonpositive (GCC leaves the generic loop scalar: "control flow in loop" from the
-// min and the mask around vec_exp -- it was the largest part of the forward's own time) and the tail
-// through vec_exp: the same bits either way.
+// p[j] = exp(min(s[j] - row_max, 0)) * real[j] for j < m; returns their sum. For float, native vectors
+// through exp_nonpositive, the tail as a zero-padded vector (GCC leaves the generic loop scalar: "control
+// flow in loop" from the min and the mask around vec_exp -- it was the largest part of the forward's own
+// time).
 template <typename T>
-T masked_exp_row_from(const T* s, T row_max, const T* real, T* p, int64_t j, int64_t m, T sum) {
-  for (; j < m; ++j) {
+T masked_exp_row(const T* s, T row_max, const T* real, T* p, int64_t m) {
+  T sum = 0;
+  for (int64_t j = 0; j < m; ++j) {
     p[j] = vec_exp(min_of(s[j] - row_max, T(0))) * real[j];
     sum += p[j];
   }
   return sum;
-}
-
-template <typename T>
-T masked_exp_row(const T* s, T row_max, const T* real, T* p, int64_t m) {
-  return masked_exp_row_from(s, row_max, real, p, 0, m, T(0));
 }
 
 template <>
@@ -354,44 +350,37 @@ float masked_exp_row<float>(const float* s, float row_max, const float* real, fl
   using S = NativeBlock<float>;
   const S::V zero{};
   S::V acc{};
-  int64_t j = 0;
-  for (; j + S::W <= m; j += S::W) {
-    const S::V x = S::load(s + j) - row_max;
-    const S::V e = exp_nonpositive(zero < x ? zero : x) * S::load(real + j);  // min_of(x, 0), NaN kept
-    S::store(p + j, e);
-    acc += e;
+  for (int64_t j = 0; j < m; j += S::W) {
+    const S::V x = S::load_upto(s + j, m - j) - row_max;
+    // min_of(x, 0) with NaN kept
+    const S::V e = exp_nonpositive(zero < x ? zero : x) * S::load_upto(real + j, m - j);
+    S::store_upto(p + j, e, m - j);
+    acc += e;  // lanes past m: real is 0 there
   }
   float sum = 0;
   for (int64_t l = 0; l < S::W; ++l) sum += acc[l];
-  return masked_exp_row_from(s, row_max, real, p, j, m, sum);
+  return sum;
 }
 
 // s[j] = exp(s[j] - shift[j]) and sum[j] += s[j] for j < m (s <= shift): the column softmax's
-// exponentials, float on whole vectors through exp_nonpositive (half of vec_exp's work, same bits).
+// exponentials, float through exp_nonpositive (tail included, as above).
 template <typename T>
-void exp_shifted_accumulate_from(T* s, const T* shift, T* sum, int64_t j, int64_t m) {
+void exp_shifted_accumulate(T* s, const T* shift, T* sum, int64_t m) {
 #pragma omp simd
-  for (int64_t i = j; i < m; ++i) {
+  for (int64_t i = 0; i < m; ++i) {
     s[i] = vec_exp(s[i] - shift[i]);
     sum[i] += s[i];
   }
 }
 
-template <typename T>
-void exp_shifted_accumulate(T* s, const T* shift, T* sum, int64_t m) {
-  exp_shifted_accumulate_from(s, shift, sum, 0, m);
-}
-
 template <>
 void exp_shifted_accumulate<float>(float* s, const float* shift, float* sum, int64_t m) {
   using S = NativeBlock<float>;
-  int64_t j = 0;
-  for (; j + S::W <= m; j += S::W) {
-    const S::V e = exp_nonpositive(S::load(s + j) - S::load(shift + j));
-    S::store(s + j, e);
-    S::store(sum + j, S::load(sum + j) + e);
+  for (int64_t j = 0; j < m; j += S::W) {
+    const S::V e = exp_nonpositive(S::load_upto(s + j, m - j) - S::load_upto(shift + j, m - j));
+    S::store_upto(s + j, e, m - j);
+    S::store_upto(sum + j, S::load_upto(sum + j, m - j) + e, m - j);
   }
-  exp_shifted_accumulate_from(s, shift, sum, j, m);
 }
 
 // Both masked softmaxes of S in one sweep over the rows plus a normalising one. On entry pc holds the

@@ -82,24 +82,39 @@ at::Tensor onednn_linear_add(const at::Tensor& a, const at::Tensor& other, const
   return stack[0].toTensor();
 }
 
-// Seconds of the fastest of `reps` calls of each fn, sampled round-robin (load from other processes
-// lands on both alike), after one warm-up call each.
+// Seconds per call of each fn: the median of interleaved calls (load from other processes lands on both
+// alike) after one warm-up call each -- at least `min_reps` of each, and more, up to `max_reps`, until
+// each fn has run ~`budget` seconds. For a product of a few milliseconds, best-of-two picked either engine
+// where they ran within ~5% of each other (BLAS and oneDNN on QANet's [rows, 128] x [128, 384]), and
+// processes of the same program ran different engines.
 template <typename F, typename G>
-std::pair<double, double> time_pair(F&& f, G&& g, int reps) {
+std::pair<double, double> time_pair(F&& f, G&& g, int min_reps, int max_reps, double budget) {
   using clock = std::chrono::steady_clock;
+  const auto seconds = [](clock::time_point a, clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  const auto t0 = clock::now();
   f();
+  const auto t1 = clock::now();
   g();
-  double best_f = 1e30, best_g = 1e30;
+  const auto t2 = clock::now();
+  const double slower = std::max(seconds(t0, t1), seconds(t1, t2));
+  const int reps = std::clamp(static_cast<int>(budget / std::max(slower, 1e-9)), min_reps, max_reps);
+  std::vector<double> tf, tg;
   for (int r = 0; r < reps; ++r) {
-    auto t0 = clock::now();
+    const auto a = clock::now();
     f();
-    auto t1 = clock::now();
+    const auto b = clock::now();
     g();
-    auto t2 = clock::now();
-    best_f = std::min(best_f, std::chrono::duration<double>(t1 - t0).count());
-    best_g = std::min(best_g, std::chrono::duration<double>(t2 - t1).count());
+    const auto c = clock::now();
+    tf.push_back(seconds(a, b));
+    tg.push_back(seconds(b, c));
   }
-  return {best_f, best_g};
+  const auto median = [](std::vector<double>& v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  return {median(tf), median(tg)};
 }
 
 Rates measure_rates() {
@@ -113,11 +128,12 @@ Rates measure_rates() {
   const double flop = 2.0 * n * n * n;
   Rates r;
   if (onednn_available()) {
-    const auto t = time_pair([&] { at::mm_out(out, a, w.t()); }, [&] { (void)onednn_linear(a, w, c10::nullopt); }, 5);
+    const auto t = time_pair([&] { at::mm_out(out, a, w.t()); }, [&] { (void)onednn_linear(a, w, c10::nullopt); },
+                             5, 25, 0.02);
     r.blas = flop / t.first / 1e9;
     r.onednn = flop / t.second / 1e9;
   } else {
-    const auto t = time_pair([&] { at::mm_out(out, a, w.t()); }, [] {}, 5);
+    const auto t = time_pair([&] { at::mm_out(out, a, w.t()); }, [] {}, 5, 25, 0.02);
     r.blas = flop / t.first / 1e9;
   }
   return r;
@@ -208,7 +224,7 @@ ShapeTable& shape_table() {
 }
 
 // Each engine's rate on this GEMM as the entry points issue it (into a scratch result: the caller's
-// output is not touched): one warm-up call each, then the best of two interleaved calls.
+// output is not touched): the median of interleaved calls, ~20 ms of each engine.
 std::pair<double, double> probe(const at::Tensor& a, const at::Tensor& w, bool with_bias, bool accumulate) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   const at::Tensor ap = a.narrow(0, 0, std::min<int64_t>(a.size(0), kProbeRows));
@@ -225,7 +241,7 @@ std::pair<double, double> probe(const at::Tensor& a, const at::Tensor& w, bool w
           (void)(with_bias ? at::addmm(*bias, ap, w.t()) : at::mm(ap, w.t()));
         }
       },
-      [&] { (void)(accumulate ? onednn_linear_add(ap, acc, w) : onednn_linear(ap, w, bias)); }, 2);
+      [&] { (void)(accumulate ? onednn_linear_add(ap, acc, w) : onednn_linear(ap, w, bias)); }, 5, 25, 0.02);
   const double flop = 2.0 * ap.size(0) * ap.size(1) * n;
   return {flop / t.first / 1e9, flop / t.second / 1e9};
 }

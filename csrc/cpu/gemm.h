@@ -56,7 +56,7 @@ const Choice& choice();
 constexpr double kOneDnnMargin = 1.05;
 Engine choose(double blas_gflops, double onednn_gflops, bool onednn_available, const std::string& requested);
 
-// Each engine's measured float32 rate (GFLOP/s, one 512^3 product, best of a few interleaved runs,
+// Each engine's measured float32 rate (GFLOP/s, one 512^3 product, the median of interleaved runs,
 // at the current thread count); onednn is 0 where unavailable. Measured once, on first call.
 struct Rates {
   double blas = 0, onednn = 0;

@@ -155,7 +155,7 @@ void accumulate_t_times(const T* p, int64_t Lp, const T* m, int64_t L, int64_t D
 }
 
 struct Geometry {
-  int64_t B, L, H, D, C, Lp, Dp;
+  int64_t B, L, H, D, C, Dp;
 };
 
 // One sequence: positions [start, start + len) of row b.
@@ -212,7 +212,7 @@ Geometry check_args(const char* op, const at::Tensor& qkv, const at::Tensor& mas
                op, "mask must be a CPU bool tensor [B, L] = [", B, ", ", L, "], got ", mask.sizes(), " ",
                mask.scalar_type());
   const int64_t C = qkv.size(2) / 3, D = C / heads;
-  return {B, L, heads, D, C, round_up(L, kPad), round_up(D, kPad)};
+  return {B, L, heads, D, C, round_up(D, kPad)};
 }
 
 // dst[c][j] = src[rows[j] * stride + c] for j < 8 * floor(n / 8), c < D (dst rows of ld values): the

@@ -133,17 +133,27 @@ int64_t tap_sum_pair(T* out, const T* init, const T* w, const T* src, int64_t n,
 }
 
 // acc[c] += sum_{r < rows} a[r*C + c] * b[r*C + c] (b == nullptr: sum of a), for c in [c0, C) in blocks of CB.
+// Four partial sums, over the rows r = 0, 1, 2, 3 (mod 4): with one running sum every row waited for the
+// previous row's add (a latency-bound chain per block of channels, ~9% of the dwsep backward by perf).
 template <int64_t CB, typename T>
 int64_t column_dot(T* acc, const T* a, const T* b, int64_t rows, int64_t C, int64_t c0) {
   using Bk = Block<CB, T>;
+  using V = typename Bk::V;
   for (; c0 + CB <= C; c0 += CB) {
-    typename Bk::V sum{};
+    V sum[4] = {};
+    int64_t r = 0;
     if (b) {
-      for (int64_t r = 0; r < rows; ++r) sum += Bk::load(a + r * C + c0) * Bk::load(b + r * C + c0);
+      for (; r + 4 <= rows; r += 4) {
+        for (int64_t u = 0; u < 4; ++u) sum[u] += Bk::load(a + (r + u) * C + c0) * Bk::load(b + (r + u) * C + c0);
+      }
+      for (; r < rows; ++r) sum[0] += Bk::load(a + r * C + c0) * Bk::load(b + r * C + c0);
     } else {
-      for (int64_t r = 0; r < rows; ++r) sum += Bk::load(a + r * C + c0);
+      for (; r + 4 <= rows; r += 4) {
+        for (int64_t u = 0; u < 4; ++u) sum[u] += Bk::load(a + (r + u) * C + c0);
+      }
+      for (; r < rows; ++r) sum[0] += Bk::load(a + r * C + c0);
     }
-    Bk::store(acc + c0, Bk::load(acc + c0) + sum);
+    Bk::store(acc + c0, Bk::load(acc + c0) + ((sum[0] + sum[1]) + (sum[2] + sum[3])));
   }
   return c0;
 }

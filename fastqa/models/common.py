@@ -7,6 +7,7 @@ Everything here is plain ``torch.nn`` (models import ``fastqa.layers``, ``fastqa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
@@ -315,15 +316,25 @@ class PackedBatch:
         packed_mask[0, rows] = True
         return cls(rows, packed_mask, lengths, gap, mask.flatten().nonzero().squeeze(1))
 
-    def segments(self) -> list[int]:
-        """Rows of each sequence in the packed row, its trailing gap included (sums to P)."""
-        seg = (self.lengths + self.gap).tolist()
+    @functools.cached_property
+    def _segment_rows(self) -> torch.Tensor:
+        """[B] int64: rows of each sequence in the packed row, its trailing gap included (sums to P). Cached:
+        every encoder block of a forward asks (the frozen dataclass has no __slots__, so caching works)."""
+        seg = self.lengths + self.gap
         seg[-1] -= self.gap
         return seg
 
+    @functools.cached_property
+    def _segment_list(self) -> tuple[int, ...]:
+        return tuple(self._segment_rows.tolist())
+
+    def segments(self) -> list[int]:
+        """Rows of each sequence in the packed row, its trailing gap included (sums to P)."""
+        return list(self._segment_list)
+
     def per_row(self, values: torch.Tensor) -> torch.Tensor:
         """values: [..., B], one per sequence -> [..., P]: each packed row its sequence's value."""
-        return values.repeat_interleave(torch.tensor(self.segments(), device=values.device), dim=-1)
+        return values.repeat_interleave(self._segment_rows, dim=-1)
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, L, C], the padded batch -> [1, P, C] (zeros at the gaps). Gathers by row index: boolean

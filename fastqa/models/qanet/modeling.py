@@ -183,19 +183,21 @@ class EncoderBlock(nn.Module):
         # Nothing dropped (evaluation): the convolutions add their residual themselves.
         plain = scales is None and (not self.training or self.dropout.p == 0.0)
         x = x + timing
+        rows = packed is not None
         for i, conv in enumerate(self.convs):
-            x = conv(x, residual=x, mask=mask) if plain else self._add(conv(x, mask=mask), x, scales, i)
+            x = conv(x, residual=x, mask=mask) if plain else self._add(conv(x, mask=mask), x, scales, i, rows)
         n = len(self.convs)
         segments = None if packed is None else packed.segments()
-        x = self._add(self.attention(x, mask, segments), x, scales, n)
-        return self._add(self.ffn(x), x, scales, n + 1)
+        x = self._add(self.attention(x, mask, segments), x, scales, n, rows)
+        return self._add(self.ffn(x), x, scales, n + 1, rows)
 
-    def _add(self, branch: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None, i: int) -> torch.Tensor:
+    def _add(self, branch: torch.Tensor, x: torch.Tensor, scales: torch.Tensor | None, i: int,
+             rows: bool) -> torch.Tensor:
         """x + dropout(branch), sublayer i's branch dropped per example by stochastic depth in training
-        (scales [S, B], or [S, P] for a packed x [1, P, d]: then per row)."""
+        (scales [S, B]; rows: x is a packed [1, P, d] and scales [S, P], one factor per row)."""
         if scales is None:
             return self.dropout(branch, x)
-        if scales.shape[1] != x.shape[0]:  # packed: one factor per row, so the rows are the batch dimension
+        if rows:  # one factor per row, so the rows are the dropout's batch dimension
             return self.dropout(branch.flatten(0, 1), x.flatten(0, 1), scales[i]).view_as(x)
         return self.dropout(branch, x, scales[i])
 

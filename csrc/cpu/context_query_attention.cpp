@@ -13,7 +13,9 @@
 // one sequential pass writes each output row whole (measured faster than letting the GEMMs write
 // into strided slots of `out` and patching the rest in a second pass).
 //
-// aux_row / aux_col = S̄ / S̿ ([B, n, m]): the backward needs both probability matrices.
+// aux_row = S̄ [B, n, m]; aux_col [B, n + d, m] = S̿ in rows [0, n) and (S̿ᵀc)ᵀ in rows [n, n + d): the
+// backward needs both probability matrices and S̿ᵀc, which it would otherwise recompute (one of the ten
+// [n, m, d] products of the backward) for the cost of storing m·d values per batch element.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -535,6 +537,21 @@ void attention_output_backward(const T* g, const T* out, const T* c, T* dab, T* 
   }
 }
 
+// Rows [n, n + d) of aux_col[b] ([d, m]) <-> S̿ᵀc [m, d] (a column slot of a wider row-major buffer: row
+// stride ld): a transpose of m·d values per batch element.
+template <typename T>
+void save_ctc(T* saved, const T* ctc, int64_t m, int64_t d, int64_t ld) {
+  for (int64_t j = 0; j < m; ++j) {
+    for (int64_t k = 0; k < d; ++k) saved[k * m + j] = ctc[j * ld + k];
+  }
+}
+template <typename T>
+void load_ctc(T* ctc, const T* saved, int64_t m, int64_t d, int64_t ld) {
+  for (int64_t j = 0; j < m; ++j) {
+    for (int64_t k = 0; k < d; ++k) ctc[j * ld + k] = saved[k * m + j];
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // context_query_attention_fwd / _bwd
 // ------------------------------------------------------------------------------------------------
@@ -558,7 +575,7 @@ std::tuple<Tensor, Tensor, Tensor> context_query_attention_fwd(const Tensor& c_i
   const int64_t batch = c.size(0), n = c.size(1), m = q.size(1), d = c.size(2);
   Tensor out = empty_large({batch, n, 4 * d}, c.options());
   Tensor p_row = empty_large({batch, n, m}, c.options());
-  Tensor p_col = empty_large({batch, n, m}, c.options());
+  Tensor p_col = empty_large({batch, n + d, m}, c.options());
   AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), op, [&] {
     const auto w = unpack_weights<scalar_t>(weight, bias);
     at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
@@ -569,7 +586,7 @@ std::tuple<Tensor, Tensor, Tensor> context_query_attention_fwd(const Tensor& c_i
       Tensor q_slot = qt.narrow(1, 0, d), ctc = qt.narrow(1, d, d);
       std::vector<scalar_t> col_max(m), col_sum(m), q_real(m), c_real(n);
       for (int64_t b = b0; b < b1; ++b) {
-        const Tensor c_b = c[b], q_b = q[b], p_b = p_row[b], pc_b = p_col[b];
+        const Tensor c_b = c[b], q_b = q[b], p_b = p_row[b], pc_b = p_col[b].narrow(0, 0, n);
         const scalar_t* cb = ptr<scalar_t>(c_b);
         bilinear_term(c_b, q_b, w, sim, pc_b);
         mask_to_real(ptr<bool>(q_mask) + b * m, q_real.data(), m);
@@ -578,6 +595,7 @@ std::tuple<Tensor, Tensor, Tensor> context_query_attention_fwd(const Tensor& c_i
                          c_real.data(), n, m, col_max.data(), col_sum.data());
         q_slot.copy_(q_b);
         gemm::mm_out(ctc, pc_b.t(), c_b);  // S̿ᵀ·c
+        save_ctc(ptr<scalar_t>(pc_b) + n * m, ptr<scalar_t>(ctc), m, d, 2 * d);
         gemm::mm_out(ab, p_b, qt);         // [A, B] = S̄·[q, S̿ᵀ·c]: one GEMM for both
         attention_output(ptr<scalar_t>(out[b]), cb, ptr<scalar_t>(ab), n, d);
       }
@@ -597,7 +615,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
   check_same_shape(op, "grad_out", grad_out, {batch, n, 4 * d}, c_in);
   check_same_shape(op, "out", out_in, {batch, n, 4 * d}, c_in);
   check_same_shape(op, "aux_row", aux_row, {batch, n, m}, c_in);
-  check_same_shape(op, "aux_col", aux_col, {batch, n, m}, c_in);
+  check_same_shape(op, "aux_col", aux_col, {batch, n + d, m}, c_in);
   const Tensor g = grad_out.contiguous(), c = c_in.contiguous(), q = q_in.contiguous(),
                weight = weight_in.contiguous(), out = out_in.contiguous(), p_row = aux_row.contiguous(),
                p_col = aux_col.contiguous();
@@ -617,12 +635,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
       Tensor q_slot = qt.narrow(1, 0, d), ctc = qt.narrow(1, d, d);
       Tensor dq_a = dq_dctc.narrow(1, 0, d), d_ctc = dq_dctc.narrow(1, d, d);
       for (int64_t b = b0; b < b1; ++b) {
-        const Tensor c_b = c[b], q_b = q[b], p_b = p_row[b], pc_b = p_col[b];
+        const Tensor c_b = c[b], q_b = q[b], p_b = p_row[b], pc_b = p_col[b].narrow(0, 0, n);
         Tensor dc_b = grad_c[b], dq_b = grad_q[b];
         const scalar_t* cb = ptr<scalar_t>(c_b);
         q_slot.copy_(q_b);
         scale_question(ptr<scalar_t>(q_b), w.wcq, ptr<scalar_t>(sim.qw), m, d);
-        gemm::mm_out(ctc, pc_b.t(), c_b);
+        load_ctc(ptr<scalar_t>(ctc), ptr<scalar_t>(pc_b) + n * m, m, d, 2 * d);  // the forward's S̿ᵀ·c
         gemm::mm_out(dc_b, p_b, ctc);  // B, recomputed into dc's buffer
         attention_output_backward(ptr<scalar_t>(g[b]), ptr<scalar_t>(out[b]), cb, ptr<scalar_t>(dab),
                                   ptr<scalar_t>(dc_b), n, d);

@@ -156,7 +156,7 @@ if cpu_available():
     @torch.library.register_fake("fastqa::context_query_attention_fwd")
     def _context_query_attention_fwd_fake(c, q, c_mask, q_mask, weight, bias):
         (batch, n, d), m = c.shape, q.shape[1]
-        return c.new_empty(batch, n, 4 * d), c.new_empty(batch, n, m), c.new_empty(batch, n, m)
+        return c.new_empty(batch, n, 4 * d), c.new_empty(batch, n, m), c.new_empty(batch, n + d, m)
 
     @torch.library.register_fake("fastqa::context_query_attention_bwd")
     def _context_query_attention_bwd_fake(grad_out, c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col):

@@ -46,7 +46,6 @@ __attribute__((optimize("fp-contract=off"))) void dropout_add_range(const T* bra
                        int64_t end, int64_t inner, uint32_t drop, T keep_scale, uint32_t s0, uint32_t s1) {
   alignas(64) uint32_t hashes[kPairs];
   alignas(64) T factor[2 * kPairs];
-  const uint16_t* u16 = reinterpret_cast<const uint16_t*>(hashes);  // little-endian: low half first
   // Chunks start at even element indices, so pair j covers elements 2j and 2j + 1 of the chunk.
   for (int64_t c0 = begin; c0 < end; c0 += 2 * kPairs) {
     const int64_t c1 = std::min(end, c0 + 2 * kPairs);
@@ -55,8 +54,12 @@ __attribute__((optimize("fp-contract=off"))) void dropout_add_range(const T* bra
       const uint64_t j = static_cast<uint64_t>(j0 + t);
       hashes[t] = mix32(mix32(static_cast<uint32_t>(j) ^ s0) ^ s1 ^ static_cast<uint32_t>(j >> 32));
     }
-    const int64_t n = c1 - c0;
-    for (int64_t t = 0; t < n; ++t) factor[t] = u16[t] >= drop ? keep_scale : T(0);
+    // Element 2j draws the low 16 bits of pair j's hash, element 2j + 1 the high ones (a chunk with an
+    // odd length fills one factor past its end: unused).
+    for (int64_t t = 0; t < pairs; ++t) {
+      factor[2 * t] = (hashes[t] & 0xFFFFu) >= drop ? keep_scale : T(0);
+      factor[2 * t + 1] = (hashes[t] >> 16) >= drop ? keep_scale : T(0);
+    }
     // A chunk crosses at most a few example boundaries: split it there for the per-example scale.
     for (int64_t e0 = c0; e0 < c1;) {
       const int64_t b = e0 / inner;

@@ -189,26 +189,29 @@ int64_t column_dot(T* acc, const T* a, const T* b, int64_t rows, int64_t C, int6
 // two loads per multiply-add, from L2 or beyond (~8% of the dwsep backward by perf).
 constexpr int64_t kTapDotRows = 64;
 
+// gdb (optional): the depthwise bias gradient, gdb[c] += sum_r g[r*C + c], in the same pass.
 template <int kTaps, int64_t CB, typename T>
-int64_t tap_dots(T* gwt, const T* g, const T* x, int64_t rows, int64_t C, int64_t c0) {
+int64_t tap_dots(T* gwt, T* gdb, const T* g, const T* x, int64_t rows, int64_t C, int64_t c0) {
   using Bk = Block<CB, T>;
   using V = typename Bk::V;
   for (; c0 + CB <= C; c0 += CB) {
-    V acc[kTaps] = {};
+    V acc[kTaps] = {}, bias_acc{};
     for (int64_t r = 0; r < rows; ++r) {
       const V gr = Bk::load(g + r * C + c0);
+      bias_acc += gr;
       for (int k = 0; k < kTaps; ++k) acc[k] += gr * Bk::load(x + (r + k) * C + c0);
     }
     for (int k = 0; k < kTaps; ++k) Bk::store(gwt + k * C + c0, Bk::load(gwt + k * C + c0) + acc[k]);
+    if (gdb) Bk::store(gdb + c0, Bk::load(gdb + c0) + bias_acc);
   }
   return c0;
 }
 
 template <int kTaps, typename T>
-void tap_dots_chunked(T* gwt, const T* g, const T* x, int64_t rows, int64_t C) {
+void tap_dots_chunked(T* gwt, T* gdb, const T* g, const T* x, int64_t rows, int64_t C) {
   for (int64_t r0 = 0; r0 < rows; r0 += kTapDotRows) {
     const int64_t n = std::min(kTapDotRows, rows - r0);
-#define FASTQA_BLOCK(CB, c0) tap_dots<kTaps, CB, T>(gwt, g + r0 * C, x + r0 * C, n, C, c0)
+#define FASTQA_BLOCK(CB, c0) tap_dots<kTaps, CB, T>(gwt, gdb, g + r0 * C, x + r0 * C, n, C, c0)
     FASTQA_FOR_CHANNEL_BLOCKS(FASTQA_BLOCK);
 #undef FASTQA_BLOCK
   }
@@ -269,8 +272,9 @@ void accumulate_rows(const T* src, int64_t rows, int64_t C, T* acc) {
 // (the tile's rows plus the halo the transposed conv reads):
 //   gx[l - l0, :]   = sum_k wt[k, :] * gh[l - k + pad, :]          for l in [l0, l1)
 //   gwt[k, :]      += sum_l gh[l, :] * x[l + k - pad, :]            (tile rows only)
+//   gdb[:]         += sum_l gh[l, :]                                (tile rows only; gdb may be null)
 template <typename T>
-void depthwise_backward_rows(const T* gh, int64_t e0, const T* x, const T* wt, T* gx, T* gwt,
+void depthwise_backward_rows(const T* gh, int64_t e0, const T* x, const T* wt, T* gx, T* gwt, T* gdb,
                              int64_t L, int64_t C, int64_t K, int64_t pad, int64_t l0, int64_t l1) {
   // Rows that read all K taps, [full_lo, full_hi), go kDepthwiseRows at a time.
   const int64_t full_lo = std::max(l0, K - 1 - pad), full_hi = std::min(l1, L - pad);
@@ -298,14 +302,23 @@ void depthwise_backward_rows(const T* gh, int64_t e0, const T* x, const T* wt, T
   const T* g = gh + (in_lo - e0) * C;
   const T* src = x + (in_lo - pad) * C;
   const int64_t rows = in_hi - in_lo;
+  bool bias_done = false;  // gdb over [in_lo, in_hi) taken in the same pass
   switch (rows > 0 ? K : 0) {
-    case 3: tap_dots_chunked<3>(gwt, g, src, rows, C); break;
-    case 5: tap_dots_chunked<5>(gwt, g, src, rows, C); break;
-    case 7: tap_dots_chunked<7>(gwt, g, src, rows, C); break;
+    case 3: tap_dots_chunked<3>(gwt, gdb, g, src, rows, C); bias_done = true; break;
+    case 5: tap_dots_chunked<5>(gwt, gdb, g, src, rows, C); bias_done = true; break;
+    case 7: tap_dots_chunked<7>(gwt, gdb, g, src, rows, C); bias_done = true; break;
     default: tap_dots_per_tap(gh, e0, x, gwt, L, C, K, pad, in_lo, in_hi);
   }
   tap_dots_per_tap(gh, e0, x, gwt, L, C, K, pad, l0, in_lo);
   tap_dots_per_tap(gh, e0, x, gwt, L, C, K, pad, in_hi, l1);
+  if (gdb) {
+    if (bias_done) {
+      accumulate_rows(gh + (l0 - e0) * C, in_lo - l0, C, gdb);
+      accumulate_rows(gh + (in_hi - e0) * C, l1 - in_hi, C, gdb);
+    } else {
+      accumulate_rows(gh + (l0 - e0) * C, l1 - l0, C, gdb);
+    }
+  }
 }
 
 // In place on a GEMM output tile y [rows, C] (the bias already in it): y = relu?(y) + residual, recording
@@ -541,10 +554,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_con
           at::Tensor gh_ext = gh.narrow(0, 0, ext);
           gemm::mm_out(gh_ext, gz_ext, w2d);
           const scalar_t* ghp = gh_ext.data_ptr<scalar_t>();
-          if (db_acc) accumulate_rows(ghp + (l0 - e0) * s.C_in, rows, s.C_in, db_acc);
           depthwise_backward_rows(ghp, e0, xp + b * s.L * s.C_in, wtp,
-                                  grad_x.data_ptr<scalar_t>() + (b * s.L + l0) * s.C_in, dw_acc, s.L, s.C_in, s.K,
-                                  pad_left, l0, l1);
+                                  grad_x.data_ptr<scalar_t>() + (b * s.L + l0) * s.C_in, dw_acc, db_acc, s.L,
+                                  s.C_in, s.K, pad_left, l0, l1);
         }
       }
     });

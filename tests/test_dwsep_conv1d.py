@@ -80,6 +80,7 @@ SMALL_EDGE_SHAPES = [
     (2, 9, 12, 7, 1),    # K = 1
     (2, 6, 9, 9, 6),     # L == K, even
     (1, 1, 1, 1, 1),     # smallest everything
+    (2, 23, 13, 9, 3),   # K = 3: the CPU weight gradient's one-pass path, interior rows in 4-row steps + tails
 ]
 TILED_EDGE_SHAPES = [
     (1, 1500, 20, 11, 5),  # batch 1, long: sequences split into tiles, one per thread (halo rows in backward)

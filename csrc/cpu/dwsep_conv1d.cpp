@@ -119,9 +119,8 @@ int64_t tap_sum(T* out, const T* init, const T* w, const T* src, int64_t step, i
 // and c in [c0, C) in blocks of CB, out[r*C + c] = init[c] (0 without init) + sum_{k < n} w[k*C + c] *
 // src[(r + k*dir)*C + c], dir = +1 (the forward conv) or -1 (the transposed conv of the backward).
 // The kRows input rows a tap reads sit in registers and slide by one row per tap, so each tap loads one
-// weight vector and one input row for kRows multiply-adds, and the kRows accumulators are independent
-// chains: with one or two rows per step the loop waited on the multiply-add latency (~21 GFLOP/s of
-// the dwsep forward's depthwise part by perf).
+// weight vector and one input row for kRows multiply-adds into kRows independent accumulators (two rows
+// a step loaded a weight and a row per two). Measured: the single-thread dwsep forward 2-3% faster.
 template <int kRows, int kDir, int64_t CB, typename T>
 int64_t tap_sum_rows(T* out, const T* init, const T* w, const T* src, int64_t n, int64_t C, int64_t c0) {
   using Bk = Block<CB, T>;
@@ -181,15 +180,16 @@ int64_t column_dot(T* acc, const T* a, const T* b, int64_t rows, int64_t C, int6
   return c0;
 }
 
-// gwt[k, c] += sum_{r < rows} g[r*C + c] * x[(r + k)*C + c] for k < kTaps and c in [c0, C) in blocks of CB:
-// the depthwise weight gradient over rows whose kTaps taps all lie inside the sequence, every tap in one
-// pass (each g row loaded once for kTaps multiply-adds into kTaps independent accumulators; the x rows
-// a tap reads again sit in L1). Chunks of kTapDotRows rows keep a chunk's g and x rows in cache while
-// every channel block walks them. The per-tap passes (column_dot) read the tile's g and x once per tap,
-// two loads per multiply-add, from L2 or beyond (~8% of the dwsep backward by perf).
+// Rows per chunk of tap_dots_chunked: a chunk's g and x rows (~2 x 64 x C values) stay in cache while
+// every channel block walks them.
 constexpr int64_t kTapDotRows = 64;
 
-// gdb (optional): the depthwise bias gradient, gdb[c] += sum_r g[r*C + c], in the same pass.
+// gwt[k, c] += sum_{r < rows} g[r*C + c] * x[(r + k)*C + c] for k < kTaps and c in [c0, C) in blocks of CB,
+// and gdb[c] += sum_r g[r*C + c] when gdb is given: the depthwise weight and bias gradients over rows whose
+// kTaps taps all lie inside the sequence, every tap in one pass (each g row loaded once for kTaps
+// multiply-adds into independent accumulators; the x rows a tap reads again sit in L1). The per-tap passes
+// (column_dot) read the tile's g and x once per tap, two loads per multiply-add, from L2 or beyond (~8% of
+// the dwsep backward by perf); this made the B32 L400 C128 K7 backward ~7% faster.
 template <int kTaps, int64_t CB, typename T>
 int64_t tap_dots(T* gwt, T* gdb, const T* g, const T* x, int64_t rows, int64_t C, int64_t c0) {
   using Bk = Block<CB, T>;

@@ -17,7 +17,7 @@
 #include <type_traits>
 
 #if defined(__AVX__)
-#include <immintrin.h>
+#include <immintrin.h>  // the kernels' x86 intrinsics (masked tails here, streaming stores, ...)
 #endif
 
 #define FASTQA_CHECK(cond, op, ...) TORCH_CHECK(cond, op, ": ", __VA_ARGS__)

@@ -30,10 +30,6 @@
 #include <type_traits>
 #include <vector>
 
-#ifdef __AVX__
-#include <immintrin.h>
-#endif
-
 #ifdef __linux__
 #include <sys/mman.h>
 #endif
@@ -537,20 +533,13 @@ void attention_output_backward(const T* g, const T* out, const T* c, T* dab, T* 
   }
 }
 
-// Rows [n, n + d) of aux_col[b] ([d, m]) <-> S̿ᵀc [m, d] (a column slot of a wider row-major buffer: row
-// stride ld): a transpose of m·d values per batch element.
-// Both walk their destination contiguously (strided stores, one per cache line, were ~7% of the forward's
-// own loops by perf; strided loads cost less).
+// dst[r * ld_dst + c] = src[c * ld_src + r] for r < rows, c < cols: S̿ᵀc [m, d] (a column slot of the wider
+// [q, S̿ᵀc] buffer) to and from its transposed copy in rows [n, n + d) of aux_col[b]. Walks dst contiguously
+// (strided stores, one per cache line, were ~7% of the forward's own loops by perf; strided loads cost less).
 template <typename T>
-void save_ctc(T* saved, const T* ctc, int64_t m, int64_t d, int64_t ld) {
-  for (int64_t k = 0; k < d; ++k) {
-    for (int64_t j = 0; j < m; ++j) saved[k * m + j] = ctc[j * ld + k];
-  }
-}
-template <typename T>
-void load_ctc(T* ctc, const T* saved, int64_t m, int64_t d, int64_t ld) {
-  for (int64_t j = 0; j < m; ++j) {
-    for (int64_t k = 0; k < d; ++k) ctc[j * ld + k] = saved[k * m + j];
+void transpose_into(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[r * ld_dst + c] = src[c * ld_src + r];
   }
 }
 
@@ -597,7 +586,7 @@ std::tuple<Tensor, Tensor, Tensor> context_query_attention_fwd(const Tensor& c_i
                          c_real.data(), n, m, col_max.data(), col_sum.data());
         q_slot.copy_(q_b);
         gemm::mm_out(ctc, pc_b.t(), c_b);  // S̿ᵀ·c
-        save_ctc(ptr<scalar_t>(pc_b) + n * m, ptr<scalar_t>(ctc), m, d, 2 * d);
+        transpose_into(ptr<scalar_t>(pc_b) + n * m, m, ptr<scalar_t>(ctc), 2 * d, d, m);  // saved for the backward
         gemm::mm_out(ab, p_b, qt);         // [A, B] = S̄·[q, S̿ᵀ·c]: one GEMM for both
         attention_output(ptr<scalar_t>(out[b]), cb, ptr<scalar_t>(ab), n, d);
       }
@@ -642,7 +631,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
         const scalar_t* cb = ptr<scalar_t>(c_b);
         q_slot.copy_(q_b);
         scale_question(ptr<scalar_t>(q_b), w.wcq, ptr<scalar_t>(sim.qw), m, d);
-        load_ctc(ptr<scalar_t>(ctc), ptr<scalar_t>(pc_b) + n * m, m, d, 2 * d);  // the forward's S̿ᵀ·c
+        transpose_into(ptr<scalar_t>(ctc), 2 * d, ptr<scalar_t>(pc_b) + n * m, m, m, d);  // the forward's S̿ᵀ·c
         gemm::mm_out(dc_b, p_b, ctc);  // B, recomputed into dc's buffer
         attention_output_backward(ptr<scalar_t>(g[b]), ptr<scalar_t>(out[b]), cb, ptr<scalar_t>(dab),
                                   ptr<scalar_t>(dc_b), n, d);

@@ -37,10 +37,6 @@
 #include <tuple>
 #include <vector>
 
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
-
 namespace fastqa {
 namespace {
 

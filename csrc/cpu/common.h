@@ -11,6 +11,7 @@
 
 #include <c10/util/Optional.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -36,6 +37,13 @@ inline T max_of(T a, T b) {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// dst[r * ld + c] = row[c] for r < rows, c < n: a bias as a GEMM's starting value, so that BLAS accumulates
+// into it (beta = 1) instead of first zeroing its output (MKL's beta = 0 pass was ~6% of the dwsep forward).
+template <typename T>
+inline void fill_rows(T* dst, int64_t ld, const T* row, int64_t n, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) std::copy(row, row + n, dst + r * ld);
+}
 
 // Bytes in the widest SIMD register of the build's target (-march=native: the machine's own). Code that
 // holds a block of values in one GCC/Clang vector must not make it wider than this: GCC lowers a

@@ -545,8 +545,8 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
   const at::Tensor state_c = state.contiguous();
   const at::Tensor w2 = weight.contiguous().view({2 * H, H * K});
   const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
-  // Rows per work item of the gather and the epilogue: small batches stay on one thread (the
-  // fork/join would cost more than the copy), large ones split so neither pass serialises the step.
+  // Rows per work item of the gather: small batches stay on one thread (the fork/join would cost more
+  // than the copy), large ones split so the gather does not serialise the step.
   const int64_t grain = std::max<int64_t>(1, 16384 / (H * K));
   AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step", [&] {
     const scalar_t* xd = x_c.data_ptr<scalar_t>();
@@ -585,15 +585,15 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
     scalar_t* yd = y.data_ptr<scalar_t>();
     at::parallel_for(0, chunks, 1, [&](int64_t j0, int64_t j1) {
       const at::AutoDispatchBelowADInplaceOrView below_autograd;  // plain GEMMs on the pool's threads
+      // One buffer per task for its chunks' products, each viewed as a contiguous [B, 2 * width].
+      at::Tensor buffer = at::empty({B * 2 * std::min(kStepChannels, H)}, x_t.options());
       for (int64_t j = j0; j < j1; ++j) {
         const int64_t h0 = j * kStepChannels, width = std::min(kStepChannels, H - h0);
-        at::Tensor pre = at::empty({B, 2 * width}, x_t.options());
+        at::Tensor pre = buffer.narrow(0, 0, B * 2 * width).view({B, 2 * width});
         scalar_t* pd = pre.data_ptr<scalar_t>();
-        if (bd != nullptr) {
-          for (int64_t b = 0; b < B; ++b) {
-            std::copy(bd + h0, bd + h0 + width, pd + b * 2 * width);
-            std::copy(bd + H + h0, bd + H + h0 + width, pd + b * 2 * width + width);
-          }
+        if (bd != nullptr) {  // the bias of the chunk's a and b columns as the GEMMs' starting value
+          fill_rows(pd, 2 * width, bd + h0, width, B);
+          fill_rows(pd + width, 2 * width, bd + H + h0, width, B);
         }
         gemm::mm_out(pre.narrow(1, 0, width), window2d, w2.narrow(0, h0, width).t(), /*accumulate=*/bd != nullptr);
         gemm::mm_out(pre.narrow(1, width, width), window2d, w2.narrow(0, H + h0, width).t(),

@@ -36,3 +36,16 @@ def device(backend: str) -> torch.device:
 def dtype() -> torch.dtype:
     """The dtype op tests run in unless they sweep dtypes."""
     return torch.float32
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread_for_models(request):
+    """Tests outside ``tests/ops`` run tiny models on one torch thread, so no op waits on a second core
+    that another process keeps busy (on a loaded 2-core machine two threads made tiny steps much slower)."""
+    if "ops" in request.path.parent.parts:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -2,7 +2,7 @@
 conv: QANet's conv sublayer) against the pure-PyTorch reference.
 
 The Triton backend runs in the interpreter here (conftest sets TRITON_INTERPRET=1 without a GPU), so
-every shape is small; tests/test_triton_dwsep_conv1d.py covers the kernels themselves in depth.
+every shape is small; tests/ops/test_triton_dwsep_conv1d.py covers the kernels themselves in depth.
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ EDGE_SHAPES = [
     (3, 65, 17, 5),   # odd everything
 ]
 # The Triton interpreter runs ~0.2 ms per operation per program: the model-sized case runs on the
-# Triton backend only on a GPU (tests/test_triton_context_query_attention.py covers its kernels in depth).
+# Triton backend only on a GPU (tests/ops/test_triton_context_query_attention.py covers its kernels in depth).
 CASES = [(b, shape) for b in BACKENDS for shape in EDGE_SHAPES] + [
     (b, REAL) for b in BACKENDS if b == "cpu" or torch.cuda.is_available()]
 

@@ -73,7 +73,7 @@ def test_mt_train_writes_a_run_folder(model_dir):
 
 
 def test_copy_task_learned(model_dir, corpus):
-    torch.set_num_threads(1)  # restored by tests/models/conftest.py
+    torch.set_num_threads(1)  # restored by the one_thread_for_models fixture
     tr = Translator.load(model_dir)
     want = [s.split() for s in corpus["test"]]
     greedy = tr.translate_tokens(corpus["test"], beam=1)

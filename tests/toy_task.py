@@ -1,6 +1,6 @@
 """A tiny regression Task for testing the shared training loop (and a script torchrun can launch).
 
-    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/models/toy_task.py OUT STEPS
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/toy_task.py OUT STEPS
 """
 from __future__ import annotations
 

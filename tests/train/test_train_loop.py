@@ -16,7 +16,7 @@ from fastqa.train import TrainSettings, fit, load_checkpoint, save_checkpoint
 from fastqa.train.checkpoint import atomic_write_text
 from toy_task import ToyTask
 
-HERE = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def _settings(out, **kw) -> TrainSettings:
@@ -110,9 +110,9 @@ def test_torchrun_two_gloo_processes_equal_one_process(tmp_path):
     on the whole batch (fp32 reduction order aside)."""
     steps = 8
     fit(ToyTask(dropout=0.0), _settings(tmp_path / "one", max_steps=steps, eval_every=0))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(HERE / "toy_task.py"), str(tmp_path / "two"), str(steps)]
+           str(TESTS / "toy_task.py"), str(tmp_path / "two"), str(steps)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = load_checkpoint(tmp_path / "one"), load_checkpoint(tmp_path / "two")

@@ -71,7 +71,7 @@ def _run(code: str, env_engine: str, timeout: float = 1800, *argv: str,
          text: bool = True) -> subprocess.CompletedProcess:
     """``python -c code *argv`` with FASTQA_CPU_GEMM=env_engine (output as text, or bytes with text=False)."""
     env = {**os.environ, "FASTQA_CPU_GEMM": env_engine}
-    return subprocess.run([sys.executable, "-c", code, *argv], cwd=TESTS.parent, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-c", code, *argv], cwd=TESTS.parents[1], env=env, capture_output=True,
                           text=text, timeout=timeout)
 
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not cpu_available(), reason="fastqa._C is not bu
 
 BACKENDS = compiled_backends()
 # The Triton interpreter runs ~0.2 ms per operation per program: model-sized shapes take minutes there,
-# so on CPU the Triton backend runs the small cases here (tests/test_triton_dwsep_conv1d.py covers its
+# so on CPU the Triton backend runs the small cases here (tests/ops/test_triton_dwsep_conv1d.py covers its
 # kernels in depth) and the model-sized ones only on a GPU.
 FULL_SIZE_BACKENDS = [b for b in BACKENDS if b == "cpu" or torch.cuda.is_available()]
 NAMES = ["x", "dw_weight", "pw_weight", "pw_bias", "dw_bias", "residual"]

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
@@ -110,7 +110,13 @@ def _ext_modules() -> list[Extension]:
     return [CMakeExtension("fastqa._C", ROOT)]
 
 
+# Every package under fastqa/ by discovery (a new subpackage cannot be left out of the wheel), plus the Triton
+# kernels, which live at the top of the repository and ship under one name only: fastqa.triton_kernels.
+PACKAGES = find_packages(include=["fastqa", "fastqa.*"]) + ["fastqa.triton_kernels"]
+
 setup(
+    packages=PACKAGES,
+    package_dir={"fastqa.triton_kernels": "triton_kernels"},
     ext_modules=_ext_modules(),
     cmdclass={"build_ext": CMakeBuild},
 )

@@ -23,7 +23,7 @@ from torch import nn
 
 from fastqa.models.lstm_readers import LSTMReader, LSTMReaderConfig
 from fastqa.models.qanet import QANet, QANetConfig
-from fastqa.pipelines.qa import span_loss
+from fastqa.tasks.qa import span_loss
 
 from .cases_qanet import CHAR_VOCAB, MAX_WORD_LEN, WORD_VOCAB, make_batch
 from .registry import Case, Prepared, _fastqa_backends, register

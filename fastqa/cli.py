@@ -1,19 +1,21 @@
 """The ``fastqa`` command: ``fastqa <subcommand> ...`` (``fastqa --help`` lists them).
 
-Thin by design: each subcommand parses its arguments here (registered by ``fastqa.commands.<area>``) and
-calls the library. A user's mistake (a missing file, malformed data, a checkpoint of another model) is one
+Thin by design: each task's command module (``fastqa.tasks.TASKS``) registers its subcommands and calls the
+library; they share one flag vocabulary (``fastqa.tasks.flags``). A user's mistake (a missing file, malformed data, a checkpoint of another model) is one
 line on stderr and exit status 2; ``FASTQA_DEBUG=1`` shows the traceback instead.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
 import sys
 from typing import Sequence
 
-from .commands import COMMAND_MODULES
+from ._version import __version__
+from .tasks import TASKS
 
 __all__ = ["parse_args", "main"]
 
@@ -28,11 +30,12 @@ def _run_info(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastqa", description="Train, evaluate and use QANet (SQuAD) and "
                                      "ConvS2S (translation) built from fastqa's fused layers.")
+    parser.add_argument("--version", action="version", version=f"fastqa {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     p = sub.add_parser("info", help="what is built and usable here (backends, versions, threads)")
     p.set_defaults(func=_run_info)
-    for module in COMMAND_MODULES:
-        module.register(sub)
+    for name in TASKS:
+        importlib.import_module(name).register(sub)
     return parser
 
 

@@ -1,12 +1,19 @@
-"""Reading a user's file: one place that turns every way it can fail into a ``UserError`` naming it."""
+"""A user's files: reading them (every way it can fail becomes a ``UserError`` naming the file) and
+writing them atomically (a temporary file in the same folder, flushed, then renamed over the target: a
+crash leaves the old file or the new one, never half of one)."""
 from __future__ import annotations
 
 import gzip
+import json
 import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, Iterator
 
 from ..errors import UserError
 
-__all__ = ["read_text"]
+__all__ = ["read_text", "atomic_open", "atomic_write_text", "atomic_write_json"]
 
 
 def read_text(path: str | os.PathLike, what: str = "") -> str:
@@ -36,3 +43,34 @@ def read_text(path: str | os.PathLike, what: str = "") -> str:
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
         raise UserError(f"{path}: line {line}: not UTF-8 text ({e.reason}){note}") from None
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
+    """Open a temporary file beside ``path``; on success it replaces ``path``, on error it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **kwargs) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        # mkstemp creates 0600; give the file the mode an ordinary open() would (0666 less the umask).
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")

@@ -1,4 +1,5 @@
-"""Tokenisation with spaCy's rule-based tokenizers (``spacy.blank(lang)``: no model download).
+"""Tokenisation with spaCy's rule-based tokenizers (``spacy.blank(lang)``: no model download), and
+detokenisation of model output with sacremoses' Moses detokenizer.
 
 Tokens keep their character offsets into the original text, so a span of tokens maps back to the exact
 characters a user gave (SQuAD answers are sliced from the original context, never re-joined tokens).
@@ -6,9 +7,9 @@ characters a user gave (SQuAD answers are sliced from the original context, neve
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, Sequence
 
-__all__ = ["tokenize", "get_tokenizer"]
+__all__ = ["tokenize", "get_tokenizer", "detokenize"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,3 +33,19 @@ def tokenize(text: str, lang: str = "en") -> list[tuple[str, int]]:
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     return [(t.text, t.idx) for t in get_tokenizer(lang)(text) if not t.is_space]
+
+
+@functools.lru_cache(maxsize=None)
+def _detokenizer(lang: str):
+    from sacremoses import MosesDetokenizer
+
+    return MosesDetokenizer(lang=lang)
+
+
+def detokenize(tokens: Sequence[str], lang: str = "en") -> str:
+    """Model tokens -> text (``["a", "dog", ",", "running", "."]`` -> ``"a dog, running."``)."""
+    if isinstance(tokens, str):
+        raise TypeError("tokens must be a list of tokens, not a str")
+    if not tokens:
+        return ""
+    return _detokenizer(lang).detokenize(list(tokens))

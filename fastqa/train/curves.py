@@ -4,21 +4,38 @@ from __future__ import annotations
 import io
 import json
 import os
+import warnings
 from pathlib import Path
 
-from .checkpoint import atomic_open, atomic_write_text
+from ..data.files import atomic_open, atomic_write_text
+from ..errors import UserError
 
 __all__ = ["MetricsLog", "read_metrics", "plot_learning_curve"]
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """The rows of a ``metrics.jsonl``. A last line that is not a whole JSON object -- what a crash in the
+    middle of appending one leaves -- is dropped with a warning naming the file and line; a bad line
+    anywhere else is a ``UserError`` (the file was edited or damaged, and guessing would hide it)."""
     path = Path(path)
     if not path.exists():
         return []
+    # The rows are written with ASCII escapes, so only a torn last line can hold a cut multi-byte character.
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    numbered = [(i, line) for i, line in enumerate(lines, 1) if line.strip()]
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            rows.append(json.loads(line))
+    for i, line in numbered:
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            if i == numbered[-1][0]:
+                warnings.warn(f"{path}: line {i}: dropped an incomplete last line (a run stopped while writing "
+                              "it)", RuntimeWarning, stacklevel=2)
+                break
+            raise UserError(f"{path}: line {i}: not a JSON object ({e})") from None
+        rows.append(row)
     return rows
 
 

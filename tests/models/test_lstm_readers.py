@@ -8,10 +8,10 @@ import torch
 from cli_helpers import assert_user_error, run_cli
 from squad_fixtures import make_squad
 
-from fastqa.data.squad import NO_TARGET, Limits, build_vocabs, encode_squad, load_squad
+from fastqa.tasks.qa.squad import NO_TARGET, Limits, build_vocabs, encode_squad, load_squad
 from fastqa.data.tokenize import tokenize
 from fastqa.models.lstm_readers import VARIANTS, LSTMReader, LSTMReaderConfig
-from fastqa.pipelines.qa import QAModel, decode_spans
+from fastqa.tasks.qa import QAModel, decode_spans
 
 PAD, UNK, V = 0, 1, 40
 

@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from fastqa.metrics.bleu import corpus_bleu, detokenize, tokenized_bleu
+from fastqa.data.tokenize import detokenize
+from fastqa.tasks.translation.bleu import corpus_bleu, tokenized_bleu
 
 
 def _torchtext_bleu(candidates, references, max_n=4):

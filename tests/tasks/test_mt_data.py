@@ -5,7 +5,7 @@ import gzip
 
 import pytest
 
-from fastqa.data.translation import (SPECIALS, ParallelData, build_vocabs, guess_lang, read_lines, read_parallel,
+from fastqa.tasks.translation.parallel import (SPECIALS, ParallelData, build_vocabs, guess_lang, read_lines, read_parallel,
                                      tokenize_line, tokenize_lines)
 from fastqa.errors import UserError
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from fastqa.errors import UserError
-from fastqa.pipelines.translation import MTOptions, build_task
+from fastqa.tasks.translation import MTOptions, build_task
 
 
 @pytest.fixture()

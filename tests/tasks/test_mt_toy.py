@@ -17,12 +17,12 @@ import torch
 
 from fastqa.cli import main
 from fastqa.errors import UserError
-from fastqa.pipelines.translation import Translator
+from fastqa.tasks.translation import Translator
 from fastqa.train.checkpoint import load_checkpoint, save_checkpoint
 
 WORDS = "ka lo mi nu po ri sa tu ve xo ya zu".split()
-TINY = ["--config", "embed_dim=32", "--config", "hidden_dim=64", "--config", "encoder_layers=2",
-        "--config", "decoder_layers=2", "--config", "dropout=0", "--config", "max_positions=32"]
+TINY = ["--set", "embed_dim=32", "--set", "hidden_dim=64", "--set", "encoder_layers=2",
+        "--set", "decoder_layers=2", "--set", "dropout=0", "--set", "max_positions=32"]
 
 
 def _sentences(n: int, seed: int) -> list[str]:
@@ -169,7 +169,7 @@ def test_train_errors(corpus, tmp_path, capsys):
     i = args.index("--valid-src")
     _fails(args[:i + 1] + [str(empty)] + args[i + 2:], capsys, "empty.de: the file is empty")
     _fails(_train_args(corpus, tmp_path / "none", "--max-steps", "1", "--resume"), capsys, "no such checkpoint")
-    _fails(_train_args(corpus, tmp_path / "o2", "--max-steps", "1", "--config", "kernel_size=4"), capsys,
+    _fails(_train_args(corpus, tmp_path / "o2", "--max-steps", "1", "--set", "kernel_size=4"), capsys,
            "kernel_size must be odd")
     odd = _write(tmp_path / "text.txt", ["ka"] * 2000)
     i = args.index("--src")

@@ -10,7 +10,7 @@ from cli_helpers import run_cli as _run
 from squad_fixtures import make_squad, write_json
 
 from fastqa.cli import main
-from fastqa.pipelines.qa import QAModel, decode_spans
+from fastqa.tasks.qa import QAModel, decode_spans
 
 # A tiny QANet (about 30k trainable parameters) that memorises the generated questions in a few hundred steps.
 TINY = ["--set", "d_model=32", "--set", "heads=2", "--set", "char_dim=16", "--set", "char_channels=32",

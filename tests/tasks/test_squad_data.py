@@ -8,8 +8,8 @@ import pytest
 import torch
 from squad_fixtures import make_squad, write_json
 
-from fastqa.data import squad as squad_mod
-from fastqa.data.squad import (NO_TARGET, Limits, build_vocabs, collate, encode_squad, load_squad, parse_articles,
+from fastqa.tasks.qa import squad as squad_mod
+from fastqa.tasks.qa.squad import (NO_TARGET, Limits, build_vocabs, collate, encode_squad, load_squad, parse_articles,
                                read_squad)
 from fastqa.data.vectors import read_vectors, vectors_for_vocab
 from fastqa.data.vocab import Vocab

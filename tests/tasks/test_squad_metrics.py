@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from fastqa.metrics.squad import (evaluate, evaluate_v1, evaluate_v2, exact_match, f1, format_result, is_v2,
+from fastqa.tasks.qa.metric import (evaluate, evaluate_v1, evaluate_v2, exact_match, f1, format_result, is_v2,
                                   normalize_answer)
 
 

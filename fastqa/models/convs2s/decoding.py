@@ -1,4 +1,5 @@
-"""Decoding for ConvS2S: the explicit decoder state, greedy search and beam search, batched over sentences.
+"""Decoding for ConvS2S: greedy search and beam search, batched over sentences, driving the explicit
+decoder state (``state.DecoderState``).
 
 Incremental decoding (the default) embeds only the newest token and advances every decoder layer by one
 ``GLUConv1d.step`` on its rolling [N, K-1, H] state; the encoder output (keys, values, mask) is computed
@@ -17,57 +18,15 @@ import contextlib
 import dataclasses
 import numbers
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch.nn.utils import parametrize
 
-if TYPE_CHECKING:
-    from .modeling import ConvS2S, EncoderOut
+from .modeling import ConvS2S
+from .state import DecoderState
 
-__all__ = ["DecoderState", "Hypothesis", "beam_search", "greedy_decode"]
-
-
-@dataclass
-class DecoderState:
-    """Everything incremental decoding carries from one step to the next; passed in and returned.
-
-    encoder: the EncoderOut of B sentences; conv_states: per decoder layer the last K-1 inputs of its
-    causal convolution, [N, K-1, H] with N = B * rows_per_sentence rows grouped by sentence; memory: per
-    decoder layer, its attention's linear maps folded into the encoder output once per batch (keys
-    [B, S, H], score bias [B, 1, S], values [B, S, H]; see ``ConvS2SDecoder.attention_memory``), shared
-    by a sentence's rows; step: the position of the next token to feed (0 = sos). Full-recompute
-    decoding keeps only the encoder output (conv_states and memory empty).
-    """
-    encoder: "EncoderOut"
-    conv_states: list[torch.Tensor]
-    step: int
-    rows_per_sentence: int = 1
-    memory: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
-
-    @property
-    def rows(self) -> int:
-        return self.encoder.keys.shape[0] * self.rows_per_sentence
-
-    def reorder(self, order: torch.Tensor) -> "DecoderState":
-        """Row r of the new state is row order[r] of this one ([N] int64), for the surviving beams.
-        Rows stay with their sentence (the sentence's encoder output and memory are shared, not copied)."""
-        n, r = self.rows, self.rows_per_sentence
-        if order.dtype != torch.long or order.shape != (n,):
-            raise ValueError(f"order must be a [{n}] int64 tensor, got {order.dtype} of shape {tuple(order.shape)}")
-        if r > 1 and not torch.equal(order.div(r, rounding_mode="floor"),
-                                     torch.arange(n, device=order.device).div(r, rounding_mode="floor")):
-            raise ValueError(f"order must keep every row among its sentence's {r} rows")
-        return dataclasses.replace(self, conv_states=[s.index_select(0, order) for s in self.conv_states])
-
-    def select(self, sentences: torch.Tensor) -> "DecoderState":
-        """Only the sentences ``sentences`` ([B'] int64, indices into this state's sentences) and their rows."""
-        r = self.rows_per_sentence
-        rows = (sentences.unsqueeze(1) * r + torch.arange(r, device=sentences.device)).reshape(-1)
-        return dataclasses.replace(
-            self, encoder=self.encoder.index_select(sentences),
-            conv_states=[s.index_select(0, rows) for s in self.conv_states],
-            memory=[tuple(t.index_select(0, sentences) for t in layer) for layer in self.memory])
+__all__ = ["Hypothesis", "beam_search", "greedy_decode"]
 
 
 @dataclass
@@ -92,7 +51,7 @@ def _check_number(name: str, value: object, *, minimum: float | None = None, int
 
 
 @contextlib.contextmanager
-def _inference(model: "ConvS2S") -> Iterator[None]:
+def _inference(model: ConvS2S) -> Iterator[None]:
     """Eval mode (no dropout), no autograd, weight-normalised weights computed once for the whole search."""
     was_training = model.training
     model.eval()
@@ -103,13 +62,13 @@ def _inference(model: "ConvS2S") -> Iterator[None]:
         model.train(was_training)
 
 
-def _max_lengths(model: "ConvS2S", src: torch.Tensor, a: float, b: float) -> torch.Tensor:
+def _max_lengths(model: ConvS2S, src: torch.Tensor, a: float, b: float) -> torch.Tensor:
     """[B] int64: most output tokens (before EOS) per sentence; the EOS step must still have a position."""
     src_len = src.ne(model.config.pad_id).sum(1).double()
     return (src_len * a + b).floor().long().clamp_(0, model.config.max_positions - 1)
 
 
-def _stepper(model: "ConvS2S", incremental: bool
+def _stepper(model: ConvS2S, incremental: bool
              ) -> Callable[[torch.Tensor, DecoderState], tuple[torch.Tensor, torch.Tensor, DecoderState]]:
     """(tokens so far [N, t+1], state) -> (logits [N, V], attention [N, S], state) for the next token."""
     if incremental:
@@ -121,7 +80,7 @@ def _stepper(model: "ConvS2S", incremental: bool
     return full
 
 
-def _greedy_stepper(model: "ConvS2S", incremental: bool
+def _greedy_stepper(model: ConvS2S, incremental: bool
                     ) -> Callable[[torch.Tensor, DecoderState], tuple[torch.Tensor, DecoderState]]:
     """(tokens so far [N, t+1], state) -> (the likeliest next token [N], never pad or sos; state)."""
     never = (model.config.pad_id, model.config.sos_id)
@@ -138,7 +97,7 @@ def _greedy_stepper(model: "ConvS2S", incremental: bool
     return full
 
 
-def _forbid(logits: torch.Tensor, model: "ConvS2S", force_eos: torch.Tensor | None) -> torch.Tensor:
+def _forbid(logits: torch.Tensor, model: ConvS2S, force_eos: torch.Tensor | None) -> torch.Tensor:
     """Never pad or sos; rows in force_eos ([N] bool) may only end. In place on logits [N, V]."""
     cfg = model.config
     logits[:, cfg.pad_id] = float("-inf")
@@ -152,7 +111,7 @@ def _forbid(logits: torch.Tensor, model: "ConvS2S", force_eos: torch.Tensor | No
 
 # --- greedy ------------------------------------------------------------------------------------------------------
 
-def greedy_decode(model: "ConvS2S", src: torch.Tensor, *, max_len_a: float = 1.2, max_len_b: float = 10,
+def greedy_decode(model: ConvS2S, src: torch.Tensor, *, max_len_a: float = 1.2, max_len_b: float = 10,
                   incremental: bool = True) -> list[list[int]]:
     """Greedy translation of src [B, S] (padded with pad_id) -> per sentence its output ids without
     sos/eos. incremental=False re-runs the decoder over the whole prefix at each step (slow; for checks)."""
@@ -186,7 +145,7 @@ def greedy_decode(model: "ConvS2S", src: torch.Tensor, *, max_len_a: float = 1.2
 
 # --- beam search ---------------------------------------------------------------------------------------------------
 
-def beam_search(model: "ConvS2S", src: torch.Tensor, *, beam: int = 5, len_penalty: float = 1.0,
+def beam_search(model: ConvS2S, src: torch.Tensor, *, beam: int = 5, len_penalty: float = 1.0,
                 max_len_a: float = 1.2, max_len_b: float = 10, nbest: int = 1,
                 incremental: bool = True) -> list[list[Hypothesis]]:
     """Beam search over src [B, S] (padded with pad_id), all sentences batched.

@@ -17,13 +17,12 @@ Top-down::
 ``layers="fast"`` builds the convolutions, linear maps and attention from ``fastqa.layers`` (fused
 kernels), ``"reference"`` from ``fastqa.reference`` (pure PyTorch); both have the same parameter names,
 so one state_dict loads into either. Incremental decoding (``decode_step``) advances every decoder
-layer by one ``GLUConv1d.step`` per token on an explicit :class:`~.decoding.DecoderState`.
+layer by one ``GLUConv1d.step`` per token on an explicit :class:`~.state.DecoderState`.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -35,7 +34,7 @@ import fastqa.reference
 
 from ..common import PACK_BELOW, PackedBatch, check_config
 from .config import ConvS2SConfig
-from .decoding import DecoderState
+from .state import DecoderState, EncoderOut
 
 __all__ = ["ConvS2S", "ConvS2SDecoder", "ConvS2SEncoder", "EncoderOut"]
 
@@ -122,23 +121,6 @@ def _check_tokens(name: str, ids: object, vocab_size: int, max_positions: int) -
 
 
 # --- encoder ---------------------------------------------------------------------------------------------------
-
-@dataclass
-class EncoderOut:
-    """What the decoder attends to, per source sentence (computed once per batch).
-
-    keys: [B, S, E] (z, padding zeroed); values: [B, S, E] ((z + e) sqrt(1/2), times sqrt(s) with s the
-    sentence's real source tokens, so the attention output needs no further scaling);
-    mask: [B, S] bool (False = padding: the attention never reads it).
-    """
-    keys: torch.Tensor
-    values: torch.Tensor
-    mask: torch.Tensor
-
-    def index_select(self, sentences: torch.Tensor) -> "EncoderOut":
-        """The sentences ``sentences`` ([B'] int64) only."""
-        return EncoderOut(*(t.index_select(0, sentences) for t in (self.keys, self.values, self.mask)))
-
 
 class ConvS2SEncoder(nn.Module):
     def __init__(self, cfg: ConvS2SConfig, layers: str) -> None:

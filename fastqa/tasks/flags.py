@@ -1,0 +1,152 @@
+"""The flag vocabulary every task command shares: argument types (argparse turns their errors into one usage
+line), the training and runtime flags with one meaning and one default each, and their resolution."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+from typing import Iterator, Sequence
+
+__all__ = ["positive_int", "positive_float", "field_value", "PRECISIONS", "add_runtime_flags", "add_training_flags",
+           "check_training_flags", "amp_of", "resolve_device", "threads"]
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def field_value(text: str) -> tuple[str, object]:
+    """"FIELD=VALUE" -> (field, value): a config override; the value is read as JSON (numbers, true/false),
+    else kept a str (e.g. layers=reference)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+# ------------------------------------------------------------------------------ the shared flag vocabulary
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def device_arg(text: str) -> str:
+    """A torch device string (``cpu``, ``cuda``, ``cuda:1``); whether it is usable here is checked when the
+    command runs (``resolve_device``), so ``--help`` needs no torch."""
+    if not text or not text.strip():
+        raise argparse.ArgumentTypeError("expected a device such as cpu, cuda or cuda:1")
+    return text.strip()
+
+
+def add_runtime_flags(p: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--threads``: every subcommand that runs a model takes them, with these defaults."""
+    p.add_argument("--device", type=device_arg, default=None, metavar="DEV",
+                   help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help="CPU threads for torch (default: torch's; on a busy machine 1 can be much faster)")
+
+
+def add_training_flags(p: argparse.ArgumentParser, *, clip: float, eval_every: int, batch_size: int,
+                       layers: Sequence[str], eval_every_help: str) -> None:
+    """The flags both train commands share, with the task's defaults where its recipe differs."""
+    p.add_argument("--out", required=True, metavar="DIR", help="run folder: checkpoint.pt, metrics.jsonl, curve.png")
+    p.add_argument("--layers", choices=tuple(layers), default=None,
+                   help="layer backend: fast (fastqa's fused kernels, default) or the pure-PyTorch reference")
+    p.add_argument("--set", dest="overrides", action="append", type=field_value, default=[], metavar="FIELD=VALUE",
+                   help="change a field of the preset's model config (repeatable), e.g. --set dropout=0.2")
+    p.add_argument("--batch-size", type=positive_int, default=batch_size,
+                   help=f"global batch size, all ranks together (default {batch_size})")
+    p.add_argument("--clip", type=float, default=clip, help=f"max gradient norm (default {clip}; 0: off)")
+    p.add_argument("--max-steps", type=positive_int, metavar="N", help="stop after N optimizer steps in all")
+    p.add_argument("--epochs", type=positive_int, metavar="N", help="stop after N passes over the training data")
+    p.add_argument("--max-minutes", type=positive_float, metavar="M",
+                   help="wall-clock budget: then evaluate, checkpoint and stop")
+    p.add_argument("--eval-every", type=int, default=eval_every, metavar="N", help=eval_every_help)
+    p.add_argument("--log-every", type=positive_int, default=50, metavar="N", help="steps between logged losses")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="autocast dtype of the forward and backward (default: bf16 on a GPU, fp32 on the CPU)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_runtime_flags(p)
+
+
+def check_training_flags(args: argparse.Namespace) -> None:
+    """Value checks argparse's types cannot express, before any data is read."""
+    from ..errors import UserError
+
+    if args.eval_every < 0:
+        raise UserError(f"--eval-every must be >= 0, got {args.eval_every}")
+    if args.clip < 0:
+        raise UserError(f"--clip must be >= 0, got {args.clip}")
+    for name, value in args.overrides:
+        if name == "layers":
+            raise UserError("--set layers=...: the layer backend is chosen with --layers")
+
+
+def amp_of(precision: str | None, device: str) -> str | None:
+    """The training loop's ``amp`` setting for ``--precision`` on ``device`` (None: fp32)."""
+    if precision is None:
+        precision = "bf16" if device.startswith("cuda") else "fp32"
+    return None if precision == "fp32" else precision
+
+
+def resolve_device(text: str | None) -> str:
+    """``--device`` checked against this machine: the default, or a UserError naming the flag."""
+    import torch
+
+    from ..errors import UserError
+
+    if text is None:
+        if not torch.cuda.is_available():
+            return "cpu"
+        # under torchrun each rank takes its own GPU
+        return f"cuda:{os.environ['LOCAL_RANK']}" if "LOCAL_RANK" in os.environ else "cuda"
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UserError(f"--device: {text!r} is not a device (expected cpu, cuda or cuda:N)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {text}: this torch has no usable CUDA device")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UserError(f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) here")
+    elif device.type != "cpu":
+        raise UserError(f"--device {text}: only cpu and cuda devices are supported")
+    return str(device)
+
+
+@contextlib.contextmanager
+def threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to n for the command, then put back (callers in-process keep theirs)."""
+    if n is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,28 @@
+"""Extractive question answering on SQuAD v1.1/v2.0 with QANet or the recurrent baselines.
+
+    squad.py      reading, tokenising, encoding and batching SQuAD (with a preprocessed-data cache)
+    metric.py     the official EM/F1 (v1.1 and v2.0 semantics)
+    readers.py    the readers a run can train (``MODELS``) and how each is built from its config
+    decode.py     span decoding: argmax p1(i)·p2(j) over i <= j <= i + max_answer_len
+    task.py       ``QATask`` for ``fastqa.train.fit`` and prediction over a SQuAD set
+    predictor.py  ``QAModel``: a trained reader answering questions
+    cli.py        ``fastqa qa-train | qa-predict | qa-eval | ask``
+
+Heavy modules load on first use, so ``fastqa --help`` does not import the models.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {"QAModel": "predictor", "QATask": "task", "Recipe": "task", "PredictOutput": "task", "predict": "task",
+            "span_loss": "task", "score_predictions": "task", "decode_spans": "decode", "MODELS": "readers",
+            "load_squad": "squad", "Limits": "squad", "evaluate": "metric"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

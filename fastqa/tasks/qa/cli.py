@@ -1,0 +1,268 @@
+"""``fastqa qa-train | qa-predict | qa-eval | ask``: readers on SQuAD from the shell.
+
+    fastqa qa-train --train train.json --dev dev.json [--vectors glove.txt.gz] --out runs/qanet
+    fastqa qa-train --model lstm-pointer ...                    (or lstm, lstm-attention: the recurrent baselines)
+    torchrun --nproc_per_node 2 -m fastqa.cli qa-train ...      (DistributedDataParallel, same flags)
+    fastqa qa-predict --model runs/qanet --data dev.json --out pred.json [--na-prob-out na.json]
+    fastqa qa-eval dev.json pred.json [--na-prob na.json]       (the official evaluation JSON on stdout)
+    fastqa ask --model runs/qanet --context "..." --question "..." [--plot probs.png]
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from .readers import MODELS
+from ..flags import (add_runtime_flags, add_training_flags, amp_of, check_training_flags, positive_float, positive_int,
+                     resolve_device, threads)
+
+LAYERS = ("fast", "reference", "naive")
+
+__all__ = ["register"]
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("qa-train", help="train a reader (QANet or a baseline) on SQuAD (also under torchrun)",
+                              description="Train a reader on a SQuAD v1.1/v2.0 file, evaluating on another with the "
+                              "official EM/F1. Writes OUT/checkpoint.pt, OUT/metrics.jsonl and OUT/curve.png.")
+    p.add_argument("--model", choices=MODELS, default="qanet",
+                   help="the reader: qanet (default) or the recurrent baselines lstm, lstm-attention, lstm-pointer")
+    p.add_argument("--train", required=True, metavar="F", help="SQuAD JSON (.json or .json.gz) to train on")
+    p.add_argument("--dev", required=True, metavar="F", help="SQuAD JSON to evaluate on")
+    p.add_argument("--vectors", metavar="F", help="GloVe/fastText text vectors (.txt/.gz); without: random vectors")
+    p.add_argument("--preset", default="small", metavar="NAME",
+                   help="model size (default small; QANet: small, paper; the baselines: small, base)")
+    p.add_argument("--single-word-answers", action="store_true",
+                   help="train only on questions whose answer is one token (as the attention tutorial)")
+    p.add_argument("--train-articles", metavar="A:B", help="use only these articles of --train, e.g. 0:40")
+    p.add_argument("--dev-articles", metavar="A:B", help="use only these articles of --dev, e.g. 40:48")
+    p.add_argument("--no-answer", choices=("auto", "yes", "no"), default="auto",
+                   help="SQuAD v2.0 no-answer option (auto: when the training file is v2.0)")
+    p.add_argument("--eval-batch-size", type=positive_int, default=32)
+    p.add_argument("--eval-each-epoch", action="store_true", help="also evaluate at the end of every epoch")
+    p.add_argument("--lr", type=positive_float, default=1e-3, help="peak learning rate (default 1e-3)")
+    p.add_argument("--warmup", type=positive_int, default=1000, metavar="N", help="log warm-up steps (default 1000)")
+    p.add_argument("--ema", type=float, default=0.9999, help="EMA decay of the weights for evaluation (0: off)")
+    add_training_flags(p, clip=5.0, eval_every=1000, batch_size=32, layers=LAYERS,
+                       eval_every_help="steps between evaluations (default 1000; 0: at the end)")
+    _cache_flags(p)
+    p.set_defaults(func=run_train)
+
+    p = subparsers.add_parser("qa-predict", help="answer every question of a SQuAD file",
+                              description="Predictions JSON {question id: answer} in the official format.")
+    p.add_argument("--model", required=True, metavar="DIR", help="a qa-train run folder (or its checkpoint.pt)")
+    p.add_argument("--data", required=True, metavar="F", help="SQuAD JSON (.json or .json.gz)")
+    p.add_argument("--out", required=True, metavar="PRED.json")
+    p.add_argument("--na-prob-out", metavar="F", help="also write {question id: no-answer probability} (v2.0 models)")
+    p.add_argument("--articles", metavar="A:B", help="only these articles of --data, e.g. 40:48")
+    p.add_argument("--layers", choices=LAYERS, default=None)
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    add_runtime_flags(p)
+    _cache_flags(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run_predict)
+
+    p = subparsers.add_parser("qa-eval", help="official SQuAD v1.1/v2.0 EM/F1 of a predictions file",
+                              description="Prints the official evaluation JSON (v1.1: exact_match, f1; v2.0: exact, "
+                              "f1, total, HasAns_*, NoAns_*, best_* with --na-prob).")
+    p.add_argument("data", metavar="DATA.json", help="SQuAD JSON (.json or .json.gz)")
+    p.add_argument("predictions", metavar="PRED.json", help="{question id: answer text}")
+    p.add_argument("--na-prob", metavar="F", help="{question id: no-answer probability} (v2.0)")
+    p.add_argument("--na-prob-thresh", type=float, default=1.0,
+                   help="v2.0: answer '' when the no-answer probability exceeds this (default 1.0, as official)")
+    p.add_argument("--articles", metavar="A:B", help="score only these articles of DATA, e.g. 40:48")
+    p.add_argument("--version", choices=("1.1", "2.0"), help="scoring semantics (default: the data file's version)")
+    p.set_defaults(func=run_eval)
+
+    p = subparsers.add_parser("ask", help="answer one question about a context",
+                              description="Prints {text, score, start, end}: the answer, p_start·p_end and its "
+                              "character span in the context.")
+    p.add_argument("--model", required=True, metavar="DIR")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--context", metavar="TEXT")
+    src.add_argument("--context-file", metavar="F", help="UTF-8 text file holding the context")
+    p.add_argument("--question", required=True, metavar="TEXT")
+    p.add_argument("--plot", metavar="OUT.png", help="draw the start/end probabilities over the context tokens")
+    p.add_argument("--layers", choices=LAYERS, default=None)
+    p.add_argument("--max-answer-len", type=positive_int, metavar="N", help="longest answer, in tokens - 1 (default 30)")
+    add_runtime_flags(p)
+    p.set_defaults(func=run_ask)
+
+
+def _cache_flags(p) -> None:
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="preprocessed-data cache (default $FASTQA_CACHE_DIR or ~/.cache/fastqa)")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write the preprocessed-data cache")
+
+
+def _cache_dir(args):
+    from .squad import default_cache_dir
+
+    if args.no_cache:
+        return None
+    return args.cache_dir or default_cache_dir()
+
+
+def run_train(args) -> int:
+    with threads(args.threads):
+        return _run_train(args)
+
+
+def _run_train(args) -> int:
+    from ...errors import UserError
+    from .squad import Limits
+    from .task import QATask, Recipe
+    from ...train.loop import TrainSettings, fit
+
+    check_training_flags(args)
+    device = resolve_device(args.device)
+    if not 0.0 <= args.ema < 1.0:
+        raise UserError(f"--ema must be in [0, 1), got {args.ema}")
+    for flag, path in (("--train", args.train), ("--dev", args.dev), ("--vectors", args.vectors)):
+        if path is not None and not os.path.isfile(path):
+            raise UserError(f"{path}: no such file ({flag})")
+    rank0 = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 reports
+    if not rank0:
+        import logging
+
+        logging.getLogger("fastqa").setLevel(logging.WARNING)
+    recipe = Recipe(lr=args.lr, warmup_steps=args.warmup, batch_size=args.batch_size,
+                    eval_batch_size=args.eval_batch_size, seed=args.seed)
+    no_answer = {"auto": None, "yes": True, "no": False}[args.no_answer]
+    limits = Limits(answer=0) if args.single_word_answers else Limits()
+    task = QATask.from_files(args.train, args.dev, model=args.model, vectors=args.vectors, preset=args.preset,
+                             layers=args.layers, train_articles=args.train_articles, dev_articles=args.dev_articles,
+                             no_answer=no_answer, overrides=dict(args.overrides), recipe=recipe, limits=limits,
+                             cache_dir=_cache_dir(args), progress=rank0 and not args.no_progress)
+    settings = TrainSettings(out_dir=args.out, max_steps=args.max_steps, epochs=args.epochs,
+                             clip_norm=args.clip or None, ema_decay=args.ema or None, eval_every=args.eval_every,
+                             eval_each_epoch=args.eval_each_epoch,
+                             log_every=args.log_every, seed=args.seed, amp=amp_of(args.precision, device), resume=args.resume,
+                             progress=not args.no_progress, max_minutes=args.max_minutes, device=device)
+    n_params = sum(p.numel() for p in task.model.parameters() if p.requires_grad)
+    if rank0:
+        print(f"qa-train: {task.kind}, {len(task.train_data)} training questions, {len(task.dev_data)} dev questions, "
+              f"{len(task.words)} words, {len(task.chars)} chars, {n_params} trainable parameters"
+              + (f", layers {task.config.layers}" if task.kind == "qanet" else ""), file=sys.stderr)
+    metrics = fit(task, settings)
+    if rank0:
+        print(json.dumps(metrics))
+    return 0
+
+
+def run_predict(args) -> int:
+    with threads(args.threads):
+        return _run_predict(args)
+
+
+def _run_predict(args) -> int:
+    from ...errors import UserError
+    from .predictor import QAModel
+    from ...data.files import atomic_write_json
+
+    qa = QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device))
+    if args.na_prob_out and not qa.config.no_answer:
+        raise UserError(f"--na-prob-out: the model in {args.model} has no no-answer option (trained on SQuAD v1.1)")
+    _, out = qa.predict_file(args.data, articles=args.articles, batch_size=args.batch_size,
+                             cache_dir=_cache_dir(args), progress=not args.no_progress)
+    atomic_write_json(args.out, out.predictions)
+    if args.na_prob_out:
+        atomic_write_json(args.na_prob_out, out.na_probs)
+    print(f"qa-predict: {len(out.predictions)} answers written to {args.out}"
+          + (f", no-answer probabilities to {args.na_prob_out}" if args.na_prob_out else ""), file=sys.stderr)
+    return 0
+
+
+def _read_json_map(path: str, what: str, value_type: type | tuple[type, ...]) -> dict:
+    from ...data.files import read_text
+    from ...errors import UserError
+
+    try:
+        obj = json.loads(read_text(path, what))
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path}: expected a JSON object {{question id: ...}} ({what})")
+    for k, v in obj.items():
+        if isinstance(v, bool) or not isinstance(v, value_type):
+            raise UserError(f"{path}: question {k!r}: expected a {getattr(value_type, '__name__', 'number')}, "
+                            f"got {type(v).__name__} ({what})")
+    return obj
+
+
+def run_eval(args) -> int:
+    from .squad import read_squad
+    from .metric import evaluate, format_result
+
+    data = read_squad(args.data, args.articles)
+    predictions = _read_json_map(args.predictions, "predictions", str)
+    na_probs = _read_json_map(args.na_prob, "no-answer probabilities", (int, float)) if args.na_prob else None
+    if args.version is None and args.na_prob and not data["version"].lstrip("v").startswith("2"):
+        args.version = "2.0"  # a no-answer probability file means v2.0 scoring
+    result = evaluate(data, predictions, na_probs, version=args.version, na_prob_thresh=args.na_prob_thresh)
+    print(format_result(result))
+    return 0
+
+
+def run_ask(args) -> int:
+    with threads(args.threads):
+        return _run_ask(args)
+
+
+def _run_ask(args) -> int:
+    from ...data.files import read_text
+    from ...errors import UserError
+    from .predictor import QAModel
+
+    if args.context_file is not None:
+        context = read_text(args.context_file, "--context-file")
+    else:
+        context = args.context
+    if not context.strip():
+        raise UserError("--context: the context is empty")
+    if not args.question.strip():
+        raise UserError("--question: the question is empty")
+    qa = QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device))
+    result = qa.answer(context, args.question, max_answer_len=args.max_answer_len)
+    if args.plot:
+        plot_probabilities(qa.probabilities(context, args.question), result, args.question, args.plot)
+        result = {**result, "plot": args.plot}
+    print(json.dumps(result, ensure_ascii=False, indent=2))
+    return 0
+
+
+def plot_probabilities(probs: dict, result: dict, question: str, path: str) -> None:
+    """A PNG of p_start and p_end over the context tokens, the answer's tokens shaded (written atomically)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ...data.files import atomic_open
+
+    tokens, n = probs["tokens"], len(probs["tokens"])
+    xs = list(range(n))
+    fig, ax = plt.subplots(figsize=(min(4 + 0.22 * n, 60), 4.5))
+    if probs["p_end"] is None:  # a single-word reader: the answer ends where it starts
+        ax.bar(xs, probs["p_start"], width=0.8, label="p(answer word)", color="tab:blue")
+    else:
+        ax.bar([x - 0.2 for x in xs], probs["p_start"], width=0.4, label="p(start)", color="tab:blue")
+        ax.bar([x + 0.2 for x in xs], probs["p_end"], width=0.4, label="p(end)", color="tab:orange")
+    if result["text"]:
+        first = next(i for i, (s, e) in enumerate(probs["offsets"]) if e > result["start"])
+        last = max(i for i, (s, e) in enumerate(probs["offsets"]) if s < result["end"])
+        ax.axvspan(first - 0.5, last + 0.5, color="tab:green", alpha=0.15, label="answer")
+    ax.set_xticks(xs)
+    ax.set_xticklabels(tokens, rotation=90, fontsize=7)
+    ax.set_xlim(-0.5, n - 0.5)
+    ax.set_ylabel("probability")
+    title = f"Q: {question}\nA: {result['text'] or '(no answer)'}  (score {result['score']:.3f})"
+    if probs.get("p_null") is not None:
+        title += f", p(no answer) {probs['p_null']:.3f}"
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
+    plt.close(fig)

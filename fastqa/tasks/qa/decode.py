@@ -1,0 +1,46 @@
+"""Span decoding: argmax p1(i)·p2(j) over i <= j <= i + max_answer_len for a whole batch at once.
+
+With a no-answer option (SQuAD v2.0) the null score p1(0)·p2(0) wins when it is larger than the best span's,
+and the no-answer probability is null / (null + best span).
+"""
+from __future__ import annotations
+
+import math
+import torch
+import torch.nn.functional as F
+
+__all__ = ["decode_spans"]
+
+
+def decode_spans(log_p1: torch.Tensor, log_p2: torch.Tensor, *, max_answer_len: int = 30,
+                 no_answer: bool = False) -> dict[str, torch.Tensor]:
+    """The best span of every row: argmax p1(i)·p2(j) over i ≤ j ≤ i + max_answer_len.
+
+    log_p1, log_p2: [B, n] log-probabilities ([B, 1 + n] when ``no_answer``: index 0 is "no answer").
+    Returns ``start``, ``end`` [B] (context token indices, inclusive), ``score`` [B] (the probability
+    p1·p2 of the chosen answer, the null one when it wins), ``is_null`` [B] bool and ``na_prob`` [B]
+    (null / (null + best span); 0 without a no-answer option).
+    """
+    if max_answer_len < 0:
+        raise ValueError(f"max_answer_len must be >= 0, got {max_answer_len}")
+    lp1, lp2 = log_p1.float(), log_p2.float()
+    if no_answer:
+        null = lp1[:, 0] + lp2[:, 0]
+        lp1, lp2 = lp1[:, 1:], lp2[:, 1:]
+    B, n = lp1.shape
+    width = max_answer_len + 1
+    # band[b, i, k] = log p2(b, i + k): the end candidates of start i (-inf past the context).
+    band = F.pad(lp2, (0, width - 1), value=-math.inf).unfold(1, width, 1)  # [B, n, width]
+    scores = (lp1.unsqueeze(2) + band).reshape(B, n * width)
+    best, flat = scores.max(dim=1)
+    start = torch.div(flat, width, rounding_mode="floor")
+    end = start + flat % width
+    if no_answer:
+        is_null = null > best
+        na_prob = torch.sigmoid(null - best)
+        score = torch.where(is_null, null, best).exp()
+    else:
+        is_null = torch.zeros(B, dtype=torch.bool, device=lp1.device)
+        na_prob = torch.zeros(B, device=lp1.device)
+        score = best.exp()
+    return {"start": start, "end": end, "score": score, "is_null": is_null, "na_prob": na_prob}

@@ -1,0 +1,248 @@
+"""Readers on SQuAD as a training task for ``fastqa.train.fit``, and prediction over a SQuAD set.
+
+Training follows the paper: Adam(β 0.8, 0.999, ε 1e-7) with L2 3e-7 (as Adam's coupled weight decay, the
+gradient of 3e-7·||w||²/2, like TensorFlow's l2_regularizer), learning rate warmed up as log(t)/log(1000)
+to 1e-3, gradient norm clipped at 5, an EMA (0.9999) of the weights for evaluation and prediction. The loss
+is NLL(start) + NLL(end), each the mean over the batch. Answers are sliced from the original context by the
+tokens' character offsets.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+import torch
+import torch.nn.functional as F
+from torch import nn
+from ...data.batching import bucket_batches
+from .squad import (NO_TARGET, EncodedSquad, Limits, SquadSet, build_vocabs, collate, encode_squad,
+                          load_squad)
+from ...data.vectors import lookup_variants, read_vectors, vectors_for_vocab
+from ...data.vocab import Vocab
+from ...errors import UserError
+from .metric import evaluate as squad_evaluate
+
+from .decode import decode_spans
+from .readers import MODELS, answer_len, build_model, make_config, meta_config, model_kind
+__all__ = ["Recipe", "span_loss", "inference_autocast", "PredictOutput", "predict", "score_predictions", "QATask"]
+
+
+log = logging.getLogger("fastqa.qa")
+
+
+@dataclass
+class Recipe:
+    """The paper's optimisation settings (the loop's clip/EMA come from TrainSettings: 5 and 0.9999)."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.8, 0.999)
+    eps: float = 1e-7
+    weight_decay: float = 3e-7
+    warmup_steps: int = 1000
+    batch_size: int = 32
+    eval_batch_size: int = 32
+    max_answer_len: int = 30
+    seed: int = 0
+
+
+def span_loss(log_p1: torch.Tensor, log_p2: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
+              reduction: str = "mean") -> torch.Tensor:
+    """NLL(start) + NLL(end), summed, or averaged over the rows with a start target (``starts >= 0``; 0 when
+    there is none). An end target may be NO_TARGET alone (a single-word reader learns no end).
+
+    log_p1, log_p2: [B, n'] log-probabilities; starts, ends: [B] target positions or NO_TARGET.
+    """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    total = (F.nll_loss(log_p1.float(), starts, ignore_index=NO_TARGET, reduction="sum")
+             + F.nll_loss(log_p2.float(), ends, ignore_index=NO_TARGET, reduction="sum"))
+    if reduction == "sum":
+        return total
+    return total / (starts != NO_TARGET).sum().clamp(min=1)
+
+
+def inference_autocast(device: torch.device):
+    """Autocast for evaluation and prediction: bf16 on a GPU, as the recipe trains there; fp32 on the CPU."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+@dataclass
+class PredictOutput:
+    predictions: dict[str, str]        # question id -> answer text ("" = no answer)
+    na_probs: dict[str, float]         # question id -> probability of no answer
+    scores: dict[str, float]           # question id -> p1·p2 of the answer
+    loss: float                        # mean span loss over the examples with a target (nan if none)
+    n_loss: int
+
+
+@torch.no_grad()
+def predict(model: nn.Module, data: SquadSet, enc: EncodedSquad, *, batch_size: int = 32,
+            max_answer_len: int = 30, device: torch.device | str | None = None, progress: bool = False
+            ) -> PredictOutput:
+    """Answer every encoded question of ``data`` (model in eval mode, full contexts)."""
+    no_answer = model.config.no_answer
+    max_answer_len = answer_len(model.config, max_answer_len)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    batches = bucket_batches(enc.lengths(), batch_size, seed=0, shuffle=False)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(enc), desc="predicting", unit=" questions", mininterval=1.0)
+    out = PredictOutput({}, {}, {}, math.nan, 0)
+    loss_sum = 0.0
+    try:
+        for indices in batches:
+            batch = collate(enc, indices).to(device)
+            with inference_autocast(device):
+                lp1, lp2 = model(*batch.inputs())
+            starts, ends = model.training_targets(batch.context_words, batch.starts, batch.ends)
+            loss_sum += float(span_loss(lp1, lp2, starts, ends, reduction="sum"))
+            out.n_loss += int((starts != NO_TARGET).sum())
+            spans = {k: v.cpu() for k, v in decode_spans(lp1, lp2, max_answer_len=max_answer_len,
+                                                         no_answer=no_answer).items()}
+            for row, i in enumerate(indices):
+                q = data.questions[enc.examples[i]]
+                ctx = data.contexts[q.context]
+                if spans["is_null"][row]:
+                    text = ""
+                else:
+                    text = ctx.text[ctx.offsets[int(spans["start"][row])][0]:ctx.offsets[int(spans["end"][row])][1]]
+                out.predictions[q.qid] = text
+                out.na_probs[q.qid] = float(spans["na_prob"][row])
+                out.scores[q.qid] = float(spans["score"][row])
+            if bar is not None:
+                bar.update(len(indices))
+    finally:
+        if bar is not None:
+            bar.close()
+        model.train(was_training)
+    if out.n_loss:
+        out.loss = loss_sum / out.n_loss
+    return out
+
+
+def score_predictions(data: SquadSet, out: PredictOutput) -> dict[str, float]:
+    """Official EM/F1 of ``out`` on ``data`` (v2.0 semantics with the na-probs when the data is v2.0)."""
+    if data.v2:
+        return squad_evaluate(data.dataset, out.predictions, out.na_probs, version="2.0")
+    return squad_evaluate(data.dataset, out.predictions, version="1.1")
+
+
+class QATask:
+    """A reader on SQuAD for ``fastqa.train.fit`` (see ``fastqa.train.loop.Task``)."""
+
+    def __init__(self, config: Any, words: Vocab, chars: Vocab, train: EncodedSquad, dev_set: SquadSet,
+                 dev: EncodedSquad, *, recipe: Recipe = Recipe(), limits: Limits = Limits(),
+                 word_vectors: torch.Tensor | None = None) -> None:
+        """config: QANetConfig or LSTMReaderConfig; words/chars: the vocabularies; train: the encoded training
+        examples; dev_set/dev: the evaluation data; word_vectors: [len(words), word_dim] to load into the model."""
+        sizes = (config.word_vocab_size, getattr(config, "char_vocab_size", len(chars)))
+        if sizes != (len(words), len(chars)):
+            raise ValueError(f"config vocabulary sizes {sizes} differ from the vocabularies' ({len(words)}, {len(chars)})")
+        self.kind = model_kind(config)
+        self.config, self.words, self.chars = config, words, chars
+        self.train_data, self.dev_set, self.dev_data = train, dev_set, dev
+        self.recipe, self.limits = recipe, limits
+        self.model = build_model(config)
+        if word_vectors is not None:
+            self.model.load_word_vectors(word_vectors)
+
+    @classmethod
+    def from_files(cls, train_path: str, dev_path: str, *, model: str = "qanet", vectors: str | None = None,
+                   preset: str = "small", layers: str | None = None, train_articles: str | None = None, dev_articles: str | None = None,
+                   no_answer: bool | None = None, overrides: dict | None = None, recipe: Recipe = Recipe(),
+                   limits: Limits = Limits(), cache_dir: str | os.PathLike | None = None,
+                   progress: bool = True) -> "QATask":
+        """Read, tokenise and encode the data, build the vocabularies and the model.
+
+        model: one of ``MODELS``. layers: QANet's layer backend (QANet only).
+        no_answer: None follows the training data (a v2.0 file gets the no-answer option).
+        overrides: config fields to change from the preset (e.g. {"d_model": 96}).
+        The model's initial weights and random word vectors come from ``recipe.seed``.
+        """
+        from ...train.loop import seed_everything
+
+        if model not in MODELS:
+            raise UserError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+        if layers is not None and model != "qanet":
+            raise UserError(f"--layers chooses QANet's layers; the {model} reader has none")
+        train_set = load_squad(train_path, train_articles, cache_dir=cache_dir, progress=progress)
+        dev_set = load_squad(dev_path, dev_articles, cache_dir=cache_dir, progress=progress)
+        vec, dim = None, None
+        if vectors is not None:
+            wanted = {v for s in (train_set, dev_set) for tokens in _all_tokens(s) for t in tokens
+                      for v in lookup_variants(t)}
+            vec, dim = read_vectors(vectors, words=wanted, progress=progress)
+            if not vec:
+                raise UserError(f"{vectors}: none of the data's words has a vector (wrong file or language?)")
+            present = set(vec)
+            words, chars = build_vocabs(train_set, others=[dev_set],
+                                        has_vector=lambda t: any(v in present for v in lookup_variants(t)))
+        else:
+            words, chars = build_vocabs(train_set)
+        fields = dict(overrides or {})
+        if dim is not None:
+            if "word_dim" in fields and fields["word_dim"] != dim:
+                raise UserError(f"word_dim={fields['word_dim']} but the vectors in {vectors} have {dim} dimensions")
+            fields["word_dim"] = dim
+        if no_answer is None:
+            no_answer = train_set.v2
+        if layers is not None:
+            fields["layers"] = layers
+        config = make_config(model, preset, words, chars, limits, bool(no_answer), fields)
+        seed_everything(recipe.seed)
+        matrix, _ = vectors_for_vocab(words, vec, config.word_dim, seed=recipe.seed)
+        train = encode_squad(train_set, words, chars, train=True, no_answer=config.no_answer, limits=limits,
+                             cache_dir=cache_dir)
+        if not len(train):
+            raise UserError(f"{train_path}: no training question is left after the limits (see the log above)")
+        dev = encode_squad(dev_set, words, chars, train=False, no_answer=config.no_answer, limits=limits,
+                           cache_dir=cache_dir)
+        return cls(config, words, chars, train, dev_set, dev, recipe=recipe, limits=limits, word_vectors=matrix)
+
+    # -- Task protocol
+    def train_batches(self, epoch: int) -> list[list[int]]:
+        return self.train_data.batches(self.recipe.batch_size, seed=self.recipe.seed, epoch=epoch)
+
+    def collate(self, indices: list[int], device: torch.device):
+        return collate(self.train_data, indices).to(device)
+
+    def loss(self, model: nn.Module, batch) -> torch.Tensor:
+        log_p1, log_p2 = model(*batch.inputs())  # ``model`` may be DDP-wrapped; ``self.model`` never is
+        starts, ends = self.model.training_targets(batch.context_words, batch.starts, batch.ends)
+        return span_loss(log_p1, log_p2, starts, ends)
+
+    def configure_optimizer(self, model: nn.Module):
+        from ...train.schedules import log_warmup
+
+        params = [p for p in model.parameters() if p.requires_grad]  # frozen word vectors stay out
+        r = self.recipe
+        optimizer = torch.optim.Adam(params, lr=r.lr, betas=r.betas, eps=r.eps, weight_decay=r.weight_decay)
+        return optimizer, log_warmup(optimizer, r.warmup_steps)
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        out = predict(model, self.dev_set, self.dev_data, batch_size=self.recipe.eval_batch_size,
+                      max_answer_len=self.recipe.max_answer_len)
+        scores = score_predictions(self.dev_set, out)
+        metrics = {"dev_loss": out.loss}
+        if "exact_match" in scores:
+            metrics.update(EM=scores["exact_match"], F1=scores["f1"])
+        else:
+            metrics.update(EM=scores["exact"], F1=scores["f1"])
+            for key in ("HasAns_f1", "NoAns_f1", "best_f1"):
+                if key in scores:
+                    metrics[key] = scores[key]
+        return metrics
+
+    def checkpoint_meta(self) -> dict:
+        return {"config": meta_config(self.config), "words": self.words.to_dict(), "chars": self.chars.to_dict(),
+                "limits": asdict(self.limits), "max_answer_len": self.recipe.max_answer_len}
+
+
+def _all_tokens(s: SquadSet):
+    yield from (c.tokens for c in s.contexts)
+    yield from (q.tokens for q in s.questions)

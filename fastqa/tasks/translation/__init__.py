@@ -1,0 +1,26 @@
+"""Translation of parallel text with ConvS2S (Multi30k de->en in the recipes).
+
+    parallel.py    reading, tokenising, numericalising and batching parallel text
+    bleu.py        sacreBLEU on detokenized text and the tutorial's tokenized BLEU
+    task.py        ``MTTask`` for ``fastqa.train.fit``; ``train_translation`` from files
+    translator.py  ``Translator``: a trained model translating text (greedy, beam search, attention maps)
+    cli.py         ``fastqa mt-train | translate | mt-eval``
+
+Heavy modules load on first use, so ``fastqa --help`` does not import the models.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {"Translator": "translator", "AttentionMap": "translator", "MTOptions": "task", "MTTask": "task",
+            "build_task": "task", "train_translation": "task", "read_parallel": "parallel",
+            "corpus_bleu": "bleu", "tokenized_bleu": "bleu"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

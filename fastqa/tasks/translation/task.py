@@ -1,0 +1,214 @@
+"""ConvS2S on parallel text as a training task for ``fastqa.train.fit``.
+
+Training (``train_translation``): parallel text -> tokens -> vocabularies (``<pad> <unk> <sos> <eos>`` first,
+the model's ids) -> numericalised pairs -> length-bucketed batches -> ``MTTask`` -> ``fit`` (the shared loop:
+clipping, checkpoints, exact resume, DDP, ``metrics.jsonl``, ``curve.png``).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+import torch
+import torch.nn.functional as F
+from torch import nn
+from ...data.batching import bucket_batches, pad
+from .parallel import (MTBatch, ParallelData, build_vocabs, guess_lang, read_parallel,
+                                tokenize_lines)
+from ...data.vocab import Vocab
+from ...errors import UserError
+from .bleu import tokenized_bleu
+from ...models.convs2s import ConvS2S, ConvS2SConfig, greedy_decode
+from ...train.loop import TrainSettings, fit, seed_everything
+
+__all__ = ["KIND", "OPTIMIZERS", "DEFAULT_LR", "MTOptions", "MTTask", "build_task", "train_translation", "pad_source"]
+
+
+log = logging.getLogger("fastqa.mt")
+
+
+KIND = "convs2s"
+
+
+OPTIMIZERS = ("adam", "nag")
+
+
+# fairseq's fconv recipe: NAG at lr 0.25 (momentum 0.99); the tutorial: Adam at its default lr 1e-3.
+DEFAULT_LR = {"adam": 1e-3, "nag": 0.25}
+
+
+@dataclass
+class MTOptions:
+    """What to train on and how to build the task (the loop's own settings are ``TrainSettings``).
+
+    preset: ConvS2S preset ("small" | "tutorial"); config_overrides: ConvS2SConfig fields over the preset.
+    max_len: training pairs whose source or target (+<eos>) is longer are dropped (never in evaluation);
+    None: the model's ``max_positions``. valid_bleu: greedy tokenized BLEU on the first N validation pairs
+    at every evaluation (0: off).
+    """
+    src: str
+    tgt: str
+    valid_src: str
+    valid_tgt: str
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+    lowercase: bool = True
+    min_freq: int = 2
+    preset: str = "small"
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+    layers: str = "fast"
+    max_len: int | None = None
+    batch_size: int = 64
+    optimizer: str = "adam"
+    lr: float | None = None
+    label_smoothing: float = 0.0
+    valid_bleu: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise UserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.batch_size < 1:
+            raise UserError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise UserError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.lr is not None and not self.lr > 0:
+            raise UserError(f"--lr must be > 0, got {self.lr}")
+        if self.min_freq < 1:
+            raise UserError(f"--min-freq must be >= 1, got {self.min_freq}")
+        if self.valid_bleu < 0:
+            raise UserError(f"--valid-bleu must be >= 0, got {self.valid_bleu}")
+        if self.max_len is not None and self.max_len < 2:
+            raise UserError(f"--max-len must be >= 2, got {self.max_len}")
+
+
+def _clip_to_positions(data: ParallelData, max_positions: int) -> ParallelData:
+    """Evaluation keeps every pair; the rare one longer than the learned positions is truncated (source keeps
+    its <eos>) so it can be scored at all."""
+    limit = max_positions - 1
+    src = [s if len(s) <= max_positions else s[:max_positions - 1] + s[-1:] for s in data.src]
+    tgt = [t[:limit] for t in data.tgt]
+    return ParallelData(src, tgt, data.src_vocab, data.tgt_vocab)
+
+
+class MTTask:
+    """ConvS2S on parallel text as a ``fastqa.train.loop.Task``.
+
+    Loss: token-level cross entropy (``<pad>`` ignored, optional label smoothing), mean over the batch's target
+    tokens. evaluate(): validation NLL per token (``val_loss``, no smoothing) and ``val_ppl`` = exp of it;
+    with ``valid_bleu`` > 0, greedy tokenized BLEU on that many validation pairs (``val_bleu``).
+    """
+
+    kind = KIND
+
+    def __init__(self, config: ConvS2SConfig, src_vocab: Vocab, tgt_vocab: Vocab, train: ParallelData,
+                 valid: ParallelData, *, opts: MTOptions, src_lang: str, tgt_lang: str,
+                 valid_ref_tokens: Sequence[Sequence[str]] = ()) -> None:
+        self.config, self.src_vocab, self.tgt_vocab = config, src_vocab, tgt_vocab
+        self.train_data, self.valid_data = train, valid
+        self.opts, self.src_lang, self.tgt_lang = opts, src_lang, tgt_lang
+        self.valid_ref_tokens = list(valid_ref_tokens)
+        self._lengths = train.lengths()
+        self.model = ConvS2S(config, layers=opts.layers)
+
+    # -- Task protocol ---------------------------------------------------------------------------------
+    def train_batches(self, epoch: int) -> list[list[int]]:
+        return bucket_batches(self._lengths, self.opts.batch_size, seed=self.opts.seed, epoch=epoch)
+
+    def collate(self, indices: list[int], device: torch.device) -> MTBatch:
+        return self.train_data.collate(indices).to(device)
+
+    def loss(self, model: nn.Module, batch: MTBatch) -> torch.Tensor:
+        logits, _ = model(batch.src, batch.tgt_in)
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
+                               ignore_index=self.config.pad_id, label_smoothing=self.opts.label_smoothing)
+
+    def configure_optimizer(self, model: nn.Module) -> tuple[torch.optim.Optimizer, None]:
+        lr = self.opts.lr if self.opts.lr is not None else DEFAULT_LR[self.opts.optimizer]
+        if self.opts.optimizer == "adam":
+            return torch.optim.Adam(model.parameters(), lr=lr), None
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.99, nesterov=True), None
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        device = next(model.parameters()).device
+        total_nll, total_tokens = 0.0, 0
+        batches = bucket_batches(self.valid_data.lengths(), self.opts.batch_size, seed=0, shuffle=False)
+        for indices in batches:
+            b = self.valid_data.collate(indices).to(device)
+            logits, _ = model(b.src, b.tgt_in)
+            total_nll += float(F.cross_entropy(logits.flatten(0, 1).float(), b.tgt_out.flatten(),
+                                               ignore_index=self.config.pad_id, reduction="sum"))
+            total_tokens += int((b.tgt_out != self.config.pad_id).sum())
+        val_loss = total_nll / max(total_tokens, 1)
+        metrics = {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
+        n = min(self.opts.valid_bleu, len(self.valid_ref_tokens), len(self.valid_data))
+        if n:
+            hyps: list[list[str]] = []
+            for start in range(0, n, self.opts.batch_size):
+                src = [self.valid_data.src[i] for i in range(start, min(start + self.opts.batch_size, n))]
+                out = greedy_decode(model, pad_source(src, self.config.pad_id, device))
+                hyps += [self.tgt_vocab.decode(ids) for ids in out]
+            metrics["val_bleu"] = tokenized_bleu(hyps, self.valid_ref_tokens[:n]).score
+        return metrics
+
+    def checkpoint_meta(self) -> dict:
+        # The layer backend is left out: fast and reference share their weights, so a run may resume or be
+        # used on either.
+        config = {k: v for k, v in self.config.to_dict().items() if k != "layers"}
+        return {"config": config, "src_vocab": self.src_vocab.to_dict(), "tgt_vocab": self.tgt_vocab.to_dict(),
+                "text": {"src_lang": self.src_lang, "tgt_lang": self.tgt_lang, "lowercase": self.opts.lowercase}}
+
+
+def pad_source(src: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> torch.Tensor:
+    """Source id lists -> [B, S] padded with ``pad_id``, on ``device``."""
+    return pad(src, pad_id).to(device)
+
+
+def build_task(opts: MTOptions) -> MTTask:
+    """Read, tokenize, build vocabularies and the model (seeded by ``opts.seed``)."""
+    src_lang = opts.src_lang or guess_lang(opts.src, "--src-lang")
+    tgt_lang = opts.tgt_lang or guess_lang(opts.tgt, "--tgt-lang")
+    src_lines, tgt_lines = read_parallel(opts.src, opts.tgt)
+    valid_src_lines, valid_tgt_lines = read_parallel(opts.valid_src, opts.valid_tgt)
+    src_tok = tokenize_lines(src_lines, src_lang, lowercase=opts.lowercase)
+    tgt_tok = tokenize_lines(tgt_lines, tgt_lang, lowercase=opts.lowercase)
+    src_vocab, tgt_vocab = build_vocabs(src_tok, tgt_tok, min_freq=opts.min_freq)
+    try:
+        config = ConvS2SConfig.from_preset(opts.preset, src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
+                                           layers=opts.layers, **opts.config_overrides)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"model config: {e}") from None
+    max_len = min(opts.max_len or config.max_positions, config.max_positions)
+    train = ParallelData.from_tokens(src_tok, tgt_tok, src_vocab, tgt_vocab, max_len=max_len)
+    if len(train) == 0:
+        raise UserError(f"{opts.src}: no training pair left (every pair is empty on one side or longer than "
+                        f"{max_len} tokens)")
+    dropped = len(src_lines) - len(train)
+    if dropped:
+        log.info("training on %d of %d pairs (%d empty on one side or longer than %d tokens)",
+                 len(train), len(src_lines), dropped, max_len)
+    v_src = tokenize_lines(valid_src_lines, src_lang, lowercase=opts.lowercase)
+    v_tgt = tokenize_lines(valid_tgt_lines, tgt_lang, lowercase=opts.lowercase)
+    keep = [i for i, (s, t) in enumerate(zip(v_src, v_tgt)) if s and t]
+    if not keep:
+        raise UserError(f"{opts.valid_src}: no validation pair with text on both sides")
+    valid = ParallelData.from_tokens([v_src[i] for i in keep], [v_tgt[i] for i in keep], src_vocab, tgt_vocab)
+    valid = _clip_to_positions(valid, config.max_positions)
+    # BLEU references keep their real tokens (unknown words too): the score is not flattered by <unk>.
+    ref_tokens = [[t.lower() for t in v_tgt[i]] for i in keep]
+    seed_everything(opts.seed)  # fixed initial weights
+    return MTTask(config, src_vocab, tgt_vocab, train, valid, opts=opts, src_lang=src_lang, tgt_lang=tgt_lang,
+                  valid_ref_tokens=ref_tokens)
+
+
+def train_translation(opts: MTOptions, settings: TrainSettings) -> dict[str, float]:
+    """Build the task and train it with the shared loop; returns the last evaluation's metrics."""
+    task = build_task(opts)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun every rank builds the task; one reports it
+        log.info("ConvS2S %s: %d parameters; vocabularies %s %d, %s %d; %d training pairs, %d validation pairs",
+                 opts.preset, sum(p.numel() for p in task.model.parameters()), task.src_lang, len(task.src_vocab),
+                 task.tgt_lang, len(task.tgt_vocab), len(task.train_data), len(task.valid_data))
+    return fit(task, settings)

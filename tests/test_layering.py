@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-
 ROOT = Path(__file__).resolve().parents[1]
 
 # The floor of every part of the package, bottom up; a module may import its own floor and those below.

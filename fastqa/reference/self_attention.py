@@ -64,6 +64,9 @@ class SelfAttention(nn.Module):
         self.qkv = self.projection(d_model, 3 * d_model)
         self.out = self.projection(d_model, d_model)
 
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}"
+
     def attend(self, qkv: torch.Tensor, mask: torch.Tensor, segments: Sequence[int] | None) -> torch.Tensor:
         return self_attention(qkv, mask, self.heads, segments)
 

@@ -13,9 +13,17 @@ import json
 import os
 import sys
 
+from ..flags import (
+    add_runtime_flags,
+    add_training_flags,
+    amp_of,
+    check_training_flags,
+    positive_float,
+    positive_int,
+    resolve_device,
+    threads,
+)
 from .readers import MODELS
-from ..flags import (add_runtime_flags, add_training_flags, amp_of, check_training_flags, positive_float, positive_int,
-                     resolve_device, threads)
 
 LAYERS = ("fast", "reference", "naive")
 
@@ -111,9 +119,9 @@ def run_train(args) -> int:
 
 def _run_train(args) -> int:
     from ...errors import UserError
+    from ...train.loop import TrainSettings, fit
     from .squad import Limits
     from .task import QATask, Recipe
-    from ...train.loop import TrainSettings, fit
 
     check_training_flags(args)
     device = resolve_device(args.device)
@@ -157,9 +165,9 @@ def run_predict(args) -> int:
 
 
 def _run_predict(args) -> int:
+    from ...data.files import atomic_write_json
     from ...errors import UserError
     from .predictor import QAModel
-    from ...data.files import atomic_write_json
 
     qa = QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device))
     if args.na_prob_out and not qa.config.no_answer:
@@ -192,8 +200,8 @@ def _read_json_map(path: str, what: str, value_type: type | tuple[type, ...]) ->
 
 
 def run_eval(args) -> int:
-    from .squad import read_squad
     from .metric import evaluate, format_result
+    from .squad import read_squad
 
     data = read_squad(args.data, args.articles)
     predictions = _read_json_map(args.predictions, "predictions", str)

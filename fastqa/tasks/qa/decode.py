@@ -6,6 +6,7 @@ and the no-answer probability is null / (null + best span).
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.nn.functional as F
 

@@ -11,18 +11,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any, Sequence
+
 import torch
 from torch import nn
+
 from ...data.batching import bucket_batches, pad
-from .squad import (Limits, SquadSet, encode_squad,
-                          encode_tokens, load_squad, pad_chars)
 from ...data.tokenize import tokenize
 from ...data.vocab import Vocab
 from ...errors import UserError
-
 from .decode import decode_spans
 from .readers import MODELS, answer_len, build_model, config_type
+from .squad import Limits, SquadSet, encode_squad, encode_tokens, load_squad, pad_chars
 from .task import PredictOutput, inference_autocast, predict
+
 __all__ = ["QAModel"]
 
 

@@ -6,11 +6,15 @@ reader's name.
 """
 from __future__ import annotations
 
-from typing import Any
-from torch import nn
-from .squad import (Limits)
-from ...data.vocab import Vocab
+from typing import TYPE_CHECKING, Any
+
 from ...errors import UserError
+
+if TYPE_CHECKING:  # the command line reads MODELS without importing torch
+    from torch import nn
+
+    from ...data.vocab import Vocab
+    from .squad import Limits
 
 __all__ = ["MODELS", "answer_len", "config_type", "build_model", "model_kind", "meta_config", "make_config"]
 

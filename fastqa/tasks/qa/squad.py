@@ -33,11 +33,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from ...errors import UserError
-from ...data.files import read_text
 from ...data.batching import bucket_batches, pad
+from ...data.files import read_text
 from ...data.tokenize import tokenize
 from ...data.vocab import Vocab
+from ...errors import UserError
 
 __all__ = [
     "Limits", "SquadContext", "SquadQuestion", "SquadSet", "EncodedSquad", "QABatch",

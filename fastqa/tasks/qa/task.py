@@ -13,19 +13,20 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from ...data.batching import bucket_batches
-from .squad import (NO_TARGET, EncodedSquad, Limits, SquadSet, build_vocabs, collate, encode_squad,
-                          load_squad)
 from ...data.vectors import lookup_variants, read_vectors, vectors_for_vocab
 from ...data.vocab import Vocab
 from ...errors import UserError
-from .metric import evaluate as squad_evaluate
-
 from .decode import decode_spans
+from .metric import evaluate as squad_evaluate
 from .readers import MODELS, answer_len, build_model, make_config, meta_config, model_kind
+from .squad import NO_TARGET, EncodedSquad, Limits, SquadSet, build_vocabs, collate, encode_squad, load_squad
+
 __all__ = ["Recipe", "span_loss", "inference_autocast", "PredictOutput", "predict", "score_predictions", "QATask"]
 
 

@@ -11,8 +11,16 @@ import os
 import sys
 from typing import TextIO
 
-from ..flags import (add_runtime_flags, add_training_flags, amp_of, check_training_flags, positive_float, positive_int,
-                     resolve_device, threads)
+from ..flags import (
+    add_runtime_flags,
+    add_training_flags,
+    amp_of,
+    check_training_flags,
+    positive_float,
+    positive_int,
+    resolve_device,
+    threads,
+)
 
 LAYERS = ("fast", "reference")
 
@@ -181,10 +189,10 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from .parallel import read_parallel, tokenize_line
+    from ...data.files import atomic_write_json, atomic_write_text
     from ...data.tokenize import detokenize
     from .bleu import corpus_bleu, tokenized_bleu
-    from ...data.files import atomic_write_json, atomic_write_text
+    from .parallel import read_parallel, tokenize_line
 
     translator = _load(args)
     src, refs = read_parallel(args.src, args.ref)

@@ -19,11 +19,11 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ...errors import UserError
-from ...data.files import read_text
 from ...data.batching import bucket_batches, pad
+from ...data.files import read_text
 from ...data.tokenize import tokenize
 from ...data.vocab import EOS, PAD, SOS, UNK, Vocab
+from ...errors import UserError
 
 __all__ = ["SPECIALS", "read_lines", "read_parallel", "guess_lang", "tokenize_line", "tokenize_lines", "build_vocabs",
            "ParallelData", "MTBatch", "encode_source", "collate"]

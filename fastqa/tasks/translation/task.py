@@ -11,17 +11,18 @@ import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from ...data.batching import bucket_batches, pad
-from .parallel import (MTBatch, ParallelData, build_vocabs, guess_lang, read_parallel,
-                                tokenize_lines)
 from ...data.vocab import Vocab
 from ...errors import UserError
-from .bleu import tokenized_bleu
 from ...models.convs2s import ConvS2S, ConvS2SConfig, greedy_decode
 from ...train.loop import TrainSettings, fit, seed_everything
+from .bleu import tokenized_bleu
+from .parallel import MTBatch, ParallelData, build_vocabs, guess_lang, read_parallel, tokenize_lines
 
 __all__ = ["KIND", "OPTIMIZERS", "DEFAULT_LR", "MTOptions", "MTTask", "build_task", "train_translation", "pad_source"]
 

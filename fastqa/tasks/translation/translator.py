@@ -12,15 +12,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
 import torch
-from .parallel import (encode_source, tokenize_line)
+
+from ...data.tokenize import detokenize
 from ...data.vocab import EOS, SOS, Vocab
 from ...errors import UserError
-from ...data.tokenize import detokenize
 from ...models.convs2s import ConvS2S, ConvS2SConfig, beam_search, greedy_decode
 from ...train.checkpoint import inference_weights, load_checkpoint
-
+from .parallel import encode_source, tokenize_line
 from .task import KIND, pad_source
+
 __all__ = ["AttentionMap", "DecodeStats", "Translator", "plot_format", "plot_attention_map"]
 
 

@@ -1,0 +1,57 @@
+"""The ``fastqa`` command as a whole: its version, a help that starts without torch, and the flags every
+subcommand shares (one vocabulary, one default, one-line errors)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from cli_helpers import assert_user_error, run_cli
+
+import fastqa
+from fastqa.cli import build_parser
+
+RUNNING = ["qa-train", "qa-predict", "ask", "mt-train", "translate", "mt-eval"]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        run_cli(capsys, ["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fastqa {fastqa.__version__}"
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys; from fastqa.cli import build_parser; build_parser().format_help(); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def _options(command: str) -> dict:
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return {opt: action for action in sub.choices[command]._actions for opt in action.option_strings}
+
+
+@pytest.mark.parametrize("command", RUNNING)
+def test_every_running_subcommand_takes_device_and_threads_with_one_default(command):
+    options = _options(command)
+    assert options["--device"].default is None and options["--threads"].default is None
+
+
+def test_train_commands_share_the_training_flags():
+    shared = ["--set", "--clip", "--eval-every", "--layers", "--precision", "--max-steps", "--max-minutes",
+              "--resume", "--out", "--seed", "--batch-size", "--log-every", "--no-progress"]
+    qa, mt = _options("qa-train"), _options("mt-train")
+    for flag in shared:
+        assert flag in qa and flag in mt, flag
+        assert qa[flag].dest == mt[flag].dest
+    assert qa["--precision"].choices == mt["--precision"].choices == ("fp32", "bf16", "fp16")
+
+
+@pytest.mark.parametrize("device,pattern", [("gpu", "'gpu' is not a device"),
+                                            ("cuda:7", "CUDA" if not torch.cuda.is_available() else "only")])
+def test_unusable_device_is_one_line(capsys, tmp_path, device, pattern):
+    assert_user_error(capsys, ["ask", "--model", tmp_path, "--context", "a b", "--question", "a?", "--device", device],
+                      pattern)

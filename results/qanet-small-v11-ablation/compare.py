@@ -1,11 +1,10 @@
-"""Dev EM/F1 and dev loss of the v1.1 baseline run, its two ablations and the run with the exact-match channel
-(the ``small`` preset since session 11), step for step: a Markdown table on stdout and compare.png beside this
-file.
+"""Dev EM/F1 and dev loss of the v1.1 baseline run, its two ablations and the run with the exact-match channel,
+step for step: a Markdown table on stdout and compare.png beside this file.
 
-    .venv/bin/python results/qanet-small-v11-ablation/compare.py [RUN_DIR ...]
+    python results/qanet-small-v11-ablation/compare.py
 
-Reads ../qanet-small-v11/metrics.jsonl (the baseline), the ablations' metrics.jsonl copies committed here and
-../qanet-small-v11-match/metrics.jsonl."""
+Reads ../qanet-small-v11/metrics.jsonl (the baseline), the ablations' metrics.jsonl copies kept here and
+../qanet-small-v11-match/metrics.jsonl. Needs fastqa installed (for its metrics reader) and matplotlib."""
 from __future__ import annotations
 
 import sys

@@ -1,10 +1,14 @@
 #!/bin/sh
-# QANet small + the exact-match feature (--set word_match=true) + the no-answer option on SQuAD v2.0,
-# otherwise as ../qanet-small-v20: dev-v2.0 articles 0:30 -> 30:35, GloVe 6B 50d, 75 minutes, 1 thread.
-cd /work/main
-OMP_NUM_THREADS=1 exec .venv/bin/python -m fastqa.cli qa-train \
-  --train /work/shared/data/squad/dev-v2.0.reconstructed.json.gz --train-articles 0:30 \
-  --dev /work/shared/data/squad/dev-v2.0.reconstructed.json.gz --dev-articles 30:35 \
-  --vectors /work/shared/data/glove/glove.6B.50d.top100k.txt.gz \
+# QANet small + the exact-match channel + the no-answer option on SQuAD v2.0: train on dev-v2.0 articles 0:30,
+# evaluate on 30:35, GloVe 6B 50d, 75 minutes on one CPU thread.
+#   SQUAD: folder holding dev-v2.0.reconstructed.json.gz (the SQuAD v2.0 development set)
+#   GLOVE: folder holding glove.6B.50d.top100k.txt.gz (the 100,000 most frequent words of GloVe 6B 50d)
+set -eu
+: "${SQUAD:?set SQUAD to the folder holding dev-v2.0.reconstructed.json.gz}"
+: "${GLOVE:?set GLOVE to the folder holding glove.6B.50d.top100k.txt.gz}"
+OMP_NUM_THREADS=1 exec fastqa qa-train \
+  --train "$SQUAD/dev-v2.0.reconstructed.json.gz" --train-articles 0:30 \
+  --dev "$SQUAD/dev-v2.0.reconstructed.json.gz" --dev-articles 30:35 \
+  --vectors "$GLOVE/glove.6B.50d.top100k.txt.gz" \
   --preset small --set word_match=true --out runs/qanet-small-v20-match --max-minutes 75 \
-  --eval-every 500 --log-every 50 --threads 1 --no-progress
+  --eval-every 500 --log-every 50 --threads 1 --device cpu --no-progress

@@ -1,6 +1,6 @@
-"""The op cases of the benchmark issue, registered on import.
+"""The op cases of the benchmark, registered on import.
 
-Shapes are the issue's. Inputs are drawn once on the CPU in float64 from a seeded generator, with
+Shapes are the models' (QANet's and ConvS2S's own sizes). Inputs are drawn once on the CPU in float64 from a seeded generator, with
 weights scaled like their layers' initialisation so outputs stay O(1) and errors are comparable.
 FLOPs count multiply-adds twice and only the GEMM-like terms (elementwise work is noise next to
 them); a backward costs twice its forward.

@@ -193,7 +193,7 @@ class TrainStepCase(Case):
                         unavailable=unavailable)
 
 
-# The 200 sentences on the small preset; the tutorial preset (8x the decoder work per token) on 50,
+# 200 sentences on the small preset; the tutorial preset (8x the decoder work per token) on 50,
 # as its full-recompute decoding of 200 sentences takes minutes per call on a 2-core CPU.
 CONVS2S_CASES: list[Case] = [
     TranslateCase("small", 200, beam=5),

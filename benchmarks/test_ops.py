@@ -1,4 +1,4 @@
-"""pytest-benchmark versions of the op cases (the issue's shapes), for ``--benchmark-compare``:
+"""pytest-benchmark versions of the op cases (the models' shapes), for ``--benchmark-compare``:
 
     pytest benchmarks --benchmark-only [--benchmark-autosave] [--benchmark-compare]
 

@@ -45,9 +45,8 @@ using at::Tensor;
 
 // at::empty for a large result that is written once, backed by transparent huge pages where the OS
 // offers them on request (Linux, THP mode "madvise"). Memory the allocator hands back to the OS is
-// otherwise faulted in one 4 KiB page at a time on its first write (a fresh 26 MB buffer: ~9 ms of
-// faults measured, 1 thread; in a loop of forward calls at B=32, n=400, d=128: 620 minor faults per
-// call, 0 with this). Only the 2 MiB-aligned interior is advised; elsewhere, or if the advice is
+// otherwise faulted in one 4 KiB page at a time on its first write, which in a loop of forward calls at
+// the QANet shape costs hundreds of minor faults per call (none with this; figures in the benchmarks). Only the 2 MiB-aligned interior is advised; elsewhere, or if the advice is
 // refused, this is plain at::empty.
 Tensor empty_large(at::IntArrayRef sizes, const at::TensorOptions& opts) {
   Tensor t = at::empty(sizes, opts);

@@ -224,14 +224,14 @@ ShapeTable& shape_table() {
 }
 
 // Each engine's rate on this GEMM as the entry points issue it (into a scratch result: the caller's
-// output is not touched): the median of interleaved calls, ~20 ms of each engine.
+// output is not touched): the median of interleaved calls, a few milliseconds of each engine.
 std::pair<double, double> probe(const at::Tensor& a, const at::Tensor& w, bool with_bias, bool accumulate) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   const at::Tensor ap = a.narrow(0, 0, std::min<int64_t>(a.size(0), kProbeRows));
   const int64_t n = w.size(0);
   const c10::optional<at::Tensor> bias =
       with_bias ? c10::optional<at::Tensor>(at::zeros({n}, a.options())) : c10::nullopt;
-  // The accumulator only where the product accumulates (a [4096, 5893] one would be 96 MB).
+  // The accumulator only where the product accumulates (a vocabulary-sized one would be large).
   at::Tensor acc = accumulate ? at::zeros({ap.size(0), n}, a.options()) : at::Tensor();
   const auto t = time_pair(
       [&] {

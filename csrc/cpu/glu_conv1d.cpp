@@ -573,10 +573,9 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
   });
   // The product pre = window · w2ᵀ split by GLU channels: chunk j covers channels [j*kStepChannels, ...), i.e.
   // its columns of a and of b, each chunk two single-threaded GEMMs into its own [B, 2 * width] buffer (the
-  // bias, when there is one, as the GEMMs' starting value) and the GLU of its channels. Measured on the
-  // decode shape [64, 1536] x [1536, 1024] (AMD EPYC, 2 threads): MKL's own two-thread split 1.50 ms, half
-  // of the columns on one thread 1.19 ms -- a small-M product is best split by its columns. The chunk
-  // boundaries do not depend on the thread count.
+  // bias, when there is one, as the GEMMs' starting value) and the GLU of its channels: on the decode shape
+  // half of the columns on one thread beat MKL's own two-thread split of the whole product -- a small-M
+  // product is best split by its columns. The chunk boundaries do not depend on the thread count.
   const at::Tensor window2d = window_t.view({B, H * K});
   const int64_t chunks = ceil_div(H, kStepChannels);
   AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step_glu", [&] {

@@ -2,8 +2,8 @@
 // three products (forward, grad_x, grad_weight) run by the engine measured fastest for its shape.
 //
 // Why an op for a plain GEMM: torch's nn.Linear always calls BLAS (MKL), and on some processors and
-// shapes oneDNN -- which torch ships too -- is up to 2x faster (a vocabulary projection [200, 256] x
-// [256, 5893] on an AMD EPYC: 12.4 ms vs 6.4 ms). The models' large projections (ConvS2S's output layer,
+// shapes oneDNN -- which torch ships too -- is up to 2x faster (a vocabulary projection on an AMD EPYC,
+// for one). The models' large projections (ConvS2S's output layer,
 // QANet's feed-forward layers) go through here; gemm::linear measures each shape once and keeps the faster.
 //
 // Shapes: x [..., K] (any leading dimensions, any strides), weight [N, K], bias [N] or None -> y [..., N].
@@ -72,8 +72,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_bwd(const at::Tensor& grad
 
 // Index of the largest of row[0..n), as torch.argmax: the first one on ties, the first NaN if there is one.
 // Two passes over the row (it is in L1/L2 after the GEMM): a vectorised max, then the first position that
-// holds it. torch.argmax scans element by element and takes ~5x longer than this on a [200, 5893] block
-// (1.67 vs 0.34 ms, 2 threads, AMD EPYC).
+// holds it. torch.argmax scans element by element, several times slower on a vocabulary-sized block.
 template <typename T>
 int64_t row_argmax(const T* row, int64_t n) {
   using S = NativeBlock<T>;

@@ -1,1 +1,1 @@
-"""Models built from fastqa layers (QANet, ConvS2S): they arrive with the model issues."""
+"""Models built from fastqa layers: QANet, ConvS2S and the recurrent QA baselines."""

@@ -44,7 +44,7 @@ def result():
         torch.set_num_threads(threads)
 
 
-def test_records_have_the_issue_fields(result):
+def test_records_have_the_documented_fields(result):
     recs = result["records"]
     assert {(r["op"], r["mode"]) for r in recs} >= {
         ("dwsep_conv1d", "fwd"), ("dwsep_conv1d", "fwd+bwd"), ("ln_dwsep_conv1d", "fwd+bwd"),

@@ -1,4 +1,4 @@
-"""Every autograd path is right or refuses loudly (issue 9): torch.export'ed modules train like eager
+"""Every autograd path is right or refuses loudly: torch.export'ed modules train like eager
 (the autograd formula lives on the custom ops), double backward on that path gives the ops' one clear
 error, forward-mode AD (torch.func.jvp, forward_ad) gives the reference's tangents or a clear error,
 NaN / inf propagate as through torch's own ops, softmax probabilities underflow to exactly 0, odd
@@ -142,8 +142,9 @@ def test_exported_module_double_backward_raises_one_clear_error(name, backend, d
 def _calls(device: torch.device):
     """(name, primal inputs, fn(*inputs, backend)) for every public op (glu_conv1d_step too)."""
     g = torch.Generator().manual_seed(11)
-    x, dw, pw, pb = (_rand(g, 2, 9, 8, device=device), _rand(g, 8, 1, 3, scale=0.5, device=device),
-                     _rand(g, 6, 8, 1, scale=0.3, device=device), _rand(g, 6, device=device))
+    # The fourth draw is unused; it stays so that every later draw keeps its values.
+    x, dw, pw, _ = (_rand(g, 2, 9, 8, device=device), _rand(g, 8, 1, 3, scale=0.5, device=device),
+                    _rand(g, 6, 8, 1, scale=0.3, device=device), _rand(g, 6, device=device))
     lnw, lnb = 1 + _rand(g, 8, scale=0.1, device=device), _rand(g, 8, scale=0.1, device=device)
     c, q, w = _rand(g, 2, 7, 4, device=device), _rand(g, 2, 5, 4, device=device), _rand(g, 12, scale=0.3, device=device)
     cm = torch.ones(2, 7, dtype=torch.bool, device=device)
@@ -281,7 +282,7 @@ def test_nonfinite_values_propagate_like_torch(case, value, backend, device):
 
 
 def test_dwsep_nan_preactivation_reaches_grad_x_like_torch():
-    """The issue's reproduction: a NaN in x makes the pre-activation NaN; torch's ReLU backward lets the
+    """The reproduction: a NaN in x makes the pre-activation NaN; torch's ReLU backward lets the
     gradient of a NaN through (threshold_backward tests ``result <= 0``), so grad_x must equal the
     reference's, NaN for NaN."""
     g = torch.Generator().manual_seed(17)

@@ -44,15 +44,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; returns the exit status (0 ok, 2 a user error, 1 an interrupted run)."""
+    """Run one subcommand; returns the exit status (0 ok, 2 a user error, 130/143 a run stopped by SIGINT/SIGTERM)."""
     args = parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("fastqa: interrupted", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt as e:
+        # fastqa.train.TrainingInterrupted carries the checkpoint it wrote and the signal's exit status (not
+        # imported here: that would load torch before --help).
+        print(f"fastqa: {e}" if str(e) else "fastqa: interrupted", file=sys.stderr)
+        return int(getattr(e, "exit_status", 130))
     except (ValueError, TypeError, OSError, KeyError) as e:
         # UserError is a ValueError; OSError covers missing/unreadable files. Anything else is a bug and
         # keeps its traceback.

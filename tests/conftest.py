@@ -4,16 +4,21 @@ Triton kernels run in the interpreter on CPU tensors when there is no GPU: TRITO
 set before triton.jit decorates the kernels, so it is set here, before any fastqa import.
 
 Fixtures: ``backend`` (every compiled backend usable here: "cpu" where fastqa._C is built, "triton"
-where Triton runs), ``device`` (the device that backend's tensors live on) and ``dtype`` (float32).
+where Triton runs), ``device`` (the device that backend's tensors live on) and ``dtype`` (float32);
+``ieee_fp32`` (every test: TF32 off for cuDNN and cuBLAS, so fp32 references are IEEE fp32 on a GPU).
+GPU-only tests are marked ``gpu`` (``pytest -m gpu`` selects them) and skip without CUDA.
 The tolerance table is ``helpers.TOLERANCES`` (``from helpers import assert_close, TOLERANCES``).
 """
 import os
+import tempfile
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Caches (preprocessed data, the machine's GEMM decisions) go to a folder of the test run, not the user's.
+os.environ.setdefault("FASTQA_CACHE_DIR", tempfile.mkdtemp(prefix="fastqa-test-cache-"))
 
 torch.backends.cudnn.deterministic = True
 
@@ -36,6 +41,20 @@ def device(backend: str) -> torch.device:
 def dtype() -> torch.dtype:
     """The dtype op tests run in unless they sweep dtypes."""
     return torch.float32
+
+
+@pytest.fixture(autouse=True)
+def ieee_fp32():
+    """fp32 references in IEEE fp32 on a GPU: cuDNN convolutions (the GLU and depthwise references) and cuBLAS
+    matmuls may otherwise run on TF32 tensor cores (cuDNN does by default), whose 10-bit operands put the
+    reference itself ~1e-3 off. Restored after each test."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -83,6 +83,9 @@ def add_training_flags(p: argparse.ArgumentParser, *, clip: float, eval_every: i
                    help="wall-clock budget: then evaluate, checkpoint and stop")
     p.add_argument("--eval-every", type=int, default=eval_every, metavar="N", help=eval_every_help)
     p.add_argument("--log-every", type=positive_int, default=50, metavar="N", help="steps between logged losses")
+    p.add_argument("--save-every-minutes", type=float, default=10.0, metavar="M",
+                   help="also checkpoint this often, at a step boundary (default 10; 0: only at evaluations and "
+                   "the end); Ctrl-C and SIGTERM always checkpoint before exiting")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="autocast dtype of the forward and backward (default: bf16 on a GPU, fp32 on the CPU)")
     p.add_argument("--seed", type=int, default=0)
@@ -97,6 +100,8 @@ def check_training_flags(args: argparse.Namespace) -> None:
 
     if args.eval_every < 0:
         raise UserError(f"--eval-every must be >= 0, got {args.eval_every}")
+    if args.save_every_minutes < 0:
+        raise UserError(f"--save-every-minutes must be >= 0, got {args.save_every_minutes}")
     if args.clip < 0:
         raise UserError(f"--clip must be >= 0, got {args.clip}")
     for name, value in args.overrides:

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["DistEnv", "init_distributed", "wrap_ddp", "barrier", "all_gather_object", "any_true", "shutdown"]
+__all__ = ["DistEnv", "init_distributed", "wrap_ddp", "barrier", "all_gather_object", "any_true", "max_each",
+           "shutdown"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,16 @@ def any_true(flag: bool, env: DistEnv) -> bool:
     t = torch.tensor([1.0 if flag else 0.0], device=env.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item() > 0)
+
+
+def max_each(values: list[float], env: DistEnv) -> list[float]:
+    """Each value's maximum over the ranks, in one all-reduce (the loop asks a few questions at every step
+    and every rank must get the same answers)."""
+    if not env.distributed:
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=env.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
 
 
 def shutdown() -> None:

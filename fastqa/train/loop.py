@@ -9,11 +9,22 @@ Exact resume: the data order is a pure function of (seed, epoch) (``Task.train_b
 checkpoint stores only the epoch and how many of its batches were done, plus every RNG state (of every
 rank). Evaluation runs under ``torch.random.fork_rng`` so it never moves the training RNG: a run that
 stopped, evaluated and resumed draws the same dropout masks as one that never stopped.
+
+Reproducible: the CPU GEMM engine decisions (which change rounding) are restored from the machine's cache
+before the first step and saved in every checkpoint (``gemm_cache``), so two runs of the same command on
+the same machine, and a run resumed from its checkpoint, give bit-identical losses.
+
+Nothing lost: SIGINT/SIGTERM make the loop write a checkpoint at the next step boundary and raise
+``TrainingInterrupted`` (a second signal quits at once, see ``interrupt``); a checkpoint is also written
+every ``save_every_minutes``. The run folder is locked while ``fit`` writes it and the leftovers of an
+interrupted atomic write are removed at the start (``run_folder``).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
+import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +42,9 @@ from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .curves import MetricsLog, plot_learning_curve
 from .distributed import DistEnv
 from .ema import EMA
+from .gemm_cache import MachineGemmPlan
+from .interrupt import StopSignals, TrainingInterrupted
+from .run_folder import RunFolderLock, remove_stale_temporaries
 
 __all__ = ["TrainSettings", "Task", "fit", "seed_everything"]
 
@@ -55,6 +69,7 @@ class TrainSettings:
     progress: bool = True
     max_minutes: float | None = None   # wall-clock budget: stop, evaluate and checkpoint when it is spent
     device: str | None = None
+    save_every_minutes: float | None = 10.0  # also checkpoint (without evaluating) this often; None or 0: off
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "epochs"):
@@ -63,6 +78,8 @@ class TrainSettings:
                 raise UserError(f"{name} must be >= 1, got {v}")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise UserError(f"max_minutes must be > 0, got {self.max_minutes}")
+        if self.save_every_minutes is not None and self.save_every_minutes < 0:
+            raise UserError(f"save_every_minutes must be >= 0 (0: off), got {self.save_every_minutes}")
         if self.amp not in (None, "bf16", "fp16"):
             raise UserError(f"amp must be None, 'bf16' or 'fp16', got {self.amp!r}")
 
@@ -249,7 +266,8 @@ def _total_steps(task: Task, settings: TrainSettings) -> int | None:
     return total if settings.max_steps is None else min(total, settings.max_steps)
 
 
-def _stop_reason(settings: TrainSettings, progress: _Progress, started: float, env: DistEnv) -> str | None:
+def _stop_reason(settings: TrainSettings, progress: _Progress, over_budget: bool) -> str | None:
+    """Why training ends here, or None; ``over_budget``: the time budget is spent (agreed by all ranks)."""
     if settings.max_steps is not None and progress.step >= settings.max_steps:
         return "max_steps"
     # With no limit at all, one epoch; a time budget alone trains epoch after epoch until it is spent.
@@ -257,20 +275,52 @@ def _stop_reason(settings: TrainSettings, progress: _Progress, started: float, e
     limit_epochs = settings.epochs if settings.epochs is not None else (None if unlimited else 1)
     if limit_epochs is not None and progress.epoch >= limit_epochs:
         return "epochs"
-    over = settings.max_minutes is not None and time.monotonic() - started >= settings.max_minutes * 60
-    return "max_minutes" if distributed.any_true(over, env) else None
+    return "max_minutes" if over_budget else None
+
+
+@dataclass
+class _Boundary:
+    """What every rank agrees on at a step boundary (one all-reduce)."""
+
+    over_budget: bool
+    signum: int         # the stop signal received by any rank, 0 for none
+    save_due: bool      # the time-based checkpoint is due
+
+
+def _at_boundary(settings: TrainSettings, started: float, saved_time: float, signals: StopSignals,
+                 env: DistEnv) -> _Boundary:
+    now = time.monotonic()
+    over = settings.max_minutes is not None and now - started >= settings.max_minutes * 60
+    due = bool(settings.save_every_minutes) and now - saved_time >= settings.save_every_minutes * 60
+    over_v, signum, due_v = distributed.max_each([over, signals.requested or 0, due], env)
+    return _Boundary(over_budget=over_v > 0, signum=int(signum), save_due=due_v > 0)
 
 
 def fit(task: Task, settings: TrainSettings) -> dict[str, float]:
-    """Train ``task.model`` as ``settings`` say; returns the last evaluation's metrics (plus ``step``)."""
+    """Train ``task.model`` as ``settings`` say; returns the last evaluation's metrics (plus ``step``).
+
+    Raises ``TrainingInterrupted`` (after writing a checkpoint) when SIGINT or SIGTERM arrives, and a
+    ``UserError`` when another trainer holds the run folder."""
     env = distributed.init_distributed(settings.device)
+    with contextlib.ExitStack() as stack:
+        if env.is_main:
+            stack.enter_context(RunFolderLock(settings.out_dir))  # first: nothing below may touch a busy folder
+            remove_stale_temporaries(settings.out_dir)
+        signals = stack.enter_context(StopSignals())
+        return _fit(task, settings, env, signals)
+
+
+def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals) -> dict[str, float]:
     out = Path(settings.out_dir)
     ckpt_path = out / CHECKPOINT_NAME
-    if env.is_main:
-        out.mkdir(parents=True, exist_ok=True)
     model = task.model.to(env.device)
     optimizer, scheduler = task.configure_optimizer(model)
     ema = EMA(model, settings.ema_decay) if settings.ema_decay else None
+    # The machine's GEMM engine decisions before any step (a resumed run then restores its checkpoint's on
+    # top, which win). Only CPU runs multiply on those engines.
+    gemm_plan = MachineGemmPlan.open() if env.device.type == "cpu" else None
+    if gemm_plan is not None:
+        gemm_plan.restore()
     progress = _Progress()
     if settings.resume:
         progress = _restore(task, load_checkpoint(ckpt_path), ckpt_path, optimizer,
@@ -293,13 +343,18 @@ def fit(task: Task, settings: TrainSettings) -> dict[str, float]:
     started = time.monotonic()
     window_start, window_steps, window_loss = time.monotonic(), 0, 0.0
     last_eval: dict[str, float] = {}
-    saved_at = -1
+    saved_at, saved_time, evaluated_at = -1, started, -1
+
+    def save() -> None:
+        nonlocal saved_at, saved_time
+        _save(task, settings, optimizer, scheduler, ema, progress, env)
+        saved_at, saved_time = progress.step, time.monotonic()
 
     def evaluate_and_save(reason: str) -> None:
-        nonlocal last_eval, saved_at
+        nonlocal last_eval, evaluated_at
         last_eval = _evaluate(task, ema, env)
-        _save(task, settings, optimizer, scheduler, ema, progress, env)
-        saved_at = progress.step
+        save()
+        evaluated_at = progress.step
         if env.is_main:
             row = {"kind": "eval", "step": progress.step, "epoch": progress.epoch,
                    "time": round(time.monotonic() - started, 2), **last_eval}
@@ -309,14 +364,33 @@ def fit(task: Task, settings: TrainSettings) -> dict[str, float]:
             message = f"step {progress.step} ({reason}) | {text}"
             (bar.write if bar is not None else log.info)(message)
 
+    def boundary() -> str | None:
+        """Between two steps: keep the machine's GEMM decisions up to date, act on a stop signal (checkpoint,
+        then raise) or a due time-based checkpoint; returns why training ends here, or None."""
+        if gemm_plan is not None:
+            gemm_plan.record()
+        agreed = _at_boundary(settings, started, saved_time, signals, env)
+        if agreed.signum:
+            log.info("%s: saving a checkpoint at step %d, then stopping", signal.Signals(agreed.signum).name,
+                     progress.step)
+            if saved_at != progress.step:
+                save()
+            if bar is not None:
+                bar.close()
+            raise TrainingInterrupted(agreed.signum, progress.step, str(out))
+        reason = _stop_reason(settings, progress, agreed.over_budget)
+        if reason is None and agreed.save_due and saved_at != progress.step:
+            save()
+        return reason
+
     batches = _batches(task, progress, env)
-    reason = _stop_reason(settings, progress, started, env)
+    reason = boundary()
     while reason is None:
         batch_global, batch_local = next(batches)
         if not batch_global:  # an epoch ended
             if settings.eval_each_epoch:
                 evaluate_and_save(f"end of epoch {progress.epoch - 1}")
-            reason = _stop_reason(settings, progress, started, env)
+            reason = boundary()
             continue
         loss = _train_step(task, ddp_model, optimizer, scheduler, batch_global, batch_local, settings, env,
                            progress.step)
@@ -336,12 +410,14 @@ def fit(task: Task, settings: TrainSettings) -> dict[str, float]:
                                "steps_per_s": window_steps / max(elapsed, 1e-9),
                                "time": round(time.monotonic() - started, 2)})
             window_start, window_steps, window_loss = time.monotonic(), 0, 0.0
-        reason = _stop_reason(settings, progress, started, env)
+        reason = boundary()
         if reason is None and settings.eval_every and progress.step % settings.eval_every == 0:
             evaluate_and_save("eval_every")
     # The final evaluation and checkpoint, unless the last step already wrote them.
-    if saved_at != progress.step:
+    if evaluated_at != progress.step:
         evaluate_and_save(reason)
+    if gemm_plan is not None:
+        gemm_plan.record()  # the final evaluation's shapes
     if bar is not None:
         bar.close()
     return {"step": progress.step, **last_eval}

@@ -13,7 +13,7 @@ import torch
 from fastqa.errors import UserError
 from fastqa._backend import cpu_gemm_plan
 from fastqa.train import TrainSettings, fit, load_checkpoint, save_checkpoint
-from fastqa.train.checkpoint import atomic_write_text
+from fastqa.data.files import atomic_write_text
 from toy_task import ToyTask
 
 TESTS = Path(__file__).resolve().parents[1]

@@ -81,6 +81,10 @@ def register(subparsers) -> None:
                    help="v2.0: answer '' when the no-answer probability exceeds this (default 1.0, as official)")
     p.add_argument("--articles", metavar="A:B", help="score only these articles of DATA, e.g. 40:48")
     p.add_argument("--version", choices=("1.1", "2.0"), help="scoring semantics (default: the data file's version)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse predictions that miss a question of DATA or answer an id DATA does not have "
+                   "(default: a warning with the counts; a missing one scores 0 in v1.1 and is always an "
+                   "error in v2.0)")
     p.set_defaults(func=run_eval)
 
     p = subparsers.add_parser("ask", help="answer one question about a context",
@@ -93,7 +97,8 @@ def register(subparsers) -> None:
     p.add_argument("--question", required=True, metavar="TEXT")
     p.add_argument("--plot", metavar="OUT.png", help="draw the start/end probabilities over the context tokens")
     p.add_argument("--layers", choices=LAYERS, default=None)
-    p.add_argument("--max-answer-len", type=positive_int, metavar="N", help="longest answer, in tokens - 1 (default 30)")
+    p.add_argument("--max-answer-len", type=positive_int, metavar="N", help="longest answer, in tokens - 1 (default 30; "
+                   "a value past the context's length allows any span of it)")
     add_runtime_flags(p)
     p.set_defaults(func=run_ask)
 
@@ -147,7 +152,7 @@ def _run_train(args) -> int:
                              clip_norm=args.clip or None, ema_decay=args.ema or None, eval_every=args.eval_every,
                              eval_each_epoch=args.eval_each_epoch,
                              log_every=args.log_every, seed=args.seed, amp=amp_of(args.precision, device), resume=args.resume,
-                             progress=not args.no_progress, max_minutes=args.max_minutes, device=device)
+                             progress=not args.no_progress, max_minutes=args.max_minutes, save_every_minutes=args.save_every_minutes or None, device=device)
     n_params = sum(p.numel() for p in task.model.parameters() if p.requires_grad)
     if rank0:
         print(f"qa-train: {task.kind}, {len(task.train_data)} training questions, {len(task.dev_data)} dev questions, "
@@ -183,13 +188,10 @@ def _run_predict(args) -> int:
 
 
 def _read_json_map(path: str, what: str, value_type: type | tuple[type, ...]) -> dict:
-    from ...data.files import read_text
+    from ...data.files import read_json
     from ...errors import UserError
 
-    try:
-        obj = json.loads(read_text(path, what))
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    obj = read_json(path, what)
     if not isinstance(obj, dict):
         raise UserError(f"{path}: expected a JSON object {{question id: ...}} ({what})")
     for k, v in obj.items():
@@ -206,9 +208,16 @@ def run_eval(args) -> int:
     data = read_squad(args.data, args.articles)
     predictions = _read_json_map(args.predictions, "predictions", str)
     na_probs = _read_json_map(args.na_prob, "no-answer probabilities", (int, float)) if args.na_prob else None
+    # The questions of blank paragraphs were skipped (and counted) by read_squad, as qa-predict skips
+    # them: answers to them are neither scored nor reported again as ids the data does not have.
+    for skipped in data["skipped_questions"]:
+        predictions.pop(skipped, None)
+        if na_probs is not None:
+            na_probs.pop(skipped, None)
     if args.version is None and args.na_prob and not data["version"].lstrip("v").startswith("2"):
         args.version = "2.0"  # a no-answer probability file means v2.0 scoring
-    result = evaluate(data, predictions, na_probs, version=args.version, na_prob_thresh=args.na_prob_thresh)
+    result = evaluate(data, predictions, na_probs, version=args.version, na_prob_thresh=args.na_prob_thresh,
+                      strict=args.strict, source=args.predictions)
     print(format_result(result))
     return 0
 
@@ -223,6 +232,16 @@ def _run_ask(args) -> int:
     from ...errors import UserError
     from .predictor import QAModel
 
+    # Bytes on the command line that are not UTF-8 reach sys.argv as lone surrogates (PEP 383); they
+    # would fail later, far from the flag that brought them.
+    for flag, value in (("--context", args.context), ("--question", args.question)):
+        if value is None:
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise UserError(f"{flag}: not valid UTF-8 text (an undecodable byte at character {e.start}); "
+                            f"pass UTF-8, or put the text in a file (--context-file)") from None
     if args.context_file is not None:
         context = read_text(args.context_file, "--context-file")
     else:

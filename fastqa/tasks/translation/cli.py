@@ -9,7 +9,7 @@ import argparse
 import json
 import os
 import sys
-from typing import TextIO
+from typing import Iterator, TextIO
 
 from ..flags import (
     add_runtime_flags,
@@ -24,11 +24,16 @@ from ..flags import (
 
 LAYERS = ("fast", "reference")
 
+# The choices of mt-train --vocab (the first is the default); parallel.VOCABS, without importing torch here.
+VOCABS = ("subword", "word")
+DEFAULT_VOCAB_SIZE = 8000
+DEFAULT_MIN_FREQ = 2
+
 __all__ = ["register"]
 
 
-def _decoding_args(p: argparse.ArgumentParser, default_beam: int) -> None:
-    p.add_argument("--model", required=True, metavar="DIR", help="run folder of mt-train (its checkpoint.pt)")
+def _decoding_args(p: argparse.ArgumentParser, default_beam: int, *, model_required: bool = True) -> None:
+    p.add_argument("--model", required=model_required, metavar="DIR", help="run folder of mt-train (its checkpoint.pt)")
     p.add_argument("--beam", type=positive_int, default=default_beam,
                    help=f"beam size; 1 decodes greedily (default {default_beam})")
     p.add_argument("--no-incremental", action="store_true",
@@ -45,17 +50,30 @@ def _decoding_args(p: argparse.ArgumentParser, default_beam: int) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("mt-train", help="train a ConvS2S translation model on parallel text",
                               description="Train a ConvS2S model (Gehring et al. 2017) on parallel text, one "
-                              "sentence per line (plain or .gz). Works under torchrun (DDP).")
+                              "sentence per line (plain or .gz). By default the model reads and writes the pieces "
+                              "of a SentencePiece model learned on the training text (cased; never <unk>); "
+                              "--vocab word gives the tutorial's lowercased spaCy words. Works under torchrun (DDP).")
     p.add_argument("--src", required=True, help="training source sentences")
     p.add_argument("--tgt", required=True, help="training target sentences (same line count)")
     p.add_argument("--valid-src", required=True)
     p.add_argument("--valid-tgt", required=True)
     p.add_argument("--src-lang", help="spaCy language of the source (default: from the file name, train.de.gz -> de)")
     p.add_argument("--tgt-lang", help="spaCy language of the target (default: from the file name)")
-    p.add_argument("--no-lowercase", action="store_true", help="keep case (default: lowercase, as the tutorial)")
-    p.add_argument("--min-freq", type=positive_int, default=2, help="vocabulary: tokens seen at least this often")
+    p.add_argument("--vocab", choices=VOCABS, default=VOCABS[0],
+                   help="subword (default): one SentencePiece unigram model learned on source and target together, "
+                   "cased; word: spaCy tokens with a vocabulary per side, lowercased (the tutorial's)")
+    p.add_argument("--vocab-size", type=positive_int, default=None, metavar="N",
+                   help=f"--vocab subword: at most N pieces (default {DEFAULT_VOCAB_SIZE})")
+    case = p.add_mutually_exclusive_group()
+    case.add_argument("--lowercase", dest="lowercase", action="store_const", const=True, default=None,
+                      help="lowercase the text (the default for --vocab word)")
+    case.add_argument("--no-lowercase", dest="lowercase", action="store_const", const=False,
+                      help="keep case (the default for --vocab subword)")
+    p.add_argument("--min-freq", type=positive_int, default=None,
+                   help=f"--vocab word: tokens seen at least this often (default {DEFAULT_MIN_FREQ})")
     p.add_argument("--preset", choices=("small", "tutorial"), default="small")
-    p.add_argument("--max-len", type=positive_int, help="drop training pairs longer than this (tokens + <eos>)")
+    p.add_argument("--max-len", type=positive_int,
+                   help="drop training pairs longer than this (tokens or pieces + <eos>)")
     p.add_argument("--optimizer", choices=("adam", "nag"), default="adam",
                    help="adam (the tutorial) or nag: SGD with Nesterov momentum 0.99 (fairseq fconv)")
     p.add_argument("--lr", type=positive_float, help="learning rate (default: adam 1e-3, nag 0.25)")
@@ -66,25 +84,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        eval_every_help="steps between evaluations (default 0: at the end of each epoch)")
     p.set_defaults(func=run_train)
 
-    p = subparsers.add_parser("translate", help="translate sentences (stdin or --input) with a trained model",
-                              description="Read one sentence per line, write one translation per line "
-                              "(empty lines stay empty).")
+    p = subparsers.add_parser(
+        "translate", help="translate sentences (stdin or --input) with a trained model",
+        description="Read one sentence per line, write one translation per line (empty lines stay empty). "
+        "From a terminal or a pipe each line is answered as soon as it is read; a file (--input, or stdin "
+        "redirected from a file) is translated in batches of --batch-size. --nbest N writes N lines per "
+        "sentence, H-<line><TAB><score><TAB><text> (score: log-probability / length**len-penalty, best first); "
+        "--json writes one JSON object per line: {\"source\", \"hypotheses\": [{\"text\", \"score\", "
+        "\"tokens\", \"log_prob\"}, ...]} (and \"attention\" with --attention).")
     _decoding_args(p, default_beam=5)
-    p.add_argument("--input", metavar="F", help="sentences to translate (default: stdin)")
+    p.add_argument("--input", metavar="F", help="sentences to translate, in batches (default: stdin, line by line)")
+    p.add_argument("--nbest", type=positive_int, metavar="N",
+                   help="write the N (<= --beam) best translations of each sentence with their scores")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per input line: the source and its hypotheses (text, score, tokens)")
+    p.add_argument("--attention", action="store_true",
+                   help="with --json: add the best hypothesis's attention weights (target x source tokens)")
     p.add_argument("--tokenized", action="store_true",
                    help="write the model's tokens separated by spaces instead of detokenized text")
     p.add_argument("--plot-attention", metavar="OUT.png",
                    help="draw the source x target attention map of the first non-empty sentence")
     p.set_defaults(func=run_translate)
 
-    p = subparsers.add_parser("mt-eval", help="BLEU of a trained model on a test set",
-                              description="Translate --src and score against --ref: sacrebleu's corpus BLEU "
-                              "on detokenized output, and the tutorial's tokenized lowercased BLEU.")
-    _decoding_args(p, default_beam=5)
-    p.add_argument("--src", required=True, help="source sentences")
+    p = subparsers.add_parser(
+        "mt-eval", help="sacreBLEU and chrF of a trained model (or of a translation file) on a test set",
+        description="Translate --src with --model, or take the translations of --hyp, and score them against "
+        "--ref: sacreBLEU and chrF with sacrebleu's default signatures (cased, 13a; --lowercase: "
+        "case-insensitive) on detokenized text, and the tutorial's tokenized BLEU (lowercased spaCy tokens) "
+        "as a secondary figure.")
+    _decoding_args(p, default_beam=5, model_required=False)
+    p.add_argument("--src", help="source sentences (with --model)")
     p.add_argument("--ref", required=True, help="reference translations (same line count)")
+    p.add_argument("--hyp", metavar="F",
+                   help="score the translations in F (one per line) instead of translating: no --model or --src")
+    p.add_argument("--lowercase", action="store_true", help="case-insensitive sacreBLEU and chrF (case:lc)")
+    p.add_argument("--tgt-lang", metavar="LANG",
+                   help="spaCy language of the references for the tokenized BLEU (default: the model's, else "
+                   "from --ref's file name, else spaCy's language-neutral tokenizer)")
     p.add_argument("--output", metavar="F", help="also write the translations (detokenized) here")
-    p.add_argument("--json", metavar="F", help="also write the scores and decoding speed as JSON here")
+    p.add_argument("--json", metavar="F",
+                   help="also write the scores (with chrF and the signatures) and the decoding speed as JSON here")
     p.set_defaults(func=run_eval)
 
 
@@ -99,21 +138,27 @@ def _run_train(args: argparse.Namespace) -> int:
     from .task import MTOptions, train_translation
 
     check_training_flags(args)
+    if args.vocab == "word" and args.vocab_size is not None:
+        raise UserError("--vocab-size sets the pieces of --vocab subword; a word vocabulary is set by --min-freq")
+    if args.vocab == "subword" and args.min_freq is not None:
+        raise UserError("--min-freq sets the words of --vocab word; a subword vocabulary is set by --vocab-size")
     device = resolve_device(args.device)
     overrides = dict(args.overrides)
     for key in ("src_vocab_size", "tgt_vocab_size"):
         if key in overrides:
             raise UserError(f"--set {key}=...: the vocabulary sizes are set from the data")
     opts = MTOptions(src=args.src, tgt=args.tgt, valid_src=args.valid_src, valid_tgt=args.valid_tgt,
-                     src_lang=args.src_lang, tgt_lang=args.tgt_lang, lowercase=not args.no_lowercase,
-                     min_freq=args.min_freq, preset=args.preset, config_overrides=overrides, layers=args.layers or "fast",
-                     max_len=args.max_len, batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
-                     label_smoothing=args.label_smoothing, valid_bleu=args.valid_bleu, seed=args.seed)
+                     src_lang=args.src_lang, tgt_lang=args.tgt_lang, vocab=args.vocab,
+                     vocab_size=args.vocab_size or DEFAULT_VOCAB_SIZE, lowercase=args.lowercase,
+                     min_freq=args.min_freq or DEFAULT_MIN_FREQ, preset=args.preset, config_overrides=overrides,
+                     layers=args.layers or "fast", max_len=args.max_len, batch_size=args.batch_size,
+                     optimizer=args.optimizer, lr=args.lr, label_smoothing=args.label_smoothing,
+                     valid_bleu=args.valid_bleu, seed=args.seed)
     epochs = args.epochs
     settings = TrainSettings(out_dir=args.out, max_steps=args.max_steps, epochs=epochs,
                              clip_norm=args.clip or None, eval_every=args.eval_every, log_every=args.log_every,
                              seed=args.seed, amp=amp_of(args.precision, device), resume=args.resume,
-                             progress=not args.no_progress, max_minutes=args.max_minutes, device=device)
+                             progress=not args.no_progress, max_minutes=args.max_minutes, save_every_minutes=args.save_every_minutes or None, device=device)
     metrics = train_translation(opts, settings)
     if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports
         print(json.dumps(metrics))
@@ -144,35 +189,103 @@ def run_translate(args: argparse.Namespace) -> int:
         return _run_translate(args)
 
 
+def _check_translate_flags(args: argparse.Namespace) -> None:
+    from ...errors import UserError
+
+    if args.nbest is not None and args.nbest > args.beam:
+        raise UserError(f"--nbest {args.nbest} must be <= --beam ({args.beam})")
+    if args.attention and not args.json:
+        raise UserError("--attention adds the attention weights to the --json output; pass --json too")
+
+
+def _render(translator, args: argparse.Namespace, lines: list[str], first: int) -> list[str]:
+    """The output lines for input ``lines`` (line ``first`` of the input is ``lines[0]``): one per input
+    line, or with --nbest (plain) N per non-empty input line; with --json one JSON object per input line."""
+    kwargs = _decode_kwargs(args)
+    if not (args.json or args.nbest is not None):
+        if args.tokenized:
+            return [" ".join(t) for t in translator.translate_tokens(lines, **kwargs)]
+        return translator.translate(lines, **kwargs)
+    results = translator.translate_nbest(lines, nbest=args.nbest or 1, attention=args.attention, **kwargs)
+    out: list[str] = []
+    for i, (line, hyps) in enumerate(zip(lines, results), start=first):
+        if args.json:
+            obj: dict = {"source": line, "hypotheses": []}
+            for h in hyps:
+                d = h.to_dict()
+                attention = d.pop("attention", None)
+                if args.tokenized:
+                    d["text"] = " ".join(h.tokens)
+                obj["hypotheses"].append(d)
+                if attention is not None:
+                    obj["attention"] = attention
+            out.append(json.dumps(obj, ensure_ascii=False))
+        elif not hyps:
+            out.append("")  # an empty input line: an empty output line, as without --nbest
+        else:
+            out += [f"H-{i}\t{h.score:.4f}\t{' '.join(h.tokens) if args.tokenized else h.text}" for h in hyps]
+    return out
+
+
 def _run_translate(args: argparse.Namespace) -> int:
     from .parallel import read_lines
-    from .translator import plot_format
+    from .translator import DecodeStats, plot_format
 
+    _check_translate_flags(args)
     if args.plot_attention:
         plot_format(args.plot_attention)  # a bad path fails now, not after the translation
     translator = _load(args)
-    if args.input is not None:
-        lines = read_lines(args.input)
+    first_text: str | None = None  # the sentence --plot-attention draws
+    if args.input is not None or _is_regular_file(sys.stdin):
+        lines = read_lines(args.input) if args.input is not None else _read_stdin(sys.stdin)
+        for line in _render(translator, args, lines, 0):
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        stats = translator.last_stats
+        if args.plot_attention:
+            first_text = next((ln for ln in lines if translator.source_tokens(ln)), None)
     else:
-        lines = _read_stdin(sys.stdin)
-    kwargs = _decode_kwargs(args)
-    if args.tokenized:
-        outputs = [" ".join(t) for t in translator.translate_tokens(lines, **kwargs)]
-    else:
-        outputs = translator.translate(lines, **kwargs)
-    for line in outputs:
-        sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-    print(_speed_line(translator.last_stats, args), file=sys.stderr)
+        # A terminal or a pipe: whoever writes the lines may wait for each answer before sending the next.
+        stats = DecodeStats()
+        for i, line in enumerate(_stream_lines(sys.stdin)):
+            for out in _render(translator, args, [line], i):
+                sys.stdout.write(out + "\n")
+            sys.stdout.flush()
+            stats.add(translator.last_stats)
+            if first_text is None and args.plot_attention and translator.source_tokens(line):
+                first_text = line
+    print(_speed_line(stats, args), file=sys.stderr)
     if args.plot_attention:
-        first = next((ln for ln in lines if translator.source_tokens(ln)), None)
-        if first is None:
+        if first_text is None:
             from ...errors import UserError
 
             raise UserError("--plot-attention: every input line is empty")
-        translator.plot_attention(first, args.plot_attention, **kwargs)
-        print(f"attention map of {first!r} -> {args.plot_attention}", file=sys.stderr)
+        translator.plot_attention(first_text, args.plot_attention, **_decode_kwargs(args))
+        print(f"attention map of {first_text!r} -> {args.plot_attention}", file=sys.stderr)
     return 0
+
+
+def _is_regular_file(stream: TextIO) -> bool:
+    """Whether ``stream`` reads a regular file (``< file``): all its lines are there at once, so they are
+    batched; a terminal, a pipe or a stream without a descriptor is read line by line."""
+    import stat
+
+    try:
+        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return False
+
+
+def _stream_lines(stream: TextIO) -> Iterator[str]:
+    """The lines of ``stream`` one at a time, as they arrive, without their endings (a last line without a
+    newline counts). readline returns as soon as a line is complete; it never waits to fill a buffer."""
+    while True:
+        line = stream.readline()
+        if not line:
+            return
+        if line.endswith("\n"):
+            line = line[:-1]
+        yield line[:-1] if line.endswith("\r") else line
 
 
 def _read_stdin(stream: TextIO) -> list[str]:
@@ -190,33 +303,58 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def _run_eval(args: argparse.Namespace) -> int:
     from ...data.files import atomic_write_json, atomic_write_text
-    from ...data.tokenize import detokenize
-    from .bleu import corpus_bleu, tokenized_bleu
-    from .parallel import read_parallel, tokenize_line
+    from ...errors import UserError
+    from .bleu import corpus_scores, format_tokenized_bleu, text_tokenized_bleu, tokenized_bleu
+    from .parallel import guess_lang, read_lines, read_parallel, tokenize_line
 
-    translator = _load(args)
-    src, refs = read_parallel(args.src, args.ref)
-    hyp_tokens = translator.translate_tokens(src, **_decode_kwargs(args))
-    stats = translator.last_stats
-    hyps = [detokenize(t, translator.tgt_lang) for t in hyp_tokens]
-    # A lowercased model cannot produce the references' capitals: score it case-insensitively (case:lc).
-    sacre = corpus_bleu(hyps, refs, lowercase=translator.lowercase)
-    ref_tokens = [tokenize_line(r, translator.tgt_lang, lowercase=True) for r in refs]
-    tok = tokenized_bleu(hyp_tokens, ref_tokens, lowercase=True)
-    print(sacre.line)
-    print(f"tokenized BLEU (lowercased spaCy tokens, torchtext bleu_score as the tutorial) = {tok.score:.2f} "
-          f"{'/'.join(f'{p:.1f}' for p in tok.precisions)} (BP = {tok.bp:.3f} hyp_len = {tok.sys_len} "
-          f"ref_len = {tok.ref_len})")
-    print(_speed_line(stats, args), file=sys.stderr)
+    if args.hyp is not None:
+        given = [flag for flag, value in (("--model", args.model), ("--src", args.src), ("--output", args.output))
+                 if value is not None]
+        if given:
+            raise UserError(f"--hyp scores an existing translation file: leave out {' and '.join(given)}")
+        hyps, refs = read_lines(args.hyp), read_lines(args.ref)
+        if len(hyps) != len(refs):
+            raise UserError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}: "
+                            f"scoring needs one translation per reference line")
+        lang = args.tgt_lang or guess_lang(args.ref, "--tgt-lang", required=False) or "xx"
+        tok = text_tokenized_bleu(hyps, refs, lang)
+        stats = None
+    else:
+        if args.model is None or args.src is None:
+            raise UserError("mt-eval needs --model and --src (or --hyp FILE to score a translation file)")
+        translator = _load(args)
+        src, refs = read_parallel(args.src, args.ref)
+        hyp_tokens = translator.translate_tokens(src, **_decode_kwargs(args))
+        stats = translator.last_stats
+        hyps = [translator.detokenize(t) for t in hyp_tokens]
+        lang = args.tgt_lang or translator.codec.bleu_lang
+        if translator.vocab_kind == "word":
+            # The tutorial's figure: the model's own (lowercased) words against lowercased reference tokens.
+            tok = tokenized_bleu(hyp_tokens, [tokenize_line(r, lang, lowercase=True) for r in refs])
+        else:
+            tok = text_tokenized_bleu(hyps, refs, lang)
+        if translator.lowercase and not args.lowercase:
+            print("fastqa: note: the model writes lowercased text, which cannot match the references' capitals; "
+                  "--lowercase gives the case-insensitive scores", file=sys.stderr)
+    scores = corpus_scores(hyps, refs, lowercase=args.lowercase)
+    print(scores.bleu.line)
+    print(scores.chrf.line)
+    print(format_tokenized_bleu(tok))
+    if stats is not None:
+        print(_speed_line(stats, args), file=sys.stderr)
     if args.output:
         atomic_write_text(args.output, "".join(h + "\n" for h in hyps))
     if args.json:
-        s = max(stats.seconds, 1e-9)
-        atomic_write_json(args.json, {
-            "model": args.model, "src": args.src, "ref": args.ref, "beam": args.beam,
-            "incremental": not args.no_incremental, "len_penalty": args.len_penalty,
-            "sacrebleu": sacre.score, "sacrebleu_line": sacre.line, "tokenized_bleu": tok.score,
-            "tokenized_precisions": list(tok.precisions), "tokenized_bp": tok.bp,
-            "sentences": stats.sentences, "output_tokens": stats.tokens, "decode_seconds": stats.seconds,
-            "sentences_per_s": stats.sentences / s, "tokens_per_s": stats.tokens / s})
+        report = {"model": args.model, "src": args.src, "hyp": args.hyp, "ref": args.ref, **scores.to_dict(),
+                  # the names of the first reports, kept for their readers
+                  "sacrebleu": scores.bleu.score, "sacrebleu_line": scores.bleu.line,
+                  "tokenized_bleu": tok.score, "tokenized_precisions": list(tok.precisions), "tokenized_bp": tok.bp,
+                  "tokenized_lang": lang}
+        if stats is not None:
+            s = max(stats.seconds, 1e-9)
+            report.update({"vocab": translator.vocab_kind, "beam": args.beam, "incremental": not args.no_incremental,
+                           "len_penalty": args.len_penalty, "output_tokens": stats.tokens,
+                           "decode_seconds": stats.seconds, "sentences_per_s": stats.sentences / s,
+                           "tokens_per_s": stats.tokens / s})
+        atomic_write_json(args.json, report)
     return 0

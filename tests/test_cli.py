@@ -55,3 +55,16 @@ def test_train_commands_share_the_training_flags():
 def test_unusable_device_is_one_line(capsys, tmp_path, device, pattern):
     assert_user_error(capsys, ["ask", "--model", tmp_path, "--context", "a b", "--question", "a?", "--device", device],
                       pattern)
+
+
+@pytest.mark.parametrize("command", ["qa-train", "mt-train"])
+def test_run_folder_problems_are_reported_before_any_data_is_read(capsys, tmp_path, command):
+    # The data files do not exist: an error about them would mean the run folder was checked too late.
+    missing = str(tmp_path / "missing")
+    data = (["--train", missing, "--dev", missing] if command == "qa-train"
+            else ["--src", missing, "--tgt", missing, "--valid-src", missing, "--valid-tgt", missing])
+    assert_user_error(capsys, [command, *data, "--out", tmp_path / "run", "--resume"], r"--resume: .*no such checkpoint")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"")
+    assert_user_error(capsys, [command, *data, "--out", tmp_path / "run"], "exists: pass --resume")
+    assert_user_error(capsys, [command, *data, "--out", tmp_path / "run" / "checkpoint.pt"], "is a file")

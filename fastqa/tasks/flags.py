@@ -107,6 +107,14 @@ def check_training_flags(args: argparse.Namespace) -> None:
     for name, value in args.overrides:
         if name == "layers":
             raise UserError("--set layers=...: the layer backend is chosen with --layers")
+    # The run folder's state is known before minutes of data loading: say so now.
+    checkpoint = os.path.join(args.out, "checkpoint.pt")
+    if args.resume and not os.path.isfile(checkpoint):
+        raise UserError(f"--resume: {checkpoint}: no such checkpoint (train a model into that folder first)")
+    if not args.resume and os.path.exists(checkpoint):
+        raise UserError(f"{checkpoint} exists: pass --resume to continue that run, or choose another --out")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UserError(f"--out {args.out}: is a file, expected a folder")
 
 
 def amp_of(precision: str | None, device: str) -> str | None:

@@ -7,20 +7,22 @@ import gzip
 import json
 import os
 import tempfile
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterator
 
 from ..errors import UserError
 
-__all__ = ["read_text", "atomic_open", "atomic_write_text", "atomic_write_json"]
+__all__ = ["read_text", "read_json", "atomic_open", "atomic_write_text", "atomic_write_json"]
 
 
 def read_text(path: str | os.PathLike, what: str = "") -> str:
     """The UTF-8 text of ``path``, gzip-compressed or not (told by its first bytes; a BOM is dropped).
 
-    ``what`` (e.g. "--context-file") is added to the messages. A missing file, a folder, an unreadable or
-    damaged file, or bytes that are not UTF-8 (with the line) raise a UserError that names the file.
+    ``what`` (e.g. "--context-file") is added to the messages. A missing file, a folder, an unreadable file,
+    damaged or truncated gzip data, or bytes that are not UTF-8 (with the line) raise a UserError that names
+    the file.
     """
     path = os.fspath(path)
     note = f" ({what})" if what else ""
@@ -34,15 +36,34 @@ def read_text(path: str | os.PathLike, what: str = "") -> str:
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror or e}){note}") from None
     if raw[:2] == b"\x1f\x8b":
+        # A truncated stream raises EOFError, a bad header or CRC gzip.BadGzipFile (an OSError), corrupt
+        # deflate data zlib.error -- which is neither of the other two.
         try:
             raw = gzip.decompress(raw)
-        except (OSError, EOFError) as e:  # a truncated or corrupt .gz
+        except (OSError, EOFError, zlib.error) as e:
             raise UserError(f"{path}: cannot read (damaged gzip data: {e}){note}") from None
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
         raise UserError(f"{path}: line {line}: not UTF-8 text ({e.reason}){note}") from None
+
+
+def read_json(path: str | os.PathLike, what: str = "") -> Any:
+    """The parsed JSON of ``path`` (read as ``read_text`` does, so ``.gz`` works too).
+
+    Malformed JSON is a UserError with the line and column; JSON nested too deeply for Python's parser
+    (a RecursionError, e.g. ``[[[[...`` a hundred thousand deep) is a UserError naming the file as well.
+    """
+    path = os.fspath(path)
+    note = f" ({what})" if what else ""
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}{note}") from None
+    except RecursionError:
+        raise UserError(f"{path}: the JSON is nested too deeply to read{note}") from None
 
 
 @contextmanager

@@ -1,5 +1,9 @@
-"""Official SQuAD EM/F1 (v1.1 and v2.0 semantics) against hand-computed values."""
+"""Official SQuAD EM/F1 (v1.1 and v2.0 semantics) against hand-computed values; missing, unknown, int and
+duplicate question ids."""
 import json
+import logging
+import subprocess
+import sys
 
 import pytest
 
@@ -138,3 +142,80 @@ def test_version_dispatch():
         evaluate(_v1_data(), {}, {"q1": 0.5})
     with pytest.raises(ValueError, match="no gold answer"):
         evaluate_v1(_v2_data(), V2_PREDS)
+
+
+# ------------------------------------------------------------------------- ids: missing, unknown, int, twice
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name == "fastqa.qa"]
+
+
+def _many_questions(n: int = 10) -> dict:
+    qas = [{"id": f"q{i}", "question": "?", "answers": [{"text": f"a{i}", "answer_start": 0}]} for i in range(n)]
+    return {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": "...", "qas": qas}]}]}
+
+
+def test_missing_and_unknown_ids_are_one_warning_each_with_counts(caplog):
+    data = _many_questions(10)
+    preds = {f"q{i}": f"a{i}" for i in range(5)}               # q5..q9 unanswered
+    preds.update({f"zz{i}": "x" for i in range(4)})          # 4 ids the data does not have
+    with caplog.at_level(logging.WARNING, logger="fastqa.qa"):
+        result = evaluate(data, preds, source="pred.json")
+    assert result == {"exact_match": 50.0, "f1": 50.0}       # the missing score 0, the unknown are ignored
+    messages = _warnings(caplog)
+    assert len(messages) == 2, messages                       # counts, never one line per id
+    assert messages[0] == "pred.json: no prediction for 5 of 10 questions (e.g. 'q5', 'q6', 'q7', ...); they score 0"
+    assert messages[1] == ("pred.json: 4 predictions are for question ids the data does not have "
+                           "(e.g. 'zz0', 'zz1', 'zz2', ...); they are not scored")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fastqa.qa"):
+        evaluate(data, {f"q{i}": "" for i in range(10)})
+    assert _warnings(caplog) == []                           # nothing to say when the ids line up
+
+
+def test_strict_refuses_missing_or_unknown_ids_in_one_message():
+    data = _many_questions(4)
+    full = {f"q{i}": "x" for i in range(4)}
+    assert evaluate(data, full, strict=True)["exact_match"] == 0.0
+    with pytest.raises(ValueError, match=r"^p\.json: no prediction for 1 of 4 questions \(e\.g\. 'q3'\) \(strict"):
+        evaluate(data, {k: v for k, v in full.items() if k != "q3"}, strict=True, source="p.json")
+    with pytest.raises(ValueError, match=r"1 prediction is for question ids the data does not have \(e\.g\. 'nope'\)"):
+        evaluate(data, {**full, "nope": "x"}, strict=True)
+    with pytest.raises(ValueError, match=r"no prediction for 1 of 4.*; .*1 prediction is for question ids") as e:
+        evaluate(data, {"q0": "x", "q1": "x", "q2": "x", "nope": "x"}, strict=True)
+    assert "\n" not in str(e.value)
+    # v2.0: unknown ids warn (strict: refuse); a missing prediction is always an error
+    with pytest.raises(ValueError, match="does not have"):
+        evaluate_v2(_v2_data(), {**V2_PREDS, "Z": "x"}, strict=True)
+    assert evaluate_v2(_v2_data(), {**V2_PREDS, "Z": "x"}) == evaluate_v2(_v2_data(), V2_PREDS)
+
+
+def test_ids_are_strings_and_duplicates_are_refused():
+    data = _many_questions(3)
+    for qa in data["data"][0]["paragraphs"][0]["qas"]:
+        qa["id"] = int(qa["id"][1:]) + 100                   # int ids, as some files have them
+    by_str = {"100": "a0", "101": "a1", "102": "a2"}
+    assert evaluate(data, by_str, strict=True)["exact_match"] == 100.0
+    assert evaluate(data, {100: "a0", 101: "a1", 102: "a2"}, strict=True)["exact_match"] == 100.0
+    with pytest.raises(ValueError, match="question id '101' is given twice"):
+        evaluate(data, {101: "a1", "101": "a1"})
+    data["data"][0]["paragraphs"][0]["qas"][2]["id"] = "101"  # 101 and "101" are one id
+    with pytest.raises(ValueError, match="question id '101' appears twice in the data"):
+        evaluate(data, by_str)
+    with pytest.raises(TypeError, match="question 'q1': expected a str, got int"):
+        evaluate(_many_questions(2), {"q0": "a", "q1": 3})
+    with pytest.raises(TypeError, match="mapping"):
+        evaluate(_many_questions(2), ["q0"])
+
+
+def test_python_api_warnings_reach_stderr_without_logging_setup():
+    # A user's script with no logging configured still sees the warning (logging's last-resort handler).
+    code = ("from fastqa.tasks.qa.metric import evaluate\n"
+            "qas = [{'id': f'q{i}', 'question': '?', 'answers': [{'text': 'a', 'answer_start': 0}]} for i in range(3)]\n"
+            "data = {'version': '1.1', 'data': [{'paragraphs': [{'context': 'a', 'qas': qas}]}]}\n"
+            "print(evaluate(data, {'q0': 'a', 'other': 'b'}))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "no prediction for 2 of 3 questions (e.g. 'q1', 'q2'); they score 0" in proc.stderr
+    assert "1 prediction is for question ids the data does not have (e.g. 'other')" in proc.stderr
+    assert "exact_match" in proc.stdout

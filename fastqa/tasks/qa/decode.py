@@ -21,15 +21,24 @@ def decode_spans(log_p1: torch.Tensor, log_p2: torch.Tensor, *, max_answer_len: 
     Returns ``start``, ``end`` [B] (context token indices, inclusive), ``score`` [B] (the probability
     p1·p2 of the chosen answer, the null one when it wins), ``is_null`` [B] bool and ``na_prob`` [B]
     (null / (null + best span); 0 without a no-answer option).
+
+    A ``max_answer_len`` of n - 1 or more already allows every span of an n-token context, so it is capped
+    there: the band below is [B, n, min(max_answer_len, n - 1) + 1] whatever is asked for.
     """
+    if isinstance(max_answer_len, bool) or not isinstance(max_answer_len, int):
+        raise TypeError(f"max_answer_len must be an int, got {type(max_answer_len).__name__}")
     if max_answer_len < 0:
         raise ValueError(f"max_answer_len must be >= 0, got {max_answer_len}")
+    if log_p1.dim() != 2 or log_p1.shape != log_p2.shape:
+        raise ValueError(f"log_p1 and log_p2 must both be [B, n], got {tuple(log_p1.shape)} and {tuple(log_p2.shape)}")
     lp1, lp2 = log_p1.float(), log_p2.float()
     if no_answer:
         null = lp1[:, 0] + lp2[:, 0]
         lp1, lp2 = lp1[:, 1:], lp2[:, 1:]
     B, n = lp1.shape
-    width = max_answer_len + 1
+    if n == 0:
+        raise ValueError("log_p1 has no context positions to decode a span from")
+    width = min(max_answer_len, n - 1) + 1
     # band[b, i, k] = log p2(b, i + k): the end candidates of start i (-inf past the context).
     band = F.pad(lp2, (0, width - 1), value=-math.inf).unfold(1, width, 1)  # [B, n, width]
     scores = (lp1.unsqueeze(2) + band).reshape(B, n * width)

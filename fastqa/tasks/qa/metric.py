@@ -15,18 +15,33 @@ They differ in what they count:
 
 The sums run in the data file's order with Python floats, as the official scripts do, so the values
 equal theirs to the last digit.
+
+No number is silent about what it left out. Question ids are compared as strings (an int id in the data
+is its str, as ``read_squad`` makes it), an id that appears twice in the data is an error, and the ids
+that do not line up are logged as one warning each on the ``fastqa.qa`` logger (stderr unless logging
+is configured otherwise) with their count and a few examples, as the official scripts warn:
+
+- missing: questions of the data without a prediction (v1.1: they score 0; v2.0: always an error,
+  since the official v2.0 script would silently shrink the total instead);
+- unknown: predictions for ids the data does not have (not scored).
+
+``strict=True`` turns either into a ValueError.
 """
 from __future__ import annotations
 
+import logging
 import re
 import string
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 __all__ = [
     "normalize_answer", "exact_match", "f1", "evaluate_v1", "evaluate_v2", "evaluate", "is_v2",
-    "format_result",
+    "format_result", "IdCheck", "check_ids",
 ]
+
+log = logging.getLogger("fastqa.qa")
 
 _PUNCTUATION = frozenset(string.punctuation)  # ASCII only, as the official scripts use
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
@@ -75,6 +90,87 @@ def _questions(dataset: Any) -> Iterator[dict]:
             yield from paragraph["qas"]
 
 
+def _qid(qa: Mapping) -> str:
+    # The data may come straight from json.load with int ids; predictions' keys are JSON strings.
+    return str(qa["id"])
+
+
+def _str_keys(mapping: Mapping, what: str, value_type: type | tuple[type, ...]) -> dict[str, Any]:
+    """``mapping`` with str keys (an int key 57 becomes "57"), its values checked against ``value_type``."""
+    if not isinstance(mapping, Mapping):
+        raise TypeError(f"{what} must be a mapping {{question id: value}}, got {type(mapping).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        name = str(key)
+        if name in out:
+            raise ValueError(f"{what}: question id {name!r} is given twice (as {key!r} and as {name!r})")
+        if isinstance(value, bool) or not isinstance(value, value_type):
+            kind = value_type.__name__ if isinstance(value_type, type) else "number"
+            raise TypeError(f"{what}: question {name!r}: expected a {kind}, got {type(value).__name__}")
+        out[name] = value
+    return out
+
+
+@dataclass(frozen=True)
+class IdCheck:
+    """How the ids of a predictions mapping line up with the questions of the data."""
+
+    total: int            # questions in the data
+    missing: list[str]    # data ids without a prediction, in file order
+    unknown: list[str]    # prediction ids the data does not have, in the predictions' order
+
+
+def check_ids(dataset: Any, predictions: Mapping[str, Any]) -> IdCheck:
+    """Compare the question ids of ``dataset`` with the keys of ``predictions`` (both as strings).
+
+    Raises a ValueError naming the id when the data has one question id twice: its score would be
+    ambiguous.
+    """
+    seen: set[str] = set()
+    missing = []
+    for qa in _questions(dataset):
+        qid = _qid(qa)
+        if qid in seen:
+            raise ValueError(f"question id {qid!r} appears twice in the data")
+        seen.add(qid)
+        if qid not in predictions:
+            missing.append(qid)
+    unknown = [str(k) for k in predictions if str(k) not in seen]
+    return IdCheck(len(seen), missing, unknown)
+
+
+def _examples(ids: list[str], k: int = 3) -> str:
+    return ", ".join(repr(i) for i in ids[:k]) + (", ..." if len(ids) > k else "")
+
+
+def _missing_message(check: IdCheck, source: str) -> str:
+    return (f"{source}: no prediction for {len(check.missing)} of {check.total} questions "
+            f"(e.g. {_examples(check.missing)})")
+
+
+def _unknown_message(check: IdCheck, source: str) -> str:
+    n = len(check.unknown)
+    return (f"{source}: {n} prediction{'s are' if n != 1 else ' is'} for question ids the data does not have "
+            f"(e.g. {_examples(check.unknown)})")
+
+
+def _report_ids(check: IdCheck, *, strict: bool, source: str, missing_is_error: bool) -> None:
+    """Warn about (or, when strict, refuse) predictions that do not line up with the data."""
+    problems = []
+    if check.missing:
+        problems.append(_missing_message(check, source))
+    if check.unknown:
+        problems.append(_unknown_message(check, source))
+    if strict and problems:
+        raise ValueError("; ".join(problems) + " (strict scoring needs exactly one prediction per question)")
+    if check.missing and missing_is_error:
+        raise ValueError(f"{_missing_message(check, source)}; v2.0 scoring needs all of them")
+    if check.missing:
+        log.warning("%s; they score 0", _missing_message(check, source))
+    if check.unknown:
+        log.warning("%s; they are not scored", _unknown_message(check, source))
+
+
 def is_v2(dataset: Any) -> bool:
     """Whether a SQuAD JSON object uses v2.0 semantics (its version string, or unanswerable questions)."""
     if isinstance(dataset, Mapping) and "version" in dataset:
@@ -82,24 +178,30 @@ def is_v2(dataset: Any) -> bool:
     return any(qa.get("is_impossible", False) or not qa.get("answers") for qa in _questions(dataset))
 
 
-def evaluate_v1(dataset: Any, predictions: Mapping[str, str]) -> dict[str, float]:
+def evaluate_v1(dataset: Any, predictions: Mapping[str, str], *, strict: bool = False,
+                source: str = "predictions") -> dict[str, float]:
     """Official v1.1: ``{"exact_match", "f1"}`` in percent over every question of the data.
 
     dataset: the SQuAD JSON object (or its ``data`` list). predictions: question id -> answer text.
-    A question without a prediction scores 0; a question without gold answers is an error (the
+    A question without a prediction scores 0 and a prediction for an id the data lacks is ignored, each
+    with a logged warning (count and examples; ``strict``: a ValueError instead); ``source`` names the
+    predictions in those messages (e.g. the file). A question without gold answers is an error (the
     official v1.1 script fails on it too: use `evaluate_v2` for such data).
     """
+    predictions = _str_keys(predictions, source, str)
+    _report_ids(check_ids(dataset, predictions), strict=strict, source=source, missing_is_error=False)
     total = 0
     em_sum = 0
     f1_sum = 0.0
     for qa in _questions(dataset):
         total += 1
-        if qa["id"] not in predictions:
+        qid = _qid(qa)
+        if qid not in predictions:
             continue
         golds = [answer["text"] for answer in qa["answers"]]
         if not golds:
-            raise ValueError(f"question {qa['id']!r} has no gold answer: v1.1 scoring needs one (use v2.0)")
-        prediction = predictions[qa["id"]]
+            raise ValueError(f"question {qid!r} has no gold answer: v1.1 scoring needs one (use v2.0)")
+        prediction = predictions[qid]
         em_sum += max(exact_match(prediction, gold) for gold in golds)
         f1_sum += max(f1(prediction, gold) for gold in golds)
     if total == 0:
@@ -139,33 +241,33 @@ def _best_threshold(predictions: Mapping[str, str], scores: Mapping[str, float],
 
 
 def evaluate_v2(dataset: Any, predictions: Mapping[str, str], na_probs: Mapping[str, float] | None = None,
-                *, na_prob_thresh: float = 1.0) -> dict[str, float | int]:
+                *, na_prob_thresh: float = 1.0, strict: bool = False, source: str = "predictions"
+                ) -> dict[str, float | int]:
     """Official v2.0: ``exact, f1, total, HasAns_*, NoAns_*`` (+ ``best_*`` when na_probs is given).
 
     dataset: the SQuAD JSON object (or its ``data`` list); predictions: question id -> answer text
     ("" = no answer); na_probs: question id -> probability of no answer.
     Every question needs a prediction (and a na-prob when na_probs is given): the official script
-    fails on a missing one, this raises a ValueError naming it.
+    would leave a missing one out of the total, this raises a ValueError with the count and examples.
+    A prediction for an id the data lacks is ignored with a logged warning (``strict``: a ValueError);
+    ``source`` names the predictions in the messages.
     """
+    predictions = _str_keys(predictions, source, str)
+    if na_probs is not None:
+        na_probs = _str_keys(na_probs, "no-answer probabilities", (int, float))
+    _report_ids(check_ids(dataset, predictions), strict=strict, source=source, missing_is_error=True)
     has_answer: dict[str, bool] = {}
     exact_raw: dict[str, float] = {}
     f1_raw: dict[str, float] = {}
-    missing = []
     for qa in _questions(dataset):
-        qid = qa["id"]
+        qid = _qid(qa)
         has_answer[qid] = bool(qa["answers"])
         golds = [a["text"] for a in qa["answers"] if normalize_answer(a["text"])] or [""]
-        if qid not in predictions:
-            missing.append(qid)
-            continue
         prediction = predictions[qid]
         exact_raw[qid] = max(exact_match(prediction, gold) for gold in golds)
         f1_raw[qid] = max(f1(prediction, gold, v2=True) for gold in golds)
     if not has_answer:
         raise ValueError("the data has no questions to score")
-    if missing:
-        raise ValueError(f"no prediction for {len(missing)} of {len(has_answer)} questions "
-                         f"(first: {missing[0]!r}); v2.0 scoring needs all of them")
     given_na = na_probs is not None
     if na_probs is None:
         na_probs = {qid: 0.0 for qid in predictions}
@@ -193,8 +295,14 @@ def evaluate_v2(dataset: Any, predictions: Mapping[str, str], na_probs: Mapping[
 
 
 def evaluate(dataset: Any, predictions: Mapping[str, str], na_probs: Mapping[str, float] | None = None,
-             *, version: str | None = None, na_prob_thresh: float = 1.0) -> dict[str, float | int]:
-    """v1.1 or v2.0 scoring, chosen by ``version`` ("1.1" / "2.0") or else by the data's version string."""
+             *, version: str | None = None, na_prob_thresh: float = 1.0, strict: bool = False,
+             source: str = "predictions") -> dict[str, float | int]:
+    """v1.1 or v2.0 scoring, chosen by ``version`` ("1.1" / "2.0") or else by the data's version string.
+
+    Missing and unknown prediction ids are warned about (counts and examples) or, with ``strict``, refused
+    with a ValueError; ``source`` (e.g. the predictions file) names them in the messages. See the module
+    docstring.
+    """
     if version is None:
         v2 = is_v2(dataset)
     elif version.lstrip("v") in ("1.1", "1"):
@@ -204,10 +312,11 @@ def evaluate(dataset: Any, predictions: Mapping[str, str], na_probs: Mapping[str
     else:
         raise ValueError(f"version must be '1.1' or '2.0', got {version!r}")
     if v2:
-        return evaluate_v2(dataset, predictions, na_probs, na_prob_thresh=na_prob_thresh)
+        return evaluate_v2(dataset, predictions, na_probs, na_prob_thresh=na_prob_thresh, strict=strict,
+                           source=source)
     if na_probs is not None:
         raise ValueError("a no-answer probability file needs v2.0 scoring (the data says v1.1)")
-    return evaluate_v1(dataset, predictions)
+    return evaluate_v1(dataset, predictions, strict=strict, source=source)
 
 
 def format_result(result: Mapping[str, Any]) -> str:

@@ -9,6 +9,7 @@ Python use::
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -77,19 +78,31 @@ class QAModel:
         return cls(model, words, chars, max_answer_len=int(meta.get("max_answer_len", 30)), limits=limits,
                    device=device)
 
+    @property
+    def char_limit(self) -> int:
+        """Characters kept per word: the window the character CNN was trained on (QANet's ``max_word_len``;
+        the training limits for a reader that has none)."""
+        return int(getattr(self.config, "max_word_len", self.limits.chars))
+
     # -- free text
     def _encode_pair(self, context: str, question: str, index: int | None = None):
         where = "" if index is None else f" (pair {index})"
         if not isinstance(context, str) or not isinstance(question, str):
             raise TypeError(f"context and question must be str{where}")
+        for name, text in (("context", context), ("question", question)):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:  # lone surrogates: bytes that were not UTF-8, decoded leniently
+                raise UserError(f"the {name} is not valid Unicode text (a lone surrogate at character "
+                                f"{e.start}){where}") from None
         ctx = tokenize(context)
         q = tokenize(question)
         if not ctx:
             raise UserError(f"the context is empty{where}")
         if not q:
             raise UserError(f"the question is empty{where}")
-        cw, cc = encode_tokens([t for t, _ in ctx], self.words, self.chars)
-        qw, qc = encode_tokens([t for t, _ in q], self.words, self.chars)
+        cw, cc = encode_tokens([t for t, _ in ctx], self.words, self.chars, self.char_limit)
+        qw, qc = encode_tokens([t for t, _ in q], self.words, self.chars, self.char_limit)
         offsets = [(s, s + len(t)) for t, s in ctx]
         return cw, cc, qw, qc, offsets, [t for t, _ in ctx]
 
@@ -155,10 +168,14 @@ class QAModel:
     # -- files
     def predict_file(self, path: str | os.PathLike, *, articles: str | None = None, batch_size: int = 32,
                      cache_dir: str | os.PathLike | None = None, progress: bool = True) -> tuple[SquadSet, PredictOutput]:
-        """Answer every question of a SQuAD file (optionally some articles): (the data, PredictOutput)."""
+        """Answer every question of a SQuAD file (optionally some articles): (the data, PredictOutput).
+
+        Paragraphs with an empty or whitespace-only context are skipped with a logged count (see
+        ``fastqa.tasks.qa.squad``): their questions get no prediction."""
         data = load_squad(path, articles, cache_dir=cache_dir, progress=progress)
+        limits = replace(self.limits, chars=self.char_limit)
         enc = encode_squad(data, self.words, self.chars, train=False, no_answer=self.config.no_answer,
-                           limits=self.limits, cache_dir=cache_dir)
+                           limits=limits, cache_dir=cache_dir)
         out = predict(self.model, data, enc, batch_size=batch_size, max_answer_len=self.max_answer_len,
                       device=self.device, progress=progress)
         return data, out

@@ -15,10 +15,19 @@ that offset is counted in ``SquadSet.mismatched`` and logged, and gives no train
 searched for elsewhere in the context); its gold text still counts for the metric. An ``answer_start``
 outside the context is an error naming the question id.
 
-Training limits (``Limits``: context 400 tokens, question 50, answer 30, 16 characters per word) apply to
-training only: a training context is cut to 400 tokens (its questions whose answer ends beyond that are
-dropped, as are answers longer than 30 tokens), questions are cut to 50 tokens, words to 16 characters.
-Evaluation and prediction use the full context, question and words.
+Question ids are strings: an int id in the file is converted to its str when read (so a predictions file,
+whose keys are JSON strings, matches it), and an id that appears twice in the selected articles is an
+error naming the id and the file. A paragraph whose context is empty or whitespace only has nothing to
+answer from: it is skipped with its questions, their count logged as a warning, everywhere (training,
+evaluation, prediction, ``qa-eval``), so an evaluation during training never meets one; a selection with
+no paragraph left is refused.
+
+Training limits (``Limits``: context 400 tokens, question 50, answer 30, 16 characters per word): a
+training context is cut to 400 tokens (its questions whose answer ends beyond that are dropped, as are
+answers longer than 30 tokens) and questions are cut to 50 tokens; evaluation and prediction use the full
+context and question. Words are cut to 16 characters (``Limits.chars``, the model's ``max_word_len``) in
+every path, training or not: the character CNN was trained on that window, and one 8,000-character token
+(a URL, a base64 blob) would otherwise widen the padded [B, n, W] character tensor of its whole batch.
 """
 from __future__ import annotations
 
@@ -34,7 +43,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from ...data.batching import bucket_batches, pad
-from ...data.files import read_text
+from ...data.files import read_json
 from ...data.tokenize import tokenize
 from ...data.vocab import Vocab
 from ...errors import UserError
@@ -47,7 +56,7 @@ __all__ = [
 
 log = logging.getLogger("fastqa.data")
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: words cut to Limits.chars in evaluation too; blank contexts skipped; str ids
 NO_TARGET = -1  # an example without a target the model can learn (see EncodedSquad.starts)
 
 
@@ -101,6 +110,8 @@ class SquadSet:
     mismatched: list[tuple[str, str, str]] = field(default_factory=list)  # (qid, answer text, context there)
     unaligned: list[str] = field(default_factory=list)  # qids of answers that cover no token (whitespace)
     dataset: dict = field(default_factory=dict)  # the selected JSON (for the official metric)
+    skipped: list[tuple[int, int]] = field(default_factory=list)  # (article, paragraph) of blank contexts
+    skipped_questions: list[str] = field(default_factory=list)  # the qids of those paragraphs
 
     @property
     def v2(self) -> bool:
@@ -137,19 +148,13 @@ def parse_articles(spec: str | Sequence[int] | None, n_articles: int, *, what: s
     return start, end
 
 
-def _read_json(path: str) -> Any:
-    text = read_text(path)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
-
-
 def _expect(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
     if not isinstance(obj, dict) or key not in obj:
         raise UserError(f"{where}: missing {key!r}")
     value = obj[key]
-    if isinstance(value, bool) and kind is int or not isinstance(value, kind):
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    # bool is an int to isinstance; true/false is never a valid offset or id.
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kind):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise UserError(f"{where}: {key!r} must be of type {names}, got {type(value).__name__}")
     return value
@@ -158,23 +163,41 @@ def _expect(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> An
 def read_squad(path: str | os.PathLike, articles: str | Sequence[int] | None = None) -> dict:
     """The SQuAD JSON of ``path`` (plain or gzip) with only the selected articles, structure checked.
 
-    Returns ``{"version": ..., "data": [articles...], "articles": [start, end]}``. Raises UserError for a
-    missing file, malformed JSON (line and column), a missing field (article, paragraph and question id),
-    and an ``answer_start`` outside its context (question id).
+    Returns ``{"version": ..., "data": [articles...], "articles": [start, end], "skipped": [(article,
+    paragraph)...], "skipped_questions": [qid...]}``. Question ids come back as str (an int id becomes its
+    str). A paragraph whose context is empty or whitespace only is left out of ``data`` with its questions
+    (listed under ``skipped*`` and logged as one warning with the count); the article itself stays, so
+    article indices keep their meaning.
+
+    Raises UserError for a missing file, a damaged gzip file, malformed or too deeply nested JSON (line
+    and column), a missing field (article, paragraph and question id), a question id that appears twice
+    in the selected articles (both places), an ``answer_start`` outside its context (question id), and a
+    selection in which every paragraph has a blank context.
     """
     path = os.fspath(path)
-    obj = _read_json(path)
+    obj = read_json(path)
     if not isinstance(obj, dict) or not isinstance(obj.get("data"), list):
         raise UserError(f"{path}: not a SQuAD file (expected a JSON object with a 'data' list of articles)")
     start, end = parse_articles(articles, len(obj["data"]))
-    selected = obj["data"][start:end]
-    for a, article in enumerate(selected, start):
+    selected = []
+    seen: dict[str, str] = {}             # qid -> where it was first seen
+    skipped: list[tuple[int, int]] = []
+    skipped_questions: list[str] = []
+    n_paragraphs = 0
+    for a, article in enumerate(obj["data"][start:end], start):
         where = f"{path}: article {a}"
+        kept = []
         for p, paragraph in enumerate(_expect(article, "paragraphs", list, where)):
+            n_paragraphs += 1
             pwhere = f"{where}, paragraph {p}"
             context = _expect(paragraph, "context", str, pwhere)
+            blank = not context.strip()
             for qa in _expect(paragraph, "qas", list, pwhere):
-                qid = _expect(qa, "id", (str, int), pwhere)
+                qid = qa["id"] = str(_expect(qa, "id", (str, int), pwhere))
+                if qid in seen:
+                    raise UserError(f"{path}: question id {qid!r} appears twice ({seen[qid]} and "
+                                    f"article {a}, paragraph {p}); ids must be unique")
+                seen[qid] = f"article {a}, paragraph {p}"
                 qwhere = f"{path}: question {qid!r}"
                 _expect(qa, "question", str, qwhere)
                 impossible = qa.get("is_impossible", False)
@@ -185,12 +208,33 @@ def read_squad(path: str | os.PathLike, articles: str | Sequence[int] | None = N
                     awhere = f"{qwhere}, answer {k}"
                     text = _expect(answer, "text", str, awhere)
                     s = _expect(answer, "answer_start", int, awhere)
-                    if s < 0 or s + len(text) > len(context):
+                    # A blank paragraph is skipped whole below; its offsets have nothing to point into.
+                    if not blank and (s < 0 or s + len(text) > len(context)):
                         raise UserError(f"{awhere}: answer_start {s} (+ {len(text)} characters) is out of "
                                         f"range for its context of {len(context)} characters")
                 if impossible and qa["answers"]:
                     raise UserError(f"{qwhere}: is_impossible is true but the question has answers")
-    return {"version": str(obj.get("version", "")), "data": selected, "articles": [start, end]}
+            if blank:
+                skipped.append((a, p))
+                skipped_questions.extend(qa["id"] for qa in paragraph["qas"])
+            else:
+                kept.append(paragraph)
+        selected.append({**article, "paragraphs": kept})
+    if skipped:
+        _warn_skipped(path, skipped, skipped_questions)
+        if len(skipped) == n_paragraphs:
+            raise UserError(f"{path}: every paragraph of articles {start}:{end} has an empty context; "
+                            f"there is nothing to read")
+    return {"version": str(obj.get("version", "")), "data": selected, "articles": [start, end],
+            "skipped": skipped, "skipped_questions": skipped_questions}
+
+
+def _warn_skipped(path: str, skipped: list[tuple[int, int]], questions: list[str]) -> None:
+    a, p = skipped[0]
+    n = len(skipped)
+    log.warning("%s: skipped %d paragraph%s with an empty context and %d question%s on %s (first: article %d, "
+                "paragraph %d)", path, n, "s" if n != 1 else "", len(questions), "s" if len(questions) != 1 else "",
+                "them" if n != 1 else "it", a, p)
 
 
 def file_digest(path: str | os.PathLike) -> str:
@@ -269,6 +313,8 @@ def load_squad(path: str | os.PathLike, articles: str | Sequence[int] | None = N
         cached = _cache_load(cache_file)
         if isinstance(cached, SquadSet):
             cached.path = path
+            if cached.skipped:  # read_squad, which warns about them, did not run
+                _warn_skipped(path, cached.skipped, cached.skipped_questions)
             _report(cached)
             return cached
     dataset = read_squad(path, articles)
@@ -290,7 +336,7 @@ def load_squad(path: str | os.PathLike, articles: str | Sequence[int] | None = N
         starts = [s for s, _ in offsets]
         contexts.append(SquadContext(text, [t for t, _ in toks], offsets, a, str(title)))
         for qa in paragraph["qas"]:
-            qid = str(qa["id"])
+            qid = qa["id"]  # read_squad made every id a str
             spans = []
             for answer in qa["answers"]:
                 s, answer_text = answer["answer_start"], answer["text"]
@@ -312,7 +358,8 @@ def load_squad(path: str | os.PathLike, articles: str | Sequence[int] | None = N
     if bar is not None:
         bar.close()
     result = SquadSet(path, dataset["version"], tuple(dataset["articles"]), contexts, questions, mismatched,
-                      unaligned, {"version": dataset["version"], "data": dataset["data"]})
+                      unaligned, {"version": dataset["version"], "data": dataset["data"]},
+                      dataset["skipped"], dataset["skipped_questions"])
     _cache_save(cache_file, result)
     _report(result)
     return result
@@ -364,12 +411,18 @@ def build_vocabs(train: SquadSet, *, others: Sequence[SquadSet] = (), has_vector
 
 # ------------------------------------------------------------------------------------------ numericalise
 
-def encode_tokens(tokens: Sequence[str], words: Vocab, chars: Vocab, char_limit: int | None = None
+def encode_tokens(tokens: Sequence[str], words: Vocab, chars: Vocab, char_limit: int
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Word ids [n] and char ids [n, W] (W = longest word, cut to ``char_limit``; ``<pad>`` filled)."""
+    """Word ids [n] and char ids [n, W]: W = the longest word's length cut to ``char_limit`` (``<pad>`` filled).
+
+    ``char_limit`` (``Limits.chars``, the model's ``max_word_len``) is required: a word is never encoded
+    past the character window, so the tensor's width is bounded whatever the text holds.
+    """
+    if isinstance(char_limit, bool) or not isinstance(char_limit, int) or char_limit < 1:
+        raise ValueError(f"char_limit must be an int >= 1, got {char_limit!r}")
     word_ids = torch.tensor(words.encode(tokens), dtype=torch.long)
-    cut = [t if char_limit is None else t[:char_limit] for t in tokens]
-    char_ids = pad([chars.encode(t) for t in cut], chars.pad_id) if cut else torch.zeros(0, 1, dtype=torch.long)
+    char_ids = (pad([chars.encode(t[:char_limit]) for t in tokens], chars.pad_id) if tokens
+                else torch.zeros(0, 1, dtype=torch.long))
     return word_ids, char_ids
 
 
@@ -409,10 +462,11 @@ def encode_squad(data: SquadSet, words: Vocab, chars: Vocab, *, train: bool, no_
                  limits: Limits = Limits(), cache_dir: str | os.PathLike | None = None) -> EncodedSquad:
     """Numericalise ``data`` for a model with these vocabularies (cached under a key of everything).
 
-    train=True applies ``limits`` and keeps only examples with a target: answerable questions with a
-    matching answer inside the cut context whose last - first token is at most ``limits.answer``, and, when
-    ``no_answer``, unanswerable ones (target 0 = no answer). Dropped examples are counted by reason
-    in ``dropped`` and logged.
+    train=True applies the context, question and answer ``limits`` and keeps only examples with a target:
+    answerable questions with a matching answer inside the cut context whose last - first token is at most
+    ``limits.answer``, and, when ``no_answer``, unanswerable ones (target 0 = no answer). Dropped examples
+    are counted by reason in ``dropped`` and logged. Words are cut to ``limits.chars`` characters whatever
+    ``train`` is.
     """
     cache_file = None
     if cache_dir is not None:
@@ -423,7 +477,7 @@ def encode_squad(data: SquadSet, words: Vocab, chars: Vocab, *, train: bool, no_
         cached = _cache_load(cache_file)
         if isinstance(cached, EncodedSquad):
             return cached
-    char_limit = limits.chars if train else None
+    char_limit = limits.chars  # in every path: see the module docstring
     ctx_limit = limits.context if train else None
     ctx_words, ctx_chars = [], []
     for c in data.contexts:

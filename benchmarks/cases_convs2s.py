@@ -11,6 +11,13 @@ random (seeded), sources 12-30 tokens; with ``max_len_a=1, max_len_b=0`` every t
 as its source (random weights would otherwise run every sentence to 1.2|src| + 10). The result is the
 best hypothesis's tokens (padded with -1) and, for beam search, its score.
 
+Two vocabularies, as ``mt-train --vocab`` offers them: ``word`` (the tutorial's Multi30k spaCy
+vocabularies, de 7,853 / en 5,893 tokens) and ``subword`` (one SentencePiece model of 8,000 pieces shared
+by both sides, ``mt-train``'s default). A subword sentence is longer -- Multi30k's training text has about
+1.37 pieces per word, so its cases take sources of 16-41 pieces -- and its search never writes ``<unk>``
+(the ``forbid`` of the real decoding path), so tokens/s of the two count different units: compare
+sentences/s across vocabularies.
+
 A training-step case (mode "fwd+bwd") times forward + backward + gradient clipping + Adam on one
 batch, ``eager`` = reference layers, ``fastqa[cpu]`` = fast layers, same initial weights. Adam runs at
 learning rate 0 so the weights and the loss (the result) stay the same from call to call.
@@ -21,6 +28,7 @@ process and prints sentences/s and tokens/s (the registry's table has millisecon
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -35,18 +43,24 @@ from .registry import Case, Prepared, _fastqa_backends, register
 
 # Multi30k de->en vocabularies (spaCy tokens, min_freq 2), as the tutorial's.
 SRC_VOCAB, TGT_VOCAB = 7853, 5893
+# mt-train's default vocabulary: one SentencePiece model of 8,000 pieces for both sides.
+SUBWORD_VOCAB = 8000
+VOCAB_SIZES = {"word": (SRC_VOCAB, TGT_VOCAB), "subword": (SUBWORD_VOCAB, SUBWORD_VOCAB)}
+# The id a subword model's search may never write (fastqa's <unk>).
+SUBWORD_FORBID = (1,)
 
 
-def _config(preset: str, overrides: dict[str, Any]) -> ConvS2SConfig:
-    return ConvS2SConfig.from_preset(preset, **{"src_vocab_size": SRC_VOCAB, "tgt_vocab_size": TGT_VOCAB, **overrides})
+def _config(preset: str, overrides: dict[str, Any], vocab: str = "word") -> ConvS2SConfig:
+    src, tgt = VOCAB_SIZES[vocab]
+    return ConvS2SConfig.from_preset(preset, **{"src_vocab_size": src, "tgt_vocab_size": tgt, **overrides})
 
 
 def _models(preset: str, overrides: dict[str, Any], device: torch.device, dtype: torch.dtype, *,
-            train: bool) -> dict[str, ConvS2S]:
+            train: bool, vocab: str = "word") -> dict[str, ConvS2S]:
     """{"reference": ..., "fast": ...} with the same (seeded) weights."""
     torch.manual_seed(0)
-    fast = ConvS2S(_config(preset, overrides), layers="fast")
-    ref = ConvS2S(_config(preset, overrides), layers="reference")
+    fast = ConvS2S(_config(preset, overrides, vocab), layers="fast")
+    ref = ConvS2S(_config(preset, overrides, vocab), layers="reference")
     ref.load_state_dict(fast.state_dict())
     return {k: m.to(device, dtype).train(train) for k, m in (("reference", ref), ("fast", fast))}
 
@@ -77,7 +91,8 @@ def _pad_rows(rows: list[list[int]]) -> torch.Tensor:
 @dataclass
 class TranslateCase(Case):
     """Translate ``sentences`` random sources with the ``preset`` model (ConvS2SConfig ``overrides`` on
-    top, e.g. for tests): greedy (beam 1) or beam search."""
+    top, e.g. for tests): greedy (beam 1) or beam search; ``vocab`` "word" or "subword" (vocabulary sizes,
+    and the subword search's ban on <unk>)."""
     model_case = True
     preset: str
     sentences: int
@@ -86,29 +101,38 @@ class TranslateCase(Case):
     min_len: int = 12
     max_len: int = 30
     overrides: dict[str, Any] = field(default_factory=dict)
+    vocab: str = "word"
     op: str = "convs2s_translate"
     name: str = ""
     shape: dict[str, Any] = field(default_factory=dict)
     modes: tuple[str, ...] = ("fwd",)
 
     def __post_init__(self) -> None:
+        if self.vocab not in VOCAB_SIZES:
+            raise ValueError(f"vocab must be one of {tuple(VOCAB_SIZES)}, got {self.vocab!r}")
         kind = "greedy" if self.beam == 1 else f"beam{self.beam}"
-        self.name = f"{self.preset}_S{self.sentences}_{kind}"
+        # word cases keep their ids (and their results on record); subword cases are named so
+        self.name = f"{self.preset}_S{self.sentences}_{kind}" + ("_subword" if self.vocab == "subword" else "")
         self.shape = {"preset": self.preset, "sentences": self.sentences, "beam": self.beam,
                       "src_len": [self.min_len, self.max_len]}
+        if self.vocab != "word":
+            self.shape["vocab"] = self.vocab
 
     def decoder(self, model: ConvS2S, src: torch.Tensor, incremental: bool) -> Callable[[], Any]:
+        forbid = SUBWORD_FORBID if self.vocab == "subword" else ()
         if self.beam == 1:
-            return lambda: _pad_rows(greedy_decode(model, src, max_len_a=1.0, max_len_b=0, incremental=incremental))
+            return lambda: _pad_rows(greedy_decode(model, src, max_len_a=1.0, max_len_b=0, incremental=incremental,
+                                                   forbid=forbid))
 
         def run() -> tuple[torch.Tensor, torch.Tensor]:
-            hyps = beam_search(model, src, beam=self.beam, max_len_a=1.0, max_len_b=0, incremental=incremental)
+            hyps = beam_search(model, src, beam=self.beam, max_len_a=1.0, max_len_b=0, incremental=incremental,
+                               forbid=forbid)
             return _pad_rows([h[0].tokens for h in hyps]), torch.tensor([h[0].score for h in hyps])
         return run
 
     def prepare(self, mode: str, device: torch.device, dtype: torch.dtype, *, compile: bool,
                 naive_limit_bytes: float) -> Prepared:
-        models = _models(self.preset, self.overrides, device, dtype, train=False)
+        models = _models(self.preset, self.overrides, device, dtype, train=False, vocab=self.vocab)
         src = _sources(self.sentences, self.min_len, self.max_len, device, models["fast"].config.src_vocab_size)
         backends, why = _fastqa_backends(device)
         runners = {"naive": self.decoder(models["reference"], src, incremental=False),
@@ -130,6 +154,40 @@ class TranslateCase(Case):
         dec_bytes = sum(p.numel() for p in models["fast"].decoder.parameters()) * dtype.itemsize
         return Prepared(runners=runners, expected=expected, flops=flops, bytes=float(dec_bytes * (tokens.shape[1] + 1)),
                         unavailable=unavailable)
+
+
+def train_batch(cfg: ConvS2SConfig, batch: int, src_len: int, tgt_len: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded random training batch: [batch, src_len] sources and [batch, tgt_len + 1] targets that start
+    with <sos> (the decoder reads tgt[:, :-1] and predicts tgt[:, 1:])."""
+    gen = torch.Generator().manual_seed(1)
+    src = torch.randint(4, cfg.src_vocab_size, (batch, src_len), generator=gen).to(device)
+    tgt = torch.randint(4, cfg.tgt_vocab_size, (batch, tgt_len + 1), generator=gen)
+    tgt[:, 0] = cfg.sos_id
+    return src, tgt.to(device)
+
+
+def train_step_runner(model: ConvS2S, src: torch.Tensor, tgt: torch.Tensor, *,
+                      autocast: torch.dtype | None = None) -> Callable[[], torch.Tensor]:
+    """One training step (forward, cross-entropy, backward, clip 0.1, Adam) -> the loss. Adam runs at learning
+    rate 0: it does all its work but leaves the weights (so the loss, the result) unchanged from call to call.
+    ``autocast``: forward and loss under torch.autocast to this dtype (the backward outside it)."""
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=0.0)
+    pad = model.config.pad_id
+
+    def step() -> torch.Tensor:
+        torch.manual_seed(0)  # the same dropout masks at every call
+        with (torch.autocast(src.device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext()):
+            logits, _ = model(src, tgt[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(),
+                                                     ignore_index=pad)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+        opt.step()
+        return loss.detach()
+    return step
 
 
 @dataclass
@@ -156,31 +214,11 @@ class TrainStepCase(Case):
                 naive_limit_bytes: float) -> Prepared:
         models = _models(self.preset, self.overrides, device, dtype, train=True)
         cfg = models["fast"].config
-        gen = torch.Generator().manual_seed(1)
-        src = torch.randint(4, cfg.src_vocab_size, (self.batch, self.src_len), generator=gen).to(device)
-        tgt = torch.randint(4, cfg.tgt_vocab_size, (self.batch, self.tgt_len + 1), generator=gen)
-        tgt[:, 0] = 2
-        tgt = tgt.to(device)
-
-        def step_fn(model: ConvS2S) -> Callable[[], torch.Tensor]:
-            # lr 0: Adam does all its work but leaves the weights (so the loss, the result) unchanged.
-            opt = torch.optim.Adam(model.parameters(), lr=0.0)
-
-            def step() -> torch.Tensor:
-                torch.manual_seed(0)  # the same dropout masks at every call
-                logits, _ = model(src, tgt[:, :-1])
-                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=0)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
-                opt.step()
-                return loss.detach()
-            return step
-
+        src, tgt = train_batch(cfg, self.batch, self.src_len, self.tgt_len, device)
         backends, why = _fastqa_backends(device)
-        runners = {"eager": step_fn(models["reference"])}
+        runners = {"eager": train_step_runner(models["reference"], src, tgt)}
         for b in backends:
-            runners[f"fastqa[{b}]"] = step_fn(models["fast"])
+            runners[f"fastqa[{b}]"] = train_step_runner(models["fast"], src, tgt)
         unavailable = {"naive": "the reference layers are the baseline", "compiled": "not offered"}
         if why is not None:
             unavailable["fastqa"] = why
@@ -201,6 +239,9 @@ CONVS2S_CASES: list[Case] = [
     TranslateCase("tutorial", 50, beam=5),
     TranslateCase("tutorial", 50, beam=1),
     TranslateCase("small", 20, beam=5, quick=True),
+    # mt-train's default subword vocabulary: the same sentences, as pieces (about 1.37 per word).
+    TranslateCase("small", 200, beam=5, min_len=16, max_len=41, vocab="subword"),
+    TranslateCase("small", 200, beam=1, min_len=16, max_len=41, vocab="subword"),
     TrainStepCase("tutorial", 64, 27, 28),
     TrainStepCase("small", 64, 27, 28),
     TrainStepCase("small", 8, 20, 20, quick=True),

@@ -1,4 +1,5 @@
-"""MTTask pieces: optimizers (Adam, NAG as fairseq fconv), label smoothing, the evaluation's loss/perplexity."""
+"""MTTask pieces: optimizers (Adam, NAG as fairseq fconv), label smoothing, the evaluation's loss/perplexity,
+and the two vocabularies (the tutorial's words; SentencePiece subwords, the default)."""
 from __future__ import annotations
 
 import math
@@ -24,6 +25,7 @@ def files(tmp_path):
 def _task(files, **kw):
     kw.setdefault("config_overrides", dict(embed_dim=16, hidden_dim=16, encoder_layers=1, decoder_layers=1,
                                            dropout=0.0, max_positions=16))
+    kw.setdefault("vocab", "word")
     return build_task(MTOptions(**files, min_freq=1, batch_size=4, **kw))
 
 
@@ -75,3 +77,47 @@ def test_training_filters_long_pairs_only(files):
     assert len(task.train_data) == 9 and len(task.valid_data) == 4
     assert task.checkpoint_meta()["config"]["src_vocab_size"] == len(task.src_vocab)
     assert "layers" not in task.checkpoint_meta()["config"]
+
+
+def test_subword_is_the_default_vocabulary(files):
+    pytest.importorskip("sentencepiece")
+    from fastqa.data.subword import SubwordModel
+
+    opts = MTOptions(**files)
+    assert opts.vocab == "subword" and opts.vocab_size == 8000 and opts.lowercase is None
+    task = _task(files, vocab="subword", vocab_size=300)
+    meta = task.checkpoint_meta()
+    sp = SubwordModel.from_bytes(meta["vocab"]["sentencepiece"])
+    assert meta["vocab"]["kind"] == "subword" and meta["vocab"]["joint"] is True
+    # one model shared by both sides: the same vocabulary, the model's pieces, fastqa's specials first
+    assert task.src_vocab == task.tgt_vocab == sp.to_vocab()
+    assert meta["src_vocab"] == meta["tgt_vocab"] == sp.to_vocab().to_dict()
+    assert meta["config"]["src_vocab_size"] == meta["config"]["tgt_vocab_size"] == len(sp) <= 300
+    assert meta["text"] == {"src_lang": "de", "tgt_lang": "en", "lowercase": False}  # cased
+    # The training pairs are pieces of the cased text: "Ein Hund" keeps its capital.
+    assert sp.decode(task.train_data.tgt[0]) == "a dog runs ." and task.codec.source_tokens("Ein Hund") == \
+        sp.encode("Ein Hund")
+    assert task.codec.forbid_ids == (1,)
+    # The same data and options learn the same SentencePiece model: a run resumes with an equal meta.
+    assert _task(files, vocab="subword", vocab_size=300).checkpoint_meta() == meta
+
+
+def test_subword_max_len_counts_pieces(files):
+    pytest.importorskip("sentencepiece")
+    task = _task(files, vocab="subword", vocab_size=300)
+    longest = max(len(t) + 1 for t in task.train_data.tgt)
+    shorter = _task(files, vocab="subword", vocab_size=300, max_len=longest - 1)
+    assert 0 < len(shorter.train_data) < len(task.train_data)
+    assert all(len(s) <= longest - 1 and len(t) + 1 <= longest - 1
+               for s, t in zip(shorter.train_data.src, shorter.train_data.tgt))
+
+
+def test_vocabulary_options(files):
+    with pytest.raises(UserError, match="--vocab must be one of subword, word"):
+        MTOptions(**files, vocab="bpe")
+    with pytest.raises(UserError, match="--vocab-size"):
+        MTOptions(**files, vocab_size=2)
+    pytest.importorskip("sentencepiece")
+    # Too few pieces for the text's characters and the 256 byte pieces: a user error naming the flag.
+    with pytest.raises(UserError, match="--vocab-size 50: .*too small"):
+        _task(files, vocab="subword", vocab_size=50)

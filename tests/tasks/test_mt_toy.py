@@ -1,6 +1,7 @@
-"""ConvS2S translation end to end on generated data: a copy task learned through the real `mt-train` path,
-then the Python API (Translator), `translate` and `mt-eval` round trips, attention plot, resume, and the
-error paths (one line on stderr + exit status 2).
+"""ConvS2S translation end to end on generated data: a copy task learned through the real `mt-train` path
+with the tutorial's word vocabulary (`--vocab word`), then the Python API (Translator), `translate` and
+`mt-eval` round trips, attention plot, resume, and the error paths (one line on stderr + exit status 2).
+The subword vocabulary (the default) has its own module, test_mt_subword.py.
 
 The task: sentences of 3..8 random words from a 12-word vocabulary, target = the same words. A tiny model
 (2 + 2 layers, hidden 64) learns it in ~150 steps on one CPU thread.
@@ -46,7 +47,8 @@ def corpus(tmp_path_factory):
 
 def _train_args(c, out, *extra):
     return ["mt-train", "--src", c["train.de"], "--tgt", c["train.en"], "--valid-src", c["val.de"],
-            "--valid-tgt", c["val.en"], "--out", str(out), *TINY, "--min-freq", "1", "--batch-size", "32",
+            "--valid-tgt", c["val.en"], "--out", str(out), *TINY, "--vocab", "word", "--min-freq", "1",
+            "--batch-size", "32",
             "--lr", "3e-3", "--no-progress", "--threads", "1", "--log-every", "10", *extra]
 
 
@@ -70,6 +72,8 @@ def test_mt_train_writes_a_run_folder(model_dir):
     assert payload["kind"] == "convs2s" and payload["step"] == 150
     assert payload["meta"]["src_vocab"]["itos"][:4] == ["<pad>", "<unk>", "<sos>", "<eos>"]
     assert payload["meta"]["text"] == {"src_lang": "de", "tgt_lang": "en", "lowercase": True}
+    # A word model's meta is as before subword models existed (no "vocab" entry): old checkpoints are word models.
+    assert "vocab" not in payload["meta"] and Translator.load(model_dir).vocab_kind == "word"
 
 
 def test_copy_task_learned(model_dir, corpus):
@@ -130,11 +134,19 @@ def test_mt_eval_cli(model_dir, corpus, tmp_path, capsys):
     scores, hyps = tmp_path / "scores.json", tmp_path / "hyps.txt"
     assert main(["mt-eval", "--model", str(model_dir), "--src", corpus["test.de"], "--ref", corpus["test.en"],
                  "--beam", "1", "--threads", "1", "--json", str(scores), "--output", str(hyps)]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("BLEU|nrefs:1|case:lc|eff:no|tok:13a") and out[1].startswith("tokenized BLEU")
+    cap = capsys.readouterr()
+    out = cap.out.splitlines()
+    # sacrebleu's default signature (cased) even for a lowercasing model, with a note on how to get case:lc
+    assert out[0].startswith("BLEU|nrefs:1|case:mixed|eff:no|tok:13a") and out[1].startswith("chrF2|nrefs:1|")
+    assert out[2].startswith("tokenized BLEU") and "--lowercase" in cap.err
     s = json.loads(scores.read_text())
-    assert s["sacrebleu"] > 95 and s["tokenized_bleu"] > 95 and s["sentences"] == 100
-    assert f"= {s['sacrebleu']:.2f}" in out[0]
+    assert s["bleu"] > 95 and s["chrf"] > 95 and s["tokenized_bleu"] > 95 and s["sentences"] == 100
+    assert s["sacrebleu"] == s["bleu"] and s["vocab"] == "word" and "case:mixed" in s["chrf_signature"]
+    assert f"= {s['bleu']:.2f}" in out[0]
+    assert main(["mt-eval", "--model", str(model_dir), "--src", corpus["test.de"], "--ref", corpus["test.en"],
+                 "--beam", "1", "--threads", "1", "--lowercase"]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.startswith("BLEU|nrefs:1|case:lc|") and "--lowercase" not in cap.err
     assert hyps.read_text().splitlines() == [h for h in hyps.read_text().splitlines()] and \
         len(hyps.read_text().splitlines()) == 100
 

@@ -6,7 +6,8 @@ Incremental decoding (the default) embeds only the newest token and advances eve
 once per batch and shared by a sentence's beams. ``incremental=False`` re-runs the decoder over the whole
 prefix at every step, as the tutorial does -- kept to check and to time the incremental decoder against.
 
-Search rules (both searches): pad and sos are never generated; a sentence of |src| real source tokens
+Search rules (both searches): pad and sos are never generated, nor any id in ``forbid`` (a subword
+model's ``<unk>``: its pieces spell every text, so an unknown token would only be a wrong one); a sentence of |src| real source tokens
 gets at most ``floor(max_len_a * |src| + max_len_b)`` output tokens (capped by the model's positions),
 after which EOS is forced; a sentence leaves the batch as soon as it is finished, so the others run on
 a smaller batch. A hypothesis's ``log_prob`` is the model's log-probability of its tokens followed by
@@ -18,7 +19,7 @@ import contextlib
 import dataclasses
 import numbers
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch.nn.utils import parametrize
@@ -80,10 +81,26 @@ def _stepper(model: ConvS2S, incremental: bool
     return full
 
 
-def _greedy_stepper(model: ConvS2S, incremental: bool
+def _check_forbid(model: ConvS2S, forbid: Sequence[int]) -> tuple[int, ...]:
+    """``forbid`` as a tuple of target ids; never EOS (every search must be able to end)."""
+    if isinstance(forbid, (str, bytes)) or not isinstance(forbid, Sequence):
+        raise TypeError(f"forbid must be a sequence of token ids, got {type(forbid).__name__}")
+    ids = []
+    for i in forbid:
+        _check_number("forbid ids", i, minimum=0, integer=True)
+        if i >= model.config.tgt_vocab_size:
+            raise ValueError(f"forbid holds {i}, outside the target vocabulary of {model.config.tgt_vocab_size}")
+        if i == model.config.eos_id:
+            raise ValueError("forbid must not hold the eos id: every translation has to be able to end")
+        ids.append(int(i))
+    return tuple(ids)
+
+
+def _greedy_stepper(model: ConvS2S, incremental: bool, forbid: tuple[int, ...] = ()
                     ) -> Callable[[torch.Tensor, DecoderState], tuple[torch.Tensor, DecoderState]]:
-    """(tokens so far [N, t+1], state) -> (the likeliest next token [N], never pad or sos; state)."""
-    never = (model.config.pad_id, model.config.sos_id)
+    """(tokens so far [N, t+1], state) -> (the likeliest next token [N], never pad, sos or one of
+    ``forbid``; state)."""
+    never = (model.config.pad_id, model.config.sos_id, *forbid)
     if incremental:
         def incremental_step(tokens: torch.Tensor, state: DecoderState):
             nxt, _, state = model.decode_step(tokens[:, -1], state, argmax_exclude=never)
@@ -93,15 +110,19 @@ def _greedy_stepper(model: ConvS2S, incremental: bool
 
     def full(tokens: torch.Tensor, state: DecoderState):
         logits, _, state = step(tokens, state)
-        return _forbid(logits, model, None).argmax(1), state
+        return _forbid(logits, model, None, forbid).argmax(1), state
     return full
 
 
-def _forbid(logits: torch.Tensor, model: ConvS2S, force_eos: torch.Tensor | None) -> torch.Tensor:
-    """Never pad or sos; rows in force_eos ([N] bool) may only end. In place on logits [N, V]."""
+def _forbid(logits: torch.Tensor, model: ConvS2S, force_eos: torch.Tensor | None,
+            forbid: tuple[int, ...] = ()) -> torch.Tensor:
+    """Never pad, sos or an id of ``forbid``; rows in force_eos ([N] bool) may only end. In place on
+    logits [N, V]."""
     cfg = model.config
     logits[:, cfg.pad_id] = float("-inf")
     logits[:, cfg.sos_id] = float("-inf")
+    for i in forbid:
+        logits[:, i] = float("-inf")
     if force_eos is not None:
         eos = logits[:, cfg.eos_id].clone()
         logits.masked_fill_(force_eos.unsqueeze(1), float("-inf"))
@@ -112,11 +133,13 @@ def _forbid(logits: torch.Tensor, model: ConvS2S, force_eos: torch.Tensor | None
 # --- greedy ------------------------------------------------------------------------------------------------------
 
 def greedy_decode(model: ConvS2S, src: torch.Tensor, *, max_len_a: float = 1.2, max_len_b: float = 10,
-                  incremental: bool = True) -> list[list[int]]:
+                  incremental: bool = True, forbid: Sequence[int] = ()) -> list[list[int]]:
     """Greedy translation of src [B, S] (padded with pad_id) -> per sentence its output ids without
-    sos/eos. incremental=False re-runs the decoder over the whole prefix at each step (slow; for checks)."""
+    sos/eos. incremental=False re-runs the decoder over the whole prefix at each step (slow; for checks).
+    ``forbid``: target ids never generated (besides pad and sos)."""
     _check_number("max_len_a", max_len_a, minimum=0)
     _check_number("max_len_b", max_len_b, minimum=0)
+    forbid = _check_forbid(model, forbid)
     cfg = model.config
     with _inference(model):
         enc = model.encode(src)
@@ -126,7 +149,7 @@ def greedy_decode(model: ConvS2S, src: torch.Tensor, *, max_len_a: float = 1.2, 
         live = torch.arange(batch)                       # original index of each remaining sentence
         tokens = torch.full((batch, 1), cfg.sos_id, dtype=torch.long, device=src.device)
         state = model.initial_state(enc, 1, incremental=incremental)
-        step = _greedy_stepper(model, incremental)
+        step = _greedy_stepper(model, incremental, forbid)
         for t in range(int(max_len.max()) + 1):
             nxt, state = step(tokens, state)                                                  # [N]
             nxt = torch.where(max_len.eq(t), cfg.eos_id, nxt)     # at its max length a sentence may only end
@@ -147,13 +170,14 @@ def greedy_decode(model: ConvS2S, src: torch.Tensor, *, max_len_a: float = 1.2, 
 
 def beam_search(model: ConvS2S, src: torch.Tensor, *, beam: int = 5, len_penalty: float = 1.0,
                 max_len_a: float = 1.2, max_len_b: float = 10, nbest: int = 1,
-                incremental: bool = True) -> list[list[Hypothesis]]:
+                incremental: bool = True, forbid: Sequence[int] = ()) -> list[list[Hypothesis]]:
     """Beam search over src [B, S] (padded with pad_id), all sentences batched.
 
     At each step the 2*beam best continuations of a sentence are taken over all its beams; EOS among the
     best ``beam`` of them finishes a hypothesis, the best ``beam`` others go on. A sentence is done once
     it has ``beam`` finished hypotheses (or reached its max length). Returns per sentence its ``nbest``
-    best finished hypotheses, best normalised score first.
+    best finished hypotheses, best normalised score first. ``forbid``: target ids never generated
+    (besides pad and sos).
     """
     _check_number("beam", beam, minimum=1, integer=True)
     _check_number("nbest", nbest, minimum=1, integer=True)
@@ -162,6 +186,7 @@ def beam_search(model: ConvS2S, src: torch.Tensor, *, beam: int = 5, len_penalty
     _check_number("len_penalty", len_penalty)
     _check_number("max_len_a", max_len_a, minimum=0)
     _check_number("max_len_b", max_len_b, minimum=0)
+    forbid = _check_forbid(model, forbid)
     cfg = model.config
     k = int(beam)
     with _inference(model):
@@ -186,7 +211,7 @@ def beam_search(model: ConvS2S, src: torch.Tensor, *, beam: int = 5, len_penalty
             vocab = logits.shape[1]
             logp = torch.log_softmax(logits.float(), dim=1)
             force = max_len.eq(t).repeat_interleave(k)
-            _forbid(logp, model, force if bool(force.any()) else None)
+            _forbid(logp, model, force if bool(force.any()) else None, forbid)
             cand = logp.add_(scores.reshape(-1, 1)).reshape(n_live, k * vocab)      # in place: [N, V] is big
             top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)   # [B', 2k], best first
             top_beam = top_idx.div(vocab, rounding_mode="floor")

@@ -1,9 +1,10 @@
 """Translation of parallel text with ConvS2S (Multi30k de->en in the recipes).
 
-    parallel.py    reading, tokenising, numericalising and batching parallel text
-    bleu.py        sacreBLEU on detokenized text and the tutorial's tokenized BLEU
+    parallel.py    reading, tokenising (SentencePiece subwords or spaCy words: ``TextCodec``), numericalising
+                   and batching parallel text
+    bleu.py        sacreBLEU and chrF on detokenized text (``corpus_scores``) and the tutorial's tokenized BLEU
     task.py        ``MTTask`` for ``fastqa.train.fit``; ``train_translation`` from files
-    translator.py  ``Translator``: a trained model translating text (greedy, beam search, attention maps)
+    translator.py  ``Translator``: a trained model translating text (greedy, beam search, n-best, attention maps)
     cli.py         ``fastqa mt-train | translate | mt-eval``
 
 Heavy modules load on first use, so ``fastqa --help`` does not import the models.
@@ -13,9 +14,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {"Translator": "translator", "AttentionMap": "translator", "MTOptions": "task", "MTTask": "task",
-            "build_task": "task", "train_translation": "task", "read_parallel": "parallel",
-            "corpus_bleu": "bleu", "tokenized_bleu": "bleu"}
+_EXPORTS = {"Translator": "translator", "Translation": "translator", "AttentionMap": "translator",
+            "MTOptions": "task", "MTTask": "task", "build_task": "task", "train_translation": "task",
+            "read_parallel": "parallel", "TextCodec": "parallel", "corpus_scores": "bleu", "format_scores": "bleu",
+            "tokenized_bleu": "bleu"}
 
 __all__ = sorted(_EXPORTS)
 

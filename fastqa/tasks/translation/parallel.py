@@ -1,9 +1,19 @@
 """Parallel text for translation: read, tokenize, build vocabularies, numericalise, batch.
 
 Files hold one sentence per line (UTF-8, plain or ``.gz``); line i of the source file translates to line
-i of the target file. Tokens come from spaCy's rule-based tokenizers (:mod:`fastqa.data.tokenize`),
-optionally lowercased (the Multi30k tutorial lowercased both sides). Vocabularies start with the four
-specials in a fixed order, so their ids are the model's: ``<pad>`` 0, ``<unk>`` 1, ``<sos>`` 2, ``<eos>`` 3.
+i of the target file. How text becomes the model's tokens and back is a :class:`TextCodec`, of one of two
+kinds (``VOCABS``):
+
+* ``subword`` (the default): one SentencePiece unigram model (:class:`fastqa.data.subword.SubwordModel`)
+  learned on the source and target training lines together -- shared pieces, one vocabulary for both
+  sides -- cased. Its byte pieces spell any character, so no input is ever ``<unk>``, and the decoder is
+  never allowed to write ``<unk>`` (:attr:`TextCodec.forbid_ids`): output is readable, cased text.
+* ``word``: spaCy's rule-based tokenizers (:mod:`fastqa.data.tokenize`), lowercased by default, and a
+  vocabulary per side of the tokens seen ``min_freq`` times -- the Multi30k tutorial's setting, kept so its
+  figures stay reproducible. Output is joined back with sacremoses' detokenizer.
+
+Vocabularies start with the four specials in a fixed order, so their ids are the model's: ``<pad>`` 0,
+``<unk>`` 1, ``<sos>`` 2, ``<eos>`` 3 (a SentencePiece model is trained with the same ids).
 
 Sequence layout (training and decoding agree on it):
   source  = tokens + <eos>                     (the encoder sees where the sentence ends)
@@ -21,15 +31,23 @@ import torch
 
 from ...data.batching import bucket_batches, pad
 from ...data.files import read_text
-from ...data.tokenize import tokenize
+from ...data.subword import SubwordModel
+from ...data.tokenize import detokenize, tokenize
 from ...data.vocab import EOS, PAD, SOS, UNK, Vocab
 from ...errors import UserError
 
-__all__ = ["SPECIALS", "read_lines", "read_parallel", "guess_lang", "tokenize_line", "tokenize_lines", "build_vocabs",
-           "ParallelData", "MTBatch", "encode_source", "collate"]
+__all__ = ["SPECIALS", "VOCABS", "read_lines", "read_parallel", "guess_lang", "tokenize_line", "tokenize_lines",
+           "build_vocabs", "TextCodec", "ParallelData", "MTBatch", "encode_source", "collate"]
 
 # The model's ids: pad 0, unk 1, sos 2, eos 3 (ConvS2SConfig's defaults).
 SPECIALS = (PAD, UNK, SOS, EOS)
+
+# The kinds of vocabulary a translation model can have; the first is the default.
+VOCABS = ("subword", "word")
+
+# spaCy's language-neutral tokenizer: what the tutorial's tokenized BLEU splits text with when the target
+# language is not known (a subword model needs no language otherwise).
+NEUTRAL_LANG = "xx"
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
@@ -57,8 +75,11 @@ def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> t
     return src, tgt
 
 
-def guess_lang(path: str | os.PathLike, arg: str) -> str:
-    """The language code a parallel file's name ends in (``train.de.gz`` -> "de"), for spaCy's tokenizer."""
+def guess_lang(path: str | os.PathLike, arg: str, *, required: bool = True) -> str | None:
+    """The language code a parallel file's name ends in (``train.de.gz`` -> "de"), for spaCy's tokenizer.
+
+    When the name tells none: a UserError naming ``arg`` (the flag that gives it), or None if not ``required``.
+    """
     name = Path(path).name
     if name.endswith(".gz"):
         name = name[:-3]
@@ -71,6 +92,8 @@ def guess_lang(path: str | os.PathLike, arg: str) -> str:
             return suffix
         except Exception:
             pass
+    if not required:
+        return None
     raise UserError(f"{path}: cannot tell the language from the file name; pass {arg} (e.g. {arg} en)")
 
 
@@ -90,6 +113,123 @@ def build_vocabs(src_tokens: Iterable[Sequence[str]], tgt_tokens: Iterable[Seque
     ``min_freq`` times (the tutorial used 2), most frequent first."""
     return (Vocab.build(src_tokens, min_freq=min_freq, max_size=max_size, specials=SPECIALS),
             Vocab.build(tgt_tokens, min_freq=min_freq, max_size=max_size, specials=SPECIALS))
+
+
+class TextCodec:
+    """Text <-> the model's tokens for one translation model: a ``word`` or a ``subword`` vocabulary.
+
+    kind: one of ``VOCABS``; src_lang / tgt_lang: spaCy language codes (a word codec needs both; a subword
+    codec only uses the target's, for the tutorial's tokenized BLEU, and may have None); lowercase: whether
+    text is lowercased before it becomes tokens; subword: the SentencePiece model (``subword`` only), shared
+    by source and target.
+    """
+
+    def __init__(self, kind: str, *, src_lang: str | None, tgt_lang: str | None, lowercase: bool,
+                 subword: SubwordModel | None = None) -> None:
+        if kind not in VOCABS:
+            raise ValueError(f"kind must be one of {VOCABS}, got {kind!r}")
+        if (kind == "subword") != (subword is not None):
+            raise ValueError("a subword codec needs its SubwordModel, and a word codec has none")
+        if kind == "word" and not (src_lang and tgt_lang):
+            raise ValueError("a word codec needs src_lang and tgt_lang (spaCy's tokenizers)")
+        self.kind, self.src_lang, self.tgt_lang = kind, src_lang, tgt_lang
+        self.lowercase, self.subword = bool(lowercase), subword
+
+    # -- building -------------------------------------------------------------------------------------
+    @classmethod
+    def train_subword(cls, src_lines: Sequence[str], tgt_lines: Sequence[str], *, vocab_size: int,
+                      src_lang: str | None, tgt_lang: str | None, lowercase: bool = False) -> "TextCodec":
+        """Learn one SentencePiece unigram model on the source and target lines together (at most
+        ``vocab_size`` pieces; fewer when the text is too small for more); UserError if ``vocab_size``
+        cannot hold the text's characters."""
+        def lines() -> Iterable[str]:
+            for side in (src_lines, tgt_lines):
+                for line in side:
+                    yield line.lower() if lowercase else line
+        try:
+            model = SubwordModel.train(lines(), vocab_size=vocab_size)
+        except ValueError as e:
+            raise UserError(f"--vocab-size {vocab_size}: {e}") from None
+        return cls("subword", src_lang=src_lang, tgt_lang=tgt_lang, lowercase=lowercase, subword=model)
+
+    def meta(self) -> dict:
+        """What a checkpoint stores to rebuild this codec: the ``text`` entry, plus for a subword model the
+        ``vocab`` entry with the serialized SentencePiece model (a word model has none, as before subword
+        models existed, so its runs still resume)."""
+        out: dict = {"text": {"src_lang": self.src_lang, "tgt_lang": self.tgt_lang, "lowercase": self.lowercase}}
+        if self.subword is not None:
+            out["vocab"] = {"kind": "subword", "joint": True, "sentencepiece": self.subword.to_bytes()}
+        return out
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> "TextCodec":
+        """The codec of a checkpoint's ``meta`` (no ``vocab`` entry: a word model). ValueError/KeyError/
+        TypeError when the entries are missing or damaged."""
+        text = meta["text"]
+        vocab = meta.get("vocab")
+        if vocab is None or vocab.get("kind") == "word":
+            return cls("word", src_lang=text["src_lang"], tgt_lang=text["tgt_lang"], lowercase=text["lowercase"])
+        if vocab.get("kind") != "subword":
+            raise ValueError(f"unknown vocabulary kind {vocab.get('kind')!r} (expected one of {VOCABS})")
+        return cls("subword", src_lang=text.get("src_lang"), tgt_lang=text.get("tgt_lang"),
+                   lowercase=text.get("lowercase", False), subword=SubwordModel.from_bytes(vocab["sentencepiece"]))
+
+    def vocabs(self, src_tokens: Iterable[Sequence[str]], tgt_tokens: Iterable[Sequence[str]], *,
+               min_freq: int = 2) -> tuple[Vocab, Vocab]:
+        """(source, target) vocabularies: a word codec's from the training tokens (``min_freq``); a subword
+        codec's are its model's pieces, the same for both sides."""
+        if self.subword is not None:
+            vocab = self.subword.to_vocab()
+            return vocab, vocab
+        return build_vocabs(src_tokens, tgt_tokens, min_freq=min_freq)
+
+    # -- using ----------------------------------------------------------------------------------------
+    def _tokens(self, text: str, lang: str | None) -> list[str]:
+        if not isinstance(text, str):
+            raise TypeError(f"sentences must be str, got {type(text).__name__}")
+        if not text.strip():
+            return []
+        if self.subword is not None:
+            return self.subword.encode(text.lower() if self.lowercase else text)
+        return tokenize_line(text, lang or NEUTRAL_LANG, lowercase=self.lowercase)
+
+    def source_tokens(self, text: str) -> list[str]:
+        """One source sentence -> the model's tokens (spaCy words or pieces; no <eos>). Blank text: []."""
+        return self._tokens(text, self.src_lang)
+
+    def target_tokens(self, text: str) -> list[str]:
+        """One target sentence -> the model's tokens (what the decoder learns to write)."""
+        return self._tokens(text, self.tgt_lang)
+
+    def detokenize(self, tokens: Sequence[str]) -> str:
+        """The model's target tokens -> text: pieces joined by SentencePiece (byte pieces back into
+        characters), words by sacremoses' detokenizer. Specials in ``tokens`` are dropped."""
+        if self.subword is not None:
+            return self.subword.decode([t for t in tokens if t not in SPECIALS])
+        return detokenize([t for t in tokens if t not in (PAD, SOS, EOS)], self.tgt_lang or "en")
+
+    @property
+    def forbid_ids(self) -> tuple[int, ...]:
+        """Target ids the decoder must never write: a subword model's ``<unk>`` (its pieces spell any text,
+        so an unknown token would only be a wrong one); none for a word model (the tutorial's model may
+        say ``<unk>`` for a word outside its vocabulary)."""
+        return (SPECIALS.index(UNK),) if self.subword is not None else ()
+
+    @property
+    def bleu_lang(self) -> str:
+        """The spaCy language the tutorial's tokenized BLEU splits output and references with."""
+        return self.tgt_lang or NEUTRAL_LANG
+
+    def bleu_tokens(self, tokens: Sequence[str]) -> list[str]:
+        """The model's target tokens -> the tokens the tutorial's BLEU counts: a word model's own
+        (lowercased) words; for a subword model, lowercased spaCy tokens of the detokenized text."""
+        if self.subword is None:
+            return [t.lower() for t in tokens]
+        return tokenize_line(self.detokenize(tokens), self.bleu_lang, lowercase=True)
+
+    def __repr__(self) -> str:
+        what = repr(self.subword) if self.subword is not None else f"lowercase={self.lowercase}"
+        return f"TextCodec({self.kind}, {self.src_lang}->{self.tgt_lang}, {what})"
 
 
 def encode_source(tokens: Sequence[str], vocab: Vocab) -> list[int]:

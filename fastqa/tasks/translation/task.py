@@ -1,8 +1,11 @@
 """ConvS2S on parallel text as a training task for ``fastqa.train.fit``.
 
-Training (``train_translation``): parallel text -> tokens -> vocabularies (``<pad> <unk> <sos> <eos>`` first,
-the model's ids) -> numericalised pairs -> length-bucketed batches -> ``MTTask`` -> ``fit`` (the shared loop:
-clipping, checkpoints, exact resume, DDP, ``metrics.jsonl``, ``curve.png``).
+Training (``train_translation``): parallel text -> a :class:`~.parallel.TextCodec` (by default a SentencePiece
+model learned on the training text; ``vocab="word"``: the tutorial's spaCy words) -> tokens -> vocabularies
+(``<pad> <unk> <sos> <eos>`` first, the model's ids) -> numericalised pairs -> length-bucketed batches ->
+``MTTask`` -> ``fit`` (the shared loop: clipping, checkpoints, exact resume, DDP, ``metrics.jsonl``,
+``curve.png``). The checkpoint carries the codec (the SentencePiece model's bytes included), so a run
+folder is all ``Translator.load`` needs.
 """
 from __future__ import annotations
 
@@ -22,9 +25,10 @@ from ...errors import UserError
 from ...models.convs2s import ConvS2S, ConvS2SConfig, greedy_decode
 from ...train.loop import TrainSettings, fit, seed_everything
 from .bleu import tokenized_bleu
-from .parallel import MTBatch, ParallelData, build_vocabs, guess_lang, read_parallel, tokenize_lines
+from .parallel import VOCABS, MTBatch, ParallelData, TextCodec, guess_lang, read_parallel, tokenize_line
 
-__all__ = ["KIND", "OPTIMIZERS", "DEFAULT_LR", "MTOptions", "MTTask", "build_task", "train_translation", "pad_source"]
+__all__ = ["KIND", "OPTIMIZERS", "DEFAULT_LR", "MTOptions", "MTTask", "build_codec", "build_task", "train_translation",
+           "pad_source"]
 
 
 log = logging.getLogger("fastqa.mt")
@@ -44,10 +48,15 @@ DEFAULT_LR = {"adam": 1e-3, "nag": 0.25}
 class MTOptions:
     """What to train on and how to build the task (the loop's own settings are ``TrainSettings``).
 
+    vocab: "subword" (one SentencePiece unigram model of at most ``vocab_size`` pieces, learned on the source
+    and target training text together, cased) or "word" (spaCy tokens, a vocabulary per side of the tokens
+    seen ``min_freq`` times, lowercased: the tutorial's). lowercase: None = the vocabulary's default (word:
+    lowercased, subword: cased). src_lang / tgt_lang: spaCy languages (default: from the file names; a
+    subword model needs them only for the tutorial's tokenized BLEU and works without).
     preset: ConvS2S preset ("small" | "tutorial"); config_overrides: ConvS2SConfig fields over the preset.
-    max_len: training pairs whose source or target (+<eos>) is longer are dropped (never in evaluation);
-    None: the model's ``max_positions``. valid_bleu: greedy tokenized BLEU on the first N validation pairs
-    at every evaluation (0: off).
+    max_len: training pairs whose source or target (+<eos>) is longer, in the vocabulary's tokens (pieces for
+    a subword model), are dropped (never in evaluation); None: the model's ``max_positions``. valid_bleu:
+    greedy tokenized BLEU on the first N validation pairs at every evaluation (0: off).
     """
     src: str
     tgt: str
@@ -55,7 +64,9 @@ class MTOptions:
     valid_tgt: str
     src_lang: str | None = None
     tgt_lang: str | None = None
-    lowercase: bool = True
+    vocab: str = "subword"
+    vocab_size: int = 8000
+    lowercase: bool | None = None
     min_freq: int = 2
     preset: str = "small"
     config_overrides: dict[str, Any] = field(default_factory=dict)
@@ -69,6 +80,10 @@ class MTOptions:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.vocab not in VOCABS:
+            raise UserError(f"--vocab must be one of {', '.join(VOCABS)}, got {self.vocab!r}")
+        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) or self.vocab_size < 5:
+            raise UserError(f"--vocab-size must be an integer >= 5, got {self.vocab_size!r}")
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.batch_size < 1:
@@ -105,11 +120,12 @@ class MTTask:
     kind = KIND
 
     def __init__(self, config: ConvS2SConfig, src_vocab: Vocab, tgt_vocab: Vocab, train: ParallelData,
-                 valid: ParallelData, *, opts: MTOptions, src_lang: str, tgt_lang: str,
+                 valid: ParallelData, *, opts: MTOptions, codec: TextCodec,
                  valid_ref_tokens: Sequence[Sequence[str]] = ()) -> None:
         self.config, self.src_vocab, self.tgt_vocab = config, src_vocab, tgt_vocab
         self.train_data, self.valid_data = train, valid
-        self.opts, self.src_lang, self.tgt_lang = opts, src_lang, tgt_lang
+        self.opts, self.codec = opts, codec
+        self.src_lang, self.tgt_lang = codec.src_lang, codec.tgt_lang
         self.valid_ref_tokens = list(valid_ref_tokens)
         self._lengths = train.lengths()
         self.model = ConvS2S(config, layers=opts.layers)
@@ -150,8 +166,9 @@ class MTTask:
             hyps: list[list[str]] = []
             for start in range(0, n, self.opts.batch_size):
                 src = [self.valid_data.src[i] for i in range(start, min(start + self.opts.batch_size, n))]
-                out = greedy_decode(model, pad_source(src, self.config.pad_id, device))
-                hyps += [self.tgt_vocab.decode(ids) for ids in out]
+                out = greedy_decode(model, pad_source(src, self.config.pad_id, device),
+                                    forbid=self.codec.forbid_ids)
+                hyps += [self.codec.bleu_tokens(self.tgt_vocab.decode(ids)) for ids in out]
             metrics["val_bleu"] = tokenized_bleu(hyps, self.valid_ref_tokens[:n]).score
         return metrics
 
@@ -160,7 +177,7 @@ class MTTask:
         # used on either.
         config = {k: v for k, v in self.config.to_dict().items() if k != "layers"}
         return {"config": config, "src_vocab": self.src_vocab.to_dict(), "tgt_vocab": self.tgt_vocab.to_dict(),
-                "text": {"src_lang": self.src_lang, "tgt_lang": self.tgt_lang, "lowercase": self.opts.lowercase}}
+                **self.codec.meta()}
 
 
 def pad_source(src: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> torch.Tensor:
@@ -168,15 +185,31 @@ def pad_source(src: Sequence[Sequence[int]], pad_id: int, device: torch.device) 
     return pad(src, pad_id).to(device)
 
 
+def build_codec(opts: MTOptions, src_lines: Sequence[str], tgt_lines: Sequence[str]) -> TextCodec:
+    """The text <-> tokens codec ``opts`` asks for; a subword model is learned on the training lines."""
+    word = opts.vocab == "word"
+    src_lang = opts.src_lang or guess_lang(opts.src, "--src-lang", required=word)
+    tgt_lang = opts.tgt_lang or guess_lang(opts.tgt, "--tgt-lang", required=word)
+    lowercase = word if opts.lowercase is None else opts.lowercase
+    if word:
+        return TextCodec("word", src_lang=src_lang, tgt_lang=tgt_lang, lowercase=lowercase)
+    return TextCodec.train_subword(src_lines, tgt_lines, vocab_size=opts.vocab_size, src_lang=src_lang,
+                                   tgt_lang=tgt_lang, lowercase=lowercase)
+
+
 def build_task(opts: MTOptions) -> MTTask:
-    """Read, tokenize, build vocabularies and the model (seeded by ``opts.seed``)."""
-    src_lang = opts.src_lang or guess_lang(opts.src, "--src-lang")
-    tgt_lang = opts.tgt_lang or guess_lang(opts.tgt, "--tgt-lang")
+    """Read, tokenize (learning the subword model first, for ``vocab="subword"``), build vocabularies and the
+    model (seeded by ``opts.seed``)."""
+    if opts.vocab == "word":  # a language the file names do not tell fails before any file is read
+        for path, lang, flag in ((opts.src, opts.src_lang, "--src-lang"), (opts.tgt, opts.tgt_lang, "--tgt-lang")):
+            if lang is None:
+                guess_lang(path, flag)
     src_lines, tgt_lines = read_parallel(opts.src, opts.tgt)
     valid_src_lines, valid_tgt_lines = read_parallel(opts.valid_src, opts.valid_tgt)
-    src_tok = tokenize_lines(src_lines, src_lang, lowercase=opts.lowercase)
-    tgt_tok = tokenize_lines(tgt_lines, tgt_lang, lowercase=opts.lowercase)
-    src_vocab, tgt_vocab = build_vocabs(src_tok, tgt_tok, min_freq=opts.min_freq)
+    codec = build_codec(opts, src_lines, tgt_lines)
+    src_tok = [codec.source_tokens(line) for line in src_lines]
+    tgt_tok = [codec.target_tokens(line) for line in tgt_lines]
+    src_vocab, tgt_vocab = codec.vocabs(src_tok, tgt_tok, min_freq=opts.min_freq)
     try:
         config = ConvS2SConfig.from_preset(opts.preset, src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
                                            layers=opts.layers, **opts.config_overrides)
@@ -191,25 +224,24 @@ def build_task(opts: MTOptions) -> MTTask:
     if dropped:
         log.info("training on %d of %d pairs (%d empty on one side or longer than %d tokens)",
                  len(train), len(src_lines), dropped, max_len)
-    v_src = tokenize_lines(valid_src_lines, src_lang, lowercase=opts.lowercase)
-    v_tgt = tokenize_lines(valid_tgt_lines, tgt_lang, lowercase=opts.lowercase)
+    v_src = [codec.source_tokens(line) for line in valid_src_lines]
+    v_tgt = [codec.target_tokens(line) for line in valid_tgt_lines]
     keep = [i for i, (s, t) in enumerate(zip(v_src, v_tgt)) if s and t]
     if not keep:
         raise UserError(f"{opts.valid_src}: no validation pair with text on both sides")
     valid = ParallelData.from_tokens([v_src[i] for i in keep], [v_tgt[i] for i in keep], src_vocab, tgt_vocab)
     valid = _clip_to_positions(valid, config.max_positions)
-    # BLEU references keep their real tokens (unknown words too): the score is not flattered by <unk>.
-    ref_tokens = [[t.lower() for t in v_tgt[i]] for i in keep]
+    # BLEU references keep their real words (unknown ones too): the score is not flattered by <unk>.
+    ref_tokens = [tokenize_line(valid_tgt_lines[i], codec.bleu_lang, lowercase=True) for i in keep]
     seed_everything(opts.seed)  # fixed initial weights
-    return MTTask(config, src_vocab, tgt_vocab, train, valid, opts=opts, src_lang=src_lang, tgt_lang=tgt_lang,
-                  valid_ref_tokens=ref_tokens)
+    return MTTask(config, src_vocab, tgt_vocab, train, valid, opts=opts, codec=codec, valid_ref_tokens=ref_tokens)
 
 
 def train_translation(opts: MTOptions, settings: TrainSettings) -> dict[str, float]:
     """Build the task and train it with the shared loop; returns the last evaluation's metrics."""
     task = build_task(opts)
     if os.environ.get("RANK", "0") == "0":  # under torchrun every rank builds the task; one reports it
-        log.info("ConvS2S %s: %d parameters; vocabularies %s %d, %s %d; %d training pairs, %d validation pairs",
-                 opts.preset, sum(p.numel() for p in task.model.parameters()), task.src_lang, len(task.src_vocab),
-                 task.tgt_lang, len(task.tgt_vocab), len(task.train_data), len(task.valid_data))
+        log.info("ConvS2S %s: %d parameters; %s vocabularies %s %d, %s %d; %d training pairs, %d validation pairs",
+                 opts.preset, sum(p.numel() for p in task.model.parameters()), task.codec.kind, task.src_lang,
+                 len(task.src_vocab), task.tgt_lang, len(task.tgt_vocab), len(task.train_data), len(task.valid_data))
     return fit(task, settings)

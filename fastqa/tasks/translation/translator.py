@@ -1,7 +1,13 @@
 """``Translator``: a trained ConvS2S model with its vocabularies, translating text.
 
 ``Translator.load(DIR)``: the checkpoint carries the model config, both vocabularies and how the text was
-tokenized, so a run folder is all a translator needs.
+tokenized (a SentencePiece model's bytes for a subword model), so a run folder is all a translator needs.
+Checkpoints from before subword models (no ``vocab`` entry in their meta) load as word models.
+
+A subword model reads any text (unseen characters are spelled with byte pieces) and never writes
+``<unk>`` (the search may not pick it), so its output is cased, readable text. ``translate(...,
+nbest=N)`` gives each sentence's N best hypotheses with their scores (and, on request, the attention of
+the best), as the ``translate --nbest`` / ``--json`` command prints them.
 """
 from __future__ import annotations
 
@@ -15,15 +21,14 @@ from typing import Any, Sequence
 
 import torch
 
-from ...data.tokenize import detokenize
 from ...data.vocab import EOS, SOS, Vocab
 from ...errors import UserError
-from ...models.convs2s import ConvS2S, ConvS2SConfig, beam_search, greedy_decode
+from ...models.convs2s import ConvS2S, ConvS2SConfig, Hypothesis, beam_search, greedy_decode
 from ...train.checkpoint import inference_weights, load_checkpoint
-from .parallel import encode_source, tokenize_line
+from .parallel import TextCodec, encode_source
 from .task import KIND, pad_source
 
-__all__ = ["AttentionMap", "DecodeStats", "Translator", "plot_format", "plot_attention_map"]
+__all__ = ["AttentionMap", "DecodeStats", "Translation", "Translator", "plot_format", "plot_attention_map"]
 
 
 log = logging.getLogger("fastqa.mt")
@@ -37,6 +42,31 @@ class AttentionMap:
     target: list[str]
     weights: torch.Tensor  # [T, S]
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``source``, ``target`` (tokens, each ending in ``<eos>``) and ``weights`` (T rows of S)."""
+        return {"source": list(self.source), "target": list(self.target),
+                "weights": [[round(float(w), 6) for w in row] for row in self.weights.tolist()]}
+
+
+@dataclass
+class Translation:
+    """One hypothesis for one sentence. text: detokenized; tokens: the model's target tokens (words or
+    pieces, no <sos>/<eos>); score: the beam search's score, log_prob / (len(tokens) + 1) ** len_penalty;
+    log_prob: the model's log-probability of tokens + <eos>; attention: for the best hypothesis when asked."""
+    text: str
+    tokens: list[str]
+    score: float
+    log_prob: float
+    attention: AttentionMap | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``text``, ``score``, ``tokens``, ``log_prob`` (and ``attention`` when there is one)."""
+        out: dict[str, Any] = {"text": self.text, "score": self.score, "tokens": list(self.tokens),
+                               "log_prob": self.log_prob}
+        if self.attention is not None:
+            out["attention"] = self.attention.to_dict()
+        return out
+
 
 @dataclass
 class DecodeStats:
@@ -44,17 +74,35 @@ class DecodeStats:
     tokens: int = 0       # output tokens, <eos> not counted
     seconds: float = 0.0
 
+    def add(self, other: "DecodeStats") -> None:
+        """Accumulate ``other`` (line-by-line translation sums its calls)."""
+        self.sentences += other.sentences
+        self.tokens += other.tokens
+        self.seconds += other.seconds
+
 
 class Translator:
-    """A trained ConvS2S with its vocabularies: ``Translator.load(DIR).translate(["ein satz ."], beam=5)``."""
+    """A trained ConvS2S with its vocabularies: ``Translator.load(DIR).translate(["Ein Satz."], beam=5)``.
 
-    def __init__(self, model: ConvS2S, src_vocab: Vocab, tgt_vocab: Vocab, *, src_lang: str, tgt_lang: str,
-                 lowercase: bool) -> None:
+    codec: how text becomes tokens and back (:class:`~.parallel.TextCodec`); without one, a word codec of
+    ``src_lang``, ``tgt_lang`` and ``lowercase`` (the constructor of word models before subword ones).
+    """
+
+    def __init__(self, model: ConvS2S, src_vocab: Vocab, tgt_vocab: Vocab, *, codec: TextCodec | None = None,
+                 src_lang: str | None = None, tgt_lang: str | None = None, lowercase: bool = True) -> None:
+        if codec is None:
+            codec = TextCodec("word", src_lang=src_lang, tgt_lang=tgt_lang, lowercase=lowercase)
         self.model = model.eval()
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
-        self.src_lang, self.tgt_lang, self.lowercase = src_lang, tgt_lang, lowercase
+        self.codec = codec
+        self.src_lang, self.tgt_lang, self.lowercase = codec.src_lang, codec.tgt_lang, codec.lowercase
         self.config: ConvS2SConfig = model.config
         self.last_stats = DecodeStats()
+
+    @property
+    def vocab_kind(self) -> str:
+        """"subword" or "word"."""
+        return self.codec.kind
 
     @classmethod
     def load(cls, model_dir: str | os.PathLike, *, layers: str = "fast", device: str | torch.device = "cpu") -> "Translator":
@@ -67,9 +115,12 @@ class Translator:
         try:
             src_vocab, tgt_vocab = Vocab.from_dict(meta["src_vocab"]), Vocab.from_dict(meta["tgt_vocab"])
             config = ConvS2SConfig.from_dict({**meta["config"], "layers": layers})
-            text = meta["text"]
+            codec = TextCodec.from_meta(meta)
         except (KeyError, TypeError, ValueError) as e:
             raise UserError(f"{path}: the checkpoint's config or vocabularies are missing or invalid ({e})") from None
+        if codec.subword is not None and not src_vocab == tgt_vocab == codec.subword.to_vocab():
+            raise UserError(f"{path}: the vocabularies are not the pieces of the checkpoint's SentencePiece model: "
+                            f"the checkpoint mixes two vocabularies")
         for side, vocab, size in (("source", src_vocab, config.src_vocab_size),
                                   ("target", tgt_vocab, config.tgt_vocab_size)):
             if len(vocab) != size:
@@ -88,8 +139,7 @@ class Translator:
             raise UserError(f"{path}: the weights do not fit the checkpoint's config "
                             f"({first[1].strip() if len(first) > 1 else first[0]})") from None
         model.to(device)
-        return cls(model, src_vocab, tgt_vocab, src_lang=text["src_lang"], tgt_lang=text["tgt_lang"],
-                   lowercase=text["lowercase"])
+        return cls(model, src_vocab, tgt_vocab, codec=codec)
 
     @property
     def device(self) -> torch.device:
@@ -97,10 +147,14 @@ class Translator:
 
     # -- text <-> ids ------------------------------------------------------------------------------------
     def source_tokens(self, sentence: str) -> list[str]:
-        """The tokens the model reads for ``sentence`` (lowercased as in training; no <eos>)."""
+        """The tokens the model reads for ``sentence`` (pieces, or words lowercased as in training; no <eos>)."""
         if not isinstance(sentence, str):
             raise TypeError(f"sentences must be str, got {type(sentence).__name__}")
-        return tokenize_line(sentence, self.src_lang, lowercase=self.lowercase)
+        return self.codec.source_tokens(sentence)
+
+    def detokenize(self, tokens: Sequence[str]) -> str:
+        """Target tokens (as ``translate_tokens`` gives them) -> text."""
+        return self.codec.detokenize(tokens)
 
     def _encode(self, tokens: list[str], where: str) -> list[int]:
         limit = self.config.max_positions - 1  # room for <eos>
@@ -110,38 +164,45 @@ class Translator:
             tokens = tokens[:limit]
         return encode_source(tokens, self.src_vocab)
 
-    # -- translation -------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def translate_tokens(self, sentences: Sequence[str], *, beam: int = 5, incremental: bool = True,
-                         len_penalty: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
-                         batch_size: int = 64) -> list[list[str]]:
-        """Each sentence's translation as target tokens (no <sos>/<eos>). Empty (or whitespace-only)
-        sentences give []; unknown source words are read as <unk>. ``beam`` 1 decodes greedily.
-        ``self.last_stats`` records the sentences, output tokens and seconds of the decoding itself."""
+    def _sources(self, sentences: Sequence[str], beam: int, batch_size: int) -> list[tuple[int, list[int]]]:
+        """Checked arguments; (index, source ids + <eos>) of the non-empty sentences, shortest first."""
         if isinstance(sentences, str):
             raise TypeError("sentences must be a list of str, not a single str")
         if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
             raise ValueError(f"beam must be an int >= 1, got {beam!r}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         encoded: list[tuple[int, list[int]]] = []
         for i, s in enumerate(sentences):
             toks = self.source_tokens(s)
             if toks:
                 encoded.append((i, self._encode(toks, f"sentence {i + 1}")))
-        out: list[list[str]] = [[] for _ in sentences]
         encoded.sort(key=lambda p: len(p[1]))  # similar lengths together: less padding
+        return encoded
+
+    # -- translation -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def translate_tokens(self, sentences: Sequence[str], *, beam: int = 5, incremental: bool = True,
+                         len_penalty: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
+                         batch_size: int = 64) -> list[list[str]]:
+        """Each sentence's translation as target tokens (words or pieces; no <sos>/<eos>). Empty (or
+        whitespace-only) sentences give []; a word model reads unknown source words as <unk>. ``beam`` 1
+        decodes greedily. ``self.last_stats`` records the sentences, output tokens and seconds of the
+        decoding itself."""
+        encoded = self._sources(sentences, beam, batch_size)
+        out: list[list[str]] = [[] for _ in sentences]
         stats = DecodeStats(sentences=len(encoded))
         t0 = time.perf_counter()
+        forbid = self.codec.forbid_ids
         for start in range(0, len(encoded), batch_size):
             chunk = encoded[start:start + batch_size]
             src = pad_source([ids for _, ids in chunk], self.config.pad_id, self.device)
             if beam == 1:
                 ids_list = greedy_decode(self.model, src, max_len_a=max_len_a, max_len_b=max_len_b,
-                                         incremental=incremental)
+                                         incremental=incremental, forbid=forbid)
             else:
                 hyps = beam_search(self.model, src, beam=beam, len_penalty=len_penalty, max_len_a=max_len_a,
-                                   max_len_b=max_len_b, nbest=1, incremental=incremental)
+                                   max_len_b=max_len_b, nbest=1, incremental=incremental, forbid=forbid)
                 ids_list = [h[0].tokens for h in hyps]
             for (i, _), ids in zip(chunk, ids_list):
                 ids = [int(t) for t in ids]
@@ -151,10 +212,62 @@ class Translator:
         self.last_stats = stats
         return out
 
-    def translate(self, sentences: Sequence[str], *, beam: int = 5, incremental: bool = True, **kwargs: Any) -> list[str]:
-        """Each sentence's translation as text (target tokens joined by sacremoses' detokenizer); empty
-        sentences give ""."""
-        return [detokenize(toks, self.tgt_lang)
+    @torch.no_grad()
+    def translate_nbest(self, sentences: Sequence[str], *, beam: int = 5, nbest: int = 1, attention: bool = False,
+                        incremental: bool = True, len_penalty: float = 1.0, max_len_a: float = 1.2,
+                        max_len_b: int = 10, batch_size: int = 64) -> list[list[Translation]]:
+        """Each sentence's ``nbest`` (<= ``beam``) best hypotheses from beam search, best score first, as
+        :class:`Translation` objects; an empty sentence gives []. ``attention``: the best hypothesis also
+        carries its attention map (from the search itself). Beam 1 is a beam search of one (with scores),
+        which picks the tokens greedy decoding picks."""
+        if isinstance(nbest, bool) or not isinstance(nbest, int) or nbest < 1:
+            raise ValueError(f"nbest must be an int >= 1, got {nbest!r}")
+        encoded = self._sources(sentences, beam, batch_size)
+        if nbest > beam:
+            raise ValueError(f"nbest must be <= beam, got nbest={nbest} and beam={beam}")
+        out: list[list[Translation]] = [[] for _ in sentences]
+        stats = DecodeStats(sentences=len(encoded))
+        t0 = time.perf_counter()
+        for start in range(0, len(encoded), batch_size):
+            chunk = encoded[start:start + batch_size]
+            src = pad_source([ids for _, ids in chunk], self.config.pad_id, self.device)
+            hyps = beam_search(self.model, src, beam=beam, len_penalty=len_penalty, max_len_a=max_len_a,
+                               max_len_b=max_len_b, nbest=nbest, incremental=incremental,
+                               forbid=self.codec.forbid_ids)
+            for (i, src_ids), sentence_hyps in zip(chunk, hyps):
+                out[i] = [self._translation(h, src_ids if attention and rank == 0 else None)
+                          for rank, h in enumerate(sentence_hyps)]
+                stats.tokens += len(sentence_hyps[0].tokens)
+        stats.seconds = time.perf_counter() - t0
+        self.last_stats = stats
+        return out
+
+    def _translation(self, hyp: Hypothesis, src_ids: list[int] | None) -> Translation:
+        """A search's hypothesis as a Translation; with ``src_ids``, its attention map over those tokens."""
+        tokens = self.tgt_vocab.decode(hyp.tokens)
+        amap = None
+        if src_ids is not None:
+            # The search's attention covers the sentence's real source positions: its tokens and <eos>.
+            amap = AttentionMap(source=self.src_vocab.decode(src_ids), target=[*tokens, EOS],
+                                weights=hyp.attention.float().cpu())
+        return Translation(text=self.codec.detokenize(tokens), tokens=tokens, score=float(hyp.score),
+                           log_prob=float(hyp.log_prob), attention=amap)
+
+    def translate(self, sentences: Sequence[str], *, beam: int = 5, incremental: bool = True,
+                  nbest: int | None = None, attention: bool = False, **kwargs: Any
+                  ) -> list[str] | list[list[Translation]]:
+        """Each sentence's translation as text (pieces joined by the SentencePiece model, or words by
+        sacremoses' detokenizer); empty sentences give "".
+
+        With ``nbest`` (<= ``beam``): per sentence a list of its ``nbest`` best :class:`Translation` objects
+        (text, score, tokens; best first; [] for an empty sentence), and with ``attention`` the best one's
+        attention map -- see :meth:`translate_nbest`."""
+        if nbest is not None:
+            return self.translate_nbest(sentences, beam=beam, nbest=nbest, attention=attention,
+                                        incremental=incremental, **kwargs)
+        if attention:
+            raise ValueError("attention=True needs nbest (the attention comes with the hypotheses)")
+        return [self.codec.detokenize(toks)
                 for toks in self.translate_tokens(sentences, beam=beam, incremental=incremental, **kwargs)]
 
     # -- attention ---------------------------------------------------------------------------------------
@@ -172,7 +285,7 @@ class Translator:
         tgt_ids = self.tgt_vocab.encode(out)
         tgt_in = torch.tensor([[self.config.sos_id, *tgt_ids]], dtype=torch.long, device=self.device)
         _, attn = self.model(src, tgt_in)
-        source = self.src_vocab.decode(src_ids)  # what the model saw: unknown words show as <unk>
+        source = self.src_vocab.decode(src_ids)  # what the model saw: a word model's unknown words show as <unk>
         return AttentionMap(source=source, target=[*out, EOS], weights=attn[0].float().cpu())
 
     def plot_attention(self, sentence: str, path: str | os.PathLike, **kwargs: Any) -> AttentionMap:

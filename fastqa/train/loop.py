@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 import signal
 import time
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._backend import cpu_gemm_plan, restore_cpu_gemm_plan
+from .._backend import kernel_choices, restore_kernel_choices
 from ..data.batching import shard
 from ..errors import UserError
 from . import distributed
@@ -172,9 +173,10 @@ def _restore(task: Task, payload: dict, path: Path, optimizer, scheduler, ema: E
         log.warning("resuming a %d-process run with %d processes: the data order is the same, dropout masks "
                     "will differ", len(rng), env.world_size)
     _set_rng_state(rng[env.rank % len(rng)])
-    # The same GEMM engine for every shape as before the interruption (FASTQA_CPU_GEMM=auto measures
-    # them per process, and two engines round differently): bit-identical losses after resuming.
-    restore_cpu_gemm_plan(payload.get("gemm_plan"))
+    # The same GEMM engine for every shape and the same Triton configuration for every kernel and key as
+    # before the interruption (both are measured per process, and two choices round differently):
+    # bit-identical losses after resuming. Older checkpoints hold the CPU GEMM plan alone: restored too.
+    restore_kernel_choices(payload.get("gemm_plan"))
     return _Progress(step=payload["step"], epoch=payload["epoch"], batch_in_epoch=payload["batch_in_epoch"])
 
 
@@ -192,7 +194,7 @@ def _save(task: Task, settings: TrainSettings, optimizer, scheduler, ema: EMA | 
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "rng": rng,
-            "gemm_plan": cpu_gemm_plan(),
+            "gemm_plan": kernel_choices(),
             "settings": asdict(settings),
             **asdict(progress),
         })
@@ -233,15 +235,14 @@ def _batches(task: Task, progress: _Progress, env: DistEnv) -> Iterator[tuple[li
 
 
 def _train_step(task: Task, model: nn.Module, optimizer, scheduler, batch_global: list[int], batch_local: list[int],
-                settings: TrainSettings, env: DistEnv, step: int) -> float:
-    """One optimizer step; returns the global-batch loss (every rank's shard weighted by its size)."""
+                settings: TrainSettings, env: DistEnv) -> torch.Tensor:
+    """One optimizer step; returns the global-batch loss (every rank's shard weighted by its size) as a
+    float64 scalar tensor on the device: reading it would make the host wait for the device, so the loop
+    reads the losses only when it logs, checkpoints or evaluates (``_LossWindow``)."""
     batch = task.collate(batch_local, env.device)
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.amp or "")
     with torch.autocast(env.device.type, dtype=amp_dtype, enabled=amp_dtype is not None and env.device.type == "cuda"):
         loss = task.loss(model, batch)
-    if not torch.isfinite(loss):
-        raise FloatingPointError(f"the training loss is {loss.item()} at step {step + 1}; try a lower learning rate "
-                                 "or gradient clipping")
     # DDP averages gradients over ranks; weighting by the shard's share makes that the global-batch mean
     # even when the shards differ in size.
     weight = len(batch_local) * env.world_size / len(batch_global)
@@ -255,7 +256,34 @@ def _train_step(task: Task, model: nn.Module, optimizer, scheduler, batch_global
     value = loss.detach() * weight / env.world_size
     if env.distributed:
         torch.distributed.all_reduce(value)
-    return float(value)
+    return value.double()
+
+
+class _LossWindow:
+    """The training losses since the last log row, summed on the device (float64, as Python floats would)."""
+
+    def __init__(self) -> None:
+        self.total: torch.Tensor | float = 0.0
+        self.steps = 0
+        self.first_step = 0
+
+    def add(self, loss: torch.Tensor, step: int) -> None:
+        if not self.steps:
+            self.first_step = step
+        self.total = self.total + loss
+        self.steps += 1
+
+    def mean(self) -> float:
+        """The window's mean loss (one host read); a non-finite one stops training before anything is saved."""
+        value = float(self.total) / max(self.steps, 1)
+        if not math.isfinite(value):
+            raise FloatingPointError(f"the training loss is {value} between steps {self.first_step} and "
+                                     f"{self.first_step + self.steps - 1}; try a lower learning rate or gradient "
+                                     "clipping")
+        return value
+
+    def reset(self) -> None:
+        self.total, self.steps = 0.0, 0
 
 
 def _total_steps(task: Task, settings: TrainSettings) -> int | None:
@@ -341,12 +369,14 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
         from tqdm.auto import tqdm
         bar = tqdm(total=total, initial=progress.step, desc=f"{task.kind} train", dynamic_ncols=True)
     started = time.monotonic()
-    window_start, window_steps, window_loss = time.monotonic(), 0, 0.0
+    window_start, window = time.monotonic(), _LossWindow()
     last_eval: dict[str, float] = {}
     saved_at, saved_time, evaluated_at = -1, started, -1
 
     def save() -> None:
         nonlocal saved_at, saved_time
+        if window.steps:
+            window.mean()  # never checkpoint weights that a non-finite loss has already spoilt
         _save(task, settings, optimizer, scheduler, ema, progress, env)
         saved_at, saved_time = progress.step, time.monotonic()
 
@@ -392,24 +422,26 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
                 evaluate_and_save(f"end of epoch {progress.epoch - 1}")
             reason = boundary()
             continue
-        loss = _train_step(task, ddp_model, optimizer, scheduler, batch_global, batch_local, settings, env,
-                           progress.step)
+        loss = _train_step(task, ddp_model, optimizer, scheduler, batch_global, batch_local, settings, env)
         progress.step += 1
         progress.batch_in_epoch += 1
         if ema is not None:
             ema.update(model)
-        window_steps += 1
-        window_loss += loss
+        window.add(loss, progress.step)
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", epoch=progress.epoch)
-        if env.is_main and progress.step % settings.log_every == 0:
-            elapsed = time.monotonic() - window_start
-            metrics_log.write({"kind": "train", "step": progress.step, "epoch": progress.epoch,
-                               "loss": window_loss / window_steps, "lr": optimizer.param_groups[0]["lr"],
-                               "steps_per_s": window_steps / max(elapsed, 1e-9),
-                               "time": round(time.monotonic() - started, 2)})
-            window_start, window_steps, window_loss = time.monotonic(), 0, 0.0
+        if progress.step % settings.log_every == 0:
+            mean = window.mean()
+            if bar is not None:
+                bar.set_postfix(loss=f"{mean:.4f}", epoch=progress.epoch)
+            if env.is_main:
+                elapsed = time.monotonic() - window_start
+                metrics_log.write({"kind": "train", "step": progress.step, "epoch": progress.epoch,
+                                   "loss": mean, "lr": optimizer.param_groups[0]["lr"],
+                                   "steps_per_s": window.steps / max(elapsed, 1e-9),
+                                   "time": round(time.monotonic() - started, 2)})
+            window_start = time.monotonic()
+            window.reset()
         reason = boundary()
         if reason is None and settings.eval_every and progress.step % settings.eval_every == 0:
             evaluate_and_save("eval_every")

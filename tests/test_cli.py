@@ -68,3 +68,11 @@ def test_run_folder_problems_are_reported_before_any_data_is_read(capsys, tmp_pa
     (tmp_path / "run" / "checkpoint.pt").write_bytes(b"")
     assert_user_error(capsys, [command, *data, "--out", tmp_path / "run"], "exists: pass --resume")
     assert_user_error(capsys, [command, *data, "--out", tmp_path / "run" / "checkpoint.pt"], "is a file")
+
+
+def test_half_precision_on_the_cpu_is_refused_not_ignored(capsys, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("the CPU-only refusal needs a machine without CUDA")
+    missing = str(tmp_path / "missing.json")
+    assert_user_error(capsys, ["qa-train", "--train", missing, "--dev", missing, "--out", tmp_path / "run",
+                               "--precision", "bf16"], "--precision bf16 needs a CUDA device")

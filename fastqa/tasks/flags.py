@@ -121,6 +121,11 @@ def amp_of(precision: str | None, device: str) -> str | None:
     """The training loop's ``amp`` setting for ``--precision`` on ``device`` (None: fp32)."""
     if precision is None:
         precision = "bf16" if device.startswith("cuda") else "fp32"
+    if precision != "fp32" and not device.startswith("cuda"):
+        from ..errors import UserError
+
+        # The CPU kernels compute in float32 (float64 for checks); a silent fp32 run would mislabel the result.
+        raise UserError(f"--precision {precision} needs a CUDA device; on the CPU training runs in fp32")
     return None if precision == "fp32" else precision
 
 

@@ -5,7 +5,12 @@
     torchrun --nproc_per_node 2 -m fastqa.cli qa-train ...      (DistributedDataParallel, same flags)
     fastqa qa-predict --model runs/qanet --data dev.json --out pred.json [--na-prob-out na.json]
     fastqa qa-eval dev.json pred.json [--na-prob na.json]       (the official evaluation JSON on stdout)
-    fastqa ask --model runs/qanet --context "..." --question "..." [--plot probs.png]
+    fastqa ask --context "..." --question "..." [--top-k 3] [--plot probs.png|.pdf|.svg]
+    fastqa ask --model runs/qanet --input questions.jsonl [--output answers.jsonl] [--batch-size 32]
+
+``--model`` takes a run folder, a slim export (``fastqa export``) or a shipped model's name; ``ask`` without
+it uses the shipped reader. Contexts longer than ``--max-context`` tokens are read in windows that overlap by
+``--stride`` tokens.
 """
 from __future__ import annotations
 
@@ -59,13 +64,15 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("qa-predict", help="answer every question of a SQuAD file",
                               description="Predictions JSON {question id: answer} in the official format.")
-    p.add_argument("--model", required=True, metavar="DIR", help="a qa-train run folder (or its checkpoint.pt)")
+    p.add_argument("--model", required=True, metavar="DIR",
+                   help="a qa-train run folder (or its checkpoint.pt), an export, or a shipped model's name")
     p.add_argument("--data", required=True, metavar="F", help="SQuAD JSON (.json or .json.gz)")
     p.add_argument("--out", required=True, metavar="PRED.json")
     p.add_argument("--na-prob-out", metavar="F", help="also write {question id: no-answer probability} (v2.0 models)")
     p.add_argument("--articles", metavar="A:B", help="only these articles of --data, e.g. 40:48")
     p.add_argument("--layers", choices=LAYERS, default=None)
     p.add_argument("--batch-size", type=positive_int, default=32)
+    _window_flags(p)
     add_runtime_flags(p)
     _cache_flags(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -87,20 +94,50 @@ def register(subparsers) -> None:
                    "error in v2.0)")
     p.set_defaults(func=run_eval)
 
-    p = subparsers.add_parser("ask", help="answer one question about a context",
+    p = subparsers.add_parser("ask", help="answer a question about a context (or a JSON-lines file of them)",
                               description="Prints {text, score, start, end}: the answer, p_start·p_end and its "
-                              "character span in the context.")
-    p.add_argument("--model", required=True, metavar="DIR")
+                              "character span in the context ({answers: [...]} with --top-k). With --input, one "
+                              "such JSON line per question of a JSON-lines file.")
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="a run folder, an export or a shipped model's name (default: the shipped reader, "
+                   "qanet-small-squad)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--context", metavar="TEXT")
     src.add_argument("--context-file", metavar="F", help="UTF-8 text file holding the context")
-    p.add_argument("--question", required=True, metavar="TEXT")
-    p.add_argument("--plot", metavar="OUT.png", help="draw the start/end probabilities over the context tokens")
+    src.add_argument("--input", metavar="F.jsonl",
+                     help='JSON lines, one {"id", "context", "question"} per line ("id" optional: the line number)')
+    p.add_argument("--question", metavar="TEXT", help="the question (with --context or --context-file)")
+    p.add_argument("--output", metavar="F", help="write the JSON (lines) here instead of stdout")
+    p.add_argument("--top-k", type=positive_int, metavar="K", help="the K best distinct answers, best first")
+    p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="windows per batch (default 32)")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="draw the start/end probabilities around the answer (.png, .pdf or .svg)")
     p.add_argument("--layers", choices=LAYERS, default=None)
     p.add_argument("--max-answer-len", type=positive_int, metavar="N", help="longest answer, in tokens - 1 (default 30; "
                    "a value past the context's length allows any span of it)")
+    _window_flags(p)
     add_runtime_flags(p)
     p.set_defaults(func=run_ask)
+
+
+def _window_flags(p) -> None:
+    p.add_argument("--max-context", type=positive_int, metavar="N",
+                   help="context tokens the reader sees at once; a longer context is read in overlapping windows "
+                   "(default: the context length the model was trained on, 400 for the shipped reader)")
+    p.add_argument("--stride", type=nonnegative_int, metavar="S",
+                   help="tokens of overlap between consecutive windows (default 128, at most half a window)")
+
+
+def nonnegative_int(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
 
 
 def _cache_flags(p) -> None:
@@ -130,6 +167,7 @@ def _run_train(args) -> int:
 
     check_training_flags(args)
     device = resolve_device(args.device)
+    amp = amp_of(args.precision, device)
     if not 0.0 <= args.ema < 1.0:
         raise UserError(f"--ema must be in [0, 1), got {args.ema}")
     for flag, path in (("--train", args.train), ("--dev", args.dev), ("--vectors", args.vectors)):
@@ -151,7 +189,7 @@ def _run_train(args) -> int:
     settings = TrainSettings(out_dir=args.out, max_steps=args.max_steps, epochs=args.epochs,
                              clip_norm=args.clip or None, ema_decay=args.ema or None, eval_every=args.eval_every,
                              eval_each_epoch=args.eval_each_epoch,
-                             log_every=args.log_every, seed=args.seed, amp=amp_of(args.precision, device), resume=args.resume,
+                             log_every=args.log_every, seed=args.seed, amp=amp, resume=args.resume,
                              progress=not args.no_progress, max_minutes=args.max_minutes, save_every_minutes=args.save_every_minutes or None, device=device)
     n_params = sum(p.numel() for p in task.model.parameters() if p.requires_grad)
     if rank0:
@@ -177,8 +215,10 @@ def _run_predict(args) -> int:
     qa = QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device))
     if args.na_prob_out and not qa.config.no_answer:
         raise UserError(f"--na-prob-out: the model in {args.model} has no no-answer option (trained on SQuAD v1.1)")
+    qa.windows(args.max_context, args.stride)  # a bad --stride is reported before the data is read
     _, out = qa.predict_file(args.data, articles=args.articles, batch_size=args.batch_size,
-                             cache_dir=_cache_dir(args), progress=not args.no_progress)
+                             cache_dir=_cache_dir(args), progress=not args.no_progress,
+                             max_context=args.max_context, stride=args.stride)
     atomic_write_json(args.out, out.predictions)
     if args.na_prob_out:
         atomic_write_json(args.na_prob_out, out.na_probs)
@@ -227,10 +267,25 @@ def run_ask(args) -> int:
         return _run_ask(args)
 
 
+PLOT_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
+
+
+def plot_format(path: str) -> str:
+    """The figure format of ``path`` from its suffix; an unknown one is a UserError naming the flag."""
+    from pathlib import Path
+
+    from ...errors import UserError
+
+    suffix = Path(path).suffix.lower()
+    if suffix not in PLOT_FORMATS:
+        raise UserError(f"--plot {path}: unknown figure format {suffix or '(no suffix)'!r}; "
+                        f"use {', '.join(PLOT_FORMATS)}")
+    return PLOT_FORMATS[suffix]
+
+
 def _run_ask(args) -> int:
     from ...data.files import read_text
     from ...errors import UserError
-    from .predictor import QAModel
 
     # Bytes on the command line that are not UTF-8 reach sys.argv as lone surrogates (PEP 383); they
     # would fail later, far from the flag that brought them.
@@ -242,6 +297,19 @@ def _run_ask(args) -> int:
         except UnicodeEncodeError as e:
             raise UserError(f"{flag}: not valid UTF-8 text (an undecodable byte at character {e.start}); "
                             f"pass UTF-8, or put the text in a file (--context-file)") from None
+    if args.plot:
+        plot_format(args.plot)  # before minutes of loading
+    if args.input is not None:
+        if args.question is not None:
+            raise UserError("--question: the questions come from --input; give one or the other")
+        if args.plot:
+            raise UserError("--plot draws one question; it cannot be used with --input")
+        records = read_questions(args.input)
+        qa = _load_reader(args)
+        qa.windows(args.max_context, args.stride)
+        return _answer_file(qa, records, args)
+    if args.question is None:
+        raise UserError("--question is required with --context or --context-file")
     if args.context_file is not None:
         context = read_text(args.context_file, "--context-file")
     else:
@@ -250,17 +318,103 @@ def _run_ask(args) -> int:
         raise UserError("--context: the context is empty")
     if not args.question.strip():
         raise UserError("--question: the question is empty")
-    qa = QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device))
-    result = qa.answer(context, args.question, max_answer_len=args.max_answer_len)
+    qa = _load_reader(args)
+    result = qa.answer(context, args.question, max_answer_len=args.max_answer_len, top_k=args.top_k,
+                       max_context=args.max_context, stride=args.stride)
     if args.plot:
-        plot_probabilities(qa.probabilities(context, args.question), result, args.question, args.plot)
+        probs = qa.probabilities(context, args.question, max_context=args.max_context, stride=args.stride)
+        best = result["answers"][0] if "answers" in result else result
+        plot_probabilities(probs, best, args.question, args.plot)
         result = {**result, "plot": args.plot}
-    print(json.dumps(result, ensure_ascii=False, indent=2))
+    text = json.dumps(result, ensure_ascii=False, indent=2) + "\n"
+    if args.output:
+        from ...data.files import atomic_write_text
+
+        atomic_write_text(args.output, text)
+    else:
+        sys.stdout.write(text)
     return 0
 
 
-def plot_probabilities(probs: dict, result: dict, question: str, path: str) -> None:
-    """A PNG of p_start and p_end over the context tokens, the answer's tokens shaded (written atomically)."""
+def _load_reader(args):
+    from .predictor import QAModel
+
+    return QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device))
+
+
+def read_questions(path: str) -> list[dict]:
+    """The records of a JSON-lines question file: ``{"id", "context", "question"}`` per non-blank line ("id"
+    a str or int, the line number when absent). A line that is not such an object is a UserError naming the
+    file and the line."""
+    from ...data.files import read_text
+    from ...errors import UserError
+
+    records = []
+    for number, line in enumerate(read_text(path, "--input").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}: line {number}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{where}: malformed JSON at column {e.colno}: {e.msg}") from None
+        except RecursionError:
+            raise UserError(f"{where}: the JSON is nested too deeply to read") from None
+        if not isinstance(obj, dict):
+            raise UserError(f'{where}: expected a JSON object {{"id", "context", "question"}}, got '
+                            f"{type(obj).__name__}")
+        for key in ("context", "question"):
+            value = obj.get(key)
+            if not isinstance(value, str):
+                raise UserError(f"{where}: {key!r} must be a string" + ("" if key in obj else " (missing)"))
+            if not value.strip():
+                raise UserError(f"{where}: the {key} is empty")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate written as a \ud800 escape
+                raise UserError(f"{where}: the {key} is not valid Unicode text (a lone surrogate at character "
+                                f"{e.start})") from None
+        qid = obj.get("id", number)
+        if isinstance(qid, bool) or not isinstance(qid, (str, int)):
+            raise UserError(f"{where}: 'id' must be a string or an integer, got {type(qid).__name__}")
+        records.append({"id": qid, "context": obj["context"], "question": obj["question"]})
+    if not records:
+        raise UserError(f"{path}: no questions (expected one JSON object per line) (--input)")
+    return records
+
+
+def _answer_file(qa, records: list[dict], args) -> int:
+    """One JSON line per record, in input order, to --output or stdout; answered in chunks so that the
+    first lines come out before the last questions are read, and memory stays bounded."""
+    import contextlib
+
+    from ...data.files import atomic_open
+
+    chunk = max(args.batch_size * 8, 256)
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(atomic_open(args.output, "w", encoding="utf-8")) if args.output else sys.stdout
+        for i in range(0, len(records), chunk):
+            part = records[i:i + chunk]
+            results = qa.answer_many([r["context"] for r in part], [r["question"] for r in part],
+                                     batch_size=args.batch_size, max_answer_len=args.max_answer_len,
+                                     top_k=args.top_k, max_context=args.max_context, stride=args.stride)
+            for record, result in zip(part, results):
+                out.write(json.dumps({"id": record["id"], **result}, ensure_ascii=False) + "\n")
+            out.flush()
+    if args.output:
+        print(f"ask: {len(records)} answers written to {args.output}", file=sys.stderr)
+    return 0
+
+
+def plot_probabilities(probs: dict, result: dict, question: str, path: str, *, around: int = 40) -> None:
+    """A figure of p_start and p_end over the context tokens around the answer, written atomically in the
+    format of ``path``'s suffix (.png, .pdf, .svg).
+
+    Only the answer's tokens and ``around`` tokens on each side are drawn (the figure's width is bounded
+    whatever the context's length); a note says how many tokens are hidden. probs: ``QAModel.probabilities``
+    (possibly one window of a long context); result: the answer dict drawn (``text``, ``score``, ``start``,
+    ``end``)."""
+    fmt = plot_format(path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -268,28 +422,50 @@ def plot_probabilities(probs: dict, result: dict, question: str, path: str) -> N
 
     from ...data.files import atomic_open
 
-    tokens, n = probs["tokens"], len(probs["tokens"])
-    xs = list(range(n))
-    fig, ax = plt.subplots(figsize=(min(4 + 0.22 * n, 60), 4.5))
-    if probs["p_end"] is None:  # a single-word reader: the answer ends where it starts
-        ax.bar(xs, probs["p_start"], width=0.8, label="p(answer word)", color="tab:blue")
-    else:
-        ax.bar([x - 0.2 for x in xs], probs["p_start"], width=0.4, label="p(start)", color="tab:blue")
-        ax.bar([x + 0.2 for x in xs], probs["p_end"], width=0.4, label="p(end)", color="tab:orange")
+    offsets, n = probs["offsets"], len(probs["tokens"])
+    first_token, total = probs.get("window", (0, n))[0], probs.get("n_tokens", n)
+    p_start, p_end = probs["p_start"], probs["p_end"]
     if result["text"]:
-        first = next(i for i, (s, e) in enumerate(probs["offsets"]) if e > result["start"])
-        last = max(i for i, (s, e) in enumerate(probs["offsets"]) if s < result["end"])
-        ax.axvspan(first - 0.5, last + 0.5, color="tab:green", alpha=0.15, label="answer")
+        first = next(i for i, (s, e) in enumerate(offsets) if e > result["start"])
+        last = max(i for i, (s, e) in enumerate(offsets) if s < result["end"])
+    else:  # no answer: centre on the likeliest start
+        first = last = max(range(n), key=p_start.__getitem__)
+    lo, hi = max(0, first - around), min(n, last + around + 1)
+    xs = list(range(first_token + lo, first_token + hi))      # positions in the whole context
+    shown = hi - lo
+    fig, ax = plt.subplots(figsize=(min(4.0 + 0.16 * shown, 18.0), 4.8))
+    if p_end is None:  # a single-word reader: the answer ends where it starts
+        ax.plot(xs, p_start[lo:hi], marker="o", markersize=4, linewidth=1, color="tab:blue", label="p(answer word)")
+    else:
+        ax.plot(xs, p_start[lo:hi], marker="o", markersize=4, linewidth=1, color="tab:blue", label="p(start)")
+        ax.plot(xs, p_end[lo:hi], marker="s", markersize=4, linewidth=1, color="tab:orange", label="p(end)")
+    if result["text"]:
+        ax.axvspan(first_token + first - 0.5, first_token + last + 0.5, color="tab:green", alpha=0.15,
+                   label="answer")
     ax.set_xticks(xs)
-    ax.set_xticklabels(tokens, rotation=90, fontsize=7)
-    ax.set_xlim(-0.5, n - 0.5)
+    ax.set_xticklabels([_short(t, 16) for t in probs["tokens"][lo:hi]], rotation=90, fontsize=7)
+    ax.set_xlim(xs[0] - 0.5, xs[-1] + 0.5)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel(f"context token (positions {xs[0]}–{xs[-1]} of 0–{total - 1})")
     ax.set_ylabel("probability")
-    title = f"Q: {question}\nA: {result['text'] or '(no answer)'}  (score {result['score']:.3f})"
+    fig.suptitle(f"Q: {_short(question, 100)}", fontsize=10)
+    answer = f"A: {_short(result['text'], 60)!r}" if result["text"] else "A: (no answer)"
+    detail = f"p(start)·p(end) = {result['score']:.3f}"
     if probs.get("p_null") is not None:
-        title += f", p(no answer) {probs['p_null']:.3f}"
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+        detail += f", p(no answer) = {probs['p_null']:.3f}"
+    ax.set_title(f"{answer}   {detail}", fontsize=9)
+    hidden_before, hidden_after = first_token + lo, total - (first_token + hi)
+    if hidden_before or hidden_after:
+        fig.text(0.01, 0.01, f"{hidden_before + hidden_after} tokens not shown ({hidden_before} before, "
+                 f"{hidden_after} after)", fontsize=8, color="0.35")
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     with atomic_open(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=100)
+        fig.savefig(f, format=fmt, dpi=100)
     plt.close(fig)
+
+
+def _short(text: str, limit: int) -> str:
+    """``text`` on one line, cut to ``limit`` characters with an ellipsis (figure labels stay legible)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -143,6 +143,7 @@ def _run_train(args: argparse.Namespace) -> int:
     if args.vocab == "subword" and args.min_freq is not None:
         raise UserError("--min-freq sets the words of --vocab word; a subword vocabulary is set by --vocab-size")
     device = resolve_device(args.device)
+    amp = amp_of(args.precision, device)
     overrides = dict(args.overrides)
     for key in ("src_vocab_size", "tgt_vocab_size"):
         if key in overrides:
@@ -157,7 +158,7 @@ def _run_train(args: argparse.Namespace) -> int:
     epochs = args.epochs
     settings = TrainSettings(out_dir=args.out, max_steps=args.max_steps, epochs=epochs,
                              clip_norm=args.clip or None, eval_every=args.eval_every, log_every=args.log_every,
-                             seed=args.seed, amp=amp_of(args.precision, device), resume=args.resume,
+                             seed=args.seed, amp=amp, resume=args.resume,
                              progress=not args.no_progress, max_minutes=args.max_minutes, save_every_minutes=args.save_every_minutes or None, device=device)
     metrics = train_translation(opts, settings)
     if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports

@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 BENCH_ARGS ?=
 PYTEST_ARGS ?=
 OUT ?= gpu-check-results
-EXTRAS := test bench triton models
+EXTRAS := test bench triton models serve
 LINT_PATHS := fastqa triton_kernels benchmarks tests scripts setup.py
 EXT_SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') CMakeLists.txt setup.py pyproject.toml
 

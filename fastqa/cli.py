@@ -15,6 +15,7 @@ import sys
 from typing import Sequence
 
 from ._version import __version__
+from .serve.cli import register as register_serve
 from .tasks import TASKS
 
 __all__ = ["parse_args", "main"]
@@ -27,6 +28,25 @@ def _run_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_export(args: argparse.Namespace) -> int:
+    from .export import export_run
+
+    out = export_run(args.run, args.out, half=args.half)
+    print(json.dumps({"export": str(out), "files": sorted(p.name for p in out.iterdir() if not p.name.startswith("."))}))
+    return 0
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="write a slim, shippable copy of a trained model (safetensors + config)",
+                       description="Write OUT/model.safetensors (the EMA weights when the run kept them), "
+                       "OUT/config.json (kind, config, vocabularies, limits) and a model card OUT/README.md from "
+                       "a run folder of any task; `--model OUT` and Model.load(OUT) read it as they read the run.")
+    p.add_argument("run", metavar="RUN", help="a run folder (or its checkpoint.pt, or another export)")
+    p.add_argument("out", metavar="OUT", help="the export folder (new, empty, or an earlier export to replace)")
+    p.add_argument("--half", action="store_true", help="store the weights in float16 (half the size)")
+    p.set_defaults(func=_run_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastqa", description="Train, evaluate and use QANet (SQuAD) and "
                                      "ConvS2S (translation) built from fastqa's fused layers.")
@@ -36,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_run_info)
     for name in TASKS:
         importlib.import_module(name).register(sub)
+    register_serve(sub)  # not a task: it serves the tasks' models (fastqa/serve/)
+    _add_export(sub)  # not a task either: any task's run folder -> a slim export (fastqa/export.py)
     return parser
 
 

@@ -70,12 +70,24 @@ def one_thread_for_models(request):
     torch.set_num_threads(threads)
 
 
-# Optional packages (the `models` and `test` extras) that a machine without registry access may lack: the
-# tests that need one skip with a reason instead of failing. Keys: module; values: which tests need it.
+def _serves_models(item) -> bool:
+    """The ``fastqa serve`` tests that train two tiny models and serve them (tests/serve/test_api.py, test_page.py)."""
+    return item.path.parent.name == "serve" and item.path.name in ("test_api.py", "test_page.py")
+
+
+def _needs_serve_extra(item) -> bool:
+    """The ``fastqa serve`` tests that start a server (the engines' and most command-line tests need no server)."""
+    return _serves_models(item) or item.name in ("test_serve_on_a_port_in_use", "test_serve_a_folder_without_a_checkpoint")
+
+
+# Optional packages (the `models`, `test` and `serve` extras) that a machine without registry access may lack:
+# the tests that need one skip with a reason instead of failing. Keys: module; values: which tests need it.
 _OPTIONAL = {
-    "spacy": lambda item: "tasks" in item.path.parts or item.path.name == "test_lstm_readers.py",
-    "sacrebleu": lambda item: "tasks" in item.path.parts,
+    "spacy": lambda item: "tasks" in item.path.parts or item.path.name == "test_lstm_readers.py" or _serves_models(item),
+    "sacrebleu": lambda item: "tasks" in item.path.parts or _serves_models(item),
     "expecttest": lambda item: "opcheck" in item.name,
+    "starlette": _needs_serve_extra,
+    "uvicorn": _needs_serve_extra,
 }
 
 

@@ -19,8 +19,11 @@ FLOORS = [
     ("fastqa.models",),
     ("fastqa.data",),
     ("fastqa.train",),
+    ("fastqa.export",),      # slim exports of any task's run (model-agnostic)
+    ("fastqa.pretrained",),  # the shipped models by name, read through fastqa.export
     ("fastqa.tasks",),
     ("fastqa.pipelines",),  # deprecated aliases of fastqa.tasks
+    ("fastqa.serve",),  # the HTTP API over the tasks' models
     ("fastqa.cli", "fastqa.__main__"),
 ]
 # The package's own __init__ re-exports the kernel half (ops, layers, reference) for `import fastqa` users.

@@ -1,0 +1,129 @@
+"""``fastqa serve``: the HTTP JSON API and its page, on 127.0.0.1 unless told otherwise.
+
+    fastqa serve --qa-model runs/qanet --mt-model runs/convs2s [--host 127.0.0.1] [--port 8000]
+
+Only argparse and the shared flags are imported here; torch, the models and the server library load when the
+command runs, so ``fastqa --help`` stays quick.
+"""
+from __future__ import annotations
+
+import argparse
+import socket
+
+from ..tasks.flags import add_runtime_flags, positive_int, resolve_device, threads
+from .limits import ServeLimits
+
+__all__ = ["register", "run_serve"]
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {text!r}")
+    return value
+
+
+def register(subparsers) -> None:
+    """Add ``serve`` to the ``fastqa`` command."""
+    defaults = ServeLimits()
+    p = subparsers.add_parser(
+        "serve", help="serve the QA reader and/or the translator over HTTP (JSON API and a page)",
+        description="An HTTP JSON API (POST /answer, POST /translate, GET /health) and a page at / to try the "
+        "models. The models load once, before the server listens. Binds 127.0.0.1 unless --host says otherwise: "
+        "there is no authentication, so expose it only behind something that has.")
+    p.add_argument("--qa-model", metavar="DIR", help="a qa-train run folder (or its checkpoint.pt)")
+    p.add_argument("--mt-model", metavar="DIR", help="an mt-train run folder (or its checkpoint.pt)")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
+    p.add_argument("--port", type=_port, default=DEFAULT_PORT,
+                   help=f"port to listen on (default {DEFAULT_PORT}; 0: a free one, printed at start)")
+    p.add_argument("--max-body-bytes", type=positive_int, default=defaults.max_body_bytes, metavar="N",
+                   help=f"largest request body; beyond it 413 (default {defaults.max_body_bytes})")
+    p.add_argument("--max-context-chars", type=positive_int, default=defaults.max_context_chars, metavar="N",
+                   help=f"longest context of /answer; beyond it 422 (default {defaults.max_context_chars})")
+    p.add_argument("--max-sentence-chars", type=positive_int, default=defaults.max_sentence_chars, metavar="N",
+                   help=f"longest sentence of /translate; beyond it 422 (default {defaults.max_sentence_chars})")
+    p.add_argument("--max-sentences", type=positive_int, default=defaults.max_sentences, metavar="N",
+                   help=f"most sentences in one /translate request (default {defaults.max_sentences})")
+    p.add_argument("--max-pending", type=positive_int, default=defaults.max_pending, metavar="N",
+                   help="requests that may wait for one model; beyond it 503 with Retry-After "
+                   f"(default {defaults.max_pending})")
+    p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
+                   help="the server's log level (default info: one line per request)")
+    add_runtime_flags(p)
+    p.set_defaults(func=run_serve)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, bound here so that a port in use is one line, not a traceback, and
+    so that port 0 gives a free port whose number is known before the server starts."""
+    from ..errors import UserError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UserError(f"--host {host}: cannot listen there ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise UserError(f"--host {host} --port {port}: cannot listen there ({e.strerror})") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    with threads(args.threads):
+        return _run_serve(args)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from ..errors import UserError
+    from .app import INSTALL_HINT
+
+    # Once models ship with the package (fastqa.pretrained), serving with neither flag could load the defaults.
+    if args.qa_model is None and args.mt_model is None:
+        raise UserError("serve: give a model to serve: --qa-model DIR, --mt-model DIR or both")
+    try:
+        import uvicorn
+    except ImportError:
+        raise UserError(INSTALL_HINT) from None
+    from .app import create_app
+    from .engines import QAEngine, TranslationEngine
+
+    limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_context_chars=args.max_context_chars,
+                         max_sentence_chars=args.max_sentence_chars, max_sentences=args.max_sentences,
+                         max_pending=args.max_pending)
+    device = resolve_device(args.device)
+    # Bind before loading: a port in use is reported before the models spend seconds loading.
+    sock = _listen(args.host, args.port)
+    try:
+        qa = translation = None
+        if args.qa_model is not None:
+            from ..tasks.qa import QAModel
+
+            qa = QAEngine(QAModel.load(args.qa_model, device=device), path=str(args.qa_model))
+        if args.mt_model is not None:
+            from ..tasks.translation import Translator
+
+            translation = TranslationEngine(Translator.load(args.mt_model, device=device), path=str(args.mt_model))
+        app = create_app(qa=qa, translation=translation, limits=limits)
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        loaded = ", ".join(name for name, engine in (("qa", qa), ("translation", translation)) if engine)
+        # One line on stdout with the address (scripts and tests read the port from it when --port is 0).
+        print(f"fastqa serve: {loaded} on http://{shown}:{port}/", flush=True)
+        config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0

@@ -1,0 +1,38 @@
+"""The bounds a request must stay within: one place for the server, its command-line defaults and the page.
+
+No dependencies, so ``fastqa --help`` can show the defaults without loading the server library or torch.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["ServeLimits"]
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """Request bounds. A body over ``max_body_bytes`` gets 413; a field over its bound gets 422.
+
+    The text bounds are in characters (Unicode code points, as Python counts them). They keep one request
+    from holding a model for long: QANet's attention grows with the square of the context length, and a
+    translation's cost with its length times the beam."""
+    max_body_bytes: int = 1 << 20
+    max_context_chars: int = 20_000
+    max_question_chars: int = 1_000
+    max_sentence_chars: int = 2_000
+    max_sentences: int = 64
+    max_top_k: int = 20
+    max_beam: int = 16
+    max_answer_len: int = 100
+    #: Requests waiting for one model beyond this get 503 (retry later) instead of queueing without end.
+    max_pending: int = 256
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ServeLimits.{name} must be a positive int, got {value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (``/health`` reports them, and the page reads them to bound its inputs)."""
+        return asdict(self)

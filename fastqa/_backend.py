@@ -7,13 +7,20 @@ Backends:
 
 ``backend="auto"`` (the default) picks the fastest usable one for the tensors' device and dtype;
 ``backend=`` or the ``FASTQA_BACKEND`` environment variable forces one, and forcing one that cannot
-run raises. An automatic fallback to the reference warns once per (op, reason).
+run raises. An automatic fallback to the reference warns once per (op, reason) on the CPU, and once per op
+for CUDA tensors (``warn_cuda_reference``: on a GPU the reference is the slow path a user must hear about,
+whatever the reason).
+
+The engine decisions that change rounding -- the CPU GEMM engine per shape, the Triton autotuner's
+configuration per (kernel, key) -- are exported by ``kernel_choices()`` and reinstated by
+``restore_kernel_choices()``, so a resumed training run repeats the uninterrupted run's losses bit for bit.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -37,6 +44,8 @@ def _load_extension() -> tuple[Any, str | None]:
 _EXT, _EXT_ERROR = _load_extension()
 _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 _WARNED: set[tuple[str, str]] = set()
+# The module of the Triton kernels (the package ships them as fastqa.triton_kernels).
+_TRITON_PACKAGE = "fastqa.triton_kernels"
 
 
 def cpu_available() -> bool:
@@ -105,7 +114,10 @@ def resolve_backend(backend: str | None, op: str, device: torch.device, dtype: t
     reason = _unusable_reason(preferred, device, dtype)
     if reason is None:
         return preferred
-    _warn_fallback(op, preferred, reason)
+    if device.type == "cuda":
+        warn_cuda_reference(op, device, f"{preferred} unusable: {reason}", stacklevel=4)
+    else:
+        _warn_fallback(op, preferred, reason)
     return "reference"
 
 
@@ -115,6 +127,16 @@ def _warn_fallback(op: str, preferred: str, reason: str) -> None:
     _WARNED.add((op, reason))
     warnings.warn(f"fastqa.{op}: falling back to the reference backend ({preferred} unusable: {reason})",
                   RuntimeWarning, stacklevel=4)
+
+
+def warn_cuda_reference(op: str, device: torch.device, reason: str, *, stacklevel: int = 3) -> None:
+    """Warn, once per op, that ``op`` runs its pure-PyTorch reference on CUDA tensors although the caller
+    did not ask for it (``reason`` says why). A no-op for tensors on other devices."""
+    if device.type != "cuda" or torch.compiler.is_compiling() or (op, "cuda") in _WARNED:
+        return
+    _WARNED.add((op, "cuda"))
+    warnings.warn(f"fastqa.{op}: falling back to the reference backend on a CUDA tensor ({reason}); later "
+                  f"fallbacks of this op stay quiet", RuntimeWarning, stacklevel=stacklevel)
 
 
 def cpu_gemm_plan() -> dict[str, Any] | None:
@@ -136,6 +158,48 @@ def restore_cpu_gemm_plan(plan: dict[str, Any] | None) -> None:
     if plan is None or _EXT is None or "error" in (cpu_gemm_info() or {}):
         return
     _EXT.gemm_restore(plan["engine"], plan["shapes"])
+
+
+# Keys of ``kernel_choices()``.
+_CPU_GEMM_KEY, _TRITON_KEY = "cpu_gemm", "triton"
+# Triton choices restored where Triton cannot run (a GPU run resumed on a CPU): handed on unchanged by
+# ``kernel_choices()``, so a checkpoint written here still carries them to a later GPU resume.
+_UNAPPLIED_TRITON: dict[str, dict[str, dict[str, Any]]] = {}
+
+
+def kernel_choices() -> dict[str, Any]:
+    """Every engine decision of this process that changes rounding, for a training checkpoint:
+    ``{"cpu_gemm": cpu_gemm_plan(), "triton": <kernel name -> {autotuning key: configuration}>}`` (Triton
+    empty where no kernel has been tuned or Triton is missing). ``restore_kernel_choices`` takes it back."""
+    triton_choices: dict[str, dict[str, dict[str, Any]]] = {k: dict(v) for k, v in _UNAPPLIED_TRITON.items()}
+    common = sys.modules.get(f"{_TRITON_PACKAGE}._common")   # nothing tuned before the kernels were imported
+    if common is not None:
+        for name, choices in common.autotune_choices().items():
+            triton_choices.setdefault(name, {}).update(choices)
+    return {_CPU_GEMM_KEY: cpu_gemm_plan(), _TRITON_KEY: triton_choices}
+
+
+def restore_kernel_choices(state: dict[str, Any] | None) -> None:
+    """Reinstate another process's ``kernel_choices()``: the CPU GEMM plan and each Triton kernel's tuned
+    configuration per key (kernels and configurations this version no longer has are skipped: they tune
+    afresh). Also takes what checkpoints stored before Triton choices were saved: a bare
+    ``cpu_gemm_plan()`` dict, or None."""
+    if state is None:
+        return
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a dict from kernel_choices(), got {type(state).__name__}")
+    if _CPU_GEMM_KEY not in state and _TRITON_KEY not in state:   # an older checkpoint: the plan alone
+        restore_cpu_gemm_plan(state)
+        return
+    restore_cpu_gemm_plan(state.get(_CPU_GEMM_KEY))
+    triton_choices = state.get(_TRITON_KEY) or {}
+    if not triton_choices:
+        return
+    if not triton_usable_here():
+        _UNAPPLIED_TRITON.update({k: dict(v) for k, v in triton_choices.items()})
+        return
+    common = importlib.import_module(f"{_TRITON_PACKAGE}._common")
+    common.restore_autotune_choices(triton_choices)
 
 
 def cpu_gemm_info() -> dict[str, Any] | None:

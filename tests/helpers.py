@@ -2,10 +2,12 @@
 table, and comparisons against the reference (``from helpers import assert_close, TOLERANCES``)."""
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Callable, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastqa._backend import cpu_available, triton_usable_here
 
@@ -170,3 +172,47 @@ def padding_mask(B: int, L: int, seed: int = 0) -> torch.Tensor:
         else:
             mask[b, cut] = False
     return mask
+
+
+class NoHostReads(TorchDispatchMode):
+    """Inside it, an op whose result the host must read from the tensor's data raises AssertionError naming it:
+    on a GPU each would wait for the device (``.item()``, ``int()`` / ``bool()`` of a tensor, ``nonzero``,
+    boolean-mask indexing, ``torch.equal``, ``repeat_interleave`` without ``output_size``...). It sees the
+    ops of the calling thread, CPU tensors included, so the GPU paths' code is checked on the CPU; a
+    custom op counts as one op (what its kernel does inside is its own business)."""
+
+    _READS = {"_local_scalar_dense", "nonzero", "masked_select", "equal", "is_nonzero", "_unique", "_unique2",
+              "unique_dim", "unique_consecutive", "masked_scatter", "argwhere"}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name in self._READS:
+            raise AssertionError(f"host read of a tensor's data: aten.{name}")
+        if name == "repeat_interleave" and isinstance(args[0], torch.Tensor) and kwargs.get("output_size") is None \
+                and (len(args) < 4 or args[3] is None) and not isinstance(args[1] if len(args) > 1 else None, int):
+            raise AssertionError("host read of a tensor's data: aten.repeat_interleave without output_size")
+        if name in ("index", "index_put", "index_put_", "_index_put_impl_"):
+            indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+            if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices):
+                raise AssertionError(f"host read of a tensor's data: aten.{name} with a boolean mask")
+        return func(*args, **kwargs)
+
+
+def fp64_dot_skip_reason() -> str | None:
+    """Why the Triton kernels' float64 ``tl.dot`` paths cannot run here, or None when they can. Triton builds
+    differ (some reject fp64 dot operands on some GPUs), so this compiles and runs one tiny fp64 dot, once
+    per process; the interpreter always can."""
+    return _fp64_dot_skip_reason()
+
+
+@functools.lru_cache(maxsize=None)
+def _fp64_dot_skip_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return None if triton_usable_here() else "triton cannot run here"
+    from _fp64_dot_probe import probe
+    try:
+        return probe()
+    except Exception as exc:  # any compile or launch failure of the probe is the reason to skip
+        return f"this Triton ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}) cannot " \
+               f"compile a float64 tl.dot on this GPU"

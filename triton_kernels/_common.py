@@ -1,6 +1,7 @@
 """What every Triton launcher of fastqa shares: the interpreter flag, autotuning spaces and the autotune
-switch, accumulator / dot dtypes, the fp32 dot precision policy, the SM count, custom-op registration and
-the tile offsets every kernel starts from (``tile_range``).
+switch, the one launch path (device guard, tuned or default configuration), the export and restore of the
+autotuner's choices, accumulator / dot dtypes, the fp32 dot precision policy, the SM count, custom-op
+registration and the tile offsets every kernel starts from (``tile_range``).
 
 Precision policy (the same for every op; the README's backend table states it): accumulation is fp32
 (fp64 for fp64 inputs, which only the interpreter runs, for gradcheck). ``tl.dot`` on fp32 operands
@@ -17,9 +18,13 @@ fp16 / bf16 operands go to tensor cores as they are (the precision argument is m
 """
 from __future__ import annotations
 
+import ast
+import contextlib
 import functools
+import importlib
 import os
-from typing import Callable, Optional, Sequence
+import sys
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import triton
@@ -47,17 +52,84 @@ def autotuning() -> bool:
     return os.environ.get("FASTQA_TRITON_AUTOTUNE", "1") != "0"
 
 
-def launch(kernel: triton.runtime.Autotuner, grid, *args, **kwargs) -> None:
-    """Launch an autotuned kernel, or, with ``FASTQA_TRITON_AUTOTUNE=0``, its default (first) config.
+def _device_guard(args: Sequence[Any]) -> contextlib.AbstractContextManager:
+    """``torch.cuda.device`` of the first CUDA tensor among ``args`` (a no-op context otherwise: CPU tensors
+    under the interpreter). Triton launches on the current device and stream: without the guard, tensors
+    on cuda:1 would be launched on cuda:0's stream and context."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.device.type == "cuda":
+                return torch.cuda.device(a.device)
+            break
+    return contextlib.nullcontext()
+
+
+def launch(kernel: Any, grid, *args, **kwargs) -> None:
+    """Launch a kernel on the device of its first tensor argument: every Triton launch of fastqa goes
+    through here. An autotuned kernel runs its tuned configuration for the key (cached per (kernel, key),
+    exported by ``autotune_choices``), or, with ``FASTQA_TRITON_AUTOTUNE=0``, its default (first) one; a
+    plain ``triton.jit`` kernel (no ``configs``) runs with the launch options in ``kwargs``.
 
     Skipping the tuning saves compiling every configuration for every new shape bucket and dtype; the
     results are the same up to rounding (weight-gradient partials are laid out independently of the
     block sizes, so determinism holds either way).
     """
-    if autotuning():
-        kernel[grid](*args, **kwargs)
-    else:
-        kernel.fn[grid](*args, **kwargs, **kernel.configs[0].all_kwargs())
+    with _device_guard(args):
+        if not hasattr(kernel, "configs") or autotuning():
+            kernel[grid](*args, **kwargs)
+        else:
+            kernel.fn[grid](*args, **kwargs, **kernel.configs[0].all_kwargs())
+
+
+def _autotuners() -> dict[str, triton.runtime.Autotuner]:
+    """Every autotuned kernel of the kernel modules imported so far, by "<module>.<attribute>" (e.g.
+    "glu_conv1d._glu_conv1d_fwd"): the names the choices are exported under."""
+    package = __name__.rpartition(".")[0]
+    found: dict[str, triton.runtime.Autotuner] = {}
+    seen: set[int] = set()
+    for module_name, module in sorted(sys.modules.items()):
+        if module is None or not module_name.startswith(package + "."):
+            continue
+        for attr, value in vars(module).items():
+            if isinstance(value, triton.runtime.Autotuner) and id(value) not in seen:
+                seen.add(id(value))
+                found[f"{module_name[len(package) + 1:]}.{attr}"] = value
+    return found
+
+
+def autotune_choices() -> dict[str, dict[str, dict[str, Any]]]:
+    """The configuration each autotuned kernel chose per key in this process: kernel name -> {repr of the
+    autotuning key tuple: ``Config.all_kwargs()`` (block sizes, num_warps, num_stages, ...)}. JSON-able;
+    ``restore_autotune_choices`` seeds another process's autotuners with it."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, tuner in _autotuners().items():
+        choices = {repr(tuple(key)): dict(config.all_kwargs()) for key, config in tuner.cache.items()}
+        if choices:
+            out[name] = choices
+    return out
+
+
+def restore_autotune_choices(choices: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """Seed each autotuner's cache with ``autotune_choices()`` of another process: a key found there is not
+    benchmarked again but runs the recorded configuration, so a resumed run launches every kernel with the
+    blocks it had (the same rounding). Entries whose kernel, key or configuration this version does not know
+    (renamed kernels, changed tuning spaces) are skipped: those keys tune afresh."""
+    if not isinstance(choices, dict):
+        raise TypeError(f"choices must be a dict from autotune_choices(), got {type(choices).__name__}")
+    importlib.import_module(__name__.rpartition(".")[0])   # every kernel module, so every autotuner exists
+    tuners = _autotuners()
+    for name, per_key in choices.items():
+        tuner = tuners.get(name)
+        if tuner is None or not isinstance(per_key, dict):
+            continue
+        for key_repr, wanted in per_key.items():
+            config = next((c for c in tuner.configs if c.all_kwargs() == wanted), None)
+            try:
+                key = ast.literal_eval(key_repr)
+            except (ValueError, SyntaxError):
+                continue
+            if config is not None and isinstance(key, tuple):
+                tuner.cache[key] = config
 
 
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:

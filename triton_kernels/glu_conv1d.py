@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import INTERPRET, accumulator_dtype, configs, dtype_constants, launch, register, tile_range
+from ._common import INTERPRET, accumulator_dtype, configs, dtype_constants, launch, register, sm_count, tile_range
 
 _SCHEMAS = {
     "glu_conv1d_fwd": "(Tensor x, Tensor weight, Tensor? bias, Tensor? mask, int pad_left, bool residual, "

@@ -11,8 +11,8 @@ __all__ = ["DecodeAttention"]
 
 class DecodeAttention(nn.Module):
     """``fastqa.reference.DecodeAttention`` (no parameters) computed by ``fastqa.decode_attention``: one pass
-    per batch element over the keys and values of its unmasked positions. ``backend``: "auto", "reference"
-    or "cpu"."""
+    per batch element over the keys and values of its unmasked positions. ``backend``: "auto", "reference",
+    "cpu" or "triton" (the GPU path)."""
 
     def __init__(self, backend: str = "auto") -> None:
         super().__init__()

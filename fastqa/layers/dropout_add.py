@@ -13,7 +13,7 @@ __all__ = ["DropoutAdd"]
 class DropoutAdd(_ReferenceDropoutAdd):
     """``fastqa.reference.DropoutAdd`` (no parameters; the same masks for the same seed) computed by
     ``fastqa.dropout_add``: the mask, the scale and the add in one pass, nothing stored for the backward.
-    ``backend``: "auto", "reference" or "cpu"."""
+    ``backend``: "auto", "reference", "cpu" or "triton"."""
 
     def __init__(self, p: float, backend: str = "auto") -> None:
         super().__init__(p)

@@ -15,7 +15,7 @@ class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, state_dict and initialisation) computed by ``fastqa.linear``: on the
     CPU each product (forward, grad_x, grad_weight) runs on the engine -- BLAS or torch's oneDNN -- that
     was measured fastest for its shape. Weight normalisation (``torch.nn.utils.parametrizations``) works
-    as on nn.Linear. ``backend``: "auto", "reference" or "cpu"."""
+    as on nn.Linear. ``backend``: "auto", "reference", "cpu" or "triton" (the GPU path)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, backend: str = "auto",
                  device=None, dtype=None) -> None:

@@ -20,8 +20,8 @@ from .. import reference
 from ..reference.dropout_add import drop_threshold
 
 __all__ = ["ModelConfig", "PACK_BELOW", "PackedBatch", "check_config", "check_qa_inputs", "FrozenWordVectors", "Highway",
-           "dropout", "init_linear", "masked_log_softmax", "survival_prob", "survival_scales", "timing_signal",
-           "TorchDropoutAdd"]
+           "dropout", "host_to_device", "init_linear", "masked_log_softmax", "reads_are_free", "should_pack", "survival_prob",
+           "survival_scales", "timing_signal", "TorchDropoutAdd"]
 
 
 class ModelConfig:
@@ -236,8 +236,17 @@ def survival_scales(batch: int, survival: Sequence[float], *, device: torch.devi
     if all(s == 1.0 for s in survival):
         return None
     # Drawn in float32 whatever ``dtype``: the same seed gives the same draws in every precision.
-    surv = torch.tensor(survival, dtype=torch.float32).view(len(survival), 1).to(device)
+    surv = host_to_device(torch.tensor(survival, dtype=torch.float32), device).view(len(survival), 1)
     return ((torch.rand(len(survival), batch, device=device) < surv) / surv).to(dtype)
+
+
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small CPU tensor built from Python values, on ``device``. To a GPU through pinned memory and a
+    non-blocking copy: a plain ``.to("cuda")`` of pageable memory makes the host wait for the stream (a host
+    sync per call, several per train step)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 class TorchDropoutAdd(reference.DropoutAdd):
@@ -289,13 +298,37 @@ class Highway(nn.Module):
 PACK_BELOW = 0.875
 
 
+def reads_are_free(device: torch.device) -> bool:
+    """Whether the host may read a tensor's values on ``device`` (a count, ``nonzero``) without waiting for the
+    device: True on the CPU, False on a GPU, where the models decide such things without reading."""
+    return device.type != "cuda"
+
+
+def should_pack(mask: torch.Tensor, *, every_row_real: bool = False) -> bool:
+    """Whether to pack a padded batch (mask [B, L] bool, True = real) into one row: its real positions fill
+    less than ``PACK_BELOW`` of it (and, with ``every_row_real``, every row has one).
+
+    Never for CUDA tensors: the decision needs the count of real positions on the host, a device->host copy
+    that stalls the host once per call (and packing needs more: the packed length, the segment lengths for
+    attention). On a GPU the padded rows cost little next to those stalls, and the padded batch runs every op
+    as one call, so the models keep the padding there. On the CPU the count is free and packing saves the
+    padding's share of the work."""
+    if not reads_are_free(mask.device):
+        return False
+    real = mask.sum(1)
+    if every_row_real and not bool(real.all()):
+        return False
+    return int(real.sum()) < PACK_BELOW * mask.numel()
+
+
 @dataclass(frozen=True)
 class PackedBatch:
     """A padded batch's real positions packed into one row: [B, L] -> [1, P].
 
     Sequence b's real positions come in order, then ``gap`` masked rows before sequence b + 1 (the zeros a
     centred convolution of width 2 * gap + 1 reads past each end, so every real position sees what it sees
-    padded). Position-wise work then skips the padding; attention takes ``segments``.
+    padded). Position-wise work then skips the padding; attention takes ``segments``. Building one reads
+    lengths on the host, so the models pack CPU batches only (``should_pack``).
     """
 
     rows: torch.Tensor   # [R] int64: the packed row of each real position, in the mask's row-major order

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .. import reference
-from .._backend import cpu_available, resolve_backend
+from .._backend import cpu_available, resolve_backend, warn_cuda_reference
 from .._checks import check_positive, check_tensor, entry_prologue
 from ._function import has_tangent, input_grads, once_differentiable, register_op_autograd
 from ._registry import kernel, qualified, register_autograd_hook
@@ -119,6 +119,8 @@ def trilinear_similarity(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor,
     _check_similarity_args(c, q, weight, bias)
     backend = resolve_backend(backend, "trilinear_similarity", c.device, c.dtype)
     if backend == "reference" or has_tangent(c, q, weight, bias):
+        if backend != "reference":
+            warn_cuda_reference("trilinear_similarity", c.device, "an input carries a forward-mode tangent")
         return reference.trilinear_similarity(c, q, weight, bias)
     return _TrilinearSimilarityFunction.apply(backend, c, q, weight, bias)
 
@@ -139,6 +141,8 @@ def context_query_attention(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tens
     check_tensor("q_mask", q_mask, shape=(q.shape[0], q.shape[1]), dtype=torch.bool, floating=False, like=c)
     backend = resolve_backend(backend, "context_query_attention", c.device, c.dtype)
     if backend == "reference" or has_tangent(c, q, weight, bias):
+        if backend != "reference":
+            warn_cuda_reference("context_query_attention", c.device, "an input carries a forward-mode tangent")
         return reference.context_query_attention(c, q, c_mask, q_mask, weight, bias)
     return _ContextQueryAttentionFunction.apply(backend, c, q, c_mask, q_mask, weight, bias)
 

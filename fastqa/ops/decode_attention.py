@@ -1,7 +1,8 @@
 """Decode-time attention (a few query rows per batch element over that element's memory): dispatch.
 
-Kernel (the C++ CPU backend, forward only; no Triton kernel: on a GPU, ``backend="auto"`` runs the
-reference, batched GEMMs)::
+Kernel (the C++ CPU backend, forward only; the GPU backend, "triton", has no kernel of its own: it runs
+the batched GEMMs of the reference -- baddbmm, softmax, bmm on cuBLAS -- which need no host synchronisation
+and are differentiable)::
 
     fastqa::decode_attention(q, keys, values, bias?, mask?, scale) -> (out, weights)
 
@@ -37,7 +38,8 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
     The fused kernel is forward-only: it runs when no input needs a gradient (decoding under
     ``torch.no_grad()``); when autograd is recording, or an input carries a forward-mode tangent, the
-    reference (differentiable) implementation runs instead. backend: "auto", "reference" or "cpu".
+    reference (differentiable) implementation runs instead. backend: "auto", "reference", "cpu" or "triton"
+    (the GPU path: batched GEMMs, what "auto" runs on CUDA).
     """
     q, keys, values, bias = entry_prologue("q", q, 3, keys, values, bias)
     batch, rows, dim = q.shape
@@ -52,12 +54,11 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
             raise ValueError(f"bias must have shape [{batch}, 1 or {rows}, {length}], got {tuple(bias.shape)}")
     check_optional("mask", mask, shape=(batch, length), dtype=torch.bool, floating=False, like=q)
     scale = check_real("scale", scale)
-    if backend == "triton":
-        raise ValueError("fastqa.decode_attention has no Triton kernel: on a GPU, backend='auto' (or "
-                         "'reference') runs the reference (batched GEMMs)")
     resolved = resolve_backend(backend, "decode_attention", q.device, q.dtype)
     tensors = (q, keys, values, bias)
     if resolved != "cpu" or records_grad(*tensors) or has_tangent(*tensors):
+        # "triton" (the GPU path) and "reference" run the same torch ops; so do the CPU backend's
+        # differentiable calls.
         return reference.decode_attention(q, keys, values, bias, mask, scale=scale)
     return kernel(resolved, _MODULE, "decode_attention")(q, keys, values, bias, mask, scale)
 

@@ -1,9 +1,10 @@
 """Seeded dropout of a sublayer's output plus its residual in one pass: autograd Function + dispatch.
 
-Kernel (the C++ CPU backend; there is no Triton kernel: on a GPU, ``backend="auto"`` runs the reference,
-the same hash in torch integer ops)::
+Kernels (the C++ CPU backend and the Triton backend, one op each with the same schema and the same hash,
+so a seed gives the same mask on every backend)::
 
     fastqa::dropout_add(branch, residual?, example_scale?, p, seed) -> out
+    fastqa_triton::dropout_add(branch, residual?, example_scale?, p, seed) -> out
 
 The backward is the same kernel on the gradient (same seed, no residual): nothing is saved for it, not
 even the mask.
@@ -15,7 +16,7 @@ import numbers
 import torch
 
 from .. import reference
-from .._backend import cpu_available, resolve_backend
+from .._backend import cpu_available, resolve_backend, warn_cuda_reference
 from .._checks import check_device, check_optional, check_tensor
 from ._function import has_tangent, input_grads, once_differentiable
 from ._registry import kernel
@@ -57,7 +58,7 @@ def dropout_add(branch: torch.Tensor, p: float, seed: int, residual: torch.Tenso
     drop probability in [0, 1], quantised to 1/65536; seed: an int64 (``fastqa.reference.draw_seed``).
     Returns residual + branch * keep / P(keep) * example_scale[b], keep a hash of (seed, element index):
     the same seed gives the same mask on every backend. Gradients flow to branch and residual;
-    example_scale is treated as a constant. backend: "auto", "reference" or "cpu".
+    example_scale is treated as a constant. backend: "auto", "reference", "cpu" or "triton".
     """
     # Elementwise: no autocast cast (the output keeps branch's dtype), and empty tensors are fine.
     check_tensor("branch", branch)
@@ -71,12 +72,11 @@ def dropout_add(branch: torch.Tensor, p: float, seed: int, residual: torch.Tenso
         raise ValueError(f"p must be a float in [0, 1], got {p!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not -2 ** 63 <= seed < 2 ** 63:
         raise ValueError(f"seed must be an int64, got {seed!r}")
-    if backend == "triton":
-        raise ValueError("fastqa.dropout_add has no Triton kernel: on a GPU, backend='auto' (or 'reference') "
-                         "runs the reference")
     p, seed = float(p), int(seed)
     resolved = resolve_backend(backend, "dropout_add", branch.device, branch.dtype)
-    if resolved != "cpu" or has_tangent(branch, residual, example_scale):
+    if resolved == "reference" or has_tangent(branch, residual, example_scale):
+        if resolved != "reference":
+            warn_cuda_reference("dropout_add", branch.device, "an input carries a forward-mode tangent")
         return reference.dropout_add(branch, p, seed, residual, example_scale)
     return _DropoutAddFunction.apply(resolved, branch, residual, example_scale, p, seed)
 

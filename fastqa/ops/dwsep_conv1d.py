@@ -20,7 +20,7 @@ x before its kernel (one masked_fill: nothing to normalise first).
 from __future__ import annotations
 
 import torch
-from .._backend import cpu_available, resolve_backend
+from .._backend import cpu_available, resolve_backend, warn_cuda_reference
 from .._checks import check_choice, check_optional, check_positive, check_positive_float, check_tensor, entry_prologue
 from ..reference.dwsep_conv1d import ACTIVATIONS, PADDINGS, conv_padding
 from ..reference.dwsep_conv1d import dwsep_conv1d as dwsep_conv1d_reference
@@ -143,6 +143,8 @@ def dwsep_conv1d(
 
     resolved = resolve_backend(backend, "dwsep_conv1d", x.device, x.dtype)
     if resolved == "reference" or has_tangent(x, dw_weight, pw_weight, pw_bias, dw_bias, residual):
+        if resolved != "reference":
+            warn_cuda_reference("dwsep_conv1d", x.device, "an input carries a forward-mode tangent")
         return dwsep_conv1d_reference(x, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias, padding=padding,
                                       activation=activation, residual=residual, mask=mask)
     if mask is not None:  # the residual stays the unmasked x
@@ -270,6 +272,8 @@ def ln_dwsep_conv1d(
 
     resolved = resolve_backend(backend, "ln_dwsep_conv1d", x.device, x.dtype)
     if resolved == "reference" or has_tangent(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual):
+        if resolved != "reference":
+            warn_cuda_reference("ln_dwsep_conv1d", x.device, "an input carries a forward-mode tangent")
         return ln_dwsep_conv1d_reference(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias,
                                          eps=eps, padding=padding, activation=activation, residual=residual,
                                          mask=mask)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .. import reference
-from .._backend import cpu_available, resolve_backend
+from .._backend import cpu_available, resolve_backend, warn_cuda_reference
 from .._checks import check_flag, check_optional, check_real, check_tensor, entry_prologue
 from ..reference.glu_conv1d import SQRT_HALF
 from ._function import has_tangent, input_grads, once_differentiable, records_grad, register_op_autograd
@@ -110,6 +110,8 @@ def glu_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
     backend = resolve_backend(backend, "glu_conv1d", x.device, x.dtype)
     if backend == "reference" or has_tangent(x, weight, bias):
+        if backend != "reference":
+            warn_cuda_reference("glu_conv1d", x.device, "an input carries a forward-mode tangent")
         return reference.glu_conv1d(x, weight, bias, causal=causal, residual=residual, scale=scale, mask=mask)
     pad_left = k - 1 if causal else (k - 1) // 2
     return _GLUConv1dFunction.apply(backend, x, weight, bias, mask, pad_left, residual, scale)
@@ -141,6 +143,9 @@ def glu_conv1d_step(x_t: torch.Tensor, state: torch.Tensor, weight: torch.Tensor
     backend = resolve_backend(backend, "glu_conv1d_step", x_t.device, x_t.dtype)
     tensors = (x_t, state, weight, bias)
     if backend == "reference" or records_grad(*tensors) or has_tangent(*tensors):
+        if backend != "reference":
+            warn_cuda_reference("glu_conv1d_step", x_t.device, "the step kernel is forward-only and autograd is "
+                                "recording (or an input carries a forward-mode tangent)")
         return reference.glu_conv1d_step(x_t, state, weight, bias, residual=residual, scale=scale)
     return kernel(backend, _MODULE, "glu_conv1d_step")(x_t, state, weight, bias, residual, scale)
 

@@ -1,7 +1,8 @@
 """Linear map (nn.Linear) on the CPU kernels' GEMM entry point: autograd Function + dispatch.
 
-Kernels (the C++ CPU backend; there is no Triton kernel: on a GPU, ``backend="auto"`` runs the reference,
-``F.linear``, i.e. cuBLAS)::
+Kernels (the C++ CPU backend; the GPU backend, "triton", has no kernel of its own: it runs ``F.linear`` on
+cuBLAS, and ``linear_argmax`` as that GEMM, fills of the excluded columns and ``argmax`` -- torch ops with
+no host synchronisation)::
 
     fastqa::linear_fwd(x, weight, bias?) -> y
     fastqa::linear_bwd(grad_y, x, weight, has_bias) -> (grad_x, grad_weight, grad_bias)   # grad_bias empty
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from .. import reference
 from .._backend import cpu_available, resolve_backend
@@ -78,12 +80,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``F.linear``: x [..., K] (at least one leading dimension, any strides), weight [N, K], bias [N] or
     None -> [..., N] = x Wᵀ + b.
 
-    backend: "auto", "reference" or "cpu" (no Triton kernel: on CUDA, "auto" runs the reference, cuBLAS).
+    backend: "auto", "reference", "cpu" or "triton" (the GPU path: ``F.linear`` on cuBLAS, what "auto" runs
+    on CUDA).
     """
-    x, weight, bias = _check_arguments("linear", x, weight, bias, backend)
+    x, weight, bias = _check_arguments(x, weight, bias)
     resolved = resolve_backend(backend, "linear", x.device, x.dtype)
     if resolved != "cpu" or has_tangent(x, weight, bias):
-        return reference.linear(x, weight, bias)
+        return reference.linear(x, weight, bias)   # "triton" too: the GPU path is F.linear itself
     if not records_grad(x, weight, bias):
         # Nothing to differentiate (inference, decoding): the kernel alone, without the Function's cost.
         return kernel(resolved, _MODULE, "linear_fwd")(x, weight, bias)
@@ -98,17 +101,45 @@ def linear_argmax(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     row of logits with vector instructions right after the GEMM (~5x faster than torch.argmax's scan of a
     [200, 5893] block). No gradient (the result is indices).
 
-    backend: "auto", "reference" or "cpu" (no Triton kernel: on CUDA, "auto" runs the reference).
+    backend: "auto", "reference", "cpu" or "triton" (the GPU path, ``device_linear_argmax``: what "auto"
+    runs on CUDA).
     """
-    x, weight, bias = _check_arguments("linear_argmax", x, weight, bias, backend)
+    x, weight, bias = _check_arguments(x, weight, bias)
     exclude = _check_exclude(exclude, weight.shape[0])
     resolved = resolve_backend(backend, "linear_argmax", x.device, x.dtype)
+    if resolved == "triton":
+        return device_linear_argmax(x, weight, bias, exclude)
     if resolved != "cpu":
         return reference.linear_argmax(x, weight, bias, exclude)
     return kernel(resolved, _MODULE, "linear_argmax")(x, weight, bias, exclude)
 
 
-def _check_arguments(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: str
+def device_linear_argmax(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                         exclude: Sequence[int] = ()) -> torch.Tensor:
+    """The GPU path of ``linear_argmax`` (arguments as there, already checked): x [..., K] -> [...] int64.
+
+    The reference's ``y[..., exclude] = -inf`` turns the Python list into an index tensor on the host and
+    copies it to the device, a blocking copy that synchronises the host with the stream; here each run of
+    consecutive excluded ids is one fill of a column slice instead (decoders exclude a few special ids), and
+    the rest is the GEMM and ``argmax``. The same indices as the reference."""
+    y = F.linear(x, weight, bias)
+    for start, stop in _runs(sorted(set(exclude))):
+        y.narrow(-1, start, stop - start).fill_(float("-inf"))
+    return y.argmax(-1)
+
+
+def _runs(ids: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted distinct ids as [start, stop) runs of consecutive values: [1, 2, 3, 7] -> [(1, 4), (7, 8)]."""
+    runs: list[tuple[int, int]] = []
+    for i in ids:
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
+
+
+def _check_arguments(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The prologue of both entry points: (x, weight, bias) checked (and cast under autocast)."""
     ndim = x.dim() if isinstance(x, torch.Tensor) else 2   # not a tensor: entry_prologue's TypeError
@@ -118,9 +149,6 @@ def _check_arguments(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch
     check_tensor("weight", weight, shape=(None, x.shape[-1]), like=x)
     check_positive("weight", weight, range(2))
     check_optional("bias", bias, shape=(weight.shape[0],), like=x)
-    if backend == "triton":
-        raise ValueError(f"fastqa.{op} has no Triton kernel: on a GPU, backend='auto' (or 'reference') runs "
-                         f"the reference (F.linear on cuBLAS)")
     return x, weight, bias
 
 

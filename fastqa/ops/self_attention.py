@@ -1,13 +1,19 @@
 """Multi-head self-attention over padded sequences, on a fused qkv projection: autograd Function + dispatch.
 
-Kernels (the C++ CPU backend; there is no Triton kernel: on a GPU, ``backend="auto"`` runs the reference,
-i.e. torch's own fused scaled-dot-product attention)::
+Kernels (the C++ CPU backend)::
 
     fastqa::self_attention_fwd(qkv, mask, heads, segments?) -> (out, lse)
     fastqa::self_attention_bwd(grad_out, qkv, mask, out, lse, heads, segments?) -> grad_qkv
 
 ``lse`` [B, heads, L] (each query row's log-sum-exp) is what the backward needs besides the inputs and the
 output; the Function saves it and hands it back unread.
+
+The GPU backend ("triton": CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``) has no kernel of its
+own: ``packed_attention`` runs torch's fused scaled-dot-product attention (flash / memory-efficient kernels)
+in ONE call whatever the segments, with no host synchronisation. A packed row's segments are regrouped into
+a padded batch [B * S, max segment, 3C] by a gather whose indices are built on the device from one
+pinned, non-blocking copy of the segment lengths; the reference instead loops over the segments in Python,
+one attention call each.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from typing import Sequence
 import torch
 
 from .. import reference
-from .._backend import cpu_available, resolve_backend
+from .._backend import cpu_available, resolve_backend, warn_cuda_reference
 from .._checks import check_tensor, entry_prologue
 from ._function import has_tangent, input_grads, once_differentiable, register_op_autograd
 from ._registry import kernel, qualified, register_autograd_hook
@@ -87,8 +93,8 @@ def self_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int, *, segment
     projection; ``F.scaled_dot_product_attention`` on the [B, heads, L, D] views, padded rows zeroed).
     segments: lengths summing to L that cut every row into sequences attended apart (a packed batch: several
     sequences one after another in one row); None: each row is one sequence.
-    backend: "auto", "reference" or "cpu" (no Triton kernel: on CUDA, "auto" runs the reference, torch's
-    fused attention).
+    backend: "auto", "reference", "cpu" or "triton" (the GPU path, ``packed_attention``: torch's fused
+    attention in one call; what "auto" runs on CUDA).
     """
     qkv, = entry_prologue("qkv", qkv, 3)
     if isinstance(heads, bool) or not isinstance(heads, numbers.Integral) or heads <= 0:
@@ -98,13 +104,59 @@ def self_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int, *, segment
                          f"got shape {tuple(qkv.shape)}")
     check_tensor("mask", mask, shape=qkv.shape[:2], dtype=torch.bool, floating=False, like=qkv)
     segments = reference.check_segments(segments, qkv.shape[1])
-    if backend == "triton":
-        raise ValueError("fastqa.self_attention has no Triton kernel: on a GPU, backend='auto' (or "
-                         "'reference') runs torch's fused scaled-dot-product attention")
     resolved = resolve_backend(backend, "self_attention", qkv.device, qkv.dtype)
-    if resolved != "cpu" or has_tangent(qkv):
+    if resolved == "reference" or has_tangent(qkv):
+        if resolved != "reference":
+            warn_cuda_reference("self_attention", qkv.device, "an input carries a forward-mode tangent")
         return reference.self_attention(qkv, mask, int(heads), segments)
+    if resolved == "triton":
+        return packed_attention(qkv, mask, int(heads), segments)
     return _SelfAttentionFunction.apply(resolved, qkv, mask, int(heads), segments)
+
+
+def _device_lengths(segments: Sequence[int], device: torch.device) -> torch.Tensor:
+    """segments as an int64 tensor on ``device``. To a GPU through pinned memory and a non-blocking copy: a
+    blocking copy from pageable memory would synchronise the host with the stream."""
+    lengths = torch.tensor(segments, dtype=torch.int64)
+    if device.type != "cuda":
+        return lengths.to(device)
+    return lengths.pin_memory().to(device, non_blocking=True)
+
+
+def packed_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int,
+                     segments: Sequence[int] | None = None) -> torch.Tensor:
+    """The GPU path of ``self_attention`` (arguments as there, already checked): one fused attention call,
+    no host synchronisation, differentiable by torch's autograd; the values of the reference.
+
+    qkv: [B, L, 3C]; mask: [B, L] bool; segments: S lengths summing to L, or None. With segments, position p
+    of segment s (starting at row start_s) goes to row t = p - start_s of sequence (b, s) of a padded batch
+    [B * S, T, 3C] (T the longest segment; slots past a segment's end read a zero row and are masked), the
+    reference's unsegmented attention runs on that batch (a segment without a real position attending to
+    all of its own positions, as in the reference's per-segment call), and the outputs are gathered back
+    to [B, L, C]. Every index is computed on the device; the host only knows S and T. Returns [B, L, C].
+    """
+    if segments is None or len(segments) == 1:
+        return reference.self_attention(qkv, mask, heads)
+    b, length, c3 = qkv.shape
+    count, longest = len(segments), max(segments)
+    device = qkv.device
+    lengths = _device_lengths(segments, device)                                 # [S]
+    starts = torch.cumsum(lengths, 0) - lengths                                 # [S]
+    slot = torch.arange(longest, device=device)                                 # [T]
+    valid = slot < lengths.unsqueeze(1)                                         # [S, T]
+    # Slots past a segment's end gather row L: a zero row appended to qkv (and a False one to the mask).
+    rows = torch.where(valid, starts.unsqueeze(1) + slot, length).flatten()    # [S * T]
+    padded_qkv = torch.cat([qkv, qkv.new_zeros(b, 1, c3)], dim=1).index_select(1, rows)
+    padded_mask = torch.cat([mask, mask.new_zeros(b, 1)], dim=1).index_select(1, rows).view(b * count, longest)
+    # A segment without a real position attends to all of its own positions (the reference's rule, applied
+    # here because the attention below would count the slots past the segment's end too).
+    own = valid.expand(b, count, longest).reshape(b * count, longest)
+    padded_mask = padded_mask | (own & ~padded_mask.any(dim=1, keepdim=True))
+    out = reference.self_attention(padded_qkv.view(b * count, longest, c3), padded_mask, heads)   # [B*S, T, C]
+    # Position p sits in slot (segment of p) * T + (p - start of its segment) of the flattened [S * T].
+    segment_of = torch.repeat_interleave(torch.arange(count, device=device), lengths, output_size=length)
+    back = segment_of * longest + torch.arange(length, device=device) - starts[segment_of]   # [L]
+    return out.view(b, count * longest, c3 // 3).index_select(1, back)
 
 
 register_autograd_hook(_MODULE, _register_autograd)

@@ -7,6 +7,7 @@ thread count."""
 from __future__ import annotations
 
 import copy
+import importlib
 
 import pytest
 import torch
@@ -305,19 +306,50 @@ def _cqa_with_grads(c, q, cm, qm, w, backend):
     return [out.detach()] + [t.grad for t in leaves]
 
 
-@pytest.mark.parametrize("backend", compiled_backends())
+# Tiles pinned for the CQA kernels in the huge-input test: the row kernels' BLOCK_N and the column kernels'
+# (BLOCK_M, BLOCK_N). Autotuning (on a GPU) picks each kernel's tiles on its own, so the row and the column
+# kernels rebuild S with different tile shapes; "as_launched" keeps whatever the launch path picks.
+_CQA_TILES = {"as_launched": None, "row16-col32x32": (16, (32, 32)), "row64-col16x64": (64, (16, 64))}
+_CQA_HUGE_CASES = [("cpu", "as_launched")] * ("cpu" in compiled_backends()) + [
+    ("triton", tiles) for tiles in _CQA_TILES if "triton" in compiled_backends()]
+
+
+def _pin_cqa_tiles(monkeypatch, tiles: str) -> None:
+    """Every CQA kernel runs one configuration: ``_CQA_TILES[tiles]`` (row kernels, column kernels)."""
+    if _CQA_TILES[tiles] is None:
+        return
+    import triton
+
+    kernels = importlib.import_module("fastqa.triton_kernels.context_query_attention")
+    row_n, (col_m, col_n) = _CQA_TILES[tiles]
+    monkeypatch.setenv("FASTQA_TRITON_AUTOTUNE", "0")
+    for tuner in list(vars(kernels).values()):
+        if not isinstance(tuner, triton.runtime.Autotuner):
+            continue
+        if tuner.configs is kernels._ROW_CONFIGS:
+            monkeypatch.setattr(tuner, "configs", [triton.Config({"BLOCK_N": row_n}, num_warps=4, num_stages=2)])
+        elif tuner.configs is kernels._COL_CONFIGS:
+            monkeypatch.setattr(tuner, "configs", [
+                triton.Config({"BLOCK_M": col_m, "BLOCK_N": col_n}, num_warps=4, num_stages=2)])
+
+
+@pytest.mark.parametrize("backend, tiles", _CQA_HUGE_CASES, ids=lambda v: str(v))
+@pytest.mark.parametrize("n, m", [(7, 5), (37, 20)], ids=["one_tile", "several_tiles"])
 @pytest.mark.parametrize("case", ["one_huge_query_value", "everything_times_1e15"])
-def test_cqa_huge_inputs_match_same_dtype_reference(case, backend):
+def test_cqa_huge_inputs_match_same_dtype_reference(case, n, m, backend, tiles, monkeypatch):
     """Inputs up to 1e30 (the softmax probabilities of all but the top word underflow): output and
     gradients within tolerance of the same-dtype (float32) torch reference, relative to its magnitude.
     Triton recomputes the probabilities from saved log-sum-exps: it needs every kernel to rebuild the
     same bits of S (one ulp of 1e30 is 1e23, and exp(±1e23) is inf or 0), and the one-hot rows' dS
-    to come out exactly 0 as torch's does (the grad weight here is 0 to within 1e-4, with c, q ~ 1e15)."""
+    to come out exactly 0 as torch's does (the grad weight here is 0 to within 1e-4, with c, q ~ 1e15).
+    Not for one tile shape only: the row and column kernels run with different tiles here, as autotuning
+    may give them, and the context and question span one tile or several."""
+    _pin_cqa_tiles(monkeypatch, tiles)
     device = device_of(backend)
     g = torch.Generator().manual_seed(19)
-    c, q, w = _rand(g, 2, 7, 4, device=device), _rand(g, 2, 5, 4, device=device), _rand(g, 12, device=device)
-    cm = torch.ones(2, 7, dtype=torch.bool, device=device)
-    qm = torch.ones(2, 5, dtype=torch.bool, device=device)
+    c, q, w = _rand(g, 2, n, 4, device=device), _rand(g, 2, m, 4, device=device), _rand(g, 12, device=device)
+    cm = torch.ones(2, n, dtype=torch.bool, device=device)
+    qm = torch.ones(2, m, dtype=torch.bool, device=device)
     if case == "one_huge_query_value":
         q[1, 2, 0] = 1e30
     else:

@@ -1,6 +1,6 @@
 """dropout_add (and the DropoutAdd layer): the seeded one-pass C++ kernel against the reference, bit for bit
 (the mask is a hash of (seed, element index), so both compute the very same numbers), its gradients, the
-mask's statistics and the argument errors."""
+mask's statistics and the argument errors. The Triton kernel: tests/ops/test_triton_dropout_add.py."""
 from __future__ import annotations
 
 import pytest
@@ -143,7 +143,6 @@ def test_opcheck():
     (dict(branch=torch.zeros(4, 9, dtype=torch.int64)), TypeError, "branch must be a floating-point tensor"),
     (dict(branch=torch.tensor(1.0)), ValueError, "branch must have a batch dimension"),
     (dict(branch=[1.0]), TypeError, "branch must be a torch.Tensor"),
-    (dict(backend="triton"), ValueError, "no Triton kernel"),
 ])
 def test_bad_arguments(kwargs, error, match):
     args = dict(branch=torch.zeros(4, 9), p=0.1, seed=0, residual=None, example_scale=None, backend="cpu")

@@ -7,10 +7,10 @@ from torch.nn.utils import parametrizations
 
 import fastqa
 from fastqa import reference
-from fastqa._backend import cpu_available, cpu_gemm_info
+from fastqa._backend import cpu_available, cpu_gemm_info, triton_usable_here
 from fastqa.layers import Linear
 
-from helpers import check_against_reference, ran_ops
+from helpers import check_against_reference, device_of, ran_ops
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="the kernel is C++ only: needs fastqa._C")
 
@@ -144,9 +144,12 @@ def test_bad_arguments_name_the_argument(bad, error, match):
         fastqa.linear(*bad(*make_inputs((2, 3), 4, 5)))
 
 
-def test_no_triton_kernel_is_a_clear_error():
-    with pytest.raises(ValueError, match="no Triton kernel"):
-        fastqa.linear(*make_inputs((2,), 4, 5), backend="triton")
+@pytest.mark.skipif(not triton_usable_here(), reason="the triton backend cannot run here")
+def test_triton_backend_is_the_gpu_path():
+    """backend="triton" (what "auto" runs on CUDA) is F.linear: the reference's values, no custom op."""
+    args = [t.to(device_of("triton")) for t in make_inputs((2, 3), 4, 5)]
+    assert torch.equal(fastqa.linear(*args, backend="triton"), reference.linear(*args))
+    assert not ran_ops(lambda: fastqa.linear(*args, backend="triton"))
 
 
 # --- linear_argmax: greedy decoding's next token -------------------------------------------------------------
@@ -212,6 +215,12 @@ def test_argmax_bad_exclude_names_it(exclude, error, match):
         fastqa.linear_argmax(*make_inputs((2,), 4, 9), exclude)
 
 
-def test_argmax_no_triton_kernel_is_a_clear_error():
-    with pytest.raises(ValueError, match="no Triton kernel"):
-        fastqa.linear_argmax(*make_inputs((2,), 4, 5), backend="triton")
+@pytest.mark.skipif(not triton_usable_here(), reason="the triton backend cannot run here")
+def test_argmax_triton_backend_is_the_gpu_path():
+    """backend="triton" is ``device_linear_argmax``: the reference's indices (excluded runs filled in place
+    of an index copy), no custom op."""
+    args = [t.to(device_of("triton")) for t in make_inputs((3, 7), 6, 11, seed=4)]
+    for exclude in ([], [0], [3, 1, 2], [10, 0, 5, 4]):
+        assert torch.equal(fastqa.linear_argmax(*args, exclude, backend="triton"),
+                           reference.linear_argmax(*args, exclude))
+    assert not ran_ops(lambda: fastqa.linear_argmax(*args, [1], backend="triton"))

@@ -10,10 +10,10 @@ import torch
 
 import fastqa
 from fastqa import reference
-from fastqa._backend import cpu_available
+from fastqa._backend import cpu_available, triton_usable_here
 from fastqa.layers import SelfAttention
 
-from helpers import check_against_reference, ran_ops
+from helpers import check_against_reference, device_of, ran_ops
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="the kernel is C++ only: needs fastqa._C")
 
@@ -151,10 +151,15 @@ def test_bad_arguments_name_the_argument(bad, error, match):
         fastqa.self_attention(*args[:3], **({"segments": args[3]} if len(args) > 3 else {}))
 
 
-def test_no_triton_kernel_is_a_clear_error():
-    qkv, mask = make_inputs(1, 4, 1, 4)
-    with pytest.raises(ValueError, match="no Triton kernel"):
-        fastqa.self_attention(qkv, mask, 1, backend="triton")
+@pytest.mark.skipif(not triton_usable_here(), reason="the triton backend cannot run here")
+def test_triton_backend_is_the_gpu_path():
+    """backend="triton" (what "auto" runs on CUDA) is ``packed_attention``: torch's fused attention in one
+    call, the reference's values, segments or not (tests/ops/test_gpu_paths.py covers it in depth)."""
+    qkv, mask = (t.to(device_of("triton")) for t in make_inputs(2, 9, 2, 4))
+    for segments in (None, [4, 5]):
+        got = fastqa.self_attention(qkv, mask, 2, segments=segments, backend="triton")
+        torch.testing.assert_close(got, reference.self_attention(qkv, mask, 2, segments))
+    assert not ran_ops(lambda: fastqa.self_attention(qkv, mask, 2, backend="triton"))
 
 
 @functools.lru_cache

@@ -236,6 +236,7 @@ def test_compile_fullgraph_traces_the_ops():
 
 # ----------------------------------------------------------------------------- GPU only
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 class TestGPU:
     """QANet's shapes (batch 32, context 400, question 50, d 128) with real Triton compilation."""

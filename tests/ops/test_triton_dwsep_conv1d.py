@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 
 from fastqa.reference.dwsep_conv1d import conv_padding, dwsep_conv1d as reference  # noqa: E402
 from fastqa.triton_kernels import dwsep_conv1d as kernels  # noqa: E402,F401  (registers the ops)
-from helpers import device_of, FLOAT64_REFERENCE_TOLERANCES, assert_close  # noqa: E402
+from helpers import device_of, fp64_dot_skip_reason, FLOAT64_REFERENCE_TOLERANCES, assert_close  # noqa: E402
 
 DEVICE = device_of("triton")
 FWD = torch.ops.fastqa_triton.dwsep_conv1d_fwd
@@ -105,6 +105,8 @@ def check_case(B, L, C_in, C_out, K, padding, relu, *, dtype=torch.float32, laye
 
     layer_norm: the fused pre-LayerNorm variant (ln_dwsep_conv1d_fwd / _bwd) instead.
     """
+    if dtype == torch.float64 and fp64_dot_skip_reason():
+        pytest.skip(fp64_dot_skip_reason())
     args = make_inputs(B, L, C_in, C_out, K, dtype=dtype, **flags)
     pad_left = conv_padding(K, padding)[0]
     grad_y = grad_output(B, L, C_out, dtype)
@@ -270,6 +272,7 @@ def test_compile_fullgraph_traces_through():
         assert torch.equal(a, b)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 class TestGPU:
     """The model shapes: QANet embedding encoder (k=7) and model encoder (k=5) at d=128, context 400

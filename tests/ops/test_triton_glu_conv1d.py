@@ -15,7 +15,8 @@ pytest.importorskip("triton")
 import fastqa  # noqa: E402
 from fastqa.reference.glu_conv1d import glu_conv1d, glu_conv1d_step  # noqa: E402
 from fastqa.triton_kernels import glu_conv1d as kernels  # noqa: E402
-from helpers import device_of, GPU_MODEL_SHAPE_TOLERANCES, LOW_PRECISION_TOLERANCES, assert_close, ran_ops  # noqa: E402
+from helpers import (device_of, fp64_dot_skip_reason, GPU_MODEL_SHAPE_TOLERANCES, LOW_PRECISION_TOLERANCES,  # noqa: E402
+                     assert_close, ran_ops)
 
 OPS = torch.ops.fastqa_triton
 DEVICE = device_of("triton")
@@ -27,7 +28,8 @@ LOW_PRECISION_TOL = LOW_PRECISION_TOLERANCES
 def _ieee_fp32(request):
     """The kernels use plain TF32 for fp32 dots exactly when torch's float32 matmul precision allows it
     (``triton_kernels._common.dot_precision``); keep it at "highest" so the small-shape comparisons hold
-    at fp32 tolerances on a GPU. TestGPU keeps the session's setting."""
+    at fp32 tolerances on a GPU (the conftest's ``ieee_fp32`` keeps the fp32 references IEEE). TestGPU keeps
+    the setting it is given."""
     if request.cls is TestGPU:
         yield
         return
@@ -37,6 +39,12 @@ def _ieee_fp32(request):
         yield
     finally:
         torch.set_float32_matmul_precision(old)
+
+
+def skip_without_fp64_dot() -> None:
+    reason = fp64_dot_skip_reason()
+    if reason:
+        pytest.skip(reason)
 
 
 def _pad_left(k: int, causal: bool) -> int:
@@ -147,6 +155,7 @@ def test_fwd_bwd_low_precision(dtype, causal, mask):
 
 def test_fwd_bwd_fp64():
     """fp64 in, fp64 accumulation (gradcheck-grade agreement in the interpreter)."""
+    skip_without_fp64_dot()
     _check_case(2, 11, 12, 3, True, "random", True, True, dtype=torch.float64)
 
 
@@ -285,6 +294,7 @@ def _assert_rel(actual: torch.Tensor, expected: torch.Tensor, tol: float, name: 
     assert err <= tol * max(ref, 1.0), f"{name}: max |diff| {err:.3e} vs max |ref| {ref:.3e} (tol {tol})"
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 class TestGPU:
     B, T, H = 16, 100, 512

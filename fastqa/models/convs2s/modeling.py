@@ -32,7 +32,7 @@ from torch.nn.utils import parametrizations
 import fastqa.layers
 import fastqa.reference
 
-from ..common import PACK_BELOW, PackedBatch, check_config
+from ..common import PackedBatch, check_config, reads_are_free, should_pack
 from .config import ConvS2SConfig
 from .state import DecoderState, EncoderOut
 
@@ -112,6 +112,12 @@ def _check_tokens(name: str, ids: object, vocab_size: int, max_positions: int) -
         raise ValueError(f"{name} must not be empty, got shape {tuple(ids.shape)}")
     if ids.shape[1] > max_positions:
         raise ValueError(f"{name} has length {ids.shape[1]} > max_positions {max_positions}")
+    if not reads_are_free(ids.device):
+        # Reading the ids' range would stall the host once per call: the device checks it (a failure stops
+        # the CUDA context with this message, as an out-of-range embedding lookup would, but names the input).
+        torch._assert_async(((ids >= 0) & (ids < vocab_size)).all(),
+                            f"{name} holds a token id outside the vocabulary [0, {vocab_size})")
+        return ids
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= vocab_size:
         bad = lo if lo < 0 else hi
@@ -141,8 +147,7 @@ class ConvS2SEncoder(nn.Module):
         # Positions count real tokens, so left padding gives the same positions as right padding.
         positions = (mask.cumsum(1) - 1).clamp_(min=0)
         e = self.dropout(self.embed_tokens(src) + self.embed_positions(positions))   # [B, S, E]
-        real = int(mask.sum())
-        if real >= PACK_BELOW * mask.numel():
+        if not should_pack(mask):
             z = self.fc2(self._convolve(self.fc1(e), mask)).masked_fill(~mask.unsqueeze(-1), 0.0)   # [B, S, E]
         else:
             # Much padding (sentences of different lengths to decode together): the convolutions run on the

@@ -16,7 +16,8 @@ position: the convolutions read padded rows as zeros (their ``mask``), attention
 the embedding of a padding token is exactly zero, so an answer does not depend on the batch it is in. With the
 fused layers, a batch with much padding runs its context path (resize conv, highway, embedding and model
 encoders) on the real words only, packed into one row (``PackedBatch``): the same values, a quarter less work at
-a quarter of padding. ``layers`` picks the modules of the
+a quarter of padding (on the CPU: on a GPU the batch stays padded, so a step never waits on the device).
+``layers`` picks the modules of the
 convolution sublayers, the self-attention sublayers, the embedding resizer, the context-query attention and
 the linear maps (fast: ``fastqa.layers.Linear``, each product on the GEMM engine measured fastest for its
 shape); the rest is ``torch.nn`` and the same for all three, so one state_dict loads into each.
@@ -31,8 +32,9 @@ from torch import nn
 
 from ... import layers as fused
 from ... import reference
-from ..common import (PACK_BELOW, FrozenWordVectors, Highway, PackedBatch, TorchDropoutAdd, check_config,
-                      check_qa_inputs, init_linear, masked_log_softmax, survival_prob, survival_scales, timing_signal)
+from ..common import (FrozenWordVectors, Highway, PackedBatch, TorchDropoutAdd, check_config, check_qa_inputs,
+                      init_linear, masked_log_softmax, reads_are_free, should_pack, survival_prob, survival_scales,
+                      timing_signal)
 from .config import LAYERS, QANetConfig
 
 __all__ = ["LAYER_SETS", "CharEmbedding", "EncoderBlock", "FeedForward", "NaiveContextQueryAttention", "QANet"]
@@ -100,7 +102,8 @@ class CharEmbedding(nn.Module):
         b, n, w = chars.shape
         vocab, k = self.embed.num_embeddings, self.conv.kernel_size[0]
         emb = self.embed.weight
-        emb = emb.index_fill(0, torch.tensor([self.pad_id], device=emb.device), 0.0)  # zero padding, exactly
+        # Zero padding row, exactly (the index made on the device: a host list would be a blocking copy).
+        emb = emb.index_fill(0, torch.full((1,), self.pad_id, dtype=torch.long, device=emb.device), 0.0)
         table = torch.einsum("vd,cdk->kvc", emb, self.conv.weight).reshape(k * vocab, -1)  # [K*V, C]
         # Row K*V: far below any real conv value. A padding character's bag reads it in place of its
         # centre tap, so the max below never picks a padding character -- without a masked pass over the
@@ -110,11 +113,17 @@ class CharEmbedding(nn.Module):
         # padding columns are most of a batch (words of ~5 characters in 16 slots, contexts of different
         # lengths), and dropping them changes nothing -- a window past the last column reads padding,
         # which is what F.pad adds, and an all-padding word's vector is 0 (below).
+        # On a GPU every word and column stays: finding them needs their count on the host (a stall per step),
+        # and the padding's share of the gather costs less there than the stall.
         flat = chars.reshape(b * n, w)
-        real = flat != self.pad_id
-        words = real.any(1).nonzero().squeeze(1)                                   # [R]
-        width = int(real.any(0).nonzero().max()) + 1 if words.numel() else 1
-        flat = flat[words, :width]                                                 # [R, W']
+        words = None
+        if reads_are_free(flat.device):
+            real = flat != self.pad_id
+            words = real.any(1).nonzero().squeeze(1)                               # [R]
+            width = int(real.any(0).nonzero().max()) + 1 if words.numel() else 1
+            flat = flat[words, :width]                                             # [R, W']
+        else:
+            width = w
         ids = F.pad(flat, (k // 2, k // 2), value=self.pad_id)                     # [R, W' + K - 1]
         bags = ids.unfold(1, k, 1) + torch.arange(0, k * vocab, vocab, device=ids.device)  # [R, W', K]
         bags[..., k // 2].masked_fill_(flat == self.pad_id, k * vocab)
@@ -124,11 +133,15 @@ class CharEmbedding(nn.Module):
         # argmax indices. In chunks of words: each chunk's [words, W', C] sums (forward) and their gradient
         # (backward, zero-filled) stay a few MB and reuse one buffer, where the whole batch's were 77 MB
         # (the paper model at batch 32), allocated afresh and page-faulted in on every step.
+        # On a GPU: one chunk (memory is plentiful there, and each chunk is a few more launches). An all-padding
+        # word kept there reads the K*V row at every centre tap, so its max is far below zero: relu gives 0.
         channels = table.shape[1]
-        step = max(1, self._CHUNK_VALUES // (width * channels))
+        step = len(bags) if words is None else max(1, self._CHUNK_VALUES // (width * channels))
         maxima = [F.embedding_bag(chunk.reshape(-1, k), table, mode="sum").view(len(chunk), width, channels)
-                  .max(dim=1).values for chunk in bags.split(step)]
+                  .max(dim=1).values for chunk in bags.split(max(step, 1))]
         vectors = F.relu(torch.cat(maxima) + self.conv.bias)                      # [R, C]
+        if words is None:
+            return self.dropout(vectors).reshape(b, n, -1)
         out = vectors.new_zeros(b * n, vectors.shape[1]).index_copy(0, words, vectors)  # padding words: 0
         return self.dropout(out).reshape(b, n, -1)
 
@@ -284,9 +297,9 @@ class QANet(FrozenWordVectors):
         eighth of the batch, else None. The context path (resize conv, highway, embedding encoder, model
         encoder) then skips the padding: a quarter of padding was a fifth of the fast model's train step (the
         convolutions, projections, LayerNorms and dropouts compute every row; attention alone skipped padded
-        ones). Gaps as wide as the widest centred conv needs."""
-        real = mask.sum(1)
-        if not self.pack_padding or not bool(real.all()) or int(real.sum()) >= PACK_BELOW * mask.numel():
+        ones). Gaps as wide as the widest centred conv needs. Never on a GPU (``should_pack``: deciding and
+        packing would stall the host on the device several times a step)."""
+        if not self.pack_padding or not should_pack(mask, every_row_real=True):
             return None
         c = self.config
         return PackedBatch.of(mask, max(c.emb_resize_kernel, c.emb_conv_kernel, c.model_conv_kernel) // 2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -52,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--naive-limit-gib", type=float, default=4.0,
                    help="skip a naive baseline whose estimated peak memory is above this")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--quick-peaks", action="store_true",
+                   help="measure the machine's GEMM and bandwidth roofs on small sizes (a smoke test: the bounds "
+                        "and their ratios are then not meaningful)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     args = p.parse_args(argv)
@@ -84,11 +88,20 @@ def main(argv: list[str] | None = None) -> int:
     settings.memory = not args.no_memory
     compile_per_op = args.compile_per_op if args.compile_per_op is not None else (1 if args.quick else -1)
 
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def save_partial(partial: dict) -> None:
+        # Through a temporary file: a run killed at its time limit leaves the last complete save.
+        tmp = args.out / "results.json.partial"
+        report.write_json(partial, tmp)
+        os.replace(tmp, args.out / "results.json")
+
     result = runner.run(cases, device=device, dtype=dtype, settings=settings,
                         compile_per_op=None if compile_per_op < 0 else compile_per_op,
                         naive_limit_bytes=_naive_limit(device, args.naive_limit_gib),
-                        progress=not args.no_progress)
-    args.out.mkdir(parents=True, exist_ok=True)
+                        progress=not args.no_progress,
+                        peaks=measure.machine_peaks(device, dtype, quick=True) if args.quick_peaks else None,
+                        on_case=save_partial)
     report.write_json(result, args.out / "results.json")
     (args.out / "results.md").write_text(report.markdown(result) + "\n")
     print(report.table(result))

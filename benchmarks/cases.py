@@ -85,6 +85,20 @@ def cqa_case(B: int, n: int, m: int, d: int, *, quick: bool = False) -> OpCase:
         naive_bytes=lambda mode: 4 * naive_elems * (10 if mode == "fwd+bwd" else 4), quick=quick)
 
 
+def trilinear_case(B: int, n: int, m: int, d: int, *, quick: bool = False) -> OpCase:
+    """The similarity matrix alone, S = w·[c; q; c∘q] + b -> [B, n, m] (not registered: the fused attention
+    case times it; gpu_check compares it with its reference)."""
+    def make_inputs(gen: torch.Generator) -> OpInputs:
+        args = (_randn(gen, B, n, d), _randn(gen, B, m, d), _randn(gen, 3 * d, scale=(3 * d) ** -0.5),
+                _randn(gen, 1, scale=0.1))
+        return OpInputs(args, {}, (0, 1, 2, 3))
+
+    return OpCase(
+        op="trilinear_similarity", name=f"B{B}_n{n}_m{m}_d{d}", shape={"B": B, "n": n, "m": m, "d": d},
+        make_inputs=make_inputs, reference=ref.trilinear_similarity, fastqa_fn="trilinear_similarity",
+        flops=_fwd_bwd(2.0 * B * n * m * d), quick=quick)
+
+
 # --- self-attention -------------------------------------------------------------------------------
 
 def self_attention_case(B: int, L: int, d: int, heads: int, *, quick: bool = False) -> OpCase:
@@ -96,6 +110,22 @@ def self_attention_case(B: int, L: int, d: int, heads: int, *, quick: bool = Fal
         op="self_attention", name=f"B{B}_L{L}_d{d}_h{heads}", shape={"B": B, "L": L, "d": d, "heads": heads},
         make_inputs=make_inputs, reference=ref.self_attention, fastqa_fn="self_attention",
         flops=_fwd_bwd(4.0 * B * L * L * d), quick=quick)  # q kᵀ and p v, every key (padding included)
+
+
+def packed_self_attention_case(lengths: tuple[int, ...], d: int, heads: int, *, quick: bool = False) -> OpCase:
+    """A packed batch's self-attention (not registered): the sequences of ``lengths`` one after another in one
+    row, attended apart (``segments``), as the models pack a padded batch's real positions."""
+    total = sum(lengths)
+
+    def make_inputs(gen: torch.Generator) -> OpInputs:
+        mask = torch.ones(1, total, dtype=torch.bool)
+        return OpInputs((_randn(gen, 1, total, 3 * d), mask), {"heads": heads, "segments": list(lengths)}, (0,))
+
+    return OpCase(
+        op="self_attention", name=f"packed{len(lengths)}_L{total}_d{d}_h{heads}",
+        shape={"lengths": list(lengths), "d": d, "heads": heads},
+        make_inputs=make_inputs, reference=ref.self_attention, fastqa_fn="self_attention",
+        flops=_fwd_bwd(4.0 * sum(n * n for n in lengths) * d), quick=quick)
 
 
 # --- linear map -----------------------------------------------------------------------------------
@@ -146,6 +176,22 @@ def decode_attention_case(B: int, R: int, S: int, E: int, *, quick: bool = False
 def _both_outputs(op):
     """(out, weights) as one flat tensor, so that the suite compares both."""
     return lambda *args, **kwargs: torch.cat([t.flatten() for t in op(*args, **kwargs)])
+
+
+# --- seeded dropout + residual ---------------------------------------------------------------------
+
+def dropout_add_case(B: int, L: int, C: int, p: float = 0.1, *, quick: bool = False) -> OpCase:
+    """A sublayer's output dropped (counter-based mask of a fixed seed), scaled per example (stochastic
+    depth: some examples' sublayer dropped whole) and added to its residual (not registered)."""
+    def make_inputs(gen: torch.Generator) -> OpInputs:
+        survive = (torch.rand(B, generator=gen, dtype=torch.float64) < 0.9).double() / 0.9
+        kwargs = {"residual": _randn(gen, B, L, C), "example_scale": survive}
+        return OpInputs((_randn(gen, B, L, C), p, 0x5EED_F00D_1234), kwargs, (0, "residual"))
+
+    return OpCase(
+        op="dropout_add", name=f"B{B}_L{L}_C{C}_p{p:g}", shape={"B": B, "L": L, "C": C, "p": p},
+        make_inputs=make_inputs, reference=ref.dropout_add, fastqa_fn="dropout_add",
+        flops=lambda mode: 0.0, quick=quick)
 
 
 # --- GLU convolution ------------------------------------------------------------------------------

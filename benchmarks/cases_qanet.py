@@ -20,6 +20,7 @@ per-operator profile of the step (torch.profiler), i.e. where the model spends i
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -88,34 +89,46 @@ def _model_inputs(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
     return batch["context_words"], batch["context_chars"], batch["question_words"], batch["question_chars"]
 
 
-def inference_runner(model: QANet, batch: dict[str, torch.Tensor]) -> Callable[[], tuple[torch.Tensor, ...]]:
+def autocast_context(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` to ``dtype`` on ``device`` (mixed precision: fp32 weights, low-precision compute), or
+    nothing when ``dtype`` is None."""
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def inference_runner(model: QANet, batch: dict[str, torch.Tensor], *,
+                     autocast: torch.dtype | None = None) -> Callable[[], tuple[torch.Tensor, ...]]:
     """Eval-mode forward under no_grad -> (p_start, p_end) [B, n] (probabilities: padded entries are
-    exactly 0 in every dtype)."""
+    exactly 0 in every dtype). ``autocast``: run the forward under torch.autocast to this dtype."""
     model.eval()
     inputs = _model_inputs(batch)
+    device = inputs[0].device
 
     def infer() -> tuple[torch.Tensor, ...]:
-        with torch.no_grad():
+        with torch.no_grad(), autocast_context(device, autocast):
             log_s, log_e = model(*inputs)
         return log_s.exp(), log_e.exp()
     return infer
 
 
 def train_step_runner(model: QANet, batch: dict[str, torch.Tensor], *, lr: float = 0.0,
-                      seed: int | None = 0) -> Callable[[], tuple[torch.Tensor, ...]]:
+                      seed: int | None = 0, autocast: torch.dtype | None = None) -> Callable[[], tuple[torch.Tensor, ...]]:
     """One training step (forward, NLL, backward, clip 5, Adam with the paper's settings) ->
-    (loss, p_start of the training forward). ``seed``: re-seed the RNG at each call (same dropout masks)."""
+    (loss, p_start of the training forward). ``seed``: re-seed the RNG at each call (same dropout masks).
+    ``autocast``: forward and loss under torch.autocast to this dtype (the backward follows the forward's
+    casts by itself, so it runs outside the context, as torch's AMP recipe does)."""
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=lr, betas=(0.8, 0.999), eps=1e-7, weight_decay=3e-7)
     inputs, start, end = _model_inputs(batch), batch["start"], batch["end"]
+    device = inputs[0].device
 
     def step() -> tuple[torch.Tensor, ...]:
         if seed is not None:
             torch.manual_seed(seed)
         opt.zero_grad(set_to_none=True)
-        log_s, log_e = model(*inputs)
-        loss = F.nll_loss(log_s, start) + F.nll_loss(log_e, end)
+        with autocast_context(device, autocast):
+            log_s, log_e = model(*inputs)
+            loss = F.nll_loss(log_s, start) + F.nll_loss(log_e, end)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 5.0)
         opt.step()

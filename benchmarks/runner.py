@@ -101,12 +101,14 @@ def run_case_mode(case: Case, mode: str, prepared: Prepared, device: torch.devic
 
 def run(cases: Sequence[Case], *, device: torch.device, dtype: torch.dtype, settings: measure.Settings,
         compile_per_op: int | None = None, naive_limit_bytes: float = 4 * 2 ** 30,
-        progress: bool = True, peaks: dict[str, float] | None = None) -> dict[str, Any]:
+        progress: bool = True, peaks: dict[str, float] | None = None,
+        on_case: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run ``cases`` (every mode of each) and return ``{"meta": ..., "records": [...], "skipped": [...]}``.
 
     compile_per_op: how many (case, mode) pairs of each op include torch.compile (None: all) --
     compiling costs tens of seconds per graph on a small CPU. peaks: the roofs (``gemm_flops``,
-    ``mem_bw``), measured now when not given.
+    ``mem_bw``), measured now when not given. on_case: called with the result so far after every (case,
+    mode), e.g. to save it, so that a run stopped by a time limit still leaves what it measured.
     """
     peaks = peaks or measure.machine_peaks(device, dtype)
     meta = {
@@ -142,5 +144,7 @@ def run(cases: Sequence[Case], *, device: torch.device, dtype: torch.dtype, sett
             prepared.unavailable.setdefault("compiled", "not compiled in this run (see --compile-per-op)")
         records += run_case_mode(case, mode, prepared, device, dtype, settings, peaks, skipped, status)
         del prepared
+        if on_case is not None:
+            on_case({"meta": meta, "records": records, "skipped": skipped, "partial": True})
     bar.close()
     return {"meta": meta, "records": records, "skipped": skipped}

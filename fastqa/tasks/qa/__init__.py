@@ -3,7 +3,8 @@
     squad.py      reading, tokenising, encoding and batching SQuAD (with a preprocessed-data cache)
     metric.py     the official EM/F1 (v1.1 and v2.0 semantics)
     readers.py    the readers a run can train (``MODELS``) and how each is built from its config
-    decode.py     span decoding: argmax p1(i)·p2(j) over i <= j <= i + max_answer_len
+    decode.py     span decoding: argmax p1(i)·p2(j) over i <= j <= i + max_answer_len, and the k best spans
+    windows.py    contexts of any length: overlapping windows of tokens, batched, their best spans merged
     task.py       ``QATask`` for ``fastqa.train.fit`` and prediction over a SQuAD set
     predictor.py  ``QAModel``: a trained reader answering questions
     cli.py        ``fastqa qa-train | qa-predict | qa-eval | ask``
@@ -16,8 +17,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {"QAModel": "predictor", "QATask": "task", "Recipe": "task", "PredictOutput": "task", "predict": "task",
-            "span_loss": "task", "score_predictions": "task", "decode_spans": "decode", "MODELS": "readers",
-            "load_squad": "squad", "Limits": "squad", "evaluate": "metric"}
+            "span_loss": "task", "score_predictions": "task", "decode_spans": "decode", "decode_top_spans": "decode",
+            "MODELS": "readers", "load_squad": "squad", "Limits": "squad", "evaluate": "metric"}
 
 __all__ = sorted(_EXPORTS)
 

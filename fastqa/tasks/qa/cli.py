@@ -437,8 +437,10 @@ def plot_probabilities(probs: dict, result: dict, question: str, path: str, *, a
     if p_end is None:  # a single-word reader: the answer ends where it starts
         ax.plot(xs, p_start[lo:hi], marker="o", markersize=4, linewidth=1, color="tab:blue", label="p(answer word)")
     else:
-        ax.plot(xs, p_start[lo:hi], marker="o", markersize=4, linewidth=1, color="tab:blue", label="p(start)")
-        ax.plot(xs, p_end[lo:hi], marker="s", markersize=4, linewidth=1, color="tab:orange", label="p(end)")
+        # Hollow start markers drawn larger than the end's: where both peak on one token, both stay visible.
+        ax.plot(xs, p_start[lo:hi], marker="o", markersize=7, markerfacecolor="none", linewidth=1, color="tab:blue",
+                label="p(start)")
+        ax.plot(xs, p_end[lo:hi], marker="s", markersize=3, linewidth=1, color="tab:orange", label="p(end)")
     if result["text"]:
         ax.axvspan(first_token + first - 0.5, first_token + last + 0.5, color="tab:green", alpha=0.15,
                    label="answer")

@@ -2,28 +2,32 @@
 
 Python use::
 
-    qa = QAModel.load("runs/qanet-small")
+    qa = QAModel.load()                       # the shipped reader; or a run folder, an export, a name
     qa.answer("The Broncos won Super Bowl 50.", "Who won Super Bowl 50?")
     # {'text': 'The Broncos', 'score': 0.71, 'start': 0, 'end': 11}
+    qa.answer(long_text, "Who won?", top_k=3)  # {'answers': [3 dicts as above, best first]}
+
+Contexts of any length: a context longer than the reader's window (the context length it was trained on) is
+read in overlapping windows, and offsets are always into the text given (``fastqa.tasks.qa.windows``).
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 
-from ...data.batching import bucket_batches, pad
+from ...data.batching import pad
 from ...data.tokenize import tokenize
 from ...data.vocab import Vocab
 from ...errors import UserError
-from .decode import decode_spans
 from .readers import MODELS, answer_len, build_model, config_type
 from .squad import Limits, SquadSet, encode_squad, encode_tokens, load_squad, pad_chars
-from .task import PredictOutput, inference_autocast, predict
+from .task import PredictOutput, predict
+from .windows import Reading, inference_autocast, read_windows, window_settings
 
 __all__ = ["QAModel"]
 
@@ -42,14 +46,16 @@ class QAModel:
         self.limits = limits
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, layers: str | None = None, device: str | torch.device | None = None
-             ) -> "QAModel":
-        """The model in ``path`` (a run folder or its checkpoint.pt): config and vocabularies from the
-        checkpoint, the EMA weights when the run kept them. layers: QANet's "fast" (default), "reference", "naive"."""
-        from ...train.checkpoint import inference_weights, load_checkpoint
+    def load(cls, path: str | os.PathLike | None = None, *, layers: str | None = None,
+             device: str | torch.device | None = None) -> "QAModel":
+        """The reader in ``path``: a run folder (or its checkpoint.pt), a slim export (``fastqa export``), or
+        the name of a shipped model (``fastqa.pretrained.NAMES``); None loads the shipped default,
+        "qanet-small-squad". Config and vocabularies come with the weights (the EMA's when the run kept
+        them). layers: QANet's "fast" (default), "reference", "naive"."""
+        from ...pretrained import DEFAULTS, load_payload
+        from ...train.checkpoint import inference_weights
 
-        payload = load_checkpoint(path)
-        where = Path(path)
+        payload, where = load_payload(DEFAULTS["qa"] if path is None else path)
         kind = payload.get("kind")
         if kind not in MODELS:
             raise UserError(f"{where}: a {kind!r} checkpoint, not a reader's (one of {', '.join(MODELS)})")
@@ -60,6 +66,8 @@ class QAModel:
             extra = {"layers": layers or "fast"} if kind == "qanet" else {}
             config = config_type(kind).from_dict({**meta["config"], **extra})
             words, chars = Vocab.from_dict(meta["words"]), Vocab.from_dict(meta["chars"])
+            limits = Limits(**meta["limits"]) if "limits" in meta else Limits()
+            max_answer_len = int(meta.get("max_answer_len", 30))
         except (KeyError, TypeError, ValueError) as e:
             raise UserError(f"{where}: the checkpoint's config or vocabulary is unreadable ({e})") from None
         sizes = (config.word_vocab_size, getattr(config, "char_vocab_size", len(chars)))
@@ -74,9 +82,7 @@ class QAModel:
             raise UserError(f"{where}: the weights do not fit the checkpoint's config ({first[1].strip() if len(first) > 1 else first[0]})") from None
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        limits = Limits(**meta["limits"]) if "limits" in meta else Limits()
-        return cls(model, words, chars, max_answer_len=int(meta.get("max_answer_len", 30)), limits=limits,
-                   device=device)
+        return cls(model, words, chars, max_answer_len=max_answer_len, limits=limits, device=device)
 
     @property
     def char_limit(self) -> int:
@@ -116,49 +122,95 @@ class QAModel:
             lp1, lp2 = self.model(cw, cc, qw, qc)
         return lp1.float(), lp2.float()
 
+    def windows(self, max_context: int | None = None, stride: int | None = None) -> tuple[int, int]:
+        """(max_context, stride) with their defaults: the context length the reader was trained on
+        (``limits.context``) and ``DEFAULT_STRIDE`` tokens of overlap (see ``fastqa.tasks.qa.windows``)."""
+        return window_settings(max_context, stride, self.limits.context)
+
+    def _read(self, items: Sequence[tuple], *, k: int, batch_size: int, max_answer_len: int | None,
+              max_context: int | None, stride: int | None) -> list[Reading]:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        window, overlap = self.windows(max_context, stride)
+        mal = answer_len(self.config, self.max_answer_len if max_answer_len is None else max_answer_len)
+        return read_windows(self.model, [(it[0], it[1]) for it in items],
+                            [(it[2], it[3], i) for i, it in enumerate(items)], k=k, max_answer_len=mal,
+                            max_context=window, stride=overlap, batch_size=batch_size, word_pad=self.words.pad_id,
+                            char_pad=self.chars.pad_id, device=self.device)
+
+    def _span(self, context: str, offsets: list[tuple[int, int]], start: int, end: int, score: float
+              ) -> dict[str, Any]:
+        first, last = offsets[start][0], offsets[end][1]
+        return {"text": context[first:last], "score": score, "start": first, "end": last}
+
+    def _result(self, context: str, offsets: list[tuple[int, int]], reading: Reading, top_k: int | None
+                ) -> dict[str, Any]:
+        null = {"text": "", "score": math.exp(reading.log_null), "start": 0, "end": 0}
+        if top_k is None:
+            best = reading.best
+            res = null if reading.is_null else self._span(context, offsets, best.start, best.end, best.score)
+            if self.config.no_answer:
+                res = {**res, "no_answer_prob": reading.na_prob}
+            return res
+        answers = [(c.log_score, self._span(context, offsets, c.start, c.end, c.score)) for c in reading.candidates]
+        if self.config.no_answer:
+            # "No answer" is one of the candidates, ranked by its score like the spans: first exactly when it
+            # wins (a stable sort keeps it after a span of equal score, as ``is_null`` needs it strictly larger).
+            answers.append((reading.log_null, null))
+            answers.sort(key=lambda a: -a[0])
+        out: dict[str, Any] = {"answers": [a for _, a in answers[:top_k]]}
+        if self.config.no_answer:
+            out["no_answer_prob"] = reading.na_prob
+        return out
+
     def answer_many(self, contexts: Sequence[str], questions: Sequence[str], *, batch_size: int = 32,
-                    max_answer_len: int | None = None) -> list[dict[str, Any]]:
-        """``answer`` for every (context, question) pair, batched by context length."""
+                    max_answer_len: int | None = None, top_k: int | None = None, max_context: int | None = None,
+                    stride: int | None = None) -> list[dict[str, Any]]:
+        """``answer`` for every (context, question) pair, their windows batched together by length."""
         if len(contexts) != len(questions):
             raise ValueError(f"contexts and questions differ in length ({len(contexts)} vs {len(questions)})")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        items = [self._encode_pair(c, q, i if len(contexts) > 1 else None) for i, (c, q) in enumerate(zip(contexts, questions))]
-        results: list[dict[str, Any]] = [{} for _ in items]
-        order = bucket_batches([len(it[0]) for it in items], batch_size, seed=0, shuffle=False)
-        mal = answer_len(self.config, self.max_answer_len if max_answer_len is None else max_answer_len)
-        for indices in order:
-            lp1, lp2 = self._forward([items[i] for i in indices])
-            spans = {k: v.cpu() for k, v in decode_spans(lp1, lp2, max_answer_len=mal,
-                                                         no_answer=self.config.no_answer).items()}
-            for row, i in enumerate(indices):
-                offsets = items[i][4]
-                if spans["is_null"][row]:
-                    start = end = 0
-                    text = ""
-                else:
-                    start, end = offsets[int(spans["start"][row])][0], offsets[int(spans["end"][row])][1]
-                    text = contexts[i][start:end]
-                res = {"text": text, "score": float(spans["score"][row]), "start": start, "end": end}
-                if self.config.no_answer:
-                    res["no_answer_prob"] = float(spans["na_prob"][row])
-                results[i] = res
-        return results
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
+        items = [self._encode_pair(c, q, i if len(contexts) > 1 else None)
+                 for i, (c, q) in enumerate(zip(contexts, questions))]
+        readings = self._read(items, k=top_k or 1, batch_size=batch_size, max_answer_len=max_answer_len,
+                              max_context=max_context, stride=stride)
+        return [self._result(c, it[4], r, top_k) for c, it, r in zip(contexts, items, readings)]
 
-    def answer(self, context: str, question: str, *, max_answer_len: int | None = None) -> dict[str, Any]:
+    def answer(self, context: str, question: str, *, max_answer_len: int | None = None, top_k: int | None = None,
+               max_context: int | None = None, stride: int | None = None, batch_size: int = 32) -> dict[str, Any]:
         """The answer to ``question`` in ``context``: ``{"text", "score", "start", "end"}`` where
         ``context[start:end] == text`` and score = p_start·p_end (``text`` "" when a v2.0 model says
-        there is no answer; it then also gives ``no_answer_prob``)."""
-        return self.answer_many([context], [question], max_answer_len=max_answer_len)[0]
+        there is no answer; it then also gives ``no_answer_prob``).
 
-    def probabilities(self, context: str, question: str) -> dict[str, Any]:
-        """Start/end probabilities over the context tokens: ``tokens``, ``offsets``, ``p_start`` and
-        ``p_end`` (lists of n floats; ``p_end`` None for a single-word reader, whose answer ends where it
-        starts), and ``p_null`` (start·end of "no answer", v2.0 models)."""
+        top_k: ``{"answers": [...]}``, the k best distinct spans of that form, best first (a v2.0 model's
+        "no answer" is one of them, ranked by its score). A context longer than ``max_context`` tokens
+        (default: the length the reader was trained on) is read in windows overlapping by ``stride`` tokens,
+        ``batch_size`` windows at a time; offsets are always into ``context``."""
+        return self.answer_many([context], [question], max_answer_len=max_answer_len, top_k=top_k,
+                                max_context=max_context, stride=stride, batch_size=batch_size)[0]
+
+    def probabilities(self, context: str, question: str, *, max_context: int | None = None,
+                      stride: int | None = None) -> dict[str, Any]:
+        """Start/end probabilities over the context tokens: ``tokens``, ``offsets`` (character spans in
+        ``context``), ``p_start`` and ``p_end`` (lists of floats; ``p_end`` None for a single-word reader,
+        whose answer ends where it starts), ``p_null`` (start·end of "no answer", v2.0 models), and
+        ``window`` (first, end) with ``n_tokens``: the token range these cover out of the context's.
+
+        A context longer than ``max_context`` is read in windows, each with a softmax of its own; the lists
+        are then those of the window that holds the best answer."""
         item = self._encode_pair(context, question)
+        n = len(item[4])
+        window, overlap = self.windows(max_context, stride)
+        a, b = 0, n
+        if n > window:
+            reading = self._read([item], k=1, batch_size=32, max_answer_len=None, max_context=window,
+                                 stride=overlap)[0]
+            a, b = reading.windows[reading.best.window]
+            item = (item[0][a:b], item[1][a:b], item[2], item[3], item[4][a:b], item[5][a:b])
         lp1, lp2 = self._forward([item])
         p1, p2 = lp1[0].exp(), lp2[0].exp()
-        out = {"tokens": item[5], "offsets": item[4], "p_null": None}
+        out = {"tokens": item[5], "offsets": item[4], "p_null": None, "window": (a, b), "n_tokens": n}
         if self.config.no_answer:
             out["p_null"] = float(p1[0] * p2[0])
             p1, p2 = p1[1:], p2[1:]
@@ -167,15 +219,19 @@ class QAModel:
 
     # -- files
     def predict_file(self, path: str | os.PathLike, *, articles: str | None = None, batch_size: int = 32,
-                     cache_dir: str | os.PathLike | None = None, progress: bool = True) -> tuple[SquadSet, PredictOutput]:
+                     cache_dir: str | os.PathLike | None = None, progress: bool = True,
+                     max_context: int | None = None, stride: int | None = None) -> tuple[SquadSet, PredictOutput]:
         """Answer every question of a SQuAD file (optionally some articles): (the data, PredictOutput).
 
-        Paragraphs with an empty or whitespace-only context are skipped with a logged count (see
-        ``fastqa.tasks.qa.squad``): their questions get no prediction."""
+        Contexts longer than ``max_context`` tokens (default: the reader's training length) are read in
+        windows overlapping by ``stride`` tokens, as ``answer`` does. Paragraphs with an empty or
+        whitespace-only context are skipped with a logged count (see ``fastqa.tasks.qa.squad``): their
+        questions get no prediction."""
+        window, overlap = self.windows(max_context, stride)
         data = load_squad(path, articles, cache_dir=cache_dir, progress=progress)
         limits = replace(self.limits, chars=self.char_limit)
         enc = encode_squad(data, self.words, self.chars, train=False, no_answer=self.config.no_answer,
                            limits=limits, cache_dir=cache_dir)
         out = predict(self.model, data, enc, batch_size=batch_size, max_answer_len=self.max_answer_len,
-                      device=self.device, progress=progress)
+                      device=self.device, progress=progress, max_context=window, stride=overlap)
         return data, out

@@ -18,14 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...data.batching import bucket_batches
 from ...data.vectors import lookup_variants, read_vectors, vectors_for_vocab
 from ...data.vocab import Vocab
 from ...errors import UserError
-from .decode import decode_spans
 from .metric import evaluate as squad_evaluate
 from .readers import MODELS, answer_len, build_model, make_config, meta_config, model_kind
 from .squad import NO_TARGET, EncodedSquad, Limits, SquadSet, build_vocabs, collate, encode_squad, load_squad
+from .windows import DEFAULT_STRIDE, inference_autocast, read_windows
 
 __all__ = ["Recipe", "span_loss", "inference_autocast", "PredictOutput", "predict", "score_predictions", "QATask"]
 
@@ -64,11 +63,6 @@ def span_loss(log_p1: torch.Tensor, log_p2: torch.Tensor, starts: torch.Tensor, 
     return total / (starts != NO_TARGET).sum().clamp(min=1)
 
 
-def inference_autocast(device: torch.device):
-    """Autocast for evaluation and prediction: bf16 on a GPU, as the recipe trains there; fp32 on the CPU."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-
-
 @dataclass
 class PredictOutput:
     predictions: dict[str, str]        # question id -> answer text ("" = no answer)
@@ -80,47 +74,50 @@ class PredictOutput:
 
 @torch.no_grad()
 def predict(model: nn.Module, data: SquadSet, enc: EncodedSquad, *, batch_size: int = 32,
-            max_answer_len: int = 30, device: torch.device | str | None = None, progress: bool = False
-            ) -> PredictOutput:
-    """Answer every encoded question of ``data`` (model in eval mode, full contexts)."""
-    no_answer = model.config.no_answer
+            max_answer_len: int = 30, device: torch.device | str | None = None, progress: bool = False,
+            max_context: int | None = None, stride: int = DEFAULT_STRIDE) -> PredictOutput:
+    """Answer every encoded question of ``data`` (model in eval mode).
+
+    max_context None reads every context whole (the evaluation during training); a number reads contexts
+    longer than that in overlapping windows (``fastqa.tasks.qa.windows``; ``stride`` tokens of overlap).
+    The loss is over the questions with a target whose context was read in one window (a window of a longer
+    context may not hold the answer)."""
     max_answer_len = answer_len(model.config, max_answer_len)
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    batches = bucket_batches(enc.lengths(), batch_size, seed=0, shuffle=False)
+    contexts = list(zip(enc.ctx_words, enc.ctx_chars))
+    questions = [(enc.q_words[i], enc.q_chars[i], enc.example_ctx[i]) for i in range(len(enc))]
+    out = PredictOutput({}, {}, {}, math.nan, 0)
+    loss_sum = 0.0
+
+    def add_loss(rows: list[int], inputs: tuple[torch.Tensor, ...], lp1: torch.Tensor, lp2: torch.Tensor) -> None:
+        nonlocal loss_sum
+        whole = torch.tensor([len(enc.ctx_words[enc.example_ctx[i]]) <= (max_context or math.inf) for i in rows])
+        starts = torch.tensor([enc.starts[i] for i in rows]).masked_fill(~whole, NO_TARGET).to(lp1.device)
+        ends = torch.tensor([enc.ends[i] for i in rows]).masked_fill(~whole, NO_TARGET).to(lp1.device)
+        starts, ends = model.training_targets(inputs[0], starts, ends)
+        loss_sum += float(span_loss(lp1, lp2, starts, ends, reduction="sum"))
+        out.n_loss += int((starts != NO_TARGET).sum())
+
     bar = None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(enc), desc="predicting", unit=" questions", mininterval=1.0)
-    out = PredictOutput({}, {}, {}, math.nan, 0)
-    loss_sum = 0.0
     try:
-        for indices in batches:
-            batch = collate(enc, indices).to(device)
-            with inference_autocast(device):
-                lp1, lp2 = model(*batch.inputs())
-            starts, ends = model.training_targets(batch.context_words, batch.starts, batch.ends)
-            loss_sum += float(span_loss(lp1, lp2, starts, ends, reduction="sum"))
-            out.n_loss += int((starts != NO_TARGET).sum())
-            spans = {k: v.cpu() for k, v in decode_spans(lp1, lp2, max_answer_len=max_answer_len,
-                                                         no_answer=no_answer).items()}
-            for row, i in enumerate(indices):
-                q = data.questions[enc.examples[i]]
-                ctx = data.contexts[q.context]
-                if spans["is_null"][row]:
-                    text = ""
-                else:
-                    text = ctx.text[ctx.offsets[int(spans["start"][row])][0]:ctx.offsets[int(spans["end"][row])][1]]
-                out.predictions[q.qid] = text
-                out.na_probs[q.qid] = float(spans["na_prob"][row])
-                out.scores[q.qid] = float(spans["score"][row])
-            if bar is not None:
-                bar.update(len(indices))
+        readings = read_windows(model, contexts, questions, k=1, max_answer_len=max_answer_len,
+                                max_context=max_context, stride=stride, batch_size=batch_size,
+                                word_pad=enc.word_pad, char_pad=enc.char_pad, device=device, on_batch=add_loss,
+                                progress=bar.update if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()
-        model.train(was_training)
+    for i, reading in enumerate(readings):
+        q = data.questions[enc.examples[i]]
+        ctx = data.contexts[q.context]
+        best = reading.best
+        null = reading.is_null
+        out.predictions[q.qid] = "" if null else ctx.text[ctx.offsets[best.start][0]:ctx.offsets[best.end][1]]
+        out.na_probs[q.qid] = reading.na_prob
+        out.scores[q.qid] = math.exp(reading.log_null) if null else best.score
     if out.n_loss:
         out.loss = loss_sum / out.n_loss
     return out

@@ -285,7 +285,7 @@ def test_errors(model_dir, corpus, tmp_path, capsys):
     ref = corpus["test.en"]
     _fails(["mt-eval", "--hyp", corpus["val.en"], "--ref", ref], capsys, "val.en has 60 lines", "test.en has 100")
     _fails(["mt-eval", "--hyp", ref, "--ref", ref, "--model", str(model_dir)], capsys, "leave out --model")
-    _fails(["mt-eval", "--ref", ref], capsys, "needs --model and --src")
+    _fails(["mt-eval", "--ref", ref], capsys, "needs --src")
     _fails(["translate", "--model", str(model_dir), "--beam", "2", "--nbest", "3"], capsys, "--nbest 3 must be <=")
     _fails(["translate", "--model", str(model_dir), "--attention"], capsys, "pass --json")
     base = ["mt-train", "--src", corpus["train.de"], "--tgt", corpus["train.en"], "--valid-src", corpus["val.de"],
@@ -298,3 +298,19 @@ def test_errors(model_dir, corpus, tmp_path, capsys):
     save_checkpoint(tmp_path / "bad", {k: v for k, v in payload.items() if k != "format"})
     with pytest.raises(UserError, match="mixes two vocabularies"):
         Translator.load(tmp_path / "bad")
+
+
+def test_the_shipped_translator_is_the_default(model_dir, translator, tmp_path, monkeypatch, capsys):
+    from fastqa import pretrained
+    from fastqa.export import export_run
+
+    monkeypatch.setattr(pretrained, "FOLDER", tmp_path)
+    with pytest.raises(UserError, match="convs2s-small-multi30k"):
+        Translator.load()
+    export_run(model_dir, tmp_path / pretrained.DEFAULTS["translation"], half=False)
+    shipped = Translator.load()
+    sentences = ["ka Lo mi.", "Nu po ra se."]
+    assert shipped.translate(sentences, beam=2) == translator.translate(sentences, beam=2)
+    src = _write(tmp_path / "in.de", sentences)
+    assert main(["translate", "--input", src, "--beam", "2", "--threads", "1"]) == 0
+    assert capsys.readouterr().out.splitlines() == translator.translate(sentences, beam=2)

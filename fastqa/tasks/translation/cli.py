@@ -32,8 +32,10 @@ DEFAULT_MIN_FREQ = 2
 __all__ = ["register"]
 
 
-def _decoding_args(p: argparse.ArgumentParser, default_beam: int, *, model_required: bool = True) -> None:
-    p.add_argument("--model", required=model_required, metavar="DIR", help="run folder of mt-train (its checkpoint.pt)")
+def _decoding_args(p: argparse.ArgumentParser, default_beam: int) -> None:
+    p.add_argument("--model", metavar="DIR", default=None,
+                   help="a run folder of mt-train, an export of one (fastqa export), or a shipped model's name "
+                   "(default: the shipped de->en translator)")
     p.add_argument("--beam", type=positive_int, default=default_beam,
                    help=f"beam size; 1 decodes greedily (default {default_beam})")
     p.add_argument("--no-incremental", action="store_true",
@@ -112,7 +114,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--ref: sacreBLEU and chrF with sacrebleu's default signatures (cased, 13a; --lowercase: "
         "case-insensitive) on detokenized text, and the tutorial's tokenized BLEU (lowercased spaCy tokens) "
         "as a secondary figure.")
-    _decoding_args(p, default_beam=5, model_required=False)
+    _decoding_args(p, default_beam=5)
     p.add_argument("--src", help="source sentences (with --model)")
     p.add_argument("--ref", required=True, help="reference translations (same line count)")
     p.add_argument("--hyp", metavar="F",
@@ -321,8 +323,8 @@ def _run_eval(args: argparse.Namespace) -> int:
         tok = text_tokenized_bleu(hyps, refs, lang)
         stats = None
     else:
-        if args.model is None or args.src is None:
-            raise UserError("mt-eval needs --model and --src (or --hyp FILE to score a translation file)")
+        if args.src is None:
+            raise UserError("mt-eval needs --src (or --hyp FILE to score a translation file)")
         translator = _load(args)
         src, refs = read_parallel(args.src, args.ref)
         hyp_tokens = translator.translate_tokens(src, **_decode_kwargs(args))

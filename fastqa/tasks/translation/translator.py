@@ -24,7 +24,8 @@ import torch
 from ...data.vocab import EOS, SOS, Vocab
 from ...errors import UserError
 from ...models.convs2s import ConvS2S, ConvS2SConfig, Hypothesis, beam_search, greedy_decode
-from ...train.checkpoint import inference_weights, load_checkpoint
+from ...pretrained import DEFAULTS, load_payload
+from ...train.checkpoint import inference_weights
 from .parallel import TextCodec, encode_source
 from .task import KIND, pad_source
 
@@ -105,10 +106,12 @@ class Translator:
         return self.codec.kind
 
     @classmethod
-    def load(cls, model_dir: str | os.PathLike, *, layers: str = "fast", device: str | torch.device = "cpu") -> "Translator":
-        """The model trained into ``model_dir`` (its ``checkpoint.pt``; the EMA weights if the run kept them)."""
-        payload = load_checkpoint(model_dir, map_location=device)
-        path = Path(model_dir) / "checkpoint.pt" if Path(model_dir).is_dir() else Path(model_dir)
+    def load(cls, model_dir: str | os.PathLike | None = None, *, layers: str = "fast",
+             device: str | torch.device = "cpu") -> "Translator":
+        """The model in ``model_dir``: a run folder (its ``checkpoint.pt``; the EMA weights if the run kept
+        them), a slim export (``fastqa export``), or the name of a shipped model; None: the shipped translator
+        (``fastqa.pretrained.DEFAULTS["translation"]``)."""
+        payload, path = load_payload(DEFAULTS["translation"] if model_dir is None else model_dir, map_location=device)
         if payload.get("kind") != KIND:
             raise UserError(f"{path}: a {payload.get('kind')!r} checkpoint, not a translation model ({KIND!r})")
         meta = payload.get("meta") or {}

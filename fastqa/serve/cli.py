@@ -37,8 +37,9 @@ def register(subparsers) -> None:
         description="An HTTP JSON API (POST /answer, POST /translate, GET /health) and a page at / to try the "
         "models. The models load once, before the server listens. Binds 127.0.0.1 unless --host says otherwise: "
         "there is no authentication, so expose it only behind something that has.")
-    p.add_argument("--qa-model", metavar="DIR", help="a qa-train run folder (or its checkpoint.pt)")
-    p.add_argument("--mt-model", metavar="DIR", help="an mt-train run folder (or its checkpoint.pt)")
+    p.add_argument("--qa-model", metavar="DIR", help="a qa-train run folder, an export or a shipped model's name "
+                   "(with neither model flag: the shipped models)")
+    p.add_argument("--mt-model", metavar="DIR", help="an mt-train run folder, an export or a shipped model's name")
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
     p.add_argument("--port", type=_port, default=DEFAULT_PORT,
                    help=f"port to listen on (default {DEFAULT_PORT}; 0: a free one, printed at start)")
@@ -90,9 +91,15 @@ def _run_serve(args: argparse.Namespace) -> int:
     from ..errors import UserError
     from .app import INSTALL_HINT
 
-    # Once models ship with the package (fastqa.pretrained), serving with neither flag could load the defaults.
     if args.qa_model is None and args.mt_model is None:
-        raise UserError("serve: give a model to serve: --qa-model DIR, --mt-model DIR or both")
+        # Neither flag: serve the models shipped with the package (those installed here).
+        from .. import pretrained
+
+        shipped = pretrained.available()
+        args.qa_model = pretrained.DEFAULTS["qa"] if pretrained.DEFAULTS["qa"] in shipped else None
+        args.mt_model = pretrained.DEFAULTS["translation"] if pretrained.DEFAULTS["translation"] in shipped else None
+        if args.qa_model is None and args.mt_model is None:
+            raise UserError("serve: no shipped model is installed here; give --qa-model DIR, --mt-model DIR or both")
     try:
         import uvicorn
     except ImportError:

@@ -31,8 +31,11 @@ def test_help_loads_neither_torch_nor_the_server_library():
     assert out.strip() == "[]"
 
 
-def test_serve_without_a_model(capsys):
-    assert_user_error(capsys, ["serve"], "give a model to serve: --qa-model DIR, --mt-model DIR or both")
+def test_serve_without_a_model_flag_and_no_shipped_model(capsys, tmp_path, monkeypatch):
+    from fastqa import pretrained
+
+    monkeypatch.setattr(pretrained, "FOLDER", tmp_path)  # an installation without the shipped models
+    assert_user_error(capsys, ["serve"], "no shipped model is installed here; give --qa-model DIR, --mt-model DIR")
 
 
 def test_serve_a_folder_without_a_checkpoint(capsys, tmp_path):

@@ -76,3 +76,19 @@ def test_half_precision_on_the_cpu_is_refused_not_ignored(capsys, tmp_path):
     missing = str(tmp_path / "missing.json")
     assert_user_error(capsys, ["qa-train", "--train", missing, "--dev", missing, "--out", tmp_path / "run",
                                "--precision", "bf16"], "--precision bf16 needs a CUDA device")
+
+
+@pytest.mark.parametrize("command,extra,pattern", [
+    ("qa-train", ["--preset", "nope"], "nope"),
+    ("qa-train", ["--set", "no_such_field=3"], "no_such_field"),
+    ("mt-train", ["--set", "no_such_field=3"], "no_such_field"),
+])
+def test_config_errors_come_before_any_data_is_read(capsys, tmp_path, command, extra, pattern):
+    # Files that fail as soon as they are read: an error about them would mean the config was checked late.
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")
+    short = tmp_path / "short.txt"
+    short.write_text("one\ntwo\n")  # line counts differ from bad.json
+    data = (["--train", bad, "--dev", bad] if command == "qa-train"
+            else ["--src", bad, "--tgt", short, "--valid-src", bad, "--valid-tgt", short])
+    assert_user_error(capsys, [command, *data, "--out", tmp_path / "run", *extra], pattern)

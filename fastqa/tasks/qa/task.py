@@ -26,7 +26,7 @@ from .readers import MODELS, answer_len, build_model, make_config, meta_config, 
 from .squad import NO_TARGET, EncodedSquad, Limits, SquadSet, build_vocabs, collate, encode_squad, load_squad
 from .windows import DEFAULT_STRIDE, inference_autocast, read_windows
 
-__all__ = ["Recipe", "span_loss", "inference_autocast", "PredictOutput", "predict", "score_predictions", "QATask"]
+__all__ = ["SquadData", "prepare_squad", "Recipe", "span_loss", "inference_autocast", "PredictOutput", "predict", "score_predictions", "QATask"]
 
 
 log = logging.getLogger("fastqa.qa")
@@ -130,6 +130,54 @@ def score_predictions(data: SquadSet, out: PredictOutput) -> dict[str, float]:
     return squad_evaluate(data.dataset, out.predictions, version="1.1")
 
 
+@dataclass
+class SquadData:
+    """A training and a dev SQuAD set, read, tokenised and encoded (``prepare_squad``).
+
+    words / chars: the vocabularies (built on the training set; with vectors, dev words that have one are kept
+    too); vectors: {word variant: vector} found in the vectors file (None without one) and word_dim their size;
+    no_answer: whether the examples carry the no-answer option (SQuAD v2.0).
+    """
+    train_set: SquadSet
+    dev_set: SquadSet
+    words: Vocab
+    chars: Vocab
+    train: EncodedSquad
+    dev: EncodedSquad
+    vectors: dict | None
+    word_dim: int | None
+    no_answer: bool
+
+
+def prepare_squad(train_path: str | os.PathLike, dev_path: str | os.PathLike, *, vectors: str | None = None,
+                  train_articles: str | None = None, dev_articles: str | None = None, no_answer: bool | None = None,
+                  limits: Limits = Limits(), cache_dir: str | os.PathLike | None = None,
+                  progress: bool = True) -> SquadData:
+    """Everything a reader trains and evaluates on, in one call: read and tokenise both files (cached), read
+    the vectors of their words, build the vocabularies, encode the examples. no_answer: None follows the
+    training data (a v2.0 file gets the no-answer option)."""
+    train_set = load_squad(train_path, train_articles, cache_dir=cache_dir, progress=progress)
+    dev_set = load_squad(dev_path, dev_articles, cache_dir=cache_dir, progress=progress)
+    vec, dim = None, None
+    if vectors is not None:
+        wanted = {v for s in (train_set, dev_set) for tokens in _all_tokens(s) for t in tokens
+                  for v in lookup_variants(t)}
+        vec, dim = read_vectors(vectors, words=wanted, progress=progress)
+        if not vec:
+            raise UserError(f"{vectors}: none of the data's words has a vector (wrong file or language?)")
+        present = set(vec)
+        words, chars = build_vocabs(train_set, others=[dev_set],
+                                    has_vector=lambda t: any(v in present for v in lookup_variants(t)))
+    else:
+        words, chars = build_vocabs(train_set)
+    no_answer = train_set.v2 if no_answer is None else bool(no_answer)
+    train = encode_squad(train_set, words, chars, train=True, no_answer=no_answer, limits=limits, cache_dir=cache_dir)
+    if not len(train):
+        raise UserError(f"{train_path}: no training question is left after the limits (see the log above)")
+    dev = encode_squad(dev_set, words, chars, train=False, no_answer=no_answer, limits=limits, cache_dir=cache_dir)
+    return SquadData(train_set, dev_set, words, chars, train, dev, vec, dim, no_answer)
+
+
 class QATask:
     """A reader on SQuAD for ``fastqa.train.fit`` (see ``fastqa.train.loop.Task``)."""
 
@@ -168,38 +216,24 @@ class QATask:
             raise UserError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
         if layers is not None and model != "qanet":
             raise UserError(f"--layers chooses QANet's layers; the {model} reader has none")
-        train_set = load_squad(train_path, train_articles, cache_dir=cache_dir, progress=progress)
-        dev_set = load_squad(dev_path, dev_articles, cache_dir=cache_dir, progress=progress)
-        vec, dim = None, None
-        if vectors is not None:
-            wanted = {v for s in (train_set, dev_set) for tokens in _all_tokens(s) for t in tokens
-                      for v in lookup_variants(t)}
-            vec, dim = read_vectors(vectors, words=wanted, progress=progress)
-            if not vec:
-                raise UserError(f"{vectors}: none of the data's words has a vector (wrong file or language?)")
-            present = set(vec)
-            words, chars = build_vocabs(train_set, others=[dev_set],
-                                        has_vector=lambda t: any(v in present for v in lookup_variants(t)))
-        else:
-            words, chars = build_vocabs(train_set)
         fields = dict(overrides or {})
-        if dim is not None:
-            if "word_dim" in fields and fields["word_dim"] != dim:
-                raise UserError(f"word_dim={fields['word_dim']} but the vectors in {vectors} have {dim} dimensions")
-            fields["word_dim"] = dim
-        if no_answer is None:
-            no_answer = train_set.v2
         if layers is not None:
             fields["layers"] = layers
-        config = make_config(model, preset, words, chars, limits, bool(no_answer), fields)
+        # The preset and the fields are checked before minutes of reading (placeholder vocabularies).
+        placeholder = Vocab(["<pad>", "<unk>"])
+        make_config(model, preset, placeholder, placeholder, limits, bool(no_answer), fields)
+        data = prepare_squad(train_path, dev_path, vectors=vectors, train_articles=train_articles,
+                             dev_articles=dev_articles, no_answer=no_answer, limits=limits, cache_dir=cache_dir,
+                             progress=progress)
+        if data.word_dim is not None:
+            if "word_dim" in fields and fields["word_dim"] != data.word_dim:
+                raise UserError(f"word_dim={fields['word_dim']} but the vectors in {vectors} have {data.word_dim} "
+                                "dimensions")
+            fields["word_dim"] = data.word_dim
+        config = make_config(model, preset, data.words, data.chars, limits, data.no_answer, fields)
         seed_everything(recipe.seed)
-        matrix, _ = vectors_for_vocab(words, vec, config.word_dim, seed=recipe.seed)
-        train = encode_squad(train_set, words, chars, train=True, no_answer=config.no_answer, limits=limits,
-                             cache_dir=cache_dir)
-        if not len(train):
-            raise UserError(f"{train_path}: no training question is left after the limits (see the log above)")
-        dev = encode_squad(dev_set, words, chars, train=False, no_answer=config.no_answer, limits=limits,
-                           cache_dir=cache_dir)
+        matrix, _ = vectors_for_vocab(data.words, data.vectors, config.word_dim, seed=recipe.seed)
+        words, chars, train, dev_set, dev = data.words, data.chars, data.train, data.dev_set, data.dev
         return cls(config, words, chars, train, dev_set, dev, recipe=recipe, limits=limits, word_vectors=matrix)
 
     # -- Task protocol

@@ -27,7 +27,7 @@ from ...train.loop import TrainSettings, fit, seed_everything
 from .bleu import tokenized_bleu
 from .parallel import VOCABS, MTBatch, ParallelData, TextCodec, guess_lang, read_parallel, tokenize_line
 
-__all__ = ["KIND", "OPTIMIZERS", "DEFAULT_LR", "MTOptions", "MTTask", "build_codec", "build_task", "train_translation",
+__all__ = ["KIND", "OPTIMIZERS", "DEFAULT_LR", "MTOptions", "MTTask", "build_codec", "ParallelCorpus", "prepare_parallel", "build_task", "train_translation",
            "pad_source"]
 
 
@@ -197,9 +197,34 @@ def build_codec(opts: MTOptions, src_lines: Sequence[str], tgt_lines: Sequence[s
                                    tgt_lang=tgt_lang, lowercase=lowercase)
 
 
-def build_task(opts: MTOptions) -> MTTask:
-    """Read, tokenize (learning the subword model first, for ``vocab="subword"``), build vocabularies and the
-    model (seeded by ``opts.seed``)."""
+@dataclass
+class ParallelCorpus:
+    """Training and validation text, tokenized and numericalised (``prepare_parallel``).
+
+    codec: how text becomes tokens and back (the subword model, or spaCy words); train / valid: the pairs
+    (validation pairs clipped to the model's positions, never dropped); ref_tokens: the validation
+    references as lowercased spaCy tokens, for the tutorial's tokenized BLEU.
+    """
+    codec: TextCodec
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    train: ParallelData
+    valid: ParallelData
+    ref_tokens: list[list[str]]
+
+
+def _model_config(opts: MTOptions, src_vocab_size: int, tgt_vocab_size: int) -> ConvS2SConfig:
+    try:
+        return ConvS2SConfig.from_preset(opts.preset, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
+                                         layers=opts.layers, **opts.config_overrides)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"model config: {e}") from None
+
+
+def prepare_parallel(opts: MTOptions, max_positions: int) -> ParallelCorpus:
+    """Everything a translation model trains and evaluates on, in one call: read the four files, learn the
+    subword model (``vocab="subword"``) or take spaCy's words, build the vocabularies, numericalise; training
+    pairs longer than ``max_len`` (or ``max_positions``) are dropped, validation pairs clipped."""
     if opts.vocab == "word":  # a language the file names do not tell fails before any file is read
         for path, lang, flag in ((opts.src, opts.src_lang, "--src-lang"), (opts.tgt, opts.tgt_lang, "--tgt-lang")):
             if lang is None:
@@ -210,12 +235,7 @@ def build_task(opts: MTOptions) -> MTTask:
     src_tok = [codec.source_tokens(line) for line in src_lines]
     tgt_tok = [codec.target_tokens(line) for line in tgt_lines]
     src_vocab, tgt_vocab = codec.vocabs(src_tok, tgt_tok, min_freq=opts.min_freq)
-    try:
-        config = ConvS2SConfig.from_preset(opts.preset, src_vocab_size=len(src_vocab), tgt_vocab_size=len(tgt_vocab),
-                                           layers=opts.layers, **opts.config_overrides)
-    except (TypeError, ValueError) as e:
-        raise UserError(f"model config: {e}") from None
-    max_len = min(opts.max_len or config.max_positions, config.max_positions)
+    max_len = min(opts.max_len or max_positions, max_positions)
     train = ParallelData.from_tokens(src_tok, tgt_tok, src_vocab, tgt_vocab, max_len=max_len)
     if len(train) == 0:
         raise UserError(f"{opts.src}: no training pair left (every pair is empty on one side or longer than "
@@ -230,11 +250,21 @@ def build_task(opts: MTOptions) -> MTTask:
     if not keep:
         raise UserError(f"{opts.valid_src}: no validation pair with text on both sides")
     valid = ParallelData.from_tokens([v_src[i] for i in keep], [v_tgt[i] for i in keep], src_vocab, tgt_vocab)
-    valid = _clip_to_positions(valid, config.max_positions)
+    valid = _clip_to_positions(valid, max_positions)
     # BLEU references keep their real words (unknown ones too): the score is not flattered by <unk>.
     ref_tokens = [tokenize_line(valid_tgt_lines[i], codec.bleu_lang, lowercase=True) for i in keep]
+    return ParallelCorpus(codec, src_vocab, tgt_vocab, train, valid, ref_tokens)
+
+
+def build_task(opts: MTOptions) -> MTTask:
+    """Check the model config (before any file is read), prepare the data (``prepare_parallel``) and build
+    the model (seeded by ``opts.seed``)."""
+    placeholder = _model_config(opts, src_vocab_size=4, tgt_vocab_size=4)
+    data = prepare_parallel(opts, placeholder.max_positions)
+    config = _model_config(opts, len(data.src_vocab), len(data.tgt_vocab))
     seed_everything(opts.seed)  # fixed initial weights
-    return MTTask(config, src_vocab, tgt_vocab, train, valid, opts=opts, codec=codec, valid_ref_tokens=ref_tokens)
+    return MTTask(config, data.src_vocab, data.tgt_vocab, data.train, data.valid, opts=opts, codec=data.codec,
+                  valid_ref_tokens=data.ref_tokens)
 
 
 def train_translation(opts: MTOptions, settings: TrainSettings) -> dict[str, float]:

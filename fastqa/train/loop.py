@@ -259,6 +259,11 @@ def _train_step(task: Task, model: nn.Module, optimizer, scheduler, batch_global
     return value.double()
 
 
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
 class _LossWindow:
     """The training losses since the last log row, summed on the device (float64, as Python floats would)."""
 
@@ -365,9 +370,15 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
 
     total = _total_steps(task, settings)
     bar = None
+    # A time budget with no step limit: the bar counts the budget's seconds, so it still has a total and an ETA.
+    time_bar = total is None and settings.max_minutes is not None
     if settings.progress and env.is_main:
         from tqdm.auto import tqdm
-        bar = tqdm(total=total, initial=progress.step, desc=f"{task.kind} train", dynamic_ncols=True)
+        if time_bar:
+            bar = tqdm(total=round(settings.max_minutes * 60), unit="s", desc=f"{task.kind} train (time budget)",
+                       dynamic_ncols=True)
+        else:
+            bar = tqdm(total=total, initial=progress.step, desc=f"{task.kind} train", dynamic_ncols=True)
     started = time.monotonic()
     window_start, window = time.monotonic(), _LossWindow()
     last_eval: dict[str, float] = {}
@@ -429,11 +440,20 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
             ema.update(model)
         window.add(loss, progress.step)
         if bar is not None:
-            bar.update(1)
+            if time_bar:
+                bar.n = min(round(time.monotonic() - started), bar.total)
+                bar.refresh()
+            else:
+                bar.update(1)
         if progress.step % settings.log_every == 0:
             mean = window.mean()
             if bar is not None:
-                bar.set_postfix(loss=f"{mean:.4f}", epoch=progress.epoch)
+                bar.set_postfix(loss=f"{mean:.4f}", epoch=progress.epoch, step=progress.step)
+            elif env.is_main:  # --no-progress: a log line per logged step instead of a bar
+                log.info("step %d%s, epoch %d: loss %.4f, %.2f steps/s, %s elapsed", progress.step,
+                         f"/{total}" if total else "", progress.epoch, mean,
+                         window.steps / max(time.monotonic() - window_start, 1e-9),
+                         _clock(time.monotonic() - started))
             if env.is_main:
                 elapsed = time.monotonic() - window_start
                 metrics_log.write({"kind": "train", "step": progress.step, "epoch": progress.epoch,

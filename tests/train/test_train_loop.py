@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -157,3 +158,11 @@ def test_a_non_finite_loss_stops_before_anything_is_saved(tmp_path):
     with pytest.raises(FloatingPointError, match="between steps 6 and 8"):
         fit(Exploding(), _settings(tmp_path, max_steps=30, log_every=5, eval_every=8))
     assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_without_a_bar_each_logged_step_is_a_log_line(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="fastqa"):
+        fit(ToyTask(), _settings(tmp_path, max_steps=10, log_every=5, eval_every=0))
+    lines = [r.getMessage() for r in caplog.records if "steps/s" in r.getMessage()]
+    assert [ln.split(",")[0] for ln in lines] == ["step 5/10", "step 10/10"], lines
+    assert all("loss" in ln and "steps/s" in ln and "elapsed" in ln for ln in lines)

@@ -314,3 +314,10 @@ def test_the_shipped_translator_is_the_default(model_dir, translator, tmp_path, 
     src = _write(tmp_path / "in.de", sentences)
     assert main(["translate", "--input", src, "--beam", "2", "--threads", "1"]) == 0
     assert capsys.readouterr().out.splitlines() == translator.translate(sentences, beam=2)
+
+
+def test_a_batch_of_sentences_shows_progress_on_stderr(translator, capsys):
+    translator.translate(["ka lo", "mi nu", "po ra"], beam=1, progress=True)
+    assert "translating" in capsys.readouterr().err
+    translator.translate(["ka lo", "mi nu"], beam=1)
+    assert "translating" not in capsys.readouterr().err

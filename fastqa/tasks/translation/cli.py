@@ -33,6 +33,7 @@ __all__ = ["register"]
 
 
 def _decoding_args(p: argparse.ArgumentParser, default_beam: int) -> None:
+    p.add_argument("--no-progress", action="store_true", help="no progress bar while a batch of sentences decodes")
     p.add_argument("--model", metavar="DIR", default=None,
                    help="a run folder of mt-train, an export of one (fastqa export), or a shipped model's name "
                    "(default: the shipped de->en translator)")
@@ -174,9 +175,10 @@ def _load(args: argparse.Namespace):
     return Translator.load(args.model, layers=args.layers or "fast", device=resolve_device(args.device))
 
 
-def _decode_kwargs(args: argparse.Namespace) -> dict:
+def _decode_kwargs(args: argparse.Namespace, *, progress: bool = True) -> dict:
     return dict(beam=args.beam, incremental=not args.no_incremental, len_penalty=args.len_penalty,
-                max_len_a=args.max_len_a, max_len_b=args.max_len_b, batch_size=args.batch_size)
+                max_len_a=args.max_len_a, max_len_b=args.max_len_b, batch_size=args.batch_size,
+                progress=progress and not args.no_progress)
 
 
 def _speed_line(stats, args: argparse.Namespace) -> str:
@@ -201,10 +203,10 @@ def _check_translate_flags(args: argparse.Namespace) -> None:
         raise UserError("--attention adds the attention weights to the --json output; pass --json too")
 
 
-def _render(translator, args: argparse.Namespace, lines: list[str], first: int) -> list[str]:
+def _render(translator, args: argparse.Namespace, lines: list[str], first: int, *, progress: bool) -> list[str]:
     """The output lines for input ``lines`` (line ``first`` of the input is ``lines[0]``): one per input
     line, or with --nbest (plain) N per non-empty input line; with --json one JSON object per input line."""
-    kwargs = _decode_kwargs(args)
+    kwargs = _decode_kwargs(args, progress=progress)
     if not (args.json or args.nbest is not None):
         if args.tokenized:
             return [" ".join(t) for t in translator.translate_tokens(lines, **kwargs)]
@@ -241,7 +243,7 @@ def _run_translate(args: argparse.Namespace) -> int:
     first_text: str | None = None  # the sentence --plot-attention draws
     if args.input is not None or _is_regular_file(sys.stdin):
         lines = read_lines(args.input) if args.input is not None else _read_stdin(sys.stdin)
-        for line in _render(translator, args, lines, 0):
+        for line in _render(translator, args, lines, 0, progress=True):
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
         stats = translator.last_stats
@@ -251,7 +253,7 @@ def _run_translate(args: argparse.Namespace) -> int:
         # A terminal or a pipe: whoever writes the lines may wait for each answer before sending the next.
         stats = DecodeStats()
         for i, line in enumerate(_stream_lines(sys.stdin)):
-            for out in _render(translator, args, [line], i):
+            for out in _render(translator, args, [line], i, progress=False):  # one line: no bar
                 sys.stdout.write(out + "\n")
             sys.stdout.flush()
             stats.add(translator.last_stats)

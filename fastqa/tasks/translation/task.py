@@ -221,10 +221,11 @@ def _model_config(opts: MTOptions, src_vocab_size: int, tgt_vocab_size: int) -> 
         raise UserError(f"model config: {e}") from None
 
 
-def prepare_parallel(opts: MTOptions, max_positions: int) -> ParallelCorpus:
+def prepare_parallel(opts: MTOptions, max_positions: int, *, progress: bool = False) -> ParallelCorpus:
     """Everything a translation model trains and evaluates on, in one call: read the four files, learn the
     subword model (``vocab="subword"``) or take spaCy's words, build the vocabularies, numericalise; training
-    pairs longer than ``max_len`` (or ``max_positions``) are dropped, validation pairs clipped."""
+    pairs longer than ``max_len`` (or ``max_positions``) are dropped, validation pairs clipped. ``progress``:
+    a bar over the lines while they are tokenized (stderr)."""
     if opts.vocab == "word":  # a language the file names do not tell fails before any file is read
         for path, lang, flag in ((opts.src, opts.src_lang, "--src-lang"), (opts.tgt, opts.tgt_lang, "--tgt-lang")):
             if lang is None:
@@ -232,8 +233,8 @@ def prepare_parallel(opts: MTOptions, max_positions: int) -> ParallelCorpus:
     src_lines, tgt_lines = read_parallel(opts.src, opts.tgt)
     valid_src_lines, valid_tgt_lines = read_parallel(opts.valid_src, opts.valid_tgt)
     codec = build_codec(opts, src_lines, tgt_lines)
-    src_tok = [codec.source_tokens(line) for line in src_lines]
-    tgt_tok = [codec.target_tokens(line) for line in tgt_lines]
+    src_tok = [codec.source_tokens(line) for line in _lines_bar(src_lines, "tokenizing source", progress)]
+    tgt_tok = [codec.target_tokens(line) for line in _lines_bar(tgt_lines, "tokenizing target", progress)]
     src_vocab, tgt_vocab = codec.vocabs(src_tok, tgt_tok, min_freq=opts.min_freq)
     max_len = min(opts.max_len or max_positions, max_positions)
     train = ParallelData.from_tokens(src_tok, tgt_tok, src_vocab, tgt_vocab, max_len=max_len)
@@ -256,11 +257,19 @@ def prepare_parallel(opts: MTOptions, max_positions: int) -> ParallelCorpus:
     return ParallelCorpus(codec, src_vocab, tgt_vocab, train, valid, ref_tokens)
 
 
-def build_task(opts: MTOptions) -> MTTask:
+def _lines_bar(lines: list[str], desc: str, enabled: bool):
+    if not enabled:
+        return lines
+    from tqdm.auto import tqdm
+
+    return tqdm(lines, desc=desc, unit=" lines", mininterval=1.0, dynamic_ncols=True)
+
+
+def build_task(opts: MTOptions, *, progress: bool = False) -> MTTask:
     """Check the model config (before any file is read), prepare the data (``prepare_parallel``) and build
     the model (seeded by ``opts.seed``)."""
     placeholder = _model_config(opts, src_vocab_size=4, tgt_vocab_size=4)
-    data = prepare_parallel(opts, placeholder.max_positions)
+    data = prepare_parallel(opts, placeholder.max_positions, progress=progress)
     config = _model_config(opts, len(data.src_vocab), len(data.tgt_vocab))
     seed_everything(opts.seed)  # fixed initial weights
     return MTTask(config, data.src_vocab, data.tgt_vocab, data.train, data.valid, opts=opts, codec=data.codec,
@@ -269,7 +278,7 @@ def build_task(opts: MTOptions) -> MTTask:
 
 def train_translation(opts: MTOptions, settings: TrainSettings) -> dict[str, float]:
     """Build the task and train it with the shared loop; returns the last evaluation's metrics."""
-    task = build_task(opts)
+    task = build_task(opts, progress=settings.progress and os.environ.get("RANK", "0") == "0")
     if os.environ.get("RANK", "0") == "0":  # under torchrun every rank builds the task; one reports it
         log.info("ConvS2S %s: %d parameters; %s vocabularies %s %d, %s %d; %d training pairs, %d validation pairs",
                  opts.preset, sum(p.numel() for p in task.model.parameters()), task.codec.kind, task.src_lang,

@@ -82,6 +82,15 @@ class DecodeStats:
         self.seconds += other.seconds
 
 
+def _sentence_bar(total: int, enabled: bool):
+    """A tqdm bar over ``total`` sentences (None when disabled or for a single sentence)."""
+    if not enabled or total < 2:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="translating", unit=" sentences", mininterval=1.0, dynamic_ncols=True)
+
+
 class Translator:
     """A trained ConvS2S with its vocabularies: ``Translator.load(DIR).translate(["Ein Satz."], beam=5)``.
 
@@ -187,12 +196,13 @@ class Translator:
     @torch.no_grad()
     def translate_tokens(self, sentences: Sequence[str], *, beam: int = 5, incremental: bool = True,
                          len_penalty: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
-                         batch_size: int = 64) -> list[list[str]]:
+                         batch_size: int = 64, progress: bool = False) -> list[list[str]]:
         """Each sentence's translation as target tokens (words or pieces; no <sos>/<eos>). Empty (or
         whitespace-only) sentences give []; a word model reads unknown source words as <unk>. ``beam`` 1
         decodes greedily. ``self.last_stats`` records the sentences, output tokens and seconds of the
-        decoding itself."""
+        decoding itself. ``progress``: a bar over the sentences (stderr)."""
         encoded = self._sources(sentences, beam, batch_size)
+        bar = _sentence_bar(len(encoded), progress)
         out: list[list[str]] = [[] for _ in sentences]
         stats = DecodeStats(sentences=len(encoded))
         t0 = time.perf_counter()
@@ -211,6 +221,10 @@ class Translator:
                 ids = [int(t) for t in ids]
                 out[i] = self.tgt_vocab.decode(ids)
                 stats.tokens += len(ids)
+            if bar is not None:
+                bar.update(len(chunk))
+        if bar is not None:
+            bar.close()
         stats.seconds = time.perf_counter() - t0
         self.last_stats = stats
         return out
@@ -218,7 +232,7 @@ class Translator:
     @torch.no_grad()
     def translate_nbest(self, sentences: Sequence[str], *, beam: int = 5, nbest: int = 1, attention: bool = False,
                         incremental: bool = True, len_penalty: float = 1.0, max_len_a: float = 1.2,
-                        max_len_b: int = 10, batch_size: int = 64) -> list[list[Translation]]:
+                        max_len_b: int = 10, batch_size: int = 64, progress: bool = False) -> list[list[Translation]]:
         """Each sentence's ``nbest`` (<= ``beam``) best hypotheses from beam search, best score first, as
         :class:`Translation` objects; an empty sentence gives []. ``attention``: the best hypothesis also
         carries its attention map (from the search itself). Beam 1 is a beam search of one (with scores),
@@ -228,6 +242,7 @@ class Translator:
         encoded = self._sources(sentences, beam, batch_size)
         if nbest > beam:
             raise ValueError(f"nbest must be <= beam, got nbest={nbest} and beam={beam}")
+        bar = _sentence_bar(len(encoded), progress)
         out: list[list[Translation]] = [[] for _ in sentences]
         stats = DecodeStats(sentences=len(encoded))
         t0 = time.perf_counter()
@@ -241,6 +256,10 @@ class Translator:
                 out[i] = [self._translation(h, src_ids if attention and rank == 0 else None)
                           for rank, h in enumerate(sentence_hyps)]
                 stats.tokens += len(sentence_hyps[0].tokens)
+            if bar is not None:
+                bar.update(len(chunk))
+        if bar is not None:
+            bar.close()
         stats.seconds = time.perf_counter() - t0
         self.last_stats = stats
         return out

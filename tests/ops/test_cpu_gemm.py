@@ -165,8 +165,8 @@ def test_restored_plan_sets_each_shape_and_the_process_engine():
     engine = restored.stderr.decode().strip().splitlines()[-1]
     forced = run(engine)
     assert len(restored.stdout) == 300 * 900 * 4 and restored.stdout == forced.stdout
-    forced_other = run({"blas": "onednn", "onednn": "blas"}[engine])
-    assert forced_other.stdout != forced.stdout   # the two engines do round differently on this product
+    # (Whether the other engine would round this product differently depends on the processor: on an AVX2
+    # EPYC it does, on an AVX-512 Xeon the two can agree bit for bit, so that is not asserted.)
 
 
 def test_restoring_under_a_forced_engine_changes_nothing():

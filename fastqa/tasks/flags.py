@@ -8,18 +8,26 @@ import json
 import os
 from typing import Iterator, Sequence
 
-__all__ = ["positive_int", "positive_float", "field_value", "PRECISIONS", "add_runtime_flags", "add_training_flags",
+__all__ = ["positive_int", "nonnegative_int", "positive_float", "field_value", "PRECISIONS", "add_runtime_flags", "add_training_flags",
            "check_training_flags", "amp_of", "resolve_device", "threads"]
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, minimum: int, expected: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
+
+
+def nonnegative_int(text: str) -> int:
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def positive_float(text: str) -> float:

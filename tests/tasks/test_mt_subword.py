@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from copy_corpus import TINY_CONVS2S, copy_corpus, write_lines
 import torch
 
 pytest.importorskip("sentencepiece")
@@ -31,29 +32,14 @@ from fastqa.tasks.translation.task import pad_source  # noqa: E402
 from fastqa.train.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 WORDS = "Ka lo Mi NU po Ri sa TU ve Xo ya Zu".split()
-TINY = ["--set", "embed_dim=32", "--set", "hidden_dim=64", "--set", "encoder_layers=2",
-        "--set", "decoder_layers=2", "--set", "dropout=0", "--set", "max_positions=48"]
+TINY = [*TINY_CONVS2S, "--set", "max_positions=48"]
 UNSEEN = ["Ka Ærøskøbing lo 東京 🙂", "QQQ WWW", "Mi ¿NU? «po»", "ŋ"]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _sentences(n: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(n)]
-
-
-def _write(path: Path, lines: list[str]) -> str:
-    path.write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("subword-copy")
-    train, valid, test = _sentences(2000, 0), _sentences(60, 1), _sentences(100, 2)
-    return {"dir": d, "train.de": _write(d / "train.de", train), "train.en": _write(d / "train.en", train),
-            "val.de": _write(d / "val.de", valid), "val.en": _write(d / "val.en", valid),
-            "test.de": _write(d / "test.de", test), "test.en": _write(d / "test.en", test), "test": test}
+    return copy_corpus(tmp_path_factory.mktemp("subword-copy"), WORDS)
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +146,7 @@ def test_nbest_scores_and_best_equals_beam_search(translator, corpus):
 
 
 def test_translate_cli_nbest_and_json(model_dir, tmp_path, capsys, monkeypatch):
-    src = _write(tmp_path / "in.de", ["Ka lo Mi", "", "NU po Ri"])
+    src = write_lines(tmp_path / "in.de", ["Ka lo Mi", "", "NU po Ri"])
     assert main(["translate", "--model", str(model_dir), "--input", src, "--beam", "3", "--nbest", "2",
                  "--threads", "1"]) == 0
     lines = capsys.readouterr().out.split("\n")
@@ -251,7 +237,7 @@ def test_mt_eval_hyp_equals_sacrebleu_on_the_same_files(tmp_path, capsys):
     refs = [" ".join(rng.choice(["Ein", "Mann", "fährt", "Rad", "two", "Dogs", "play", "."]) for _ in range(8))
             for _ in range(30)]
     hyps = [" ".join(w.lower() if rng.random() < 0.2 else w for w in r.split() if rng.random() > 0.2) for r in refs]
-    hyp_file, ref_file = _write(tmp_path / "hyp.txt", hyps), _write(tmp_path / "ref.txt", refs)
+    hyp_file, ref_file = write_lines(tmp_path / "hyp.txt", hyps), write_lines(tmp_path / "ref.txt", refs)
     out_json = tmp_path / "s.json"
     assert main(["mt-eval", "--hyp", hyp_file, "--ref", ref_file, "--json", str(out_json)]) == 0
     printed = capsys.readouterr().out.splitlines()
@@ -311,7 +297,7 @@ def test_the_shipped_translator_is_the_default(model_dir, translator, tmp_path, 
     shipped = Translator.load()
     sentences = ["ka Lo mi.", "Nu po ra se."]
     assert shipped.translate(sentences, beam=2) == translator.translate(sentences, beam=2)
-    src = _write(tmp_path / "in.de", sentences)
+    src = write_lines(tmp_path / "in.de", sentences)
     assert main(["translate", "--input", src, "--beam", "2", "--threads", "1"]) == 0
     assert capsys.readouterr().out.splitlines() == translator.translate(sentences, beam=2)
 

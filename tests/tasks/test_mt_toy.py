@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import io
 import json
-import random
 import shutil
 
 import pytest
+from copy_corpus import TINY_CONVS2S, copy_corpus, sentences, write_lines
 import torch
 
 from fastqa.cli import main
@@ -22,27 +22,12 @@ from fastqa.tasks.translation import Translator
 from fastqa.train.checkpoint import load_checkpoint, save_checkpoint
 
 WORDS = "ka lo mi nu po ri sa tu ve xo ya zu".split()
-TINY = ["--set", "embed_dim=32", "--set", "hidden_dim=64", "--set", "encoder_layers=2",
-        "--set", "decoder_layers=2", "--set", "dropout=0", "--set", "max_positions=32"]
-
-
-def _sentences(n: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(n)]
-
-
-def _write(path, lines):
-    path.write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")
-    return str(path)
+TINY = [*TINY_CONVS2S, "--set", "max_positions=32"]
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("copy")
-    train, valid, test = _sentences(2000, 0), _sentences(60, 1), _sentences(100, 2)
-    return {"dir": d, "train.de": _write(d / "train.de", train), "train.en": _write(d / "train.en", train),
-            "val.de": _write(d / "val.de", valid), "val.en": _write(d / "val.en", valid),
-            "test.de": _write(d / "test.de", test), "test.en": _write(d / "test.en", test), "test": test}
+    return copy_corpus(tmp_path_factory.mktemp("copy"), WORDS)
 
 
 def _train_args(c, out, *extra):
@@ -124,7 +109,7 @@ def test_translate_cli_stdin_and_file(model_dir, corpus, tmp_path, capsys, monke
     cap = capsys.readouterr()
     assert cap.out == "ka lo mi\n\nnu po ri sa\n"
     assert "sentences/s" in cap.err and plot.stat().st_size > 1000
-    src = _write(tmp_path / "in.de", ["ve xo ya", "zu tu ka"])
+    src = write_lines(tmp_path / "in.de", ["ve xo ya", "zu tu ka"])
     assert main(["translate", "--model", str(model_dir), "--input", src, "--no-incremental", "--beam", "2",
                  "--threads", "1"]) == 0
     assert capsys.readouterr().out == "ve xo ya\nzu tu ka\n"
@@ -172,7 +157,7 @@ def _fails(argv, capsys, *needles):
 
 
 def test_train_errors(corpus, tmp_path, capsys):
-    short = _write(tmp_path / "short.en", ["ka", "lo"])
+    short = write_lines(tmp_path / "short.en", ["ka", "lo"])
     args = _train_args(corpus, tmp_path / "o1", "--max-steps", "1")
     i = args.index("--tgt")
     _fails(args[:i + 1] + [short] + args[i + 2:], capsys, "train.de has 2000 lines", "short.en has 2")
@@ -183,7 +168,7 @@ def test_train_errors(corpus, tmp_path, capsys):
     _fails(_train_args(corpus, tmp_path / "none", "--max-steps", "1", "--resume"), capsys, "no such checkpoint")
     _fails(_train_args(corpus, tmp_path / "o2", "--max-steps", "1", "--set", "kernel_size=4"), capsys,
            "kernel_size must be odd")
-    odd = _write(tmp_path / "text.txt", ["ka"] * 2000)
+    odd = write_lines(tmp_path / "text.txt", ["ka"] * 2000)
     i = args.index("--src")
     _fails(args[:i + 1] + [odd] + args[i + 2:], capsys, "text.txt", "--src-lang")
 
@@ -192,7 +177,7 @@ def test_checkpoint_from_another_vocabulary(model_dir, corpus, tmp_path, capsys)
     # Resuming with data whose vocabulary differs is refused before anything is written.
     out = tmp_path / "other"
     shutil.copytree(model_dir, out)
-    other = _write(tmp_path / "other.en", [s.replace("ka", "kb") for s in _sentences(2000, 0)])
+    other = write_lines(tmp_path / "other.en", [s.replace("ka", "kb") for s in sentences(WORDS, 2000, 0)])
     args = _train_args(corpus, out, "--max-steps", "160", "--resume")
     i = args.index("--tgt")
     _fails(args[:i + 1] + [other] + args[i + 2:], capsys, "another config or vocabulary", "tgt_vocab")

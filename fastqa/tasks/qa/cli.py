@@ -23,6 +23,7 @@ from ..flags import (
     add_training_flags,
     amp_of,
     check_training_flags,
+    nonnegative_int,
     positive_float,
     positive_int,
     resolve_device,
@@ -126,18 +127,6 @@ def _window_flags(p) -> None:
                    "(default: the context length the model was trained on, 400 for the shipped reader)")
     p.add_argument("--stride", type=nonnegative_int, metavar="S",
                    help="tokens of overlap between consecutive windows (default 128, at most half a window)")
-
-
-def nonnegative_int(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
 
 
 def _cache_flags(p) -> None:

@@ -193,6 +193,20 @@ class Translator:
         return encoded
 
     # -- translation -------------------------------------------------------------------------------------
+    def _batches(self, encoded: list[tuple[int, list[int]]], batch_size: int, progress: bool):
+        """(chunk, src [B, S] padded ids on the model's device) per ``batch_size`` sentences of ``encoded``,
+        with a bar over the sentences (``progress``)."""
+        bar = _sentence_bar(len(encoded), progress)
+        try:
+            for start in range(0, len(encoded), batch_size):
+                chunk = encoded[start:start + batch_size]
+                yield chunk, pad_source([ids for _, ids in chunk], self.config.pad_id, self.device)
+                if bar is not None:
+                    bar.update(len(chunk))
+        finally:
+            if bar is not None:
+                bar.close()
+
     @torch.no_grad()
     def translate_tokens(self, sentences: Sequence[str], *, beam: int = 5, incremental: bool = True,
                          len_penalty: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
@@ -202,14 +216,11 @@ class Translator:
         decodes greedily. ``self.last_stats`` records the sentences, output tokens and seconds of the
         decoding itself. ``progress``: a bar over the sentences (stderr)."""
         encoded = self._sources(sentences, beam, batch_size)
-        bar = _sentence_bar(len(encoded), progress)
         out: list[list[str]] = [[] for _ in sentences]
         stats = DecodeStats(sentences=len(encoded))
         t0 = time.perf_counter()
         forbid = self.codec.forbid_ids
-        for start in range(0, len(encoded), batch_size):
-            chunk = encoded[start:start + batch_size]
-            src = pad_source([ids for _, ids in chunk], self.config.pad_id, self.device)
+        for chunk, src in self._batches(encoded, batch_size, progress):
             if beam == 1:
                 ids_list = greedy_decode(self.model, src, max_len_a=max_len_a, max_len_b=max_len_b,
                                          incremental=incremental, forbid=forbid)
@@ -221,10 +232,6 @@ class Translator:
                 ids = [int(t) for t in ids]
                 out[i] = self.tgt_vocab.decode(ids)
                 stats.tokens += len(ids)
-            if bar is not None:
-                bar.update(len(chunk))
-        if bar is not None:
-            bar.close()
         stats.seconds = time.perf_counter() - t0
         self.last_stats = stats
         return out
@@ -242,13 +249,10 @@ class Translator:
         encoded = self._sources(sentences, beam, batch_size)
         if nbest > beam:
             raise ValueError(f"nbest must be <= beam, got nbest={nbest} and beam={beam}")
-        bar = _sentence_bar(len(encoded), progress)
         out: list[list[Translation]] = [[] for _ in sentences]
         stats = DecodeStats(sentences=len(encoded))
         t0 = time.perf_counter()
-        for start in range(0, len(encoded), batch_size):
-            chunk = encoded[start:start + batch_size]
-            src = pad_source([ids for _, ids in chunk], self.config.pad_id, self.device)
+        for chunk, src in self._batches(encoded, batch_size, progress):
             hyps = beam_search(self.model, src, beam=beam, len_penalty=len_penalty, max_len_a=max_len_a,
                                max_len_b=max_len_b, nbest=nbest, incremental=incremental,
                                forbid=self.codec.forbid_ids)
@@ -256,10 +260,6 @@ class Translator:
                 out[i] = [self._translation(h, src_ids if attention and rank == 0 else None)
                           for rank, h in enumerate(sentence_hyps)]
                 stats.tokens += len(sentence_hyps[0].tokens)
-            if bar is not None:
-                bar.update(len(chunk))
-        if bar is not None:
-            bar.close()
         stats.seconds = time.perf_counter() - t0
         self.last_stats = stats
         return out

@@ -153,6 +153,8 @@ def resolve_device(text: str | None) -> str:
     except (RuntimeError, ValueError):
         raise UserError(f"--device: {text!r} is not a device (expected cpu, cuda or cuda:N)") from None
     if device.type == "cuda":
+        if device.index is None and "LOCAL_RANK" in os.environ:  # under torchrun: this rank's own GPU
+            device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         if not torch.cuda.is_available():
             raise UserError(f"--device {text}: this torch has no usable CUDA device")
         if device.index is not None and device.index >= torch.cuda.device_count():

@@ -1,4 +1,4 @@
-"""Generated SQuAD-format files for the QA tests (no test reads /work/shared).
+"""Generated SQuAD-format files for the QA tests (no test reads the real data sets).
 
 Paragraphs are built from facts with templated sentences, so every answer's character offset is known by
 construction; names carry unicode (accents, CJK, emoji), and the text has odd whitespace (double spaces,

@@ -14,7 +14,7 @@ from typing import IO, Any, Iterator
 
 from ..errors import UserError
 
-__all__ = ["read_text", "read_json", "atomic_open", "atomic_write_text", "atomic_write_json"]
+__all__ = ["user_cache_dir", "read_text", "read_json", "atomic_open", "atomic_write_text", "atomic_write_json"]
 
 
 def read_text(path: str | os.PathLike, what: str = "") -> str:
@@ -95,3 +95,12 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> None:
     atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
+
+
+def user_cache_dir() -> Path:
+    """Where fastqa keeps what it can recompute (preprocessed data, the machine's GEMM decisions):
+    ``$FASTQA_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastqa``, else ``~/.cache/fastqa``."""
+    if os.environ.get("FASTQA_CACHE_DIR"):
+        return Path(os.environ["FASTQA_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fastqa"

@@ -35,14 +35,14 @@ from typing import Any, Iterator
 import torch
 
 from .._backend import cpu_gemm_info, cpu_gemm_plan, restore_cpu_gemm_plan
-from ..data.files import atomic_write_json
+from ..data.files import atomic_write_json, user_cache_dir
 
 try:
     import fcntl
 except ImportError:  # Windows: concurrent writers may drop each other's new shapes (each still restores)
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["CACHE_FILE", "cache_dir", "machine_key", "MachineGemmPlan"]
+__all__ = ["CACHE_FILE", "machine_key", "MachineGemmPlan"]
 
 log = logging.getLogger("fastqa.train")
 
@@ -53,14 +53,6 @@ _SHAPE_KEY = ("m", "k", "n", "threads", "a", "w", "bias", "accumulate")
 # /proc/cpuinfo flags that name a SIMD instruction set (the rest -- virtualisation, power management,
 # mitigations -- do not change which GEMM is faster and vary between kernels on the same chip).
 _ISA_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx", "asimd", "sve", "neon")
-
-
-def cache_dir() -> Path:
-    """``$FASTQA_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastqa``, else ``~/.cache/fastqa``."""
-    if os.environ.get("FASTQA_CACHE_DIR"):
-        return Path(os.environ["FASTQA_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fastqa"
 
 
 def _cpu_model_and_isa() -> tuple[str, str]:
@@ -118,12 +110,12 @@ class MachineGemmPlan:
 
     @classmethod
     def open(cls, path: str | os.PathLike | None = None) -> "MachineGemmPlan | None":
-        """The cache at ``path`` (default: ``cache_dir() / CACHE_FILE``) for this machine, or None."""
+        """The cache at ``path`` (default: ``user_cache_dir() / CACHE_FILE``) for this machine, or None."""
         # The first call of cpu_gemm_info measures the process's engine, which the first op would do anyway.
         info = cpu_gemm_info()
         if info is None or "error" in info or info.get("requested") != "auto" or not info.get("onednn_available"):
             return None
-        return cls(Path(path) if path is not None else cache_dir() / CACHE_FILE, machine_key())
+        return cls(Path(path) if path is not None else user_cache_dir() / CACHE_FILE, machine_key())
 
     def _read(self) -> dict:
         """The whole file ({} when missing); a damaged file is reported and treated as empty (it is a

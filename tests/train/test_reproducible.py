@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from fastqa._backend import cpu_gemm_info
-from fastqa.train.gemm_cache import CACHE_FILE, MachineGemmPlan, cache_dir, machine_key
+from fastqa.data.files import user_cache_dir
+from fastqa.train.gemm_cache import CACHE_FILE, MachineGemmPlan, machine_key
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -93,10 +94,10 @@ def test_the_machine_decisions_are_the_ones_used(tmp_path):
 
 def test_cache_folder_and_damaged_cache(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("FASTQA_CACHE_DIR", str(tmp_path / "c"))
-    assert cache_dir() == tmp_path / "c"
+    assert user_cache_dir() == tmp_path / "c"
     monkeypatch.delenv("FASTQA_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
-    assert cache_dir() == tmp_path / "x" / "fastqa"
+    assert user_cache_dir() == tmp_path / "x" / "fastqa"
     if not _gemm_cache_applies():
         return
     path = tmp_path / CACHE_FILE

@@ -136,11 +136,11 @@ def _cache_flags(p) -> None:
 
 
 def _cache_dir(args):
-    from .squad import default_cache_dir
+    from ...data.files import user_cache_dir
 
     if args.no_cache:
         return None
-    return args.cache_dir or default_cache_dir()
+    return args.cache_dir or user_cache_dir()
 
 
 def run_train(args) -> int:

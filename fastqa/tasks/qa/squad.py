@@ -51,7 +51,7 @@ from ...errors import UserError
 __all__ = [
     "Limits", "SquadContext", "SquadQuestion", "SquadSet", "EncodedSquad", "QABatch",
     "parse_articles", "read_squad", "load_squad", "build_vocabs", "encode_tokens", "encode_squad",
-    "collate", "pad_chars", "default_cache_dir", "file_digest", "NO_TARGET",
+    "collate", "pad_chars", "file_digest", "NO_TARGET",
 ]
 
 log = logging.getLogger("fastqa.data")
@@ -244,14 +244,6 @@ def file_digest(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def default_cache_dir() -> Path:
-    """``$FASTQA_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastqa``, else ``~/.cache/fastqa``."""
-    if os.environ.get("FASTQA_CACHE_DIR"):
-        return Path(os.environ["FASTQA_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fastqa"
 
 
 def _cache_key(parts: dict) -> str:

@@ -350,16 +350,26 @@ def _bwd_dpw_kernel(gy_ptr, bits_ptr, x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_pt
 @triton.jit
 def _ln_stats_kernel(x_ptr, stats_ptr, R, L, C_in, eps, s_xb, s_xl, s_xc,
                      ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Mean and 1/std over C_in of BLOCK_R rows (of the B * L), whole rows in registers (two-pass)."""
+    """Mean and 1/std over C_in of BLOCK_R rows (of the B * L), whole rows in registers (two-pass).
+
+    Both passes run on the row shifted by its first value: a constant row then has a mean equal to its value
+    exactly and a variance of exactly 0 (so LN(x) is exactly ln_bias and 1/std exactly 1/sqrt(eps), the
+    scale of its gradient), where an accumulated sum / C_in would round (by one ulp of the row's value,
+    which with a tiny eps outweighs eps and rescales the gradient, and turns the zeros of x - mean into
+    +-1 after normalisation). The shift also keeps the sums small for rows far from zero."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = rows < R
     b = (rows // L).to(tl.int64)
     l = rows % L
     offs_c = tl.arange(0, BLOCK_C)
     ok = r_ok[:, None] & (offs_c < C_in)[None, :]
-    v = tl.load(x_ptr + (b * s_xb + l * s_xl)[:, None] + offs_c[None, :] * s_xc, mask=ok, other=0.0).to(ACC)
-    mean = tl.sum(v, axis=1) / C_in
-    d = tl.where(ok, v - mean[:, None], 0.0)
+    row_ptr = x_ptr + b * s_xb + l * s_xl
+    v = tl.load(row_ptr[:, None] + offs_c[None, :] * s_xc, mask=ok, other=0.0).to(ACC)
+    first = tl.load(row_ptr, mask=r_ok, other=0.0).to(ACC)
+    shifted = tl.where(ok, v - first[:, None], 0.0)
+    mean_shifted = tl.sum(shifted, axis=1) / C_in
+    mean = first + mean_shifted
+    d = tl.where(ok, shifted - mean_shifted[:, None], 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / C_in + eps)
     tl.store(stats_ptr + b * 2 * L + l, mean, mask=r_ok)
     tl.store(stats_ptr + b * 2 * L + L + l, rstd, mask=r_ok)

@@ -572,13 +572,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_con
 // Rows per block of the LayerNorm parameter-gradient reduction (at most kBackwardThreads blocks).
 constexpr int64_t kLnBlockRows = 256;
 
-// Row statistics of x [C]: (mean, 1/sqrt(biased variance + eps)), two passes in double.
+// Row statistics of x [C]: (mean, 1/sqrt(biased variance + eps)), two passes in double, the first on x
+// shifted by its first value. A constant row then has a mean equal to its value exactly and a variance of
+// exactly 0, so its normalised values are exact zeros and 1/std is exactly 1/sqrt(eps) -- what the
+// LayerNorm's gradient there is made of (with a tiny eps, a variance of one rounding error instead,
+// e.g. a float64 sum of C values divided by C, would replace eps and change the gradient's scale
+// entirely). Shifting by a value of the row also keeps the sums small for rows far from zero.
 template <typename T>
 void layer_norm_stats(const T* x, int64_t C, double eps, T* mean_out, T* rstd_out) {
+  const double shift = double(x[0]);
   double sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t c = 0; c < C; ++c) sum += double(x[c]);
-  const double mean = sum / double(C);
+  for (int64_t c = 0; c < C; ++c) sum += double(x[c]) - shift;
+  const double mean = shift + sum / double(C);
   double sq = 0;
 #pragma omp simd reduction(+ : sq)
   for (int64_t c = 0; c < C; ++c) {

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -98,11 +99,47 @@ inline bool row_finite(const T* p, int64_t n) {
   return acc == acc;
 }
 
-// xp [B*Tp, H]: x with masked positions zeroed, pad_left zero rows before and K-1-pad_left after
-// every sequence. Reads x through its strides (channels-first views included). Returns whether every
-// value copied is finite (the Winograd path is only taken then, see winograd_requested).
+// The largest |value| of n values (0 for an empty or all-zero row; NaN may be dropped: callers test
+// finiteness apart).
 template <typename T>
-bool fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, T* xp) {
+inline T row_max_abs(const T* p, int64_t n) {
+  T m = 0;
+#pragma omp simd reduction(max : m)
+  for (int64_t c = 0; c < n; ++c) m = max_of(m, std::abs(p[c]));
+  return m;
+}
+
+// Winograd's transforms add to every output of a tile rounding errors of the order of the tile's largest
+// input -- a few ulps of it, times the transforms' coefficients -- where the direct taps' error is of the
+// order of that output's own terms. On rows of about one magnitude the two agree to within a few ulps; one
+// row far above the others (a position at 1e30 among O(1) values, or a gradient spike) swamps every other
+// output of its tiles, which then lose every digit (the taps round each to its own terms). So an operand
+// goes through the transforms only if its largest row (max |value| over the row's channels) is within
+// kWinogradRange of its median row, all-zero rows (padding, masked positions) left out -- every output's
+// extra error then stays within a few ulps of the operand's typical magnitude -- and far enough below the
+// dtype's largest value that the transforms' sums cannot overflow. Both are read off row maxima taken
+// while the rows are written (in cache), and a median of one value per row.
+constexpr double kWinogradRange = 32.0;
+constexpr double kWinogradHeadroom = 1 << 16;
+
+template <typename T>
+bool moderate_range(std::vector<T> row_max) {
+  const auto end = std::remove(row_max.begin(), row_max.end(), T(0));
+  const int64_t n = end - row_max.begin();
+  if (n == 0) return true;  // all zero: exact either way
+  const T largest = *std::max_element(row_max.begin(), end);
+  const auto mid = row_max.begin() + n / 2;
+  std::nth_element(row_max.begin(), mid, end);
+  return double(largest) <= kWinogradRange * double(*mid) &&
+         double(largest) <= double(std::numeric_limits<T>::max()) / kWinogradHeadroom;
+}
+
+// xp [B*Tp, H]: x with masked positions zeroed, pad_left zero rows before and K-1-pad_left after
+// every sequence. Reads x through its strides (channels-first views included). Writes each row's largest
+// |value| to row_max [B*Tp] (0 for the zero rows). Returns whether every value copied is finite (the
+// Winograd path is only taken then, see winograd_requested, and on a moderate range, see moderate_range).
+template <typename T>
+bool fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, T* xp, T* row_max) {
   const T* xd = x.data_ptr<T>();
   const int64_t sb = x.stride(0), st = x.stride(1), sc = x.stride(2);
   const int64_t H = g.H;
@@ -112,6 +149,7 @@ bool fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, T* xp
       T* dst = xp + row * H;
       if (t < 0 || t >= g.T || (mask != nullptr && !mask[b * g.T + t])) {
         std::fill(dst, dst + H, T(0));
+        row_max[row] = T(0);
         continue;
       }
       const T* src = xd + b * sb + t * st;
@@ -121,6 +159,7 @@ bool fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, T* xp
         for (int64_t c = 0; c < H; ++c) dst[c] = src[c * sc];
       }
       finite &= row_finite(dst, H);
+      row_max[row] = row_max_abs(dst, H);
     }
     return finite;
   };
@@ -206,7 +245,8 @@ inline void grad_x_row(const T* conv, T res_scale, const T* gy, int64_t n, T* ds
 // the GEMMs are most of the op's time, and they shrink by m K / n for every shape. Operands holding a
 // NaN or an inf always take the taps (callers check after this says yes): Winograd's transforms would
 // spread one non-finite value over its whole tile, where torch's convolution keeps it to the outputs
-// that read it.
+// that read it. So do operands whose rows span too many orders of magnitude (moderate_range), for the
+// same reason with rounding errors in place of NaN.
 bool winograd_requested(int64_t K) {
   const char* env = std::getenv("FASTQA_CPU_GLU_CONV");
   const std::string v = env == nullptr ? "" : env;
@@ -358,11 +398,13 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
   at::Tensor mask_holder;
   const bool* m = mask_data(mask, mask_holder);
   at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
-  bool finite = false;
+  bool transformable = false;  // finite, of a moderate range (moderate_range)
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd", [&] {
-    finite = fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
+    std::vector<scalar_t> row_max(g.B * g.Tp);
+    transformable = fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>(), row_max.data()) &&
+                    moderate_range(std::move(row_max));
   });
-  if (winograd_requested(g.K) && finite && all_finite(weight)) {
+  if (winograd_requested(g.K) && transformable && all_finite(weight)) {
     at::Tensor pre, y;  // allocated once the products are done (a lower peak)
     const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd_winograd", [&] {
@@ -422,9 +464,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
   at::Tensor grad_pre = at::empty({g.N, 2 * g.H}, x.options());
   at::Tensor bias_partials = at::empty({has_bias ? n_blocks : 0, 2 * g.H}, x.options());
 
-  // grad_pre = d y / d pre (junk rows zero), per-block bias-gradient partials and per-block "all finite"
-  // flags (for the Winograd choice), in one pass.
+  // grad_pre = d y / d pre (junk rows zero), per-block bias-gradient partials, per-block "all finite"
+  // flags and per-row maxima (for the Winograd choice), in one pass.
   std::vector<char> block_finite(n_blocks, 1);
+  bool grad_pre_moderate = false;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_glu", [&] {
     const scalar_t* pd = pre.data_ptr<scalar_t>();
     const scalar_t* gyd = grad_y.data_ptr<scalar_t>();
@@ -432,6 +475,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
     scalar_t* partials = has_bias ? bias_partials.data_ptr<scalar_t>() : nullptr;
     const scalar_t s = static_cast<scalar_t>(scale);
     const int64_t H = g.H;
+    std::vector<scalar_t> row_max(g.B * g.T);
     at::parallel_for(0, n_blocks, 1, [&](int64_t block_begin, int64_t block_end) {
       for (int64_t blk = block_begin; blk < block_end; ++blk) {
         scalar_t* part = partials != nullptr ? partials + blk * 2 * H : nullptr;
@@ -442,18 +486,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
           glu_backward_row<scalar_t>(pd + r * 2 * H, gyd + i * H, s, H, gpd + r * 2 * H);
           if (part != nullptr) add_row<scalar_t>(gpd + r * 2 * H, 2 * H, part);
           block_finite[blk] &= row_finite(gpd + r * 2 * H, 2 * H);
+          row_max[i] = row_max_abs(gpd + r * 2 * H, 2 * H);
         }
       }
     });
+    grad_pre_moderate = moderate_range(std::move(row_max));
     for (int64_t b = 0; b + 1 < g.B; ++b) {  // the K-1 junk rows after each sequence but the last
       std::fill(gpd + (b * g.Tp + g.T) * 2 * H, gpd + ((b + 1) * g.Tp) * 2 * H, scalar_t(0));
     }
   });
 
   at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
-  bool finite = false;
+  bool transformable = false;  // xp finite, of a moderate range
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_pad", [&] {
-    finite = fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>());
+    std::vector<scalar_t> row_max(g.B * g.Tp);
+    transformable = fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>(), row_max.data()) &&
+                    moderate_range(std::move(row_max));
   });
   at::Tensor grad_bias = has_bias ? at::empty({2 * g.H}, x.options()) : at::empty({0}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_bias", [&] {
@@ -465,7 +513,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
     }
   });
   const bool grad_pre_finite = std::all_of(block_finite.begin(), block_finite.end(), [](char f) { return f != 0; });
-  if (winograd_requested(g.K) && finite && grad_pre_finite && all_finite(weight)) {
+  if (winograd_requested(g.K) && transformable && grad_pre_finite && grad_pre_moderate && all_finite(weight)) {
     at::Tensor grad_x = at::empty({g.B, g.T, g.H}, x.options());
     at::Tensor grad_weight;
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_winograd", [&] {

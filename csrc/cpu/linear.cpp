@@ -104,6 +104,8 @@ int64_t row_argmax(const T* row, int64_t n) {
 
 // argmax over the last dimension of x Wᵀ + b, the features in `exclude` never chosen: the largest logit per
 // row of a vocabulary projection (greedy decoding) without torch.argmax's slow scan. Forward only (indices).
+// The rule (as the reference's): the first allowed id holding the largest allowed logit, a NaN counting as the
+// largest; a row whose allowed logits are all -inf gives the lowest allowed id.
 at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                          at::IntArrayRef exclude) {
   check_operands(kArgmax, x, weight);
@@ -114,8 +116,13 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& weight, const c1
   for (const int64_t e : exclude) {
     FASTQA_CHECK(e >= 0 && e < n, kArgmax, "excluded feature ", e, " is outside [0, ", n, ")");
   }
-  FASTQA_CHECK(static_cast<int64_t>(std::set<int64_t>(exclude.begin(), exclude.end()).size()) < n, kArgmax,
-               "every one of the ", n, " features is excluded");
+  const std::set<int64_t> excluded(exclude.begin(), exclude.end());
+  FASTQA_CHECK(static_cast<int64_t>(excluded.size()) < n, kArgmax, "exclude holds every one of the ", n,
+               " features");
+  // A row whose allowed logits are all -inf ties with the excluded ones (set to -inf below), and the first of
+  // the ties may be excluded: such a row gets the lowest allowed id instead.
+  int64_t lowest_allowed = 0;
+  while (excluded.count(lowest_allowed) != 0) ++lowest_allowed;
   gemm::prepare();
   const at::Tensor y = gemm::linear(x.reshape({-1, k}), weight, bias);  // [M, n], contiguous
   const int64_t m = y.size(0);
@@ -129,7 +136,9 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& weight, const c1
       for (int64_t r = r0; r < r1; ++r) {
         scalar_t* row = yd + r * n;
         for (const int64_t e : exclude) row[e] = -std::numeric_limits<scalar_t>::infinity();
-        out[r] = row_argmax(row, n);
+        const int64_t best = row_argmax(row, n);
+        // The chosen logit is -inf only where no allowed one is larger (a NaN would have been chosen).
+        out[r] = row[best] == -std::numeric_limits<scalar_t>::infinity() ? lowest_allowed : best;
       }
     });
   });

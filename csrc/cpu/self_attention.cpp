@@ -4,7 +4,7 @@
 //   qkv [B, L, 3C] (C = heads * D): q = qkv[..., :C], k = qkv[..., C:2C], v = qkv[..., 2C:], head h in
 //   columns [h*D, (h+1)*D) of each -- the output of one nn.Linear(C, 3C), read as it is (no transposes);
 //   mask [B, L] bool, True = a real position: the keys to attend to and the query rows to compute (a
-//   sequence with no True position attends to all keys from every row);
+//   sequence with no True position has no row to compute: zeros throughout, and no gradient);
 //   out [B, L, C] = softmax(q kᵀ / sqrt(D) + mask) v, heads side by side (ready for the output Linear),
 //   zero at padded query rows (nothing real reads them: they are neither keys nor, in QANet, read by
 //   the masked convolutions), which are skipped -- a batch padded by a quarter saves a quarter of the work;
@@ -252,11 +252,12 @@ int64_t transpose_rows_8x8<float>(const float* src, int64_t stride, const int64_
 }
 #endif
 
-// A task's keys: only the attended ones (a sequence with no attended key attends to all), compacted:
-// keys[0 .. nk) are their positions in the sequence. Fills the transposed keys kt [D][Lk] and values vt [D][Lk] (for the
-// score loops), keys kr [nk][Dp] and values vr [nk][Dp] as rows, all zero-padded, and bias [Lk] (0, or
-// -inf on the padding up to Lk = nk rounded up to a whole vector). Returns Lk. Skipping masked keys
-// changes nothing in the result (their probabilities are exactly 0) and saves their work.
+// A task's keys: only the attended ones, compacted: keys[0 .. nk) are their positions in the sequence
+// (nk = 0 for a sequence with no real position: its rows are all padding, zero in the output and the
+// gradient). Fills the transposed keys kt [D][Lk] and values vt [D][Lk] (for the score loops), keys
+// kr [nk][Dp] and values vr [nk][Dp] as rows, all zero-padded, and bias [Lk] (0, or -inf on the padding
+// up to Lk = nk rounded up to a whole vector). Returns Lk. Skipping masked keys changes nothing in the
+// result (their probabilities are exactly 0) and saves their work.
 template <typename T>
 int64_t load_keys(const T* qkv, const bool* mask, const Geometry& g, const Sequence& seq, int64_t h, int64_t* keys,
                   int64_t& nk, T* bias, T* kt, T* kr, T* vr, T* vt) {
@@ -264,10 +265,6 @@ int64_t load_keys(const T* qkv, const bool* mask, const Geometry& g, const Seque
   nk = 0;
   for (int64_t j = 0; j < seq.len; ++j) {
     if (mb[j]) keys[nk++] = j;
-  }
-  if (nk == 0) {
-    for (int64_t j = 0; j < seq.len; ++j) keys[j] = j;
-    nk = seq.len;
   }
   const int64_t Lk = round_up(nk, kPad);
   for (int64_t j = 0; j < Lk; ++j) bias[j] = j < nk ? T(0) : -std::numeric_limits<T>::infinity();

@@ -6,13 +6,16 @@
   first; module level because Dynamo cannot trace a class attribute's methods); the backward asks
   ``wants(ctx, INPUTS, ...)`` whether a kernel must run at all, and returns
   ``input_grads(ctx, INPUTS, x=..., weight=...)``: one entry per input, None where autograd does not
-  want it or the input was absent (the kernels return an empty tensor for an absent optional input).
+  want it -- an absent optional input never is, so the empty tensor the kernels return for its gradient
+  is dropped there, while an empty gradient of a present input (an empty batch) is kept.
 * The backward kernels have no derivative of their own, so every backward is wrapped in
   ``once_differentiable(op)``: it runs without recording a graph, and differentiating its result
   (double backward) raises the same ``RuntimeError`` for every op, naming the op and what to use.
 * The same formula is registered on the forward custom op itself (``register_op_autograd``, what
   ``torch.library.register_autograd`` registers), so a graph that calls the op directly -- a module
   exported with ``torch.export`` -- trains with the same gradients and the same double-backward error.
+  While ``torch.export`` traces (``exporting()``), the entry points call that op instead of their
+  Function, so the exported graph holds the op and its one formula, strict export included.
 * Forward-mode AD (``torch.func.jvp``, ``torch.autograd.forward_ad``): the functional entry points run
   the reference when an input carries a tangent (``has_tangent``); the custom ops themselves refuse
   it with one clear ``RuntimeError`` rather than dropping the tangent.
@@ -28,22 +31,18 @@ from torch.autograd import forward_ad
 from torch.autograd import function as _autograd_function
 
 
-def none_if_empty(t: torch.Tensor | None) -> torch.Tensor | None:
-    """Kernels return an empty tensor for the gradient of an absent optional input."""
-    return None if t is None or t.numel() == 0 else t
-
-
 def wants(ctx, inputs: Sequence[str], *names: str) -> bool:
     """Whether autograd wants the gradient of any of the forward inputs ``names``."""
     return any(ctx.needs_input_grad[inputs.index(name)] for name in names)
 
 
 def input_grads(ctx, inputs: Sequence[str], **grads: torch.Tensor | None) -> tuple:
-    """backward's return value: grads[name] for every input autograd wants, None elsewhere."""
+    """backward's return value: grads[name] for every input autograd wants, None elsewhere. autograd never
+    wants the gradient of an absent (None) input, so the kernels' empty placeholder for it never gets through,
+    and a present input's empty gradient (an empty batch) is returned as it is, with the input's shape."""
     unknown = set(grads) - set(inputs)
     assert not unknown, f"not forward inputs: {sorted(unknown)}"
-    return tuple(none_if_empty(grads.get(name)) if need else None
-                 for name, need in zip(inputs, ctx.needs_input_grad))
+    return tuple(grads.get(name) if need else None for name, need in zip(inputs, ctx.needs_input_grad))
 
 
 def double_backward_message(op: str) -> str:
@@ -73,6 +72,16 @@ def once_differentiable(op: str) -> Callable:
         return wrapper
 
     return decorate
+
+
+def exporting() -> bool:
+    """Whether ``torch.export`` is tracing (strict or not). The entry points then call their forward custom op
+    directly, whose autograd formula is registered on it (``register_op_autograd``), instead of applying
+    their autograd.Function: strict export traces with Dynamo, which cannot trace the Functions' backward
+    and runs their forward under no_grad, so the exported graph carried no gradient through the op -- a
+    gradient silently missing wherever another path (a residual) still carried one. With the op itself in
+    the graph, strict and non-strict exports train with the one formula the eager Function uses."""
+    return torch.compiler.is_exporting()
 
 
 def records_grad(*tensors: torch.Tensor | None) -> bool:

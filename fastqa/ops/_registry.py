@@ -64,6 +64,12 @@ def kernel(backend: str, module: str, name: str) -> Any:
     return functools.partial(_below_autograd, op)
 
 
+def exported_op(backend: str, name: str) -> Any:
+    """The custom op ``name`` of ``backend`` itself, its Autograd kernel included (the formula
+    ``register_op_autograd`` put there): what the entry points call while ``torch.export`` traces."""
+    return getattr(getattr(torch.ops, _NAMESPACES[backend]), name)
+
+
 def _below_autograd(op: Any, *args: Any) -> Any:
     """Call ``op`` past its Autograd dispatch key. The callers (the Functions' forward and backward, the
     forward-only decode step) handle gradients themselves, and the Python autograd kernel that

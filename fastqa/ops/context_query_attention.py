@@ -11,8 +11,8 @@ import torch
 from .. import reference
 from .._backend import cpu_available, resolve_backend, warn_cuda_reference
 from .._checks import check_positive, check_tensor, entry_prologue
-from ._function import has_tangent, input_grads, once_differentiable, register_op_autograd
-from ._registry import kernel, qualified, register_autograd_hook
+from ._function import exporting, has_tangent, input_grads, once_differentiable, register_op_autograd
+from ._registry import exported_op, kernel, qualified, register_autograd_hook
 
 __all__ = ["context_query_attention", "trilinear_similarity"]
 
@@ -122,6 +122,8 @@ def trilinear_similarity(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor,
         if backend != "reference":
             warn_cuda_reference("trilinear_similarity", c.device, "an input carries a forward-mode tangent")
         return reference.trilinear_similarity(c, q, weight, bias)
+    if exporting():   # the op and the formula registered on it (see exporting())
+        return exported_op(backend, "trilinear_similarity_fwd")(c, q, weight, bias)
     return _TrilinearSimilarityFunction.apply(backend, c, q, weight, bias)
 
 
@@ -144,6 +146,8 @@ def context_query_attention(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tens
         if backend != "reference":
             warn_cuda_reference("context_query_attention", c.device, "an input carries a forward-mode tangent")
         return reference.context_query_attention(c, q, c_mask, q_mask, weight, bias)
+    if exporting():   # the op and the formula registered on it (see exporting())
+        return exported_op(backend, "context_query_attention_fwd")(c, q, c_mask, q_mask, weight, bias)[0]
     return _ContextQueryAttentionFunction.apply(backend, c, q, c_mask, q_mask, weight, bias)
 
 

@@ -7,7 +7,7 @@ so a seed gives the same mask on every backend)::
     fastqa_triton::dropout_add(branch, residual?, example_scale?, p, seed) -> out
 
 The backward is the same kernel on the gradient (same seed, no residual): nothing is saved for it, not
-even the mask.
+even the mask. The same formula is registered on each op (graphs that call it: torch.export).
 """
 from __future__ import annotations
 
@@ -18,14 +18,30 @@ import torch
 from .. import reference
 from .._backend import cpu_available, resolve_backend, warn_cuda_reference
 from .._checks import check_device, check_optional, check_tensor
-from ._function import has_tangent, input_grads, once_differentiable
-from ._registry import kernel
+from ._function import exporting, has_tangent, input_grads, once_differentiable, register_op_autograd
+from ._registry import exported_op, kernel, qualified, register_autograd_hook
 
 _MODULE = "dropout_add"
 
 __all__ = ["dropout_add"]
 
 _DA_INPUTS = ("backend", "branch", "residual", "example_scale", "p", "seed")
+_DA_OP_INPUTS = _DA_INPUTS[1:]
+
+
+def _da_save(ctx, backend: str, example_scale: torch.Tensor | None, p: float, seed: int) -> None:
+    ctx.save_for_backward(example_scale)
+    ctx.backend, ctx.p, ctx.seed = backend, p, seed
+
+
+def _da_grads(ctx, grad_out: torch.Tensor, inputs: tuple) -> tuple:
+    """The gradients of ``inputs``: the kernel on grad_out (same seed, no residual) for branch, grad_out itself
+    for residual; example_scale is a constant."""
+    example_scale, = ctx.saved_tensors
+    grad_branch = None
+    if ctx.needs_input_grad[inputs.index("branch")]:
+        grad_branch = kernel(ctx.backend, _MODULE, "dropout_add")(grad_out, None, example_scale, ctx.p, ctx.seed)
+    return input_grads(ctx, inputs, branch=grad_branch, residual=grad_out)
 
 
 class _DropoutAddFunction(torch.autograd.Function):
@@ -34,19 +50,25 @@ class _DropoutAddFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, backend: str, branch: torch.Tensor, residual: torch.Tensor | None,
                 example_scale: torch.Tensor | None, p: float, seed: int) -> torch.Tensor:
-        ctx.save_for_backward(example_scale)
-        ctx.backend, ctx.p, ctx.seed = backend, p, seed
+        _da_save(ctx, backend, example_scale, p, seed)
         return kernel(backend, _MODULE, "dropout_add")(branch, residual, example_scale, p, seed)
 
     @staticmethod
     @once_differentiable("dropout_add")
     def backward(ctx, grad_out: torch.Tensor):
-        example_scale, = ctx.saved_tensors
-        grad_branch = None
-        if ctx.needs_input_grad[1]:
-            grad_branch = kernel(ctx.backend, _MODULE, "dropout_add")(grad_out, None, example_scale, ctx.p,
-                                                                      ctx.seed)
-        return input_grads(ctx, _DA_INPUTS, branch=grad_branch, residual=grad_out)
+        return _da_grads(ctx, grad_out, _DA_INPUTS)
+
+
+def _register_autograd(backend: str) -> None:
+    """The Function's formula on ``<ns>::dropout_add`` itself (graphs that call the op: torch.export)."""
+    def setup_context(ctx, inputs, output):
+        _, _, example_scale, p, seed = inputs
+        _da_save(ctx, backend, example_scale, p, seed)
+
+    def backward(ctx, grad_out):
+        return _da_grads(ctx, grad_out, _DA_OP_INPUTS)
+
+    register_op_autograd(qualified(backend, "dropout_add"), "dropout_add", setup_context, backward)
 
 
 def dropout_add(branch: torch.Tensor, p: float, seed: int, residual: torch.Tensor | None = None,
@@ -78,7 +100,12 @@ def dropout_add(branch: torch.Tensor, p: float, seed: int, residual: torch.Tenso
         if resolved != "reference":
             warn_cuda_reference("dropout_add", branch.device, "an input carries a forward-mode tangent")
         return reference.dropout_add(branch, p, seed, residual, example_scale)
+    if exporting():   # the op and the formula registered on it (see exporting())
+        return exported_op(resolved, "dropout_add")(branch, residual, example_scale, p, seed)
     return _DropoutAddFunction.apply(resolved, branch, residual, example_scale, p, seed)
+
+
+register_autograd_hook(_MODULE, _register_autograd)
 
 
 if cpu_available():

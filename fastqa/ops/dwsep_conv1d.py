@@ -25,8 +25,8 @@ from .._checks import check_choice, check_optional, check_positive, check_positi
 from ..reference.dwsep_conv1d import ACTIVATIONS, PADDINGS, conv_padding
 from ..reference.dwsep_conv1d import dwsep_conv1d as dwsep_conv1d_reference
 from ..reference.dwsep_conv1d import ln_dwsep_conv1d as ln_dwsep_conv1d_reference
-from ._function import has_tangent, input_grads, once_differentiable, register_op_autograd, wants
-from ._registry import kernel, qualified, register_autograd_hook
+from ._function import exporting, has_tangent, input_grads, once_differentiable, register_op_autograd, wants
+from ._registry import exported_op, kernel, qualified, register_autograd_hook
 
 _MODULE = "dwsep_conv1d"
 
@@ -151,6 +151,9 @@ def dwsep_conv1d(
         x = x.masked_fill(~mask.unsqueeze(-1), 0.0)
     pad_left, _ = conv_padding(dw_weight.shape[-1], padding)
     residual_is_x = residual is x
+    if exporting():   # the op and the formula registered on it (see exporting())
+        return exported_op(resolved, "dwsep_conv1d_fwd")(x, dw_weight, dw_bias, pw_weight, pw_bias, residual,
+                                                         pad_left, activation == "relu")[0]
     return _DwsepConv1dFunction.apply(resolved, x, dw_weight, pw_weight, pw_bias, dw_bias,
                                       None if residual_is_x else residual, residual_is_x, pad_left,
                                       activation == "relu")
@@ -280,6 +283,9 @@ def ln_dwsep_conv1d(
     pad_left, _ = conv_padding(dw_weight.shape[-1], padding)
     relu = activation == "relu"
     residual_is_x = residual is x
+    if exporting():   # the op and the formula registered on it (see exporting())
+        return exported_op(resolved, "ln_dwsep_conv1d_fwd")(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight,
+                                                            pw_bias, residual, mask, pad_left, relu)[0]
     return _LnDwsepConv1dFunction.apply(resolved, x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias,
                                         None if residual_is_x else residual, residual_is_x, mask, eps, pad_left, relu)
 

@@ -18,8 +18,8 @@ from .. import reference
 from .._backend import cpu_available, resolve_backend, warn_cuda_reference
 from .._checks import check_flag, check_optional, check_real, check_tensor, entry_prologue
 from ..reference.glu_conv1d import SQRT_HALF
-from ._function import has_tangent, input_grads, once_differentiable, records_grad, register_op_autograd
-from ._registry import kernel, qualified, register_autograd_hook
+from ._function import exporting, has_tangent, input_grads, once_differentiable, records_grad, register_op_autograd
+from ._registry import exported_op, kernel, qualified, register_autograd_hook
 
 _MODULE = "glu_conv1d"
 
@@ -114,6 +114,8 @@ def glu_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
             warn_cuda_reference("glu_conv1d", x.device, "an input carries a forward-mode tangent")
         return reference.glu_conv1d(x, weight, bias, causal=causal, residual=residual, scale=scale, mask=mask)
     pad_left = k - 1 if causal else (k - 1) // 2
+    if exporting():   # the op and the formula registered on it (see exporting())
+        return exported_op(backend, "glu_conv1d_fwd")(x, weight, bias, mask, pad_left, residual, scale)[0]
     return _GLUConv1dFunction.apply(backend, x, weight, bias, mask, pad_left, residual, scale)
 
 

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 
 from .. import reference
 from .._backend import cpu_available, resolve_backend
-from .._checks import check_optional, check_positive, check_tensor, entry_prologue
-from ._function import has_tangent, input_grads, once_differentiable, records_grad, register_op_autograd
-from ._registry import kernel, qualified, register_autograd_hook
+from .._checks import autocast_dtype, cast_floating, check_device, check_optional, check_positive, check_tensor
+from ._function import exporting, has_tangent, input_grads, once_differentiable, records_grad, register_op_autograd
+from ._registry import exported_op, kernel, qualified, register_autograd_hook
 
 _MODULE = "linear"
 
@@ -77,8 +77,8 @@ def _register_autograd(backend: str) -> None:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            backend: str = "auto") -> torch.Tensor:
-    """``F.linear``: x [..., K] (at least one leading dimension, any strides), weight [N, K], bias [N] or
-    None -> [..., N] = x Wᵀ + b.
+    """``F.linear``: x [..., K] (at least one leading dimension, any strides, sizes 0 included: an empty
+    batch gives an empty output, as ``nn.Linear``), weight [N, K], bias [N] or None -> [..., N] = x Wᵀ + b.
 
     backend: "auto", "reference", "cpu" or "triton" (the GPU path: ``F.linear`` on cuBLAS, what "auto" runs
     on CUDA).
@@ -87,6 +87,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     resolved = resolve_backend(backend, "linear", x.device, x.dtype)
     if resolved != "cpu" or has_tangent(x, weight, bias):
         return reference.linear(x, weight, bias)   # "triton" too: the GPU path is F.linear itself
+    if exporting():   # the op and the formula registered on it (see exporting())
+        return exported_op(resolved, "linear_fwd")(x, weight, bias)
     if not records_grad(x, weight, bias):
         # Nothing to differentiate (inference, decoding): the kernel alone, without the Function's cost.
         return kernel(resolved, _MODULE, "linear_fwd")(x, weight, bias)
@@ -97,9 +99,12 @@ def linear_argmax(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   exclude: Sequence[int] = (), *, backend: str = "auto") -> torch.Tensor:
     """The index of the largest output feature: x [..., K], weight [N, K], bias [N] or None -> [...] int64 =
     argmax over N of ``linear(x, weight, bias)``, never a feature in ``exclude`` (ids in [0, N), not all of
-    them); ties and NaN as torch.argmax (the first). Greedy decoding's next token: the C++ kernel scans each
-    row of logits with vector instructions right after the GEMM (~5x faster than torch.argmax's scan of a
-    [200, 5893] block). No gradient (the result is indices).
+    them: excluding every id is a ValueError naming ``exclude``). The rule, the same on every backend: the
+    first allowed id holding the largest allowed logit, a NaN counting as the largest (torch.argmax's rule
+    for ties and NaN); so a row whose allowed logits are all -inf gives the lowest allowed id, never an
+    excluded one. Greedy decoding's next token: the C++ kernel scans each row of logits with vector
+    instructions right after the GEMM (several times faster than torch.argmax's scan of a vocabulary-sized
+    block). An empty batch gives an empty result. No gradient (the result is indices).
 
     backend: "auto", "reference", "cpu" or "triton" (the GPU path, ``device_linear_argmax``: what "auto"
     runs on CUDA).
@@ -123,9 +128,32 @@ def device_linear_argmax(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     consecutive excluded ids is one fill of a column slice instead (decoders exclude a few special ids), and
     the rest is the GEMM and ``argmax``. The same indices as the reference."""
     y = F.linear(x, weight, bias)
-    for start, stop in _runs(sorted(set(exclude))):
+    ids = sorted(set(exclude))
+    for start, stop in _runs(ids):
         y.narrow(-1, start, stop - start).fill_(float("-inf"))
-    return y.argmax(-1)
+    return _lowest_allowed_where_none_above_minus_inf(y, y.argmax(-1), ids)
+
+
+def _lowest_allowed_where_none_above_minus_inf(y: torch.Tensor, index: torch.Tensor,
+                                               excluded: Sequence[int]) -> torch.Tensor:
+    """``index`` (argmax of logits ``y`` whose excluded columns hold -inf) with the rows whose chosen logit is
+    -inf sent to the lowest allowed id. Such a row has no allowed logit above -inf (a NaN would have been
+    chosen), so its -inf ties with the excluded columns and argmax's first-of-ties may pick an excluded
+    one. One elementwise select on the device: no host synchronisation."""
+    if not excluded:
+        return index    # argmax's first -inf is id 0, itself allowed
+    chosen = y.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+    return torch.where(chosen == float("-inf"), _lowest_allowed(excluded), index)
+
+
+def _lowest_allowed(excluded: Sequence[int]) -> int:
+    """The smallest id not in ``excluded`` (sorted, distinct, not every id: checked by the callers)."""
+    lowest = 0
+    for i in excluded:
+        if i != lowest:
+            break
+        lowest += 1
+    return lowest
 
 
 def _runs(ids: Sequence[int]) -> list[tuple[int, int]]:
@@ -141,11 +169,17 @@ def _runs(ids: Sequence[int]) -> list[tuple[int, int]]:
 
 def _check_arguments(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The prologue of both entry points: (x, weight, bias) checked (and cast under autocast)."""
-    ndim = x.dim() if isinstance(x, torch.Tensor) else 2   # not a tensor: entry_prologue's TypeError
+    """The prologue of both entry points: (x, weight, bias) checked (and cast under autocast).
+
+    Unlike the other ops' prologue (``entry_prologue``), leading dimensions of size 0 are accepted, as
+    ``nn.Linear`` accepts them: an empty batch gives an empty output (and gradients of the right shapes,
+    zero for the parameters); K = 0 is still refused (by the weight's check)."""
+    ndim = x.dim() if isinstance(x, torch.Tensor) else 2   # not a tensor: check_tensor's TypeError
+    check_tensor("x", x, ndim=ndim)
+    check_device("x", x)
     if ndim < 2:
         raise ValueError(f"x must have at least 2 dimensions ([..., K]), got shape {tuple(x.shape)}")
-    x, weight, bias = entry_prologue("x", x, ndim, weight, bias)
+    x, weight, bias = cast_floating(autocast_dtype(x.device), x, weight, bias)
     check_tensor("weight", weight, shape=(None, x.shape[-1]), like=x)
     check_positive("weight", weight, range(2))
     check_optional("bias", bias, shape=(weight.shape[0],), like=x)

@@ -25,8 +25,8 @@ import torch
 from .. import reference
 from .._backend import cpu_available, resolve_backend, warn_cuda_reference
 from .._checks import check_tensor, entry_prologue
-from ._function import has_tangent, input_grads, once_differentiable, register_op_autograd
-from ._registry import kernel, qualified, register_autograd_hook
+from ._function import exporting, has_tangent, input_grads, once_differentiable, register_op_autograd
+from ._registry import exported_op, kernel, qualified, register_autograd_hook
 
 _MODULE = "self_attention"
 
@@ -88,11 +88,12 @@ def self_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int, *, segment
     v = qkv[..., 2C:], head h in channels [h*D, (h+1)*D) of each, D = C / heads.
     mask: [B, L] bool, True = a real position (padding False): the keys to attend to, and the query rows
     computed -- padded query rows give zeros (and pass no gradient), so the kernel skips them; a sequence
-    with no real position attends to every key from every row.
+    (a row, or a segment) with no real position gives zeros throughout, never NaN, on every backend.
     Returns [B, L, C]: softmax(q kᵀ / sqrt(D) + mask) v per head, heads side by side (ready for the output
     projection; ``F.scaled_dot_product_attention`` on the [B, heads, L, D] views, padded rows zeroed).
     segments: lengths summing to L that cut every row into sequences attended apart (a packed batch: several
-    sequences one after another in one row); None: each row is one sequence.
+    sequences one after another in one row); None: each row is one sequence. Not a sequence: a TypeError
+    naming ``segments``; lengths that are not positive ints summing to L: a ValueError naming it.
     backend: "auto", "reference", "cpu" or "triton" (the GPU path, ``packed_attention``: torch's fused
     attention in one call; what "auto" runs on CUDA).
     """
@@ -111,6 +112,8 @@ def self_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int, *, segment
         return reference.self_attention(qkv, mask, int(heads), segments)
     if resolved == "triton":
         return packed_attention(qkv, mask, int(heads), segments)
+    if exporting():   # the op and the formula registered on it (see exporting())
+        return exported_op(resolved, "self_attention_fwd")(qkv, mask, int(heads), segments)[0]
     return _SelfAttentionFunction.apply(resolved, qkv, mask, int(heads), segments)
 
 
@@ -131,9 +134,10 @@ def packed_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int,
     qkv: [B, L, 3C]; mask: [B, L] bool; segments: S lengths summing to L, or None. With segments, position p
     of segment s (starting at row start_s) goes to row t = p - start_s of sequence (b, s) of a padded batch
     [B * S, T, 3C] (T the longest segment; slots past a segment's end read a zero row and are masked), the
-    reference's unsegmented attention runs on that batch (a segment without a real position attending to
-    all of its own positions, as in the reference's per-segment call), and the outputs are gathered back
+    reference's unsegmented attention runs on that batch, and the outputs are gathered back
     to [B, L, C]. Every index is computed on the device; the host only knows S and T. Returns [B, L, C].
+    A segment without a real position gives zeros, as in the reference: its rows are padding rows, which the
+    reference's attention zeroes whatever its slots attend to.
     """
     if segments is None or len(segments) == 1:
         return reference.self_attention(qkv, mask, heads)
@@ -148,10 +152,6 @@ def packed_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int,
     rows = torch.where(valid, starts.unsqueeze(1) + slot, length).flatten()    # [S * T]
     padded_qkv = torch.cat([qkv, qkv.new_zeros(b, 1, c3)], dim=1).index_select(1, rows)
     padded_mask = torch.cat([mask, mask.new_zeros(b, 1)], dim=1).index_select(1, rows).view(b * count, longest)
-    # A segment without a real position attends to all of its own positions (the reference's rule, applied
-    # here because the attention below would count the slots past the segment's end too).
-    own = valid.expand(b, count, longest).reshape(b * count, longest)
-    padded_mask = padded_mask | (own & ~padded_mask.any(dim=1, keepdim=True))
     out = reference.self_attention(padded_qkv.view(b * count, longest, c3), padded_mask, heads)   # [B*S, T, C]
     # Position p sits in slot (segment of p) * T + (p - start of its segment) of the flattened [S * T].
     segment_of = torch.repeat_interleave(torch.arange(count, device=device), lengths, output_size=length)

@@ -17,11 +17,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def linear_argmax(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   exclude: Sequence[int] = ()) -> torch.Tensor:
     """x [..., K], weight [N, K], bias [N] or None -> [...] int64: argmax over N of x Wᵀ + b, the features in
-    ``exclude`` never chosen (torch.argmax: the first on ties, the first NaN if any)."""
+    ``exclude`` never chosen: the first allowed id holding the largest allowed logit, a NaN counting as the
+    largest (torch.argmax's rule), so a row whose allowed logits are all -inf gives the lowest allowed id.
+    Excluding every id is a ValueError naming ``exclude``."""
     y = F.linear(x, weight, bias)
-    if len(exclude):
-        y[..., list(exclude)] = float("-inf")
-    return y.argmax(-1)
+    if not len(exclude):
+        return y.argmax(-1)
+    excluded = set(exclude)
+    allowed = [i for i in range(y.shape[-1]) if i not in excluded]
+    if not allowed:
+        raise ValueError(f"exclude leaves none of the {y.shape[-1]} output features to choose")
+    # argmax over the allowed columns only: no -inf fill that an all -inf row could tie with.
+    index = torch.tensor(allowed, device=y.device)
+    return index[y.index_select(-1, index).argmax(-1)]
 
 
 class Linear(nn.Linear):

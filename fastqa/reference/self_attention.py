@@ -2,6 +2,7 @@
 fallback of ``fastqa.self_attention``, and the pre-LayerNorm sublayer branch QANet's encoder blocks use."""
 from __future__ import annotations
 
+import numbers
 from typing import Sequence
 
 import torch
@@ -10,14 +11,19 @@ from torch import nn
 
 
 def check_segments(segments: Sequence[int] | None, length: int) -> list[int] | None:
-    """segments as a list of ints: positive lengths summing to ``length`` (or None); else a ValueError."""
+    """segments as a list of ints: positive lengths summing to ``length`` (or None). Not a sequence (an int,
+    a string, a tensor): a TypeError naming ``segments``; lengths that are not positive ints or do not sum
+    to ``length``: a ValueError naming it."""
     if segments is None:
         return None
+    if isinstance(segments, (str, bytes, torch.Tensor)) or not isinstance(segments, Sequence):
+        raise TypeError(f"segments must be a sequence of int lengths summing to L = {length} (or None), "
+                        f"got {type(segments).__name__}")
     segments = list(segments)
-    if (not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in segments)
+    if (not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n > 0 for n in segments)
             or sum(segments) != length):
         raise ValueError(f"segments must be positive int lengths summing to L = {length}, got {segments}")
-    return segments
+    return [int(n) for n in segments]
 
 
 def self_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int,
@@ -26,10 +32,10 @@ def self_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int,
 
     qkv: [B, L, 3C], the output of one nn.Linear(C, 3C): q = qkv[..., :C], k = qkv[..., C:2C],
     v = qkv[..., 2C:], head h in channels [h*D, (h+1)*D) of each, D = C / heads.
-    mask: [B, L] bool, True = a real position: the keys to attend to; the padded query rows give zeros. A
-    sequence with no real position attends to every key from every row (instead of producing NaN; its
-    outputs are the caller's to mask). segments: lengths summing to L that cut every row into sequences
-    attended apart (None: each row is one). Returns [B, L, C].
+    mask: [B, L] bool, True = a real position: the keys to attend to; the padded query rows give zeros, so a
+    sequence with no real position gives zeros throughout (never NaN) and passes no gradient. segments:
+    lengths summing to L that cut every row into sequences attended apart (None: each row is one).
+    Returns [B, L, C].
     """
     segments = check_segments(segments, qkv.shape[1])
     if segments is not None:
@@ -40,8 +46,10 @@ def self_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int,
     c = c3 // 3
     # split (not select) q, k, v: its backward is one cat, where select's zero-fills [3, B, h, L, D].
     q, k, v = qkv.view(b, length, 3 * heads, c // heads).transpose(1, 2).split(heads, dim=1)   # [B, h, L, D]
-    mask = mask | ~mask.any(dim=1, keepdim=True)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+    # A sequence without a real position would give NaN rows (a softmax over no key): it attends to all of
+    # its positions instead, and its rows, all padding, are zeroed below with the others.
+    keys = mask | ~mask.any(dim=1, keepdim=True)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=keys[:, None, None, :])
     return o.transpose(1, 2).reshape(b, length, c).masked_fill(~mask.unsqueeze(-1), 0.0)
 
 

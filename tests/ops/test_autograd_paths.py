@@ -80,13 +80,15 @@ def _train_step(module: torch.nn.Module, inputs: tuple, weight: torch.Tensor):
     return out.detach(), first.grad, {n: p.grad for n, p in module.named_parameters()}
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["non_strict", "strict"])
 @pytest.mark.parametrize("name", MODULES)
-def test_exported_module_trains_like_eager(name, backend, device):
-    """torch.export in training mode: forward, input and parameter gradients equal eager's (same kernels,
-    so bit for bit), and an SGD step on each leaves the two modules equal."""
+def test_exported_module_trains_like_eager(name, strict, backend, device):
+    """torch.export in training mode, strict (Dynamo) or not: forward, input and parameter gradients equal
+    eager's (same kernels, so bit for bit), and an SGD step on each leaves the two modules equal. (Strict
+    export used to run the fused ops under no_grad: no gradient reached the parameters at all.)"""
     _, eager, inputs = next(m for m in _modules(backend, device) if m[0] == name)
     eager = eager.to(device)
-    exported = torch.export.export(copy.deepcopy(eager), inputs).module()
+    exported = torch.export.export(copy.deepcopy(eager), inputs, strict=strict).module()
     assert any("fastqa" in str(n.target) for n in exported.graph.nodes), "the graph calls the fused ops"
     weight = torch.randn(eager(*inputs).shape, generator=torch.Generator().manual_seed(5)).to(device)
     for _ in range(2):  # two steps: the second runs on the updated parameters
@@ -105,19 +107,75 @@ def test_exported_module_trains_like_eager(name, backend, device):
                     p.grad = None
 
 
-def test_exported_module_gradients_match_reference():
+class _PlusInput(torch.nn.Module):
+    """``op(x) + x`` (a residual the module adds itself): where an exported graph dropped the op's gradient,
+    x would still get one -- a wrong gradient rather than an error."""
+
+    def __init__(self, layer: torch.nn.Module, *args) -> None:
+        super().__init__()
+        self.layer, self.args = layer, args
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x, *self.args) + x
+
+    @property
+    def backend(self) -> str:
+        return self.layer.backend
+
+    @backend.setter
+    def backend(self, value: str) -> None:
+        self.layer.backend = value
+
+
+class _DropoutAddOp(torch.nn.Module):
+    """``fastqa.dropout_add`` with a fixed seed (its layer draws a new seed per call)."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__()
+        self.backend = backend
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fastqa.dropout_add(x * 2, 0.3, 7, x, backend=self.backend)
+
+
+def _reference_cases():
+    """(name, fused module on the cpu backend, inputs) whose exported forms are checked against the reference
+    modules: every module above, the reported shape of the dwsep one (its own input as the residual) and the
+    ops with a CPU kernel only (linear, self_attention) or no parameters (dropout_add)."""
+    g = torch.Generator().manual_seed(31)
+    torch.manual_seed(31)
+    x = _rand(g, 2, 9, 8)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, 6:] = False
+    return [*_modules("cpu", torch.device("cpu")),
+            ("dwsep_residual_is_input", _ResidualIsInput(layers.DepthwiseSeparableConv1d(8, 8, 3, activation="relu",
+                                                                                         backend="cpu")), (x,)),
+            ("dwsep_plus_input", _PlusInput(layers.DepthwiseSeparableConv1d(8, 8, 3, backend="cpu")), (x,)),
+            ("glu_plus_input", _PlusInput(layers.GLUConv1d(8, 3, causal=True, backend="cpu")), (x,)),
+            ("linear_plus_input", _PlusInput(layers.Linear(8, 8, backend="cpu")), (x,)),
+            ("self_attention_plus_input", _PlusInput(layers.SelfAttention(8, 2, backend="cpu"), mask), (x,)),
+            ("dropout_add", _DropoutAddOp("cpu"), (x,))]
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["non_strict", "strict"])
+@pytest.mark.parametrize("name", [name for name, _, _ in _reference_cases()])
+def test_exported_module_gradients_match_reference(name, strict):
     """The exported fused module's gradients are the reference module's (the formula is right, not just
-    the same as eager's)."""
-    _, fused, inputs = next(m for m in _modules("cpu", torch.device("cpu")) if m[0] == "cqa")
+    the same as eager's; each gradient counted once), strict export included."""
+    _, fused, inputs = next(m for m in _reference_cases() if m[0] == name)
     reference = copy.deepcopy(fused)
     reference.backend = "reference"
-    exported = torch.export.export(fused, inputs).module()
+    exported = torch.export.export(fused, inputs, strict=strict).module()
+    assert any("fastqa" in str(n.target) for n in exported.graph.nodes), "the graph calls the fused ops"
     weight = torch.randn(fused(*inputs).shape, generator=torch.Generator().manual_seed(5))
-    _, gx, grads = _train_step(exported, inputs, weight)
-    _, gx_ref, grads_ref = _train_step(reference, inputs, weight)
+    out, gx, grads = _train_step(exported, inputs, weight)
+    out_ref, gx_ref, grads_ref = _train_step(reference, inputs, weight)
     atol, rtol = TOLERANCES[torch.float32]
-    assert_close(gx, gx_ref, atol=atol, rtol=rtol, name="grad c")
+    assert_close(out, out_ref, atol=atol, rtol=rtol, name="output")
+    assert_close(gx, gx_ref, atol=atol, rtol=rtol, name="grad of the first input")
+    assert set(grads) == set(grads_ref)
     for pname, grad in grads_ref.items():
+        assert grads[pname] is not None, f"{pname}: no gradient"
         assert_close(grads[pname], grad, atol=atol, rtol=rtol, name=pname)
 
 

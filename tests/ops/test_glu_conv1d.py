@@ -6,7 +6,8 @@ import warnings
 
 import pytest
 import torch
-from helpers import assert_close, check_against_reference, compiled_backends, device_of, interpreted, kernel_ops, ran_kernels
+from helpers import (TOLERANCES, assert_close, check_against_reference, compiled_backends, device_of, interpreted,
+                     kernel_ops, ran_kernels)
 
 import fastqa
 from fastqa import reference
@@ -153,6 +154,63 @@ def test_cpu_conv_algorithm_variable_takes_effect(monkeypatch):
     monkeypatch.setenv("FASTQA_CPU_GLU_CONV", "fastest")
     with pytest.raises(RuntimeError, match="FASTQA_CPU_GLU_CONV must be auto, winograd or taps"):
         fastqa.glu_conv1d(x, w, b, causal=True, backend="cpu")
+
+
+def _glu_and_grads(x, w, b, grad_y, backend, **kwargs):
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    y = fastqa.glu_conv1d(*leaves, backend=backend, **kwargs)
+    y.backward(grad_y)
+    return [y.detach()] + [t.grad for t in leaves]
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="fastqa._C is not built")
+@pytest.mark.parametrize("algo", ["auto", "winograd"])
+@pytest.mark.parametrize("k, causal, masked", [(3, True, False), (5, False, True), (2, True, False), (7, False, False)],
+                         ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("case", ["one_position_at_1e30", "grad_spike_1e30", "one_position_at_1e4"])
+def test_cpu_mixed_magnitudes_match_reference(monkeypatch, algo, k, causal, masked, dtype, case):
+    """Values of very different magnitudes in one tensor (a position at 1e30 among O(1) ones, or one output
+    gradient at 1e30): output and every gradient as the same-dtype reference. Winograd's transforms mix the
+    rows of a tile, so there the small outputs next to a huge row lost every digit (grad x off by ~1e20
+    where the reference gives O(1)); such operands now take the direct taps, whatever the variable asks."""
+    monkeypatch.setenv("FASTQA_CPU_GLU_CONV", algo)
+    x, w, b = make(2, 40, 16, k, dtype=dtype, seed=3)
+    grad_y = torch.randn(x.shape, dtype=dtype, generator=torch.Generator().manual_seed(4))
+    if case == "one_position_at_1e30":
+        x[0, 11] *= 1e30
+    elif case == "one_position_at_1e4":
+        x[1, 23] *= 1e4
+    else:
+        grad_y[1, 17] *= 1e30
+    mask = random_mask(2, 40) if masked else None
+    got = _glu_and_grads(x, w, b, grad_y, "cpu", causal=causal, mask=mask)
+    want = _glu_and_grads(x, w, b, grad_y, "reference", causal=causal, mask=mask)
+    for name, g, r in zip(["y", "grad x", "grad weight", "grad bias"], got, want):
+        assert torch.isfinite(r).all(), name
+        assert_close(g, r, name=name)
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="fastqa._C is not built")
+@pytest.mark.parametrize("scale", [1.0, 1e30], ids=["normal_scale", "everything_times_1e30"])
+def test_cpu_winograd_still_runs_on_rows_of_one_magnitude(monkeypatch, scale):
+    """Rows of about one magnitude, at any scale, keep the Winograd path (auto gives exactly what a forced
+    "winograd" gives, not what the taps give: the values of normal-scale inputs are unchanged) and match
+    the reference to the dtype's tolerance, relative to the values' scale."""
+    x, w, b = make(2, 40, 64, 3)
+    x = x * scale
+    grad_y = torch.randn(x.shape, generator=torch.Generator().manual_seed(4))
+    runs = {}
+    for algo in ("auto", "winograd", "taps"):
+        monkeypatch.setenv("FASTQA_CPU_GLU_CONV", algo)
+        runs[algo] = _glu_and_grads(x, w, b, grad_y, "cpu", causal=True)
+    want = _glu_and_grads(x, w, b, grad_y, "reference", causal=True)
+    for i, name in enumerate(["y", "grad x", "grad weight", "grad bias"]):
+        assert torch.equal(runs["auto"][i], runs["winograd"][i]), name
+        if name != "grad bias":  # the bias gradient is no contraction: the same in both
+            assert not torch.equal(runs["winograd"][i], runs["taps"][i]), name
+        atol, rtol = TOLERANCES[torch.float32]
+        assert_close(runs["auto"][i], want[i], name=name, atol=atol * max(1.0, want[i].abs().max().item()), rtol=rtol)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

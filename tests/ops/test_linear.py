@@ -138,10 +138,40 @@ def test_compiles_without_graph_breaks():
     (lambda x, w, b: (x, w.double(), b), TypeError, "weight must have dtype"),
     (lambda x, w, b: (x.long(), w, b), TypeError, "x must be a floating-point tensor"),
     (lambda x, w, b: (x, w, "b"), TypeError, "bias must be a torch.Tensor"),
+    (lambda x, w, b: ([[1.0]], w, b), TypeError, "x must be a torch.Tensor"),
+    (lambda x, w, b: (x[..., :0], w[:, :0], b), ValueError, "weight must have a non-zero size in dimension 1"),
 ])
 def test_bad_arguments_name_the_argument(bad, error, match):
     with pytest.raises(error, match=match):
         fastqa.linear(*bad(*make_inputs((2, 3), 4, 5)))
+
+
+def _backends():
+    """Every backend of linear / linear_argmax that runs here ("triton" is the GPU path, torch ops)."""
+    return ["reference", "cpu"] + (["triton"] if triton_usable_here() else [])
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("lead", [(0,), (2, 0), (0, 3)], ids=str)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_empty_batch_as_nn_linear(backend, lead, bias):
+    """An empty batch (any leading size 0), accepted as nn.Linear accepts it: an empty output of the right
+    shape, and gradients of the right shapes (zero for the parameters), for the op, the layer and argmax."""
+    device = device_of(backend)
+    x, weight, b = (None if t is None else t.to(device) for t in make_inputs(lead, 4, 5, bias=bias))
+    leaves = [None if t is None else t.clone().requires_grad_() for t in (x, weight, b)]
+    y = fastqa.linear(*leaves, backend=backend)
+    assert y.shape == (*lead, 5)
+    y.sum().backward()
+    assert leaves[0].grad.shape == x.shape
+    assert torch.equal(leaves[1].grad, torch.zeros_like(weight))
+    if bias:
+        assert torch.equal(leaves[2].grad, torch.zeros_like(b))
+    layer, plain = Linear(4, 5, bias=bias, backend=backend).to(device), torch.nn.Linear(4, 5, bias=bias).to(device)
+    plain.load_state_dict(layer.state_dict())
+    assert layer(x).shape == plain(x).shape
+    index = fastqa.linear_argmax(x, weight, b, [1], backend=backend)
+    assert index.shape == lead and index.dtype == torch.long
 
 
 @pytest.mark.skipif(not triton_usable_here(), reason="the triton backend cannot run here")
@@ -201,6 +231,49 @@ def test_argmax_layer_method_and_opcheck():
         assert ran_ops(lambda: fast.argmax(x, [7])) == {"fastqa::linear_argmax"}
     x2, weight, b = make_inputs((5,), 8, 9)
     torch.library.opcheck(torch.ops.fastqa.linear_argmax, (x2, weight, b, [0, 3]))
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_argmax_never_returns_an_excluded_id(backend):
+    """The rule, the same on every backend: the first allowed id holding the largest allowed logit, a NaN
+    counting as the largest; so a row whose allowed logits are all -inf gives the lowest allowed id (where
+    -inf everywhere used to give id 0, excluded or not)."""
+    inf, nan = float("inf"), float("nan")
+    n = 37   # the kernel's vector part and its scalar tail
+    cases = [  # (logits by id, exclude, expected id)
+        ({}, [0, 1], 2),                               # all -inf
+        ({}, [1], 0),
+        ({}, [0, 2, 3], 1),
+        ({}, list(range(36)), 36),                     # one allowed id, the last
+        ({0: 5.0, 1: 7.0}, [0, 1], 2),                 # excluded ones finite, the allowed all -inf
+        ({4: nan, 9: nan}, [0, 1], 4),                 # the first NaN
+        ({0: nan}, [0], 1),                            # an excluded NaN is passed over
+        ({3: inf, 20: inf}, [3], 20),                  # +inf, excluded then allowed
+        ({6: -1.0, 30: -1.0}, [2], 6),                 # a tie: the first
+    ]
+    device = device_of(backend)
+    x, weight = torch.zeros(2, 3, device=device), torch.randn(n, 3).to(device)
+    for values, exclude, expected in cases:
+        logits = torch.full((n,), -inf)
+        for i, v in values.items():
+            logits[i] = v
+        got = fastqa.linear_argmax(x, weight, logits.to(device), exclude, backend=backend)
+        assert got.tolist() == [expected] * 2, (values, exclude)
+    for exclude in ([], [0], [5, 6, 7]):
+        rows = torch.full((3, n), -inf)
+        rows[1, 10] = 1.0
+        got = torch.stack([fastqa.linear_argmax(x, weight, r.to(device), exclude, backend=backend) for r in rows])
+        allowed = [i for i in range(n) if i not in exclude]
+        assert got[:, 0].tolist() == [allowed[0], 10, allowed[0]]
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_argmax_excluding_every_id_names_exclude(backend):
+    x, weight, b = (t.to(device_of(backend)) for t in make_inputs((2,), 4, 5))
+    with pytest.raises(ValueError, match="exclude leaves none of the 5 output features"):
+        fastqa.linear_argmax(x, weight, b, [4, 3, 2, 1, 0], backend=backend)
+    with pytest.raises(ValueError, match="exclude leaves none"):
+        reference.linear_argmax(x, weight, b, list(range(5)))
 
 
 @pytest.mark.parametrize("exclude, error, match", [

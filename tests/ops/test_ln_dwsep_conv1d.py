@@ -138,6 +138,43 @@ def test_mask_makes_real_rows_independent_of_padding(backend):
     assert torch.equal(x.grad[0, n:], torch.zeros_like(x.grad[0, n:])), "padded rows got a gradient"
 
 
+@pytest.mark.parametrize("backend, dtype", [(b, torch.float32) for b in BACKENDS] + [("cpu", torch.float64)])
+@pytest.mark.parametrize("c_in", [8, 96])
+def test_constant_rows_with_a_tiny_eps_are_exact(backend, dtype, c_in):
+    """Rows of one value (c_in 96: a sum that rounds), eps = 1e-12: LN(x) is exactly ln_bias there, 1/std
+    exactly 1/sqrt(eps), and the output and every gradient equal the exact ones -- the row statistics are
+    taken on the row shifted by its first value, so the mean is exact and the variance 0. (A mean off by
+    one rounding gave a variance of ~1e-11 in place of 0: grad x rescaled, or x - mean normalised to +-1.)
+
+    The judge is a float64 LayerNorm written out with that shift, under autograd, then the reference dwsep:
+    torch's own layer_norm backward cancels terms of rstd^3 * x here, returning 0 or multiples of 65536 in
+    float32 and 1e-9 relative errors in float64, so neither same-dtype reference can tell right from wrong."""
+    B, L, c_out, K = 2, 6, 5, 3
+    args = make_inputs(B, L, c_in, c_out, K, dtype=dtype, seed=7)
+    x = args[0].clone()
+    for row, value in zip(range(L), [0.1, -123.456, 1e6, 3.7, 0.0, 1000.0]):
+        x[0, row] = value                     # batch row 0: constant rows; batch row 1: ordinary ones
+    args[0] = x
+    grad_y = torch.randn(B, L, c_out, dtype=dtype, generator=torch.Generator().manual_seed(8))
+    leaves = as_leaves(args)
+    y = fused(backend)(*leaves, eps=1e-12)
+    y.backward(grad_y)
+    leaves64 = as_leaves([None if t is None else t.double() for t in args])
+    x64, ln_w, ln_b, dw_w, pw_w, pw_b, dw_b, res = leaves64
+    shifted = x64 - x64[..., :1].detach()
+    centred = shifted - shifted.mean(-1, keepdim=True)
+    h = centred * (centred.square().mean(-1, keepdim=True) + 1e-12).rsqrt() * ln_w + ln_b
+    y64 = reference.dwsep_conv1d(h, dw_w, pw_w, pw_b, dw_bias=dw_b, residual=res)
+    y64.backward(grad_y.double())
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for name, got, want in zip(["y", *NAMES], [y, *(t.grad for t in leaves)], [y64, *(t.grad for t in leaves64)]):
+        if want is None:
+            continue
+        scale = max(1.0, want.abs().max().item())
+        assert (got.double() - want).abs().max().item() <= tol * scale, name
+    assert torch.equal(centred[0], torch.zeros_like(centred[0])), "the judge's constant rows centre to exact zeros"
+
+
 def test_gradcheck_float64_cpu_mask():
     leaves = as_leaves(make_inputs(3, 7, 3, 4, 3, dtype=torch.float64))
     mask = padding_mask(3, 7)

@@ -1,5 +1,6 @@
 """The conventions every op shares (fastqa.ops._function, triton_kernels._common): one clear error on
-double backward, the FASTQA_TRITON_AUTOTUNE switch, one fp32 dot precision policy."""
+double backward, the documented empty-batch behaviour, the FASTQA_TRITON_AUTOTUNE switch, one fp32 dot
+precision policy."""
 from __future__ import annotations
 
 import pytest
@@ -67,6 +68,55 @@ def test_first_order_backward_needs_no_graph():
     x = x.clone().requires_grad_()
     gx, = torch.autograd.grad(fn(x, dw, pw, backend="cpu").sum(), x)
     assert gx.grad_fn is None and not gx.requires_grad
+
+
+def _empty_batch_calls(device: torch.device):
+    """(op name, fn(backend) -> result) with a batch of 0 in the first input, for every public op."""
+    def rand(*shape):
+        return torch.randn(*shape).to(device)
+
+    def bools(*shape):
+        return torch.ones(*shape, dtype=torch.bool, device=device)
+
+    x, dw, pw, lnw, lnb = rand(0, 9, 8), rand(8, 1, 3), rand(6, 8, 1), rand(8), rand(8)
+    c, q, w = rand(0, 7, 4), rand(0, 5, 4), rand(12)
+    gw = rand(16, 8, 3)
+    qkv = rand(0, 6, 12)
+    return {
+        "dwsep_conv1d": lambda backend: fastqa.dwsep_conv1d(x, dw, pw, backend=backend),
+        "ln_dwsep_conv1d": lambda backend: fastqa.ln_dwsep_conv1d(x, lnw, lnb, dw, pw, backend=backend),
+        "trilinear_similarity": lambda backend: fastqa.trilinear_similarity(c, q, w, backend=backend),
+        "context_query_attention": lambda backend: fastqa.context_query_attention(
+            c, q, bools(0, 7), bools(0, 5), w, backend=backend),
+        "glu_conv1d": lambda backend: fastqa.glu_conv1d(x, gw, causal=True, backend=backend),
+        "glu_conv1d_step": lambda backend: fastqa.glu_conv1d_step(x[:, 0], x[:, :2], gw, backend=backend),
+        "self_attention": lambda backend: fastqa.self_attention(qkv, bools(0, 6), 2, backend=backend),
+        "decode_attention": lambda backend: fastqa.decode_attention(rand(0, 1, 4), rand(0, 5, 4), rand(0, 5, 3),
+                                                                    backend=backend),
+        "linear": lambda backend: fastqa.linear(x, pw[:, :, 0], backend=backend),
+        "linear_argmax": lambda backend: fastqa.linear_argmax(x, pw[:, :, 0], None, [1], backend=backend),
+        "dropout_add": lambda backend: fastqa.dropout_add(x, 0.3, 7, x, backend=backend),
+    }
+
+
+# Elementwise and per-row ops accept an empty batch as torch's do (nn.Linear, dropout): an empty result.
+ACCEPT_EMPTY = {"linear": (0, 9, 6), "linear_argmax": (0, 9), "dropout_add": (0, 9, 8)}
+
+
+@pytest.mark.parametrize("backend", ["reference", *compiled_backends()])
+@pytest.mark.parametrize("op", list(_empty_batch_calls(torch.device("cpu"))))
+def test_empty_batch_is_the_documented_one(op, backend):
+    """docs/DESIGN.md: an empty batch raises a ValueError naming the argument, on every backend -- except for
+    the ops that accept it as torch's own do (``ACCEPT_EMPTY``), which return an empty result of the right
+    shape (their gradients: tests/ops/test_linear.py, test_dropout_add.py)."""
+    call = _empty_batch_calls(device_of(backend))[op]
+    if op in ACCEPT_EMPTY:
+        assert tuple(call(backend).shape) == ACCEPT_EMPTY[op]
+        return
+    first = {"trilinear_similarity": "c", "context_query_attention": "c", "glu_conv1d_step": "x_t",
+             "self_attention": "qkv", "decode_attention": "q"}.get(op, "x")
+    with pytest.raises(ValueError, match=rf"^{first} must have a non-empty batch"):
+        call(backend)
 
 
 triton = pytest.importorskip("triton")

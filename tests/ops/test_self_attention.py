@@ -49,19 +49,45 @@ def test_matches_reference_forward_and_gradient(shape, dtype):
     check_against_reference(fused, reference.self_attention, (qkv, mask, heads), names=NAMES)
 
 
-def test_sequence_without_keys_attends_to_all_and_padding_takes_no_part():
-    qkv, mask = make_inputs(3, 20, 2, 8, dtype=torch.float64)
-    mask[1] = False                       # no real position at all: every row attends to every position
+def _all_padding_backends():
+    return ["reference", "cpu"] + (["triton"] if triton_usable_here() else [])
+
+
+@pytest.mark.parametrize("backend", _all_padding_backends())
+def test_all_padding_sequence_gives_zeros_and_padding_takes_no_part(backend):
+    """A row with no real position gives zeros (the package's convention: no NaN, no made-up attention) and no
+    gradient, on every backend; padding rows of the other rows give zeros and no gradient either."""
+    qkv, mask = make_inputs(3, 20, 2, 8, dtype=torch.float64 if backend != "triton" else torch.float32)
+    qkv, mask = qkv.to(device_of(backend)), mask.to(device_of(backend))
+    mask[1] = False                       # no real position at all
     mask[2] = torch.arange(20) < 10       # padding after 10 real positions
-    check_against_reference(fused, reference.self_attention, (qkv, mask, 2), names=NAMES)
     x = qkv.clone().requires_grad_()
-    out = fused(x, mask, 2)
-    out.sum().backward()
+    out = fastqa.self_attention(x, mask, 2, backend=backend)
+    out.backward(torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(1)).to(out.device))
+    assert torch.equal(out[1], torch.zeros_like(out[1]))              # all padding: zeros
     assert torch.equal(out[2, 10:], torch.zeros_like(out[2, 10:]))   # padded query rows: zeros
-    assert (out[1] != 0).all()
+    assert torch.equal(x.grad[1], torch.zeros_like(x.grad[1]))       # and no gradient
     padded = x.grad[2, 10:]                   # q, k and v of padding: no gradient
     assert torch.equal(padded, torch.zeros_like(padded))
-    assert x.grad[1].abs().sum() > 0 and (x.grad[2, :10].abs().sum(-1) > 0).all()
+    assert (out[0][mask[0]] != 0).any(-1).all() and (x.grad[2, :10].abs().sum(-1) > 0).all()
+    if backend != "reference":
+        check_against_reference(lambda q, m, h: fastqa.self_attention(q, m, h, backend=backend),
+                                reference.self_attention, (qkv, mask, 2), names=NAMES)
+
+
+@pytest.mark.parametrize("backend", _all_padding_backends())
+def test_all_padding_segment_gives_zeros(backend):
+    """A segment of a packed row with no real position gives zeros and no gradient, the others are unchanged."""
+    qkv, mask = make_inputs(2, 12, 2, 4, dtype=torch.float64 if backend != "triton" else torch.float32)
+    qkv, mask = qkv.to(device_of(backend)), mask.to(device_of(backend))
+    mask[0, 5:9] = False                  # row 0's second segment [5, 9) is all padding
+    x = qkv.clone().requires_grad_()
+    out = fastqa.self_attention(x, mask, 2, segments=[5, 4, 3], backend=backend)
+    out.sum().backward()
+    assert torch.equal(out[0, 5:9], torch.zeros_like(out[0, 5:9]))
+    assert torch.equal(x.grad[0, 5:9], torch.zeros_like(x.grad[0, 5:9]))
+    alone = fastqa.self_attention(qkv[:, 9:], mask[:, 9:], 2, backend=backend)
+    torch.testing.assert_close(out[:, 9:].detach(), alone)
 
 
 def test_reads_any_strides_and_matches_sdpa_layout():
@@ -102,7 +128,7 @@ def test_layer_matches_reference_layer_with_the_same_state_dict():
 @pytest.mark.parametrize("segments", [[7, 13], [1, 18, 1], [20]], ids=str)
 def test_segments_match_the_reference(segments):
     """segments: every row cut into sequences attended apart, forward and gradient as the reference (which
-    attends each piece alone); a piece with no real position attends to all of its own positions."""
+    attends each piece alone); a piece with no real position gives zeros."""
     qkv, mask = make_inputs(2, 20, 2, 8, dtype=torch.float64)
     mask[:, 5:7] = False
     mask[1, 7:] = False
@@ -143,12 +169,20 @@ def test_layer_segments_attend_separately():
     (lambda qkv, m: (qkv.long(), m, 2), TypeError, "qkv must be a floating-point tensor"),
     (lambda qkv, m: (qkv, m, 2, [4, 1]), ValueError, "segments must be positive int lengths summing to L = 6"),
     (lambda qkv, m: (qkv, m, 2, [6, 0]), ValueError, "segments must be positive int lengths"),
+    (lambda qkv, m: (qkv, m, 2, [7, -1]), ValueError, "segments must be positive int lengths"),
+    (lambda qkv, m: (qkv, m, 2, [3.0, 3.0]), ValueError, "segments must be positive int lengths"),
+    (lambda qkv, m: (qkv, m, 2, [True, 5]), ValueError, "segments must be positive int lengths"),
+    (lambda qkv, m: (qkv, m, 2, []), ValueError, "segments must be positive int lengths summing to L = 6"),
+    (lambda qkv, m: (qkv, m, 2, 3), TypeError, "segments must be a sequence of int lengths"),
+    (lambda qkv, m: (qkv, m, 2, "33"), TypeError, "segments must be a sequence of int lengths"),
+    (lambda qkv, m: (qkv, m, 2, torch.tensor([3, 3])), TypeError, "segments must be a sequence of int lengths"),
 ])
-def test_bad_arguments_name_the_argument(bad, error, match):
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_bad_arguments_name_the_argument(bad, error, match, backend):
     qkv, mask = make_inputs(2, 6, 2, 4)
     args = bad(qkv, mask)
     with pytest.raises(error, match=match):
-        fastqa.self_attention(*args[:3], **({"segments": args[3]} if len(args) > 3 else {}))
+        fastqa.self_attention(*args[:3], **({"segments": args[3]} if len(args) > 3 else {}), backend=backend)
 
 
 @pytest.mark.skipif(not triton_usable_here(), reason="the triton backend cannot run here")

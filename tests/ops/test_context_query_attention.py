@@ -221,24 +221,6 @@ def test_backward_is_deterministic(backend):
 
 # ------------------------------------------------------------------ layers
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-def test_layers_share_state_dict_with_reference(backend, bias):
-    torch.manual_seed(0)
-    c, q, c_mask, q_mask, _, _ = make_inputs(2, 10, 6, 16)
-    for fused_cls, ref_cls, args in ((ContextQueryAttention, reference.ContextQueryAttention, (c, q, c_mask, q_mask)),
-                                     (TrilinearSimilarity, reference.TrilinearSimilarity, (c, q))):
-        fused = fused_cls(16, bias=bias, backend=backend)
-        ref = ref_cls(16, bias=bias)
-        ref.load_state_dict(fused.state_dict())
-        torch.testing.assert_close(fused(*args), ref(*args))
-        with torch.no_grad():
-            ref.weight.mul_(-0.5)
-        fused.load_state_dict(ref.state_dict())
-        torch.testing.assert_close(fused(*args), ref(*args))
-        assert isinstance(fused, ref_cls) and backend in repr(fused)
-
-
 # ------------------------------------------------------------------ validation and dispatch
 
 def _bad_inputs():

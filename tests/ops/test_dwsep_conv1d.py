@@ -242,22 +242,6 @@ def test_backward_bit_identical(backend, shape):
         assert torch.equal(a, b), f"run-to-run difference in output/grad {i}"
 
 
-def test_layer_state_dict_round_trip():
-    torch.manual_seed(0)
-    layer = fastqa.layers.DepthwiseSeparableConv1d(16, 8, 7, activation="relu", depthwise_bias=True)
-    ref_layer = reference.DepthwiseSeparableConv1d(16, 8, 7, activation="relu", depthwise_bias=True)
-    assert isinstance(layer, reference.DepthwiseSeparableConv1d)
-    assert layer.state_dict().keys() == ref_layer.state_dict().keys()
-    ref_layer.load_state_dict(layer.state_dict())
-    x, residual = torch.randn(3, 20, 16), torch.randn(3, 20, 8)
-    assert_close(layer(x, residual), ref_layer(x, residual), name="layer vs reference layer")
-    with torch.no_grad():
-        for p in ref_layer.parameters():
-            p.mul_(0.5)
-    layer.load_state_dict(ref_layer.state_dict())
-    assert_close(layer(x), ref_layer(x), name="reloaded layer vs reference layer")
-
-
 @pytest.mark.parametrize("backend", ["auto", "reference", "cpu"])
 def test_layer_backends(backend):
     layer = fastqa.layers.DepthwiseSeparableConv1d(6, 4, 3, padding="causal", backend=backend)

@@ -36,10 +36,13 @@ def _mask(dev, n):
 
 
 SPECS = {
-    "DepthwiseSeparableConv1d": LayerSpec("dwsep_conv1d", lambda cls, **kw: cls(C, 24, 5, **kw),
-                                          lambda d: (_x(d, B, L, C),), "kernel_size=(5,)"),
-    "LayerNormDepthwiseSeparableConv1d": LayerSpec("ln_dwsep_conv1d", lambda cls, **kw: cls(C, 24, 5, **kw),
-                                                   lambda d: (_x(d, B, L, C),), "kernel_size=(5,)"),
+    # The conv layers with every option that adds a parameter or an input: ReLU, the depthwise bias, a residual.
+    "DepthwiseSeparableConv1d": LayerSpec(
+        "dwsep_conv1d", lambda cls, **kw: cls(C, 24, 5, activation="relu", depthwise_bias=True, **kw),
+        lambda d: (_x(d, B, L, C), _x(d, B, L, 24)), "activation='relu'"),
+    "LayerNormDepthwiseSeparableConv1d": LayerSpec(
+        "ln_dwsep_conv1d", lambda cls, **kw: cls(C, 24, 5, activation="relu", depthwise_bias=True, **kw),
+        lambda d: (_x(d, B, L, C), _x(d, B, L, 24)), "activation='relu'"),
     "GLUConv1d": LayerSpec("glu_conv1d", lambda cls, **kw: cls(C, 3, causal=True, **kw),
                            lambda d: (_x(d, B, L, C),), "causal=True"),
     "SelfAttention": LayerSpec("self_attention", lambda cls, **kw: cls(C, 4, **kw),

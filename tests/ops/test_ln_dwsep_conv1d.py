@@ -233,27 +233,6 @@ def test_torch_compile_fullgraph(backend):
         assert_close(got, want, name=f"compiled output/grad {i}")
 
 
-def test_layer_state_dict_round_trip():
-    torch.manual_seed(0)
-    kw = dict(activation="relu", depthwise_bias=True, eps=1e-3)
-    layer = fastqa.layers.LayerNormDepthwiseSeparableConv1d(16, 8, 7, **kw)
-    ref_layer = reference.LayerNormDepthwiseSeparableConv1d(16, 8, 7, **kw)
-    assert isinstance(layer, reference.LayerNormDepthwiseSeparableConv1d)
-    assert set(layer.state_dict()) == set(ref_layer.state_dict()) == {
-        "norm.weight", "norm.bias", "depthwise.weight", "depthwise.bias", "pointwise.weight", "pointwise.bias"}
-    with torch.no_grad():
-        layer.norm.weight.uniform_(0.5, 1.5)
-        layer.norm.bias.normal_()
-    ref_layer.load_state_dict(layer.state_dict())
-    x, residual = torch.randn(3, 20, 16), torch.randn(3, 20, 8)
-    assert_close(layer(x, residual), ref_layer(x, residual), name="layer vs reference layer")
-    with torch.no_grad():
-        for p in ref_layer.parameters():
-            p.mul_(0.5)
-    layer.load_state_dict(ref_layer.state_dict())
-    assert_close(layer(x), ref_layer(x), name="reloaded layer vs reference layer")
-
-
 @pytest.mark.parametrize("backend", ["auto", "reference", "cpu"])
 def test_layer_backends(backend):
     layer = fastqa.layers.LayerNormDepthwiseSeparableConv1d(6, 4, 3, padding="causal", backend=backend)

@@ -92,3 +92,12 @@ def test_config_errors_come_before_any_data_is_read(capsys, tmp_path, command, e
     data = (["--train", bad, "--dev", bad] if command == "qa-train"
             else ["--src", bad, "--tgt", short, "--valid-src", bad, "--valid-tgt", short])
     assert_user_error(capsys, [command, *data, "--out", tmp_path / "run", *extra], pattern)
+
+
+def test_a_wrong_vectors_file_is_reported_before_the_data_is_read(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")  # read first, this would be the error
+    vectors = tmp_path / "vectors.txt"
+    vectors.write_text("the quick brown fox\n")
+    assert_user_error(capsys, ["qa-train", "--train", bad, "--dev", bad, "--out", tmp_path / "run",
+                               "--vectors", vectors], "vectors.txt: line 1")

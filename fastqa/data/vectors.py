@@ -17,7 +17,7 @@ import torch
 from ..errors import UserError
 from .vocab import Vocab
 
-__all__ = ["read_vectors", "lookup_variants", "vectors_for_vocab"]
+__all__ = ["read_vectors", "check_vectors_file", "lookup_variants", "vectors_for_vocab"]
 
 log = logging.getLogger("fastqa.data")
 
@@ -29,12 +29,13 @@ def _open_text(path: str):
 
 
 def read_vectors(path: str | os.PathLike, *, words: Iterable[str] | None = None,
-                 progress: bool = False) -> tuple[dict[str, torch.Tensor], int]:
+                 progress: bool = False, max_lines: int | None = None) -> tuple[dict[str, torch.Tensor], int]:
     """``({word: vector [dim]}, dim)`` from a GloVe/fastText text file.
 
     words: keep only these words (saves memory for big files); None keeps every word. The first
     occurrence of a word wins. Errors (missing file, a line with the wrong number of fields or a
-    field that is not a number) raise UserError naming the file and line.
+    field that is not a number) raise UserError naming the file and line. max_lines: stop after that many
+    lines (``check_vectors_file`` reads a few to check the format before anything slow happens).
     """
     path = os.fspath(path)
     keep = None if words is None else set(words)
@@ -53,6 +54,8 @@ def read_vectors(path: str | os.PathLike, *, words: Iterable[str] | None = None,
     try:
         with f:
             for lineno, line in enumerate(f, 1):
+                if max_lines is not None and lineno > max_lines:
+                    break
                 if bar is not None:
                     bar.update(1)
                 fields = line.rstrip("\r\n").rstrip(" ").split(" ")
@@ -131,3 +134,12 @@ def vectors_for_vocab(vocab: Vocab, vectors: dict[str, torch.Tensor] | None, dim
     if "<pad>" in vocab:
         out[vocab.pad_id] = 0.0
     return out, found
+
+
+def check_vectors_file(path: str | os.PathLike) -> int:
+    """The vectors' dimension, from the first lines of ``path``: a missing file, a folder, damaged gzip or a
+    file that is not 'word v1 ... vD' text fails here, in a moment, instead of after the data is read."""
+    vectors, dim = read_vectors(path, max_lines=5)
+    if not vectors or dim < 1:
+        raise UserError(f"{os.fspath(path)}: no word vector in its first lines (expected 'word v1 ... vD' text)")
+    return dim

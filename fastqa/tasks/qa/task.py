@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...data.vectors import lookup_variants, read_vectors, vectors_for_vocab
+from ...data.vectors import check_vectors_file, lookup_variants, read_vectors, vectors_for_vocab
 from ...data.vocab import Vocab
 from ...errors import UserError
 from .metric import evaluate as squad_evaluate
@@ -222,6 +222,8 @@ class QATask:
         # The preset and the fields are checked before minutes of reading (placeholder vocabularies).
         placeholder = Vocab(["<pad>", "<unk>"])
         make_config(model, preset, placeholder, placeholder, limits, bool(no_answer), fields)
+        if vectors is not None:
+            check_vectors_file(vectors)
         data = prepare_squad(train_path, dev_path, vectors=vectors, train_articles=train_articles,
                              dev_articles=dev_articles, no_answer=no_answer, limits=limits, cache_dir=cache_dir,
                              progress=progress)

@@ -134,3 +134,18 @@ def test_reexport_lists_agree():
     for module in (fastqa, fastqa.ops, fastqa.layers, fastqa.reference):
         missing = [n for n in module.__all__ if not hasattr(module, n)]
         assert not missing, f"{module.__name__}.__all__ names what it lacks: {missing}"
+
+
+def test_deprecated_aliases_warn_and_give_the_same_objects():
+    import importlib
+    import sys
+
+    from fastqa.tasks.qa import QAModel
+    from fastqa.tasks.translation import Translator
+
+    for name, attr, obj in (("fastqa.pipelines.qa", "QAModel", QAModel),
+                            ("fastqa.pipelines.translation", "Translator", Translator)):
+        sys.modules.pop(name, None)
+        with pytest.warns(DeprecationWarning, match="fastqa.tasks"):
+            module = importlib.import_module(name)
+        assert getattr(module, attr) is obj

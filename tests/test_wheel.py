@@ -4,6 +4,7 @@ module, and a few training steps of both models on generated data. An editable i
 package missing from the wheel; this can."""
 from __future__ import annotations
 
+import json
 import os
 import pkgutil
 import subprocess
@@ -94,3 +95,15 @@ def test_both_models_train_from_the_installed_copy(installed):
           "--max-steps", "3", "--batch-size", "8", "--vocab-size", "300", "--set", "embed_dim=16",
           "--set", "hidden_dim=16", "--threads", "1", "--no-progress"], cwd=tmp)
     assert (tmp / "mt" / "checkpoint.pt").is_file()
+
+
+def test_the_shipped_reader_answers_from_the_installed_copy(installed):
+    from fastqa import pretrained
+
+    if pretrained.DEFAULTS["qa"] not in pretrained.available():
+        pytest.fail("the shipped reader is missing from fastqa/pretrained (fastqa export RUN ... --half)")
+    context = "The Eiffel Tower was completed in 1889 for the World's Fair in Paris."
+    out = _run([installed["fastqa"], "ask", "--context", context, "--question", "When was the tower completed?",
+                "--threads", "1", "--device", "cpu"], cwd=installed["tmp"]).stdout
+    answer = json.loads(out)
+    assert context[answer["start"]:answer["end"]] == answer["text"] and answer["text"]

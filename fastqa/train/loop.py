@@ -152,7 +152,7 @@ def _differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
 
 
 def _restore(task: Task, payload: dict, path: Path, optimizer, scheduler, ema: EMA | None,
-             env: DistEnv) -> _Progress:
+             env: DistEnv, scaler: torch.amp.GradScaler) -> _Progress:
     """Load every piece of a run's state from its checkpoint, checking it belongs to this task."""
     if payload.get("kind") != task.kind:
         raise UserError(f"{path}: a {payload.get('kind')!r} checkpoint cannot resume a {task.kind!r} run")
@@ -164,6 +164,8 @@ def _restore(task: Task, payload: dict, path: Path, optimizer, scheduler, ema: E
     optimizer.load_state_dict(payload["optimizer"])
     if scheduler is not None and payload.get("scheduler") is not None:
         scheduler.load_state_dict(payload["scheduler"])
+    if scaler.is_enabled() and payload.get("grad_scaler") is not None:
+        scaler.load_state_dict(payload["grad_scaler"])
     if ema is not None:
         if payload.get("ema") is None:
             raise UserError(f"{path}: the run kept no EMA; resume it without --ema")
@@ -181,7 +183,7 @@ def _restore(task: Task, payload: dict, path: Path, optimizer, scheduler, ema: E
 
 
 def _save(task: Task, settings: TrainSettings, optimizer, scheduler, ema: EMA | None, progress: _Progress,
-          env: DistEnv) -> None:
+          env: DistEnv, scaler: torch.amp.GradScaler) -> None:
     """Atomic checkpoint by rank 0, with every rank's RNG state (gathered: all ranks must call this)."""
     rng = distributed.all_gather_object(_rng_state(), env)
     if env.is_main:
@@ -193,6 +195,7 @@ def _save(task: Task, settings: TrainSettings, optimizer, scheduler, ema: EMA | 
             "ema_updates": ema.updates if ema is not None else 0,
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "grad_scaler": scaler.state_dict() if scaler.is_enabled() else None,
             "rng": rng,
             "gemm_plan": kernel_choices(),
             "settings": asdict(settings),
@@ -235,7 +238,7 @@ def _batches(task: Task, progress: _Progress, env: DistEnv) -> Iterator[tuple[li
 
 
 def _train_step(task: Task, model: nn.Module, optimizer, scheduler, batch_global: list[int], batch_local: list[int],
-                settings: TrainSettings, env: DistEnv) -> torch.Tensor:
+                settings: TrainSettings, env: DistEnv, scaler: torch.amp.GradScaler) -> torch.Tensor:
     """One optimizer step; returns the global-batch loss (every rank's shard weighted by its size) as a
     float64 scalar tensor on the device: reading it would make the host wait for the device, so the loop
     reads the losses only when it logs, checkpoints or evaluates (``_LossWindow``)."""
@@ -247,10 +250,14 @@ def _train_step(task: Task, model: nn.Module, optimizer, scheduler, batch_global
     # even when the shards differ in size.
     weight = len(batch_local) * env.world_size / len(batch_global)
     optimizer.zero_grad(set_to_none=True)
-    (loss * weight).backward()
+    # fp16 gradients underflow without loss scaling; the scaler is a no-op for fp32 and bf16 (enabled only
+    # for fp16 on CUDA), and skips the step whose scaled gradients overflowed.
+    scaler.scale(loss * weight).backward()
     if settings.clip_norm is not None:
+        scaler.unscale_(optimizer)
         nn.utils.clip_grad_norm_(task.model.parameters(), settings.clip_norm)
-    optimizer.step()
+    scaler.step(optimizer)
+    scaler.update()
     if scheduler is not None:
         scheduler.step()
     value = loss.detach() * weight / env.world_size
@@ -348,6 +355,7 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
     ckpt_path = out / CHECKPOINT_NAME
     model = task.model.to(env.device)
     optimizer, scheduler = task.configure_optimizer(model)
+    scaler = torch.amp.GradScaler(env.device.type, enabled=settings.amp == "fp16" and env.device.type == "cuda")
     ema = EMA(model, settings.ema_decay) if settings.ema_decay else None
     # The machine's GEMM engine decisions before any step (a resumed run then restores its checkpoint's on
     # top, which win). Only CPU runs multiply on those engines.
@@ -357,7 +365,7 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
     progress = _Progress()
     if settings.resume:
         progress = _restore(task, load_checkpoint(ckpt_path), ckpt_path, optimizer,
-                            scheduler, ema, env)
+                            scheduler, ema, env, scaler)
         log.info("resumed %s at step %d (epoch %d, batch %d)", ckpt_path, progress.step, progress.epoch,
                  progress.batch_in_epoch)
     else:
@@ -388,7 +396,7 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
         nonlocal saved_at, saved_time
         if window.steps:
             window.mean()  # never checkpoint weights that a non-finite loss has already spoilt
-        _save(task, settings, optimizer, scheduler, ema, progress, env)
+        _save(task, settings, optimizer, scheduler, ema, progress, env, scaler)
         saved_at, saved_time = progress.step, time.monotonic()
 
     def evaluate_and_save(reason: str) -> None:
@@ -433,7 +441,7 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
                 evaluate_and_save(f"end of epoch {progress.epoch - 1}")
             reason = boundary()
             continue
-        loss = _train_step(task, ddp_model, optimizer, scheduler, batch_global, batch_local, settings, env)
+        loss = _train_step(task, ddp_model, optimizer, scheduler, batch_global, batch_local, settings, env, scaler)
         progress.step += 1
         progress.batch_in_epoch += 1
         if ema is not None:

@@ -166,3 +166,17 @@ def test_without_a_bar_each_logged_step_is_a_log_line(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if "steps/s" in r.getMessage()]
     assert [ln.split(",")[0] for ln in lines] == ["step 5/10", "step 10/10"], lines
     assert all("loss" in ln and "steps/s" in ln and "elapsed" in ln for ln in lines)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fp16_training_scales_the_loss_and_resumes_its_scaler(tmp_path):
+    fit(ToyTask(), _settings(tmp_path, max_steps=6, amp="fp16", device="cuda"))
+    payload = load_checkpoint(tmp_path)
+    assert payload["grad_scaler"] is not None and payload["grad_scaler"]["scale"] > 0
+    fit(ToyTask(), _settings(tmp_path, max_steps=8, amp="fp16", device="cuda", resume=True))
+
+
+def test_no_grad_scaler_state_outside_fp16(tmp_path):
+    fit(ToyTask(), _settings(tmp_path, max_steps=2))
+    assert load_checkpoint(tmp_path)["grad_scaler"] is None

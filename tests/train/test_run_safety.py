@@ -123,9 +123,9 @@ def test_time_based_checkpoints(tmp_path, monkeypatch):
     saved: list[int] = []
     real_save = loop._save
 
-    def spy(task, settings, optimizer, scheduler, ema, progress, env):
+    def spy(task, settings, optimizer, scheduler, ema, progress, *rest):
         saved.append(progress.step)
-        real_save(task, settings, optimizer, scheduler, ema, progress, env)
+        real_save(task, settings, optimizer, scheduler, ema, progress, *rest)
 
     monkeypatch.setattr(loop, "_save", spy)
     fit(ToyTask(), _settings(tmp_path / "often", max_steps=5, eval_each_epoch=False, save_every_minutes=1e-9))

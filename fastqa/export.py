@@ -202,7 +202,8 @@ def _model_card(config: dict, weights_bytes: int, metrics: dict | None) -> str:
               "", "```python",
               "from fastqa.export import load_export", "payload = load_export(\"THIS_FOLDER\")  "
               "# kind, meta (config, vocabularies), float32 weights", "```", "",
-              "Intended use, training data, evaluation and limitations: to be written.", ""]
+              ("Before sharing this model, add its intended use, training data and split, held-out scores with the "
+               "commands that produced them, and its limitations (the shipped models' cards show the form)."), ""]
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@
   it dies -- so a crashed run never leaves the folder locked. The file itself stays (removing it while
   others may be opening it would let two trainers lock two different files of the same name).
 * ``remove_stale_temporaries``: an interrupted atomic write (``fastqa.data.files.atomic_open``) can
-  leave its temporary ``.NAME.XXXXXXXX.tmp`` behind (a kill -9 or a power cut skips its clean-up). With
+  leave its temporary ``.NAME.<random>.tmp`` behind (a kill -9 or a power cut skips its clean-up). With
   the lock held nobody else is writing the folder, so any such file is garbage and is removed.
 """
 from __future__ import annotations

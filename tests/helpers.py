@@ -174,29 +174,44 @@ def padding_mask(B: int, L: int, seed: int = 0) -> torch.Tensor:
     return mask
 
 
-class NoHostReads(TorchDispatchMode):
-    """Inside it, an op whose result the host must read from the tensor's data raises AssertionError naming it:
-    on a GPU each would wait for the device (``.item()``, ``int()`` / ``bool()`` of a tensor, ``nonzero``,
-    boolean-mask indexing, ``torch.equal``, ``repeat_interleave`` without ``output_size``...). It sees the
-    ops of the calling thread, CPU tensors included, so the GPU paths' code is checked on the CPU; a
-    custom op counts as one op (what its kernel does inside is its own business)."""
+class HostReads(TorchDispatchMode):
+    """Inside it, every op whose result the host must read from the tensor's data is recorded in ``reads``
+    (its aten name): on a GPU each would wait for the device (``.item()``, ``int()`` / ``bool()`` of a
+    tensor, ``nonzero``, boolean-mask indexing, ``torch.equal``, ``repeat_interleave`` without
+    ``output_size``...). It sees the ops of the calling thread, CPU tensors included, so the GPU paths' code
+    is checked on the CPU; a custom op counts as one op (what its kernel does inside is its own business).
+    ``NoHostReads`` raises at the first one instead."""
 
     _READS = {"_local_scalar_dense", "nonzero", "masked_select", "equal", "is_nonzero", "_unique", "_unique2",
               "unique_dim", "unique_consecutive", "masked_scatter", "argwhere"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def _read(self, what: str) -> None:
+        self.reads.append(what)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
         if name in self._READS:
-            raise AssertionError(f"host read of a tensor's data: aten.{name}")
-        if name == "repeat_interleave" and isinstance(args[0], torch.Tensor) and kwargs.get("output_size") is None \
+            self._read(f"aten.{name}")
+        elif name == "repeat_interleave" and isinstance(args[0], torch.Tensor) and kwargs.get("output_size") is None \
                 and (len(args) < 4 or args[3] is None) and not isinstance(args[1] if len(args) > 1 else None, int):
-            raise AssertionError("host read of a tensor's data: aten.repeat_interleave without output_size")
-        if name in ("index", "index_put", "index_put_", "_index_put_impl_"):
+            self._read("aten.repeat_interleave without output_size")
+        elif name in ("index", "index_put", "index_put_", "_index_put_impl_"):
             indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
             if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices):
-                raise AssertionError(f"host read of a tensor's data: aten.{name} with a boolean mask")
+                self._read(f"aten.{name} with a boolean mask")
         return func(*args, **kwargs)
+
+
+class NoHostReads(HostReads):
+    """``HostReads`` that raises AssertionError naming the first host read."""
+
+    def _read(self, what: str) -> None:
+        raise AssertionError(f"host read of a tensor's data: {what}")
 
 
 def fp64_dot_skip_reason() -> str | None:

@@ -118,6 +118,37 @@ def test_the_model_phases_measure_every_item(tiny_run):
     assert full["sentences_per_s"] > 0 and full["same_output_as_incremental"] == 1.0
 
 
+def test_the_launch_phase_times_every_op_apart(tiny_run):
+    _, _, summary = tiny_run
+    items = _phases(summary)["f"]["result"]["items"]
+    assert {i["op"] for i in items} == set(fastqa.ops.__all__)
+    for i in items:
+        assert i["status"] == "ok", i
+        assert i["fastqa_fwd_ms"] > 0 and i["eager_fwd_ms"] > 0
+    dwsep = next(i for i in items if i["op"] == "dwsep_conv1d")
+    assert dwsep["fastqa_fwdbwd_ms"] > 0 and any("ncalls" in line for line in dwsep["host_profile"])
+
+
+def test_a_phase_that_overruns_is_cut_and_the_later_ones_still_run(gpu_check, tmp_path):
+    """The QANet phase gets a box far shorter than its items (and the script is run in-process, as a device
+    command would): what it finished is recorded, the rest is skipped with the reason, and the ConvS2S phase
+    after it runs in full; the exit code is 0 whatever happened."""
+    code = gpu_check.main(["--tiny", "--device", "cpu", "--out", str(tmp_path), "--phases", "c,d",
+                           "--phase-budget", "c=3", "--phase-budget", "d=120"])
+    assert code == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    phases = _phases(summary)
+    c, d = phases["c"], phases["d"]
+    assert c["time_box_s"] == 3 and c["seconds"] < 3 + gpu_check.KILL_GRACE_S + 5, c
+    items = c["result"]["items"]
+    skipped = [i for i in items if i["status"] == "skipped"]
+    assert skipped and all("time box" in i["reason"] for i in skipped), items
+    assert c["status"] in ("ok", "skipped", "failed") and c.get("reason"), c
+    assert d["status"] == "ok" and all(i["status"] == "ok" for i in d["result"]["items"]), d
+    text = (tmp_path / "summary.txt").read_text()
+    assert "phase c" in text and "time box" in text
+
+
 def test_a_spent_global_budget_skips_every_phase_with_a_note(gpu_check, tmp_path):
     assert gpu_check.main(["--tiny", "--device", "cpu", "--out", str(tmp_path), "--budget-s", "0"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())

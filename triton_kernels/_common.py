@@ -58,7 +58,8 @@ def _device_guard(args: Sequence[Any]) -> contextlib.AbstractContextManager:
     on cuda:1 would be launched on cuda:0's stream and context."""
     for a in args:
         if isinstance(a, torch.Tensor):
-            if a.device.type == "cuda":
+            # Entering the guard costs host time on every launch: only where it changes the device.
+            if a.device.type == "cuda" and a.device.index != torch.cuda.current_device():
                 return torch.cuda.device(a.device)
             break
     return contextlib.nullcontext()

@@ -321,14 +321,18 @@ def _tri_bwd_col_kernel(g_ptr, c_ptr, q_ptr, w_ptr, dq_ptr, partial_ptr, n, m, d
     pid_m, b, offs_m, offs_d, m_ok, d_ok = _program_tile(m, d, BLOCK_M, BLOCK_D)
     w_c, w_q, w_cq, bias = _load_weights(w_ptr, w_ptr, offs_d, d_ok, d, False)
     q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
-    colsum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # The column sums accumulate as a tile and are reduced once after the loop: Triton 3.6 fails to compile
+    # (TritonGPUOptimizeThreadLocality, fp32 operands) a reduction inside this loop whose operand also
+    # feeds the tf32x3 dot.
+    colacc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     gc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for n0 in range(0, n, BLOCK_N):
         offs_n, n_ok = tile_range(n0, BLOCK_N, n)
         gt = _load_rows(g_ptr + b * s_gb, offs_m, offs_n, s_gm, s_gn, m_ok, n_ok).to(tl.float32)  # gᵀ tile
         c = _load_rows(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
-        colsum += tl.sum(gt, axis=1)
+        colacc += gt
         gc += _mm(gt, c, DOT_DTYPE, DOT_PRECISION)
+    colsum = tl.sum(colacc, axis=1)
     _col_epilogue(dq_ptr, partial_ptr, b, pid_m, offs_m, offs_d, m_ok, d_ok, m, d,
                   q, w_q, w_cq, tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32), colsum, gc)
 

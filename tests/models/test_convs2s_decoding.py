@@ -1,10 +1,11 @@
 """ConvS2S decoding: incremental == full recompute, beam 1 == greedy, beam scores == teacher-forced
-log-probabilities, batch == one by one, lengths, the decoder state, errors."""
+log-probabilities, batch == one by one, lengths, the decoder state, no host read inside the step loop,
+errors."""
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_close
+from helpers import HostReads, assert_close
 
 from fastqa.models.convs2s import ConvS2S, ConvS2SConfig, DecoderState, Hypothesis, beam_search, greedy_decode
 
@@ -193,6 +194,53 @@ def test_state_reorder_follows_rows_and_stays_within_sentences(trained, test_src
     assert isinstance(moved, DecoderState)
 
 
+# --- host reads ----------------------------------------------------------------------------------------------
+
+def _reads_per_step(model: ConvS2S, decode) -> list[int]:
+    """Host reads between consecutive decoder steps of ``decode()`` (a greedy or beam search run on the CPU):
+    on a GPU each one would stall the launch queue."""
+    marks: list[int] = []
+    step = model.decode_step
+
+    def counted_step(*args, **kwargs):
+        marks.append(len(reads.reads))
+        return step(*args, **kwargs)
+    model.decode_step = counted_step
+    try:
+        with HostReads() as reads:
+            decode()
+    finally:
+        del model.decode_step
+    return [b - a for a, b in zip(marks, marks[1:])]
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_no_host_read_inside_the_step_loop(trained, test_src, search):
+    every = 4
+
+    def decode():
+        if search == "greedy":
+            return greedy_decode(trained, test_src, sync_every=every)
+        return beam_search(trained, test_src, beam=3, nbest=2, sync_every=every)
+    per_step = _reads_per_step(trained, decode)
+    assert len(per_step) >= 2 * every, "too few steps to tell"
+    # The host looks only after every `every`-th step, and then once (which sentences are still running).
+    for i, n in enumerate(per_step):
+        assert n == (1 if (i + 1) % every == 0 else 0), f"{n} host reads after step {i}: {per_step}"
+
+
+@pytest.mark.parametrize("every", [1, 3, 100])
+def test_the_sync_interval_does_not_change_the_output(trained, test_src, every):
+    assert greedy_decode(trained, test_src, sync_every=every) == greedy_decode(trained, test_src)
+    got = beam_search(trained, test_src, beam=3, nbest=3, sync_every=every)
+    want = beam_search(trained, test_src, beam=3, nbest=3)
+    assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in want]
+    for hs, ws in zip(got, want):
+        for h, w in zip(hs, ws):
+            assert h.score == pytest.approx(w.score, abs=1e-6)
+            assert_close(h.attention, w.attention, name="attention")
+
+
 # --- errors ---------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, exc, words", [
@@ -201,6 +249,8 @@ def test_state_reorder_follows_rows_and_stays_within_sentences(trained, test_src
     (dict(beam=2, nbest=3), ValueError, "nbest"),
     (dict(len_penalty="1"), TypeError, "len_penalty"),
     (dict(max_len_a=-1), ValueError, "max_len_a"),
+    (dict(sync_every=0), ValueError, "sync_every"),
+    (dict(sync_every=2.5), TypeError, "sync_every"),
 ])
 def test_beam_search_argument_errors(trained, test_src, kwargs, exc, words):
     with pytest.raises(exc, match=words):

@@ -12,6 +12,11 @@ gets at most ``floor(max_len_a * |src| + max_len_b)`` output tokens (capped by t
 after which EOS is forced; a sentence leaves the batch as soon as it is finished, so the others run on
 a smaller batch. A hypothesis's ``log_prob`` is the model's log-probability of its tokens followed by
 EOS, and its ``score`` is ``log_prob / (len(tokens) + 1) ** len_penalty`` (EOS counts, as in fairseq).
+
+No host read inside the step loop: which sentences are finished, their tokens and (beam search) their
+finished hypotheses are kept on the device, and the host looks at them only every ``sync_every`` steps,
+to stop once every sentence is done and to drop the finished ones from the batch. On a GPU each such read
+waits for the device; on the CPU it costs nothing, so there the default is every step.
 """
 from __future__ import annotations
 
@@ -67,6 +72,16 @@ def _max_lengths(model: ConvS2S, src: torch.Tensor, a: float, b: float) -> torch
     """[B] int64: most output tokens (before EOS) per sentence; the EOS step must still have a position."""
     src_len = src.ne(model.config.pad_id).sum(1).double()
     return (src_len * a + b).floor().long().clamp_(0, model.config.max_positions - 1)
+
+
+def _sync_interval(device: torch.device, sync_every: int | None) -> int:
+    """Steps between the host's looks at which sentences are finished: ``sync_every``, or by default every
+    step on the CPU (a read costs nothing there, and finished sentences leave the batch at once) and every
+    8 steps on an accelerator (each read stalls the launch queue)."""
+    if sync_every is None:
+        return 1 if device.type == "cpu" else 8
+    _check_number("sync_every", sync_every, minimum=1, integer=True)
+    return int(sync_every)
 
 
 def _stepper(model: ConvS2S, incremental: bool
@@ -133,51 +148,61 @@ def _forbid(logits: torch.Tensor, model: ConvS2S, force_eos: torch.Tensor | None
 # --- greedy ------------------------------------------------------------------------------------------------------
 
 def greedy_decode(model: ConvS2S, src: torch.Tensor, *, max_len_a: float = 1.2, max_len_b: float = 10,
-                  incremental: bool = True, forbid: Sequence[int] = ()) -> list[list[int]]:
+                  incremental: bool = True, forbid: Sequence[int] = (), sync_every: int | None = None
+                  ) -> list[list[int]]:
     """Greedy translation of src [B, S] (padded with pad_id) -> per sentence its output ids without
     sos/eos. incremental=False re-runs the decoder over the whole prefix at each step (slow; for checks).
-    ``forbid``: target ids never generated (besides pad and sos)."""
+    ``forbid``: target ids never generated (besides pad and sos). ``sync_every``: steps between the host's
+    looks at which sentences are finished (module docstring)."""
     _check_number("max_len_a", max_len_a, minimum=0)
     _check_number("max_len_b", max_len_b, minimum=0)
     forbid = _check_forbid(model, forbid)
     cfg = model.config
+    check = _sync_interval(src.device, sync_every)
     with _inference(model):
         enc = model.encode(src)
-        batch = src.shape[0]
+        batch, device = src.shape[0], src.device
         max_len = _max_lengths(model, src, max_len_a, max_len_b)
-        out: list[list[int] | None] = [None] * batch
-        live = torch.arange(batch)                       # original index of each remaining sentence
-        tokens = torch.full((batch, 1), cfg.sos_id, dtype=torch.long, device=src.device)
+        steps = int(max_len.max()) + 1
+        # Row b of out holds sentence b's tokens up to its first EOS (later entries are never read).
+        out = torch.full((batch, steps), cfg.eos_id, dtype=torch.long, device=device)
+        live = torch.arange(batch, device=device)        # original index of each remaining sentence
+        done = torch.zeros(batch, dtype=torch.bool, device=device)
+        tokens = torch.full((batch, 1), cfg.sos_id, dtype=torch.long, device=device)
         state = model.initial_state(enc, 1, incremental=incremental)
         step = _greedy_stepper(model, incremental, forbid)
-        for t in range(int(max_len.max()) + 1):
+        for t in range(steps):
             nxt, state = step(tokens, state)                                                  # [N]
             nxt = torch.where(max_len.eq(t), cfg.eos_id, nxt)     # at its max length a sentence may only end
+            out[live, t] = nxt
             tokens = torch.cat([tokens, nxt.unsqueeze(1)], dim=1)
-            done = nxt.eq(cfg.eos_id)
-            if bool(done.any()):
-                for i in done.nonzero().squeeze(1).tolist():
-                    out[int(live[i])] = tokens[i, 1:-1].tolist()
-                keep = (~done).nonzero().squeeze(1)
+            done = done | nxt.eq(cfg.eos_id)
+            if (t + 1) % check == 0 and t + 1 < steps:
+                keep = (~done).nonzero().squeeze(1)                                   # the host read
                 if keep.numel() == 0:
                     break
-                live, tokens, max_len = live[keep.cpu()], tokens[keep], max_len[keep]
-                state = state.select(keep)
-    return out  # type: ignore[return-value]  (every sentence ends: EOS is forced at its max length)
+                if keep.numel() < live.numel():
+                    live, tokens, max_len, done = live[keep], tokens[keep], max_len[keep], done[keep]
+                    state = state.select(keep)
+        rows = out.tolist()
+    # Every sentence holds an EOS: it is forced at the sentence's max length, which is below ``steps``.
+    return [row[:row.index(cfg.eos_id)] for row in rows]
 
 
 # --- beam search ---------------------------------------------------------------------------------------------------
 
 def beam_search(model: ConvS2S, src: torch.Tensor, *, beam: int = 5, len_penalty: float = 1.0,
                 max_len_a: float = 1.2, max_len_b: float = 10, nbest: int = 1,
-                incremental: bool = True, forbid: Sequence[int] = ()) -> list[list[Hypothesis]]:
+                incremental: bool = True, forbid: Sequence[int] = (), sync_every: int | None = None
+                ) -> list[list[Hypothesis]]:
     """Beam search over src [B, S] (padded with pad_id), all sentences batched.
 
     At each step the 2*beam best continuations of a sentence are taken over all its beams; EOS among the
     best ``beam`` of them finishes a hypothesis, the best ``beam`` others go on. A sentence is done once
     it has ``beam`` finished hypotheses (or reached its max length). Returns per sentence its ``nbest``
     best finished hypotheses, best normalised score first. ``forbid``: target ids never generated
-    (besides pad and sos).
+    (besides pad and sos). ``sync_every``: steps between the host's looks at which sentences are done
+    (module docstring).
     """
     _check_number("beam", beam, minimum=1, integer=True)
     _check_number("nbest", nbest, minimum=1, integer=True)
@@ -189,52 +214,42 @@ def beam_search(model: ConvS2S, src: torch.Tensor, *, beam: int = 5, len_penalty
     forbid = _check_forbid(model, forbid)
     cfg = model.config
     k = int(beam)
+    check = _sync_interval(src.device, sync_every)
     with _inference(model):
         enc = model.encode(src)
-        batch, device = src.shape[0], src.device
+        batch, device, src_len = src.shape[0], src.device, src.shape[1]
         max_len = _max_lengths(model, src, max_len_a, max_len_b)
-        finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-        src_mask = enc.mask
-        live = torch.arange(batch)
+        steps = int(max_len.max()) + 1
+        finished = _FinishedHypotheses(batch, k, steps, src_len, enc.keys.dtype, device)
+        live = torch.arange(batch, device=device)         # original index of each remaining sentence
+        done = torch.zeros(batch, dtype=torch.bool, device=device)
         tokens = torch.full((batch * k, 1), cfg.sos_id, dtype=torch.long, device=device)
-        attn_hist = enc.keys.new_zeros((batch * k, 0, src.shape[1]))
+        attn_hist = enc.keys.new_zeros((batch * k, 0, src_len))
         # Only the first beam of each sentence is alive at the start (all beams hold the same sos).
         scores = torch.full((batch, k), float("-inf"), dtype=torch.float32, device=device)
         scores[:, 0] = 0.0
         state = model.initial_state(enc, k, incremental=incremental)
         step = _stepper(model, incremental)
         beam_offsets = torch.arange(k, device=device)
-        n_finished = torch.zeros(batch, dtype=torch.long, device=device)
-        for t in range(int(max_len.max()) + 1):
+        for t in range(steps):
             n_live = live.numel()
             logits, attn, state = step(tokens, state)                   # [N, V], [N, S]
             vocab = logits.shape[1]
             logp = torch.log_softmax(logits.float(), dim=1)
-            force = max_len.eq(t).repeat_interleave(k)
-            _forbid(logp, model, force if bool(force.any()) else None, forbid)
+            _forbid(logp, model, max_len.eq(t).repeat_interleave(k), forbid)
             cand = logp.add_(scores.reshape(-1, 1)).reshape(n_live, k * vocab)      # in place: [N, V] is big
             top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)   # [B', 2k], best first
             top_beam = top_idx.div(vocab, rounding_mode="floor")
             top_tok = top_idx - top_beam * vocab
             is_eos = top_tok.eq(cfg.eos_id)
 
-            # Finish the EOS candidates among the best k (finite: -inf ones come from dead beams).
-            fin = is_eos[:, :k] & top_scores[:, :k].isfinite()
-            if bool(fin.any()):
-                rows = (torch.arange(n_live, device=device).unsqueeze(1) * k + top_beam[:, :k])[fin]
-                fin_scores = top_scores[:, :k][fin].tolist()
-                fin_sent = fin.nonzero()[:, 0].tolist()
-                prefix = tokens[rows, 1:].tolist()
-                fin_attn = torch.cat([attn_hist[rows], attn[rows].unsqueeze(1)], dim=1)   # [F, t+1, S]
-                for j, (b, lp, toks) in enumerate(zip(fin_sent, fin_scores, prefix)):
-                    orig = int(live[b])
-                    finished[orig].append(Hypothesis(
-                        tokens=toks, score=lp / (len(toks) + 1) ** len_penalty, log_prob=lp,
-                        attention=fin_attn[j][:, src_mask[orig]]))
-            n_finished += fin.sum(1)
-            done = n_finished.ge(k) | max_len.le(t)
-            if bool(done.all()):
-                break
+            # Finish the EOS candidates among the best k (finite: -inf ones come from dead beams) of the
+            # sentences not done yet (a done sentence stays in the batch until the host next looks).
+            fin = is_eos[:, :k] & top_scores[:, :k].isfinite() & ~done.unsqueeze(1)
+            rows = torch.arange(n_live, device=device).unsqueeze(1) * k + top_beam[:, :k]        # [B', k]
+            finished.add(live, fin, top_scores[:, :k], tokens[:, 1:], rows,
+                         torch.cat([attn_hist, attn.unsqueeze(1)], dim=1))
+            done = done | finished.count[live].ge(k) | max_len.le(t)
 
             # The best k non-EOS candidates go on (there are at least k among the 2k: one EOS per beam).
             order_key = is_eos.long() * top_scores.shape[1] + torch.arange(top_scores.shape[1], device=device)
@@ -244,16 +259,66 @@ def beam_search(model: ConvS2S, src: torch.Tensor, *, beam: int = 5, len_penalty
             tokens = torch.cat([tokens.index_select(0, order), top_tok.gather(1, pick).reshape(-1, 1)], dim=1)
             attn_hist = torch.cat([attn_hist.index_select(0, order), attn.index_select(0, order).unsqueeze(1)], dim=1)
             scores = top_scores.gather(1, pick)
-            state = state.reorder(order)
+            state = state.reorder(order, check=False)      # each row's new beam is one of its own sentence's
 
-            if bool(done.any()):
-                keep = (~done).nonzero().squeeze(1)
-                rows = (keep.unsqueeze(1) * k + beam_offsets).reshape(-1)
-                live, max_len, scores, n_finished = live[keep.cpu()], max_len[keep], scores[keep], n_finished[keep]
-                tokens, attn_hist = tokens[rows], attn_hist[rows]
-                state = state.select(keep)
-    results = []
-    for hyps in finished:
-        hyps.sort(key=lambda h: h.score, reverse=True)
-        results.append(hyps[:nbest])
-    return results
+            if (t + 1) % check == 0 and t + 1 < steps:
+                keep = (~done).nonzero().squeeze(1)                                   # the host read
+                if keep.numel() == 0:
+                    break
+                if keep.numel() < n_live:
+                    rows = (keep.unsqueeze(1) * k + beam_offsets).reshape(-1)
+                    live, max_len, scores, done = live[keep], max_len[keep], scores[keep], done[keep]
+                    tokens, attn_hist = tokens[rows], attn_hist[rows]
+                    state = state.select(keep)
+        return finished.best(nbest, len_penalty, enc.mask)
+
+
+class _FinishedHypotheses:
+    """The finished hypotheses of a beam search, on the device: per sentence up to 2k slots (a sentence
+    with fewer than k finishes gains at most k in its last step), filled in the order they finish, and one
+    spare slot that takes the writes of candidates that did not finish (so no step needs the host to know
+    which did). Slot s of sentence b: its log-probability, its length (tokens before EOS), its tokens and its
+    attention rows (the EOS step's included)."""
+
+    def __init__(self, batch: int, k: int, steps: int, src_len: int, attn_dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.k = k
+        self.spare = 2 * k
+        slots = 2 * k + 1
+        self.log_prob = torch.full((batch, slots), float("-inf"), dtype=torch.float32, device=device)
+        self.length = torch.zeros((batch, slots), dtype=torch.long, device=device)
+        self.tokens = torch.zeros((batch, slots, steps), dtype=torch.long, device=device)
+        self.attention = torch.zeros((batch, slots, steps, src_len), dtype=attn_dtype, device=device)
+        self.count = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def add(self, live: torch.Tensor, fin: torch.Tensor, log_prob: torch.Tensor, prefixes: torch.Tensor,
+            rows: torch.Tensor, attention: torch.Tensor) -> None:
+        """Record the candidates ``fin`` [B', k] (bool) of the live sentences ``live`` [B']: their
+        log-probabilities [B', k], and the tokens ([N, t] prefixes) and attention ([N, t+1, S]) of the
+        beam rows ``rows`` [B', k] they extend."""
+        n_live, k = fin.shape
+        t = prefixes.shape[1]
+        slot = torch.where(fin, self.count[live].unsqueeze(1) + fin.long().cumsum(1) - 1, self.spare).reshape(-1)
+        sentence = live.unsqueeze(1).expand(n_live, k).reshape(-1)
+        flat_rows = rows.reshape(-1)
+        self.log_prob.index_put_((sentence, slot), log_prob.reshape(-1))
+        self.length.index_put_((sentence, slot), torch.full_like(slot, t))
+        self.tokens[:, :, :t].index_put_((sentence, slot), prefixes.index_select(0, flat_rows))
+        self.attention[:, :, :t + 1].index_put_((sentence, slot), attention.index_select(0, flat_rows))
+        self.count.index_add_(0, live, fin.sum(1))
+
+    def best(self, nbest: int, len_penalty: float, src_mask: torch.Tensor) -> list[list[Hypothesis]]:
+        """Per sentence its ``nbest`` best hypotheses by normalised score (ties: the earlier finished);
+        attention over the sentence's real source positions (``src_mask`` [B, S])."""
+        counts = self.count.clamp(max=self.spare).tolist()
+        log_probs, lengths, tokens = self.log_prob.tolist(), self.length.tolist(), self.tokens.tolist()
+        attention, src_mask = self.attention.cpu(), src_mask.cpu()
+        results = []
+        for b, n in enumerate(counts):
+            hyps = [Hypothesis(tokens=tokens[b][s][:lengths[b][s]],
+                               score=log_probs[b][s] / (lengths[b][s] + 1) ** len_penalty, log_prob=log_probs[b][s],
+                               attention=attention[b, s, :lengths[b][s] + 1][:, src_mask[b]])
+                    for s in range(n)]
+            hyps.sort(key=lambda h: h.score, reverse=True)
+            results.append(hyps[:nbest])
+        return results

@@ -48,13 +48,15 @@ class DecoderState:
     def rows(self) -> int:
         return self.encoder.keys.shape[0] * self.rows_per_sentence
 
-    def reorder(self, order: torch.Tensor) -> "DecoderState":
+    def reorder(self, order: torch.Tensor, *, check: bool = True) -> "DecoderState":
         """Row r of the new state is row order[r] of this one ([N] int64), for the surviving beams.
-        Rows stay with their sentence (the sentence's encoder output and memory are shared, not copied)."""
+        Rows stay with their sentence (the sentence's encoder output and memory are shared, not copied).
+        ``check=False`` skips the check that they do, which reads ``order`` on the host: for callers whose
+        orders stay within sentences by construction (beam search, at every step)."""
         n, r = self.rows, self.rows_per_sentence
         if order.dtype != torch.long or order.shape != (n,):
             raise ValueError(f"order must be a [{n}] int64 tensor, got {order.dtype} of shape {tuple(order.shape)}")
-        if r > 1 and not torch.equal(order.div(r, rounding_mode="floor"),
+        if check and r > 1 and not torch.equal(order.div(r, rounding_mode="floor"),
                                      torch.arange(n, device=order.device).div(r, rounding_mode="floor")):
             raise ValueError(f"order must keep every row among its sentence's {r} rows")
         return dataclasses.replace(self, conv_states=[s.index_select(0, order) for s in self.conv_states])

@@ -14,7 +14,8 @@ from typing import IO, Any, Iterator
 
 from ..errors import UserError
 
-__all__ = ["user_cache_dir", "read_text", "read_json", "atomic_open", "atomic_write_text", "atomic_write_json"]
+__all__ = ["user_cache_dir", "read_text", "read_bytes", "decode_lines", "read_json", "atomic_open", "atomic_write_text",
+           "atomic_write_json"]
 
 
 def read_text(path: str | os.PathLike, what: str = "") -> str:
@@ -24,6 +25,41 @@ def read_text(path: str | os.PathLike, what: str = "") -> str:
     damaged or truncated gzip data, or bytes that are not UTF-8 (with the line) raise a UserError that names
     the file.
     """
+    raw = read_bytes(path, what)
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        note = f" ({what})" if what else ""
+        raise UserError(f"{os.fspath(path)}: line {line}: not UTF-8 text ({e.reason}){note}") from None
+
+
+def decode_lines(raw: bytes, source: str, *, skip_bad: bool = False, first: int = 1) -> tuple[list[str], list[int]]:
+    """The lines of ``raw`` (split on \n; a \r before it and a first line's BOM dropped; a last line without
+    a newline counts), each decoded as UTF-8 on its own, and the numbers of the lines that were not UTF-8
+    (``raw``'s first line is line ``first``). Such a line is a UserError naming ``source`` and the line, or with
+    ``skip_bad`` an empty line (so that outputs stay one per input line)."""
+    parts = raw.split(b"\n")
+    if parts[-1] == b"":
+        parts.pop()
+    lines, bad = [], []
+    for number, part in enumerate(parts, first):
+        try:
+            line = part.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            if not skip_bad:
+                raise UserError(f"{source}: line {number}: not UTF-8 text ({e.reason}); --skip-bad-lines "
+                                "answers the other lines") from None
+            bad.append(number)
+            line = ""
+        lines.append(line[:-1] if line.endswith("\r") else line)
+    return lines, bad
+
+
+def read_bytes(path: str | os.PathLike, what: str = "") -> bytes:
+    """The bytes of ``path``, gunzipped when they are gzip data (told by the first bytes). A missing file, a
+    folder, an unreadable file, or damaged or truncated gzip data raise a UserError naming the file (and
+    ``what``, e.g. "--input")."""
     path = os.fspath(path)
     note = f" ({what})" if what else ""
     try:
@@ -42,11 +78,7 @@ def read_text(path: str | os.PathLike, what: str = "") -> str:
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as e:
             raise UserError(f"{path}: cannot read (damaged gzip data: {e}){note}") from None
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise UserError(f"{path}: line {line}: not UTF-8 text ({e.reason}){note}") from None
+    return raw
 
 
 def read_json(path: str | os.PathLike, what: str = "") -> Any:

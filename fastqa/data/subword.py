@@ -59,6 +59,11 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     return value
 
 
+# A word for restore_case: letters, digits and underscores (a hyphen or an apostrophe separates words)
+_WORD = re.compile(r"\w+")
+_CASE_CACHE_SIZE = 1 << 16
+
+
 class SubwordModel:
     """A trained SentencePiece model whose ids match fastqa's specials. Build with :meth:`train` or
     :meth:`from_bytes`."""
@@ -67,6 +72,7 @@ class SubwordModel:
         self._sp = processor
         self._bytes = data
         self._size = int(processor.get_piece_size())
+        self._case_cache: dict[str, str] = {}   # restore_case's choice per word
 
     # -- building ------------------------------------------------------------------------------------
 
@@ -232,6 +238,32 @@ class SubwordModel:
         # Control pieces are dropped first: left in front, they stop SentencePiece from removing the "▁"
         # that marks the first word.
         return str(self._sp.decode_pieces([p for p in pieces if p not in _CONTROL]))
+
+    def restore_case(self, text: str) -> str:
+        """``text`` written all in lower case, with the case this model's training text would give it: each
+        word capitalised where its capitalised spelling is likelier under the model's pieces (the sum of
+        their log-probabilities; a noun of a cased German corpus is one frequent piece capitalised and
+        several rare ones not), and the first letter of the text capitalised. Text holding any capital
+        letter is returned as it is: its case is the writer's."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        if any(ch.isupper() for ch in text):
+            return text
+        cased = _WORD.sub(lambda m: self._likelier_case(m.group(0)), text)
+        first = next((i for i, ch in enumerate(cased) if ch.isalpha()), None)
+        return cased if first is None else cased[:first] + cased[first].upper() + cased[first + 1:]
+
+    def _likelier_case(self, word: str) -> str:
+        cache = self._case_cache
+        if word not in cache:
+            if len(cache) >= _CASE_CACHE_SIZE:
+                cache.clear()
+            capital = word[:1].upper() + word[1:]
+            cache[word] = capital if self._log_prob(capital) > self._log_prob(word) else word
+        return cache[word]
+
+    def _log_prob(self, text: str) -> float:
+        return sum(self._sp.get_score(i) for i in self._sp.encode(text, out_type=int))
 
     def to_vocab(self) -> Vocab:
         """The :class:`Vocab` of this model's pieces in id order: same ids, fastqa's specials at 0..3."""

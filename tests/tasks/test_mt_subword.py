@@ -72,13 +72,36 @@ def test_mt_train_stores_the_subword_model(model_dir, translator):
 
 def test_cased_copy(translator, corpus):
     torch.set_num_threads(1)  # restored by the one_thread_for_models fixture
-    for beam in (1, 3):
-        out = translator.translate(corpus["test"], beam=beam)
-        exact = sum(o == s for o, s in zip(out, corpus["test"])) / len(out)
-        assert exact >= 0.95, f"beam {beam}: exact-sentence accuracy {exact:.2f}"
+    # The copy task has sentences all in lower case on purpose: read them as they are.
+    translator.restore_case = False
+    try:
+        for beam in (1, 3):
+            out = translator.translate(corpus["test"], beam=beam)
+            exact = sum(o == s for o, s in zip(out, corpus["test"])) / len(out)
+            assert exact >= 0.95, f"beam {beam}: exact-sentence accuracy {exact:.2f}"
+        assert translator.source_tokens("Ka lo") != translator.source_tokens("ka lo")
+    finally:
+        translator.restore_case = True
     # The capitals come from the model's pieces: nothing is lowercased on the way in or out.
     assert translator.translate(["Ka lo Mi NU"], beam=1) == ["Ka lo Mi NU"]
-    assert translator.source_tokens("Ka lo") != translator.source_tokens("ka lo")
+
+
+def test_a_sentence_typed_in_lower_case_is_read_with_its_case_restored(translator, model_dir, tmp_path, capsys,
+                                                                       monkeypatch):
+    # Every training sentence's words are cased as WORDS has them: the pieces make that case likeliest (a word
+    # is either lower case or capitalised: all capitals, as "NU", are not restored).
+    restore = translator.codec.subword.restore_case
+    assert restore("ka lo mi ri xo") == "Ka lo Mi Ri Xo"
+    assert restore("ka lo, mi-ri: 'xo'") == "Ka lo, Mi-Ri: 'Xo'"
+    assert restore("Ka lo mi") == "Ka lo mi" and restore("  ...  ") == "  ...  "    # any capital: as typed
+    assert translator.source_tokens("ka lo mi ri") == translator.source_tokens("Ka lo Mi Ri")
+    assert translator.translate(["ka lo mi ri"], beam=1) == ["Ka lo Mi Ri"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("ka lo mi ri\n"))
+    assert main(["translate", "--model", str(model_dir), "--beam", "1", "--threads", "1"]) == 0
+    assert capsys.readouterr().out == "Ka lo Mi Ri\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO("ka lo mi ri\n"))
+    assert main(["translate", "--model", str(model_dir), "--beam", "1", "--threads", "1", "--keep-case"]) == 0
+    assert capsys.readouterr().out != "Ka lo Mi Ri\n"
 
 
 def test_never_unk_even_for_unseen_words_and_characters(translator):

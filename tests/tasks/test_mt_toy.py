@@ -13,6 +13,7 @@ import json
 import shutil
 
 import pytest
+from cli_helpers import assert_user_error
 from copy_corpus import TINY_CONVS2S, copy_corpus, sentences, write_lines
 import torch
 
@@ -113,6 +114,35 @@ def test_translate_cli_stdin_and_file(model_dir, corpus, tmp_path, capsys, monke
     assert main(["translate", "--model", str(model_dir), "--input", src, "--no-incremental", "--beam", "2",
                  "--threads", "1"]) == 0
     assert capsys.readouterr().out == "ve xo ya\nzu tu ka\n"
+
+
+BAD = b"ka lo mi\n\xff\xfe\x00 binary\nnu po\n"   # line 2 is not UTF-8
+
+
+def test_translate_names_a_line_that_is_not_text_or_skips_it(model_dir, tmp_path, capsys, monkeypatch):
+    base = ["translate", "--model", str(model_dir), "--beam", "1", "--threads", "1"]
+    bad_file = tmp_path / "bad.de"
+    bad_file.write_bytes(BAD)
+    for source, args in (("standard input", base), (str(bad_file), [*base, "--input", str(bad_file)])):
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(BAD), encoding="utf-8"))
+        assert_user_error(capsys, args, rf"{source}: line 2: not UTF-8 text .*--skip-bad-lines")
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(BAD), encoding="utf-8"))
+        assert main([*args, "--skip-bad-lines"]) == 0
+        cap = capsys.readouterr()
+        assert cap.out == "ka lo mi\n\nnu po\n"        # one output line per input line, the bad one empty
+        assert "skipped 1 line that was not UTF-8 text (line 2)" in cap.err
+    # The Python API: a str holding what was not UTF-8 (lone surrogates) names the sentence.
+    tr = Translator.load(model_dir)
+    with pytest.raises(UserError, match="sentence 2 is not valid Unicode text"):
+        tr.translate(["ka lo", BAD.decode("utf-8", "surrogateescape")])
+
+
+def test_training_on_blank_lines_names_the_file(corpus, tmp_path, capsys):
+    blank = write_lines(tmp_path / "blank.de", ["", "  ", "\t"])
+    three = write_lines(tmp_path / "three.en", ["ka", "lo", "mi"])
+    assert_user_error(capsys, ["mt-train", "--src", blank, "--tgt", three, "--valid-src", corpus["val.de"],
+                               "--valid-tgt", corpus["val.en"], "--out", str(tmp_path / "run"), "--no-progress"],
+                      rf"{blank}: every line is empty or blank")
 
 
 def test_mt_eval_cli(model_dir, corpus, tmp_path, capsys):

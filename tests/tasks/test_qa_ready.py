@@ -24,7 +24,7 @@ from fastqa.errors import UserError
 from fastqa.tasks.qa import QAModel, decode_spans
 from fastqa.tasks.qa.decode import decode_top_spans
 from fastqa.tasks.qa.squad import Limits
-from fastqa.tasks.qa.windows import plan_windows, window_settings
+from fastqa.tasks.qa.windows import lexical_terms, plan_windows, window_settings
 
 TINY = ["--set", "d_model=32", "--set", "heads=2", "--set", "char_dim=16", "--set", "char_channels=32",
         "--set", "word_dim=32", "--set", "emb_conv_layers=1", "--set", "model_blocks=1", "--set", "dropout=0",
@@ -151,6 +151,72 @@ def test_windows_find_an_answer_anywhere_with_offsets_into_the_whole_text():
     assert res["text"] == "needle" and res["no_answer_prob"] < 0.5     # the window holding it decides
     res = v2.answer(" ".join(words[:1000]), "Q?")
     assert res["text"] == "" and res["no_answer_prob"] > 0.5
+
+
+class _Scorer(nn.Module):
+    """A stand-in reader with span logits: ``scores`` gives a word's start and end logit (other words -10)."""
+
+    SPAN_LOGITS = True
+
+    def __init__(self, scores: dict[int, float]) -> None:
+        super().__init__()
+        self.config = SimpleNamespace(no_answer=False, single_word=False, max_word_len=16)
+        self.bias = nn.Parameter(torch.zeros(()))
+        self.scores = scores
+
+    def forward(self, cw, cc, qw, qc, *, logits=False):
+        out = torch.full(cw.shape, -10.0) + self.bias
+        for word, value in self.scores.items():
+            out = torch.where(cw == word, value, out)
+        out = out.masked_fill(cw == 0, torch.finfo(out.dtype).min)
+        return (out, out) if logits else (F.log_softmax(out, 1), F.log_softmax(out, 1))
+
+
+def test_spans_are_ranked_across_windows_by_logits_and_the_windows_relevance():
+    words = Vocab(["<pad>", "<unk>", "decoy", "needle"])
+    chars = Vocab(["<pad>", "<unk>"])
+
+    def reader(needle_logit: float, per_window: bool = False) -> QAModel:
+        model = _Scorer({words["decoy"]: 8.0, words["needle"]: needle_logit})
+        if per_window:
+            model.SPAN_LOGITS = False
+        return QAModel(model, words, chars, limits=Limits(context=50), device="cpu")
+
+    # Three windows of 50 words ([0, 50), [40, 90), [80, 130)): a "decoy" in each of the first two, "needle"
+    # and a rare word in the last.
+    text = [f"w{i % 7}" for i in range(130)]
+    for i in (10, 60):
+        text[i] = "decoy"
+    text[120], text[125] = "needle", "zorbland"
+    context = " ".join(text)
+    # With a decoy beside the needle too, each window's own softmax makes the lone decoys certain and the needle
+    # less so: per-window ranking prefers a decoy, the logits the needle scored above every decoy.
+    crowded = text.copy()
+    crowded[100] = "decoy"
+    assert reader(9.0, per_window=True).answer(" ".join(crowded), "Which?", stride=10)["text"] == "decoy"
+    assert reader(9.0).answer(" ".join(crowded), "Which?", stride=10)["text"] == "needle"
+    # Logits compare between windows: a needle scored above the decoys wins, one scored below does not ...
+    assert reader(9.0).answer(context, "Which?", stride=10)["text"] == "needle"
+    assert reader(7.0).answer(context, "Which?", stride=10)["text"] == "decoy"
+    # ... unless its window is the one that holds the question's rare word: one occurrence in one window of three
+    # is worth about 2 logits here (a function word counts for nothing).
+    assert reader(7.5).answer(context, "Which is the ?", stride=10)["text"] == "decoy"
+    found = reader(7.5).answer(context, "Which is the zorbland?", stride=10)
+    assert found["text"] == "needle" and context[found["start"]:found["end"]] == "needle"
+    # Scores are one softmax over the document: the top-k of all windows sum to at most 1; a context read in
+    # one window scores p_start * p_end, as the forward's probabilities give it.
+    top = reader(9.0).answer(context, "Which?", stride=10, top_k=5)["answers"]
+    assert 0 < sum(a["score"] for a in top) <= 1 + 1e-6 and top[0]["score"] > top[1]["score"]
+    short = " ".join(text[100:130])
+    one = reader(9.0)
+    lp1, lp2 = one._forward([one._encode_pair(short, "Which?")])
+    want = float((lp1[0].max() + lp2[0].max()).exp())
+    assert one.answer(short, "Which?")["score"] == pytest.approx(want, rel=1e-5)
+
+
+def test_lexical_terms_keep_content_words_only():
+    assert lexical_terms(["The", "Zorbland", "bridge", ",", "opened", "in", "1937", "--", "U.S."]) == \
+        [None, "zorbland", "bridge", None, "opened", None, "1937", None, "us"]
 
 
 def test_a_long_context_gives_the_answer_of_its_paragraph_alone(reader, qa):

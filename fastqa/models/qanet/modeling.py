@@ -33,7 +33,7 @@ from torch import nn
 from ... import layers as fused
 from ... import reference
 from ..common import (FrozenWordVectors, Highway, PackedBatch, TorchDropoutAdd, check_config, check_qa_inputs,
-                      init_linear, masked_log_softmax, reads_are_free, should_pack, survival_prob, survival_scales,
+                      init_linear, reads_are_free, should_pack, survival_prob, survival_scales,
                       timing_signal)
 from .config import LAYERS, QANetConfig
 
@@ -225,6 +225,9 @@ class QANet(FrozenWordVectors):
     (fill it with ``load_word_vectors``); ``unk_vector`` is the trainable <unk> vector.
     """
 
+    #: forward(..., logits=True) gives the span scores before their softmax (ranked across a document's windows)
+    SPAN_LOGITS = True
+
     def __init__(self, config: QANetConfig, layers: str | None = None) -> None:
         super().__init__()
         layers = check_config("QANet", config, QANetConfig, layers, LAYERS)
@@ -305,10 +308,14 @@ class QANet(FrozenWordVectors):
         return PackedBatch.of(mask, max(c.emb_resize_kernel, c.emb_conv_kernel, c.model_conv_kernel) // 2)
 
     def forward(self, context_words: torch.Tensor, context_chars: torch.Tensor, question_words: torch.Tensor,
-                question_chars: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                question_chars: torch.Tensor, *, logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """context_words: [B, n]; context_chars: [B, n, W]; question_words: [B, m]; question_chars: [B, m, W']
         (int64 ids, ``pad_id`` = padding). Returns (log_p_start, log_p_end): [B, n], or [B, 1 + n] with
-        ``no_answer`` (index 0 = no answer). Padded positions have a finite log-prob whose exp is exactly 0."""
+        ``no_answer`` (index 0 = no answer). Padded positions have a finite log-prob whose exp is exactly 0.
+
+        ``logits=True``: the scores before their softmax instead, padding at the dtype's lowest finite value.
+        Unlike the log-probabilities they compare between contexts, so the windows of one long document are
+        ranked by them (``fastqa.tasks.qa.windows``; a reader's ``SPAN_LOGITS`` says it offers them)."""
         cw, cc, qw, qc = check_qa_inputs("QANet", context_words, context_chars, question_words, question_chars)
         pad = self.config.pad_id
         c_mask, q_mask = cw != pad, qw != pad
@@ -344,7 +351,11 @@ class QANet(FrozenWordVectors):
             start = torch.cat([self.null_start(self._max_pool(start_in, c_mask)), start], dim=1)
             end = torch.cat([self.null_end(self._max_pool(end_in, c_mask)), end], dim=1)
             mask = torch.cat([c_mask.new_ones(c_mask.shape[0], 1), c_mask], dim=1)
-        return masked_log_softmax(start, mask), masked_log_softmax(end, mask)
+        low = torch.finfo(start.dtype).min
+        start, end = start.masked_fill(~mask, low), end.masked_fill(~mask, low)
+        if logits:
+            return start, end
+        return F.log_softmax(start, dim=-1), F.log_softmax(end, dim=-1)
 
     def training_targets(self, context_words: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,6 @@ read in overlapping windows, and offsets are always into the text given (``fastq
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import replace
 from typing import Any, Sequence
@@ -27,7 +26,7 @@ from ...errors import UserError
 from .readers import MODELS, answer_len, build_model, config_type
 from .squad import Limits, SquadSet, encode_squad, encode_tokens, load_squad, pad_chars
 from .task import PredictOutput, predict
-from .windows import Reading, inference_autocast, read_windows, window_settings
+from .windows import Reading, inference_autocast, lexical_terms, read_windows, window_settings
 
 __all__ = ["QAModel"]
 
@@ -110,7 +109,7 @@ class QAModel:
         cw, cc = encode_tokens([t for t, _ in ctx], self.words, self.chars, self.char_limit)
         qw, qc = encode_tokens([t for t, _ in q], self.words, self.chars, self.char_limit)
         offsets = [(s, s + len(t)) for t, s in ctx]
-        return cw, cc, qw, qc, offsets, [t for t, _ in ctx]
+        return cw, cc, qw, qc, offsets, [t for t, _ in ctx], [t for t, _ in q]
 
     @torch.no_grad()
     def _forward(self, items: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,7 +135,8 @@ class QAModel:
         return read_windows(self.model, [(it[0], it[1]) for it in items],
                             [(it[2], it[3], i) for i, it in enumerate(items)], k=k, max_answer_len=mal,
                             max_context=window, stride=overlap, batch_size=batch_size, word_pad=self.words.pad_id,
-                            char_pad=self.chars.pad_id, device=self.device)
+                            char_pad=self.chars.pad_id, device=self.device,
+                            terms=([lexical_terms(it[5]) for it in items], [lexical_terms(it[6]) for it in items]))
 
     def _span(self, context: str, offsets: list[tuple[int, int]], start: int, end: int, score: float
               ) -> dict[str, Any]:
@@ -145,7 +145,7 @@ class QAModel:
 
     def _result(self, context: str, offsets: list[tuple[int, int]], reading: Reading, top_k: int | None
                 ) -> dict[str, Any]:
-        null = {"text": "", "score": math.exp(reading.log_null), "start": 0, "end": 0}
+        null = {"text": "", "score": reading.null_score, "start": 0, "end": 0}
         if top_k is None:
             best = reading.best
             res = null if reading.is_null else self._span(context, offsets, best.start, best.end, best.score)
@@ -207,7 +207,7 @@ class QAModel:
             reading = self._read([item], k=1, batch_size=32, max_answer_len=None, max_context=window,
                                  stride=overlap)[0]
             a, b = reading.windows[reading.best.window]
-            item = (item[0][a:b], item[1][a:b], item[2], item[3], item[4][a:b], item[5][a:b])
+            item = (item[0][a:b], item[1][a:b], item[2], item[3], item[4][a:b], item[5][a:b], item[6])
         lp1, lp2 = self._forward([item])
         p1, p2 = lp1[0].exp(), lp2[0].exp()
         out = {"tokens": item[5], "offsets": item[4], "p_null": None, "window": (a, b), "n_tokens": n}

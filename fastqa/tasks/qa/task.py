@@ -24,7 +24,7 @@ from ...errors import UserError
 from .metric import evaluate as squad_evaluate
 from .readers import MODELS, answer_len, build_model, make_config, meta_config, model_kind
 from .squad import NO_TARGET, EncodedSquad, Limits, SquadSet, build_vocabs, collate, encode_squad, load_squad
-from .windows import DEFAULT_STRIDE, inference_autocast, read_windows
+from .windows import DEFAULT_STRIDE, inference_autocast, lexical_terms, read_windows
 
 __all__ = ["SquadData", "prepare_squad", "Recipe", "span_loss", "inference_autocast", "PredictOutput", "predict", "score_predictions", "QATask"]
 
@@ -103,10 +103,12 @@ def predict(model: nn.Module, data: SquadSet, enc: EncodedSquad, *, batch_size: 
         from tqdm.auto import tqdm
         bar = tqdm(total=len(enc), desc="predicting", unit=" questions", mininterval=1.0)
     try:
+        terms = ([lexical_terms(c.tokens) for c in data.contexts],
+                 [lexical_terms(data.questions[enc.examples[i]].tokens) for i in range(len(enc))])
         readings = read_windows(model, contexts, questions, k=1, max_answer_len=max_answer_len,
                                 max_context=max_context, stride=stride, batch_size=batch_size,
                                 word_pad=enc.word_pad, char_pad=enc.char_pad, device=device, on_batch=add_loss,
-                                progress=bar.update if bar is not None else None)
+                                progress=bar.update if bar is not None else None, terms=terms)
     finally:
         if bar is not None:
             bar.close()
@@ -117,7 +119,7 @@ def predict(model: nn.Module, data: SquadSet, enc: EncodedSquad, *, batch_size: 
         null = reading.is_null
         out.predictions[q.qid] = "" if null else ctx.text[ctx.offsets[best.start][0]:ctx.offsets[best.end][1]]
         out.na_probs[q.qid] = reading.na_prob
-        out.scores[q.qid] = math.exp(reading.log_null) if null else best.score
+        out.scores[q.qid] = reading.null_score if null else best.score
     if out.n_loss:
         out.loss = loss_sum / out.n_loss
     return out

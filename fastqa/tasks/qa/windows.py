@@ -7,8 +7,18 @@ edge lies well inside the next), the last one ending at the context's end; every
 one row of a length-bucketed batch, so memory is bounded by ``batch_size × max_context`` whatever the
 text's length. Each window's k best spans (``decode_top_spans``) are mapped back to the context's token
 indices and merged: a span seen in several windows keeps its best score, and the k best distinct spans over
-all windows are returned. Scores are p_start·p_end within the window that proposed the span: the softmax of
-each window is its own, as in the sliding-window readers users know.
+all windows are returned.
+
+Spans are ranked across windows by an unnormalised score that compares between windows: start logit + end logit
+(``forward(..., logits=True)`` of a reader whose ``SPAN_LOGITS`` is true) plus ``RELEVANCE_WEIGHT`` times the
+window's BM25 relevance to the question, computed over the document's windows from the words of both
+(``lexical_terms``; the retrieval score of open-domain readers, which knows that a rare question word such as a
+name occurs in this window and no other). Not by probabilities within their window: each window's softmax is its
+own, so every window proposes some confident span, and the more windows a document has, the likelier a wrong one
+would win. A span's reported score is exp(its score) over the sum of that over every (start, end) pair of every
+window: a softmax over the whole document, which for a context read in one window is p_start·p_end as before.
+A reader without span logits is ranked by its per-window probabilities, and without the words (``terms``) no
+window is preferred.
 
 No-answer (SQuAD v2.0) readers: every window gives a null score; the context's is the smallest over its
 windows (the window most sure the answer is there decides), and the null wins when it beats the best span.
@@ -17,10 +27,12 @@ A context that fits one window is read whole, exactly as before windows existed.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ...data.batching import bucket_batches, pad
@@ -28,11 +40,21 @@ from ...errors import UserError
 from .decode import decode_top_spans
 from .squad import pad_chars
 
-__all__ = ["DEFAULT_STRIDE", "Candidate", "Reading", "plan_windows", "window_settings", "inference_autocast",
-           "read_windows"]
+__all__ = ["DEFAULT_STRIDE", "RELEVANCE_WEIGHT", "Candidate", "Reading", "plan_windows", "window_settings",
+           "inference_autocast", "lexical_terms", "read_windows"]
 
 #: default overlap of consecutive windows, in tokens (the doc stride of the usual QA pipelines)
 DEFAULT_STRIDE = 128
+#: logits per unit of BM25 relevance of a window to the question (module docstring): chosen on SQuAD v1.1 dev
+#: articles 30-34, a plateau from 1 to 4 there (the held-out articles 40-47 were not looked at)
+RELEVANCE_WEIGHT = 2.0
+# BM25's term-frequency saturation and length normalisation, the usual values
+_BM25_K1, _BM25_B = 1.2, 0.75
+# Function words carry no relevance (English: the readers are SQuAD's)
+_STOPWORDS = frozenset(
+    "a an the of in on at to for by with from and or but is was were are be been being as that this these those "
+    "it its which who whom whose what when where why how did does do done than then there their they he she his "
+    "her him i you we our your not no into onto about after before over under".split())
 
 
 def inference_autocast(device: torch.device):
@@ -68,7 +90,9 @@ def plan_windows(n: int, max_context: int | None, stride: int) -> list[tuple[int
 
 @dataclass
 class Candidate:
-    """A span of context tokens [start, end] (inclusive) with its score p_start·p_end."""
+    """A span of context tokens [start, end] (inclusive): ``log_score`` its start + end logit (comparable between
+    windows; the log-probabilities for a reader without logits), ``score`` its probability over the whole
+    document (module docstring)."""
 
     start: int
     end: int
@@ -83,8 +107,9 @@ class Reading:
 
     windows: list[tuple[int, int]]
     candidates: list[Candidate] = field(default_factory=list)
-    log_null: float = math.inf    # smallest log p_null over the windows (no-answer readers; +inf otherwise)
+    log_null: float = math.inf    # smallest null score over the windows (no-answer readers; +inf otherwise)
     null_window: int = 0
+    log_z: float = 0.0            # log of the document's normaliser: every score's denominator (module docstring)
 
     @property
     def best(self) -> Candidate:
@@ -95,11 +120,55 @@ class Reading:
         return self.log_null > self.best.log_score if math.isfinite(self.log_null) else False
 
     @property
+    def null_score(self) -> float:
+        """The no-answer option's probability on the scale of the spans' scores (no-answer readers)."""
+        return math.exp(self.log_null - self.log_z)
+
+    @property
     def na_prob(self) -> float:
         """null / (null + best span), in the log domain (0 for a reader without a no-answer option)."""
         if not math.isfinite(self.log_null):
             return 0.0
         return float(torch.sigmoid(torch.tensor(self.log_null - self.best.log_score)))
+
+
+def lexical_terms(tokens: Sequence[str]) -> list[str | None]:
+    """The term each token counts as for relevance: its lowercased letters and digits, None for punctuation
+    and function words."""
+    out: list[str | None] = []
+    for t in tokens:
+        term = "".join(ch for ch in t.lower() if ch.isalnum())
+        out.append(term if term and term not in _STOPWORDS else None)
+    return out
+
+
+def _window_relevance(windows: list[tuple[int, int]], context_terms: Sequence[str | None],
+                      question_terms: Sequence[str | None]) -> list[float]:
+    """BM25 of the question against each window [a, b) of one document, the windows being the collection."""
+    counts = [Counter(t for t in context_terms[a:b] if t is not None) for a, b in windows]
+    lengths = [sum(c.values()) for c in counts]
+    mean = max(sum(lengths) / len(lengths), 1e-9)
+    n = len(windows)
+    df = Counter(t for c in counts for t in c)
+    query = [t for t in question_terms if t is not None]
+    out = []
+    for c, length in zip(counts, lengths):
+        total = 0.0
+        for t in query:
+            tf = c.get(t, 0)
+            if tf:
+                idf = math.log((n - df[t] + 0.5) / (df[t] + 0.5) + 1.0)
+                total += idf * tf * (_BM25_K1 + 1) / (tf + _BM25_K1 * (1 - _BM25_B + _BM25_B * length / mean))
+        out.append(total)
+    return out
+
+
+def _logaddexp(a: float, b: float) -> float:
+    """log(exp(a) + exp(b)) without overflow; -inf is exp's 0."""
+    if a == -math.inf:
+        return b
+    high, low = max(a, b), min(a, b)
+    return high + math.log1p(math.exp(low - high))
 
 
 #: called with the rows of each batch: (question indices, the padded model inputs, log_p1, log_p2)
@@ -112,13 +181,17 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
                  max_answer_len: int = 30, max_context: int | None = None, stride: int = DEFAULT_STRIDE,
                  batch_size: int = 32, word_pad: int = 0, char_pad: int = 0,
                  device: torch.device | str | None = None, on_batch: BatchHook | None = None,
-                 progress: Callable[[int], None] | None = None) -> list[Reading]:
+                 progress: Callable[[int], None] | None = None,
+                 terms: tuple[Sequence[Sequence[str | None]], Sequence[Sequence[str | None]]] | None = None
+                 ) -> list[Reading]:
     """Read every question against its context in windows; one ``Reading`` per question, in order.
 
     contexts: (word ids [n], char ids [n, W]) per context; questions: (word ids [m], char ids [m, W'],
     context index) per question. max_context None reads every context whole (training-time evaluation).
     on_batch: called for every batch (e.g. to add up a loss); progress: called with the number of
-    questions whose last window was just read. The model is put in eval mode and back.
+    questions whose last window was just read; terms: (per context, per question) the ``lexical_terms`` of
+    their tokens, for the windows' relevance to the question (module docstring). The model is put in eval mode
+    and back.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -132,9 +205,21 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
             plans[c] = plan_windows(len(contexts[c][0]), max_context, stride)
         readings.append(Reading(plans[c]))
         units.extend((qi, wi) for wi in range(len(plans[c])))
+    # Each (question, window)'s prior: RELEVANCE_WEIGHT x BM25, for readers ranked by logits, where there are
+    # several windows and the words are known.
+    prior: dict[tuple[int, int], float] = {}
+    logits = bool(getattr(model, "SPAN_LOGITS", False))
+    if logits and terms is not None:
+        context_terms, question_terms = terms
+        for qi, (_, _, c) in enumerate(questions):
+            if len(plans[c]) > 1:
+                for wi, r in enumerate(_window_relevance(plans[c], context_terms[c], question_terms[qi])):
+                    prior[qi, wi] = RELEVANCE_WEIGHT * r
     left = [len(r.windows) for r in readings]
     found: list[dict[tuple[int, int], Candidate]] = [{} for _ in readings]
     lengths = [readings[qi].windows[wi][1] - readings[qi].windows[wi][0] for qi, wi in units]
+    # Unnormalised scores where the reader has them (ranked across windows), else its log-probabilities.
+    log_z = [-math.inf if logits else 0.0] * len(readings)
     was_training = model.training
     model.eval()
     try:
@@ -148,12 +233,15 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
                       pad_chars([questions[qi][1] for qi, _ in picked], char_pad))
             inputs = tuple(t.to(device, non_blocking=True) for t in inputs)
             with inference_autocast(device):
-                lp1, lp2 = model(*inputs)
-            lp1, lp2 = lp1.float(), lp2.float()
+                s1, s2 = model(*inputs, logits=True) if logits else model(*inputs)
+            s1, s2 = s1.float(), s2.float()
+            lp1, lp2 = (F.log_softmax(s1, dim=1), F.log_softmax(s2, dim=1)) if logits else (s1, s2)
             if on_batch is not None:
                 on_batch([qi for qi, _ in picked], inputs, lp1, lp2)
-            top = decode_top_spans(lp1, lp2, k, max_answer_len=max_answer_len, no_answer=no_answer,
+            top = decode_top_spans(s1, s2, k, max_answer_len=max_answer_len, no_answer=no_answer,
                                    lengths=torch.tensor([b - a for a, b in spans]))
+            # Each window's normaliser: the log of the sum of exp(start + end) over its (start, end) pairs.
+            window_z = (torch.logsumexp(s1, dim=1) + torch.logsumexp(s2, dim=1)).tolist()
             # One copy to the host per batch, then plain Python over k entries per row.
             starts, ends = top["start"].tolist(), top["end"].tolist()
             log_scores, valid = top["log_score"].tolist(), top["valid"].tolist()
@@ -161,11 +249,15 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
             for row, (qi, wi) in enumerate(picked):
                 a = spans[row][0]
                 reading, seen = readings[qi], found[qi]
-                if no_answer and log_null[row] < reading.log_null:
-                    reading.log_null, reading.null_window = log_null[row], wi
+                bonus = prior.get((qi, wi), 0.0)
+                if logits:
+                    log_z[qi] = _logaddexp(log_z[qi], window_z[row] + bonus)
+                if no_answer and log_null[row] + bonus < reading.log_null:
+                    reading.log_null, reading.null_window = log_null[row] + bonus, wi
                 for s, e, ls, ok in zip(starts[row], ends[row], log_scores[row], valid[row]):
                     if not ok:
                         break
+                    ls += bonus
                     key = (a + s, a + e)
                     if key not in seen or ls > seen[key].log_score:
                         seen[key] = Candidate(a + s, a + e, math.exp(ls), ls, wi)
@@ -174,9 +266,12 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
                     progress(1)
     finally:
         model.train(was_training)
-    for reading, seen in zip(readings, found):
+    for reading, seen, z in zip(readings, found, log_z):
         # Best first; among equal scores the earlier span, so the order does not depend on the batching.
         reading.candidates = sorted(seen.values(), key=lambda c: (-c.log_score, c.start, c.end))[:k]
+        reading.log_z = z
+        for c in reading.candidates:
+            c.score = math.exp(c.log_score - z)
         if not reading.candidates:
             raise RuntimeError("a window produced no span")  # n >= 1 always has the span (0, 0)
     return readings

@@ -47,6 +47,9 @@ def _decoding_args(p: argparse.ArgumentParser, default_beam: int) -> None:
     p.add_argument("--batch-size", type=positive_int, default=64, help="sentences decoded together")
     p.add_argument("--layers", choices=LAYERS, default=None,
                    help="fastqa's fused layers (fast, default) or the pure-PyTorch reference layers (same weights)")
+    p.add_argument("--keep-case", action="store_true",
+                   help="read a sentence typed all in lower case as it is (default: a cased model restores its "
+                        "case first, as its training text had it)")
     add_runtime_flags(p)
 
 
@@ -97,6 +100,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "\"tokens\", \"log_prob\"}, ...]} (and \"attention\" with --attention).")
     _decoding_args(p, default_beam=5)
     p.add_argument("--input", metavar="F", help="sentences to translate, in batches (default: stdin, line by line)")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="answer a line that is not UTF-8 text with an empty line and go on (default: stop, naming "
+                        "the line); the count and line numbers go to stderr")
     p.add_argument("--nbest", type=positive_int, metavar="N",
                    help="write the N (<= --beam) best translations of each sentence with their scores")
     p.add_argument("--json", action="store_true",
@@ -172,7 +178,8 @@ def _run_train(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace):
     from .translator import Translator
 
-    return Translator.load(args.model, layers=args.layers or "fast", device=resolve_device(args.device))
+    return Translator.load(args.model, layers=args.layers or "fast", device=resolve_device(args.device),
+                           restore_case=not args.keep_case)
 
 
 def _decode_kwargs(args: argparse.Namespace, *, progress: bool = True) -> dict:
@@ -233,7 +240,8 @@ def _render(translator, args: argparse.Namespace, lines: list[str], first: int, 
 
 
 def _run_translate(args: argparse.Namespace) -> int:
-    from .parallel import read_lines
+    from ...data.files import decode_lines, read_bytes
+    from ...errors import UserError
     from .translator import DecodeStats, plot_format
 
     _check_translate_flags(args)
@@ -241,8 +249,15 @@ def _run_translate(args: argparse.Namespace) -> int:
         plot_format(args.plot_attention)  # a bad path fails now, not after the translation
     translator = _load(args)
     first_text: str | None = None  # the sentence --plot-attention draws
+    bad: list[int] = []            # numbers of the input lines that were not UTF-8 (--skip-bad-lines)
     if args.input is not None or _is_regular_file(sys.stdin):
-        lines = read_lines(args.input) if args.input is not None else _read_stdin(sys.stdin)
+        if args.input is not None:
+            raw, source = read_bytes(args.input, "--input"), args.input
+            if not raw:
+                raise UserError(f"{args.input}: the file is empty (expected one sentence per line)")
+        else:
+            raw, source = _stdin_bytes(sys.stdin), "standard input"
+        lines, bad = decode_lines(raw, source, skip_bad=args.skip_bad_lines)
         for line in _render(translator, args, lines, 0, progress=True):
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
@@ -252,7 +267,7 @@ def _run_translate(args: argparse.Namespace) -> int:
     else:
         # A terminal or a pipe: whoever writes the lines may wait for each answer before sending the next.
         stats = DecodeStats()
-        for i, line in enumerate(_stream_lines(sys.stdin)):
+        for i, line in enumerate(_stream_lines(sys.stdin, args.skip_bad_lines, bad)):
             for out in _render(translator, args, [line], i, progress=False):  # one line: no bar
                 sys.stdout.write(out + "\n")
             sys.stdout.flush()
@@ -260,10 +275,12 @@ def _run_translate(args: argparse.Namespace) -> int:
             if first_text is None and args.plot_attention and translator.source_tokens(line):
                 first_text = line
     print(_speed_line(stats, args), file=sys.stderr)
+    if bad:
+        shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
+        print(f"fastqa: skipped {len(bad)} line{'s' if len(bad) > 1 else ''} that {'were' if len(bad) > 1 else 'was'} "
+              f"not UTF-8 text (line {shown}): each answered with an empty line", file=sys.stderr)
     if args.plot_attention:
         if first_text is None:
-            from ...errors import UserError
-
             raise UserError("--plot-attention: every input line is empty")
         translator.plot_attention(first_text, args.plot_attention, **_decode_kwargs(args))
         print(f"attention map of {first_text!r} -> {args.plot_attention}", file=sys.stderr)
@@ -281,24 +298,29 @@ def _is_regular_file(stream: TextIO) -> bool:
         return False
 
 
-def _stream_lines(stream: TextIO) -> Iterator[str]:
+def _stream_lines(stream: TextIO, skip_bad: bool, bad: list[int]) -> Iterator[str]:
     """The lines of ``stream`` one at a time, as they arrive, without their endings (a last line without a
-    newline counts). readline returns as soon as a line is complete; it never waits to fill a buffer."""
+    newline counts), each decoded as UTF-8 on its own (``decode_lines``: a line that is not is an error naming
+    it, or with ``skip_bad`` an empty line whose number goes into ``bad``). readline returns as soon as a line
+    is complete; it never waits to fill a buffer."""
+    from ...data.files import decode_lines
+
+    binary = getattr(stream, "buffer", None)   # a text stream without bytes below it (a StringIO) is text already
+    number = 0
     while True:
-        line = stream.readline()
-        if not line:
+        raw = binary.readline() if binary is not None else stream.readline().encode("utf-8", "surrogateescape")
+        if not raw:
             return
-        if line.endswith("\n"):
-            line = line[:-1]
-        yield line[:-1] if line.endswith("\r") else line
+        number += 1
+        lines, skipped = decode_lines(raw, "standard input", skip_bad=skip_bad, first=number)
+        bad.extend(skipped)
+        yield lines[0] if lines else ""
 
 
-def _read_stdin(stream: TextIO) -> list[str]:
-    """Lines of ``stream`` without their endings (a last line without a newline counts)."""
-    lines = stream.read().split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+def _stdin_bytes(stream: TextIO) -> bytes:
+    """All of ``stream``'s bytes (its text re-encoded where it has no bytes below it)."""
+    binary = getattr(stream, "buffer", None)
+    return binary.read() if binary is not None else stream.read().encode("utf-8", "surrogateescape")
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -193,8 +193,12 @@ class TextCodec:
             return self.subword.encode(text.lower() if self.lowercase else text)
         return tokenize_line(text, lang or NEUTRAL_LANG, lowercase=self.lowercase)
 
-    def source_tokens(self, text: str) -> list[str]:
-        """One source sentence -> the model's tokens (spaCy words or pieces; no <eos>). Blank text: []."""
+    def source_tokens(self, text: str, *, restore_case: bool = False) -> list[str]:
+        """One source sentence -> the model's tokens (spaCy words or pieces; no <eos>). Blank text: [].
+        ``restore_case``: a cased subword model reads a sentence typed all in lower case with the case its
+        pieces make likeliest (``SubwordModel.restore_case``); training text is always read as it is."""
+        if restore_case and self.subword is not None and not self.lowercase and isinstance(text, str):
+            text = self.subword.restore_case(text)
         return self._tokens(text, self.src_lang)
 
     def target_tokens(self, text: str) -> list[str]:

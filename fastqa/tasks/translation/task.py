@@ -231,6 +231,9 @@ def prepare_parallel(opts: MTOptions, max_positions: int, *, progress: bool = Fa
             if lang is None:
                 guess_lang(path, flag)
     src_lines, tgt_lines = read_parallel(opts.src, opts.tgt)
+    for path, lines in ((opts.src, src_lines), (opts.tgt, tgt_lines)):
+        if not any(line.strip() for line in lines):
+            raise UserError(f"{path}: every line is empty or blank: no text to learn from")
     valid_src_lines, valid_tgt_lines = read_parallel(opts.valid_src, opts.valid_tgt)
     codec = build_codec(opts, src_lines, tgt_lines)
     src_tok = [codec.source_tokens(line) for line in _lines_bar(src_lines, "tokenizing source", progress)]

@@ -98,7 +98,8 @@ class Translator:
     """
 
     def __init__(self, model: ConvS2S, src_vocab: Vocab, tgt_vocab: Vocab, *, codec: TextCodec | None = None,
-                 src_lang: str | None = None, tgt_lang: str | None = None, lowercase: bool = True) -> None:
+                 src_lang: str | None = None, tgt_lang: str | None = None, lowercase: bool = True,
+                 restore_case: bool = True) -> None:
         if codec is None:
             codec = TextCodec("word", src_lang=src_lang, tgt_lang=tgt_lang, lowercase=lowercase)
         self.model = model.eval()
@@ -107,6 +108,9 @@ class Translator:
         self.src_lang, self.tgt_lang, self.lowercase = codec.src_lang, codec.tgt_lang, codec.lowercase
         self.config: ConvS2SConfig = model.config
         self.last_stats = DecodeStats()
+        #: read a sentence typed all in lower case with its case restored (a cased subword model only: it
+        #: learned from cased text, and lower-cased German loses what marks its nouns)
+        self.restore_case = bool(restore_case)
 
     @property
     def vocab_kind(self) -> str:
@@ -115,10 +119,10 @@ class Translator:
 
     @classmethod
     def load(cls, model_dir: str | os.PathLike | None = None, *, layers: str = "fast",
-             device: str | torch.device = "cpu") -> "Translator":
+             device: str | torch.device = "cpu", restore_case: bool = True) -> "Translator":
         """The model in ``model_dir``: a run folder (its ``checkpoint.pt``; the EMA weights if the run kept
         them), a slim export (``fastqa export``), or the name of a shipped model; None: the shipped translator
-        (``fastqa.pretrained.DEFAULTS["translation"]``)."""
+        (``fastqa.pretrained.DEFAULTS["translation"]``). ``restore_case``: see the attribute."""
         payload, path = load_payload(DEFAULTS["translation"] if model_dir is None else model_dir, map_location=device)
         if payload.get("kind") != KIND:
             raise UserError(f"{path}: a {payload.get('kind')!r} checkpoint, not a translation model ({KIND!r})")
@@ -150,7 +154,7 @@ class Translator:
             raise UserError(f"{path}: the weights do not fit the checkpoint's config "
                             f"({first[1].strip() if len(first) > 1 else first[0]})") from None
         model.to(device)
-        return cls(model, src_vocab, tgt_vocab, codec=codec)
+        return cls(model, src_vocab, tgt_vocab, codec=codec, restore_case=restore_case)
 
     @property
     def device(self) -> torch.device:
@@ -161,7 +165,7 @@ class Translator:
         """The tokens the model reads for ``sentence`` (pieces, or words lowercased as in training; no <eos>)."""
         if not isinstance(sentence, str):
             raise TypeError(f"sentences must be str, got {type(sentence).__name__}")
-        return self.codec.source_tokens(sentence)
+        return self.codec.source_tokens(sentence, restore_case=self.restore_case)
 
     def detokenize(self, tokens: Sequence[str]) -> str:
         """Target tokens (as ``translate_tokens`` gives them) -> text."""
@@ -185,6 +189,12 @@ class Translator:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         encoded: list[tuple[int, list[int]]] = []
         for i, s in enumerate(sentences):
+            if isinstance(s, str):
+                try:
+                    s.encode("utf-8")
+                except UnicodeEncodeError as e:  # lone surrogates: bytes that were not UTF-8, decoded leniently
+                    raise UserError(f"sentence {i + 1} is not valid Unicode text (a lone surrogate at character "
+                                    f"{e.start})") from None
             toks = self.source_tokens(s)
             if toks:
                 encoded.append((i, self._encode(toks, f"sentence {i + 1}")))

@@ -18,17 +18,17 @@ import contextlib
 import datetime
 import gzip
 import json
-import platform
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
+from benchmarks.measure import device_name
 from fastqa.data.tokenize import tokenize
 from fastqa.tasks.qa import QAModel
 from fastqa.tasks.qa.metric import exact_match, f1
-from fastqa.tasks.qa.windows import plan_windows
+from fastqa.tasks.qa.windows import paragraph_starts, plan_windows
 
 PLANTED = "The Zorbland suspension bridge was opened to traffic in 1937 by the mayor."
 PLANTED_QUESTION = "When was the Zorbland suspension bridge opened?"
@@ -75,12 +75,16 @@ def article_level(qa: QAModel, articles: list[dict], batch_size: int, per_window
     t0 = time.perf_counter()
     by_article = qa.answer_many(articles_text, questions, batch_size=batch_size)
     article_s = time.perf_counter() - t0
-    tokens = {doc: len(tokenize(doc)) for doc in set(articles_text)}
-    windows = sum(len(plan_windows(tokens[doc], window, stride)) for doc in articles_text)
+    plans = {}
+    for doc in set(articles_text):
+        toks = tokenize(doc)
+        offsets = [(start, start + len(t)) for t, start in toks]
+        plans[doc] = (len(toks), plan_windows(len(toks), window, stride, paragraph_starts(doc, offsets)))
+    windows = sum(len(plans[doc][1]) for doc in articles_text)
     out = {"paragraph": {**score([r["text"] for r in by_paragraph], golds), "seconds": paragraph_s},
            "article": {**score([r["text"] for r in by_article], golds), "seconds": article_s,
                        "windows": windows, "windows_per_s": windows / article_s,
-                       "mean_article_tokens": sum(tokens.values()) / len(tokens)},
+                       "mean_article_tokens": sum(n for n, _ in plans.values()) / len(plans)},
            "max_context": window, "stride": stride}
     if per_window:
         with per_window_ranking(qa):
@@ -132,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = parse_range(args.articles)
     qa = QAModel.load(args.model, device="cpu")
     result: dict[str, Any] = {
-        "date": datetime.date.today().isoformat(), "cpu": platform.processor() or platform.machine(),
+        "date": datetime.date.today().isoformat(), "cpu": device_name(torch.device("cpu")),
         "threads": torch.get_num_threads(), "model": args.model or "shipped reader", "articles": args.articles,
         "reading": article_level(qa, [data[i] for i in chosen], args.batch_size, args.per_window),
         "planted": [planted(qa, data, n) for n in args.planted_words]}

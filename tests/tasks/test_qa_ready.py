@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import random
+import re
 import struct
 from types import SimpleNamespace
 from typing import Iterator
@@ -24,7 +25,7 @@ from fastqa.errors import UserError
 from fastqa.tasks.qa import QAModel, decode_spans
 from fastqa.tasks.qa.decode import decode_top_spans
 from fastqa.tasks.qa.squad import Limits
-from fastqa.tasks.qa.windows import lexical_terms, plan_windows, window_settings
+from fastqa.tasks.qa.windows import lexical_terms, paragraph_starts, plan_windows, window_settings
 
 TINY = ["--set", "d_model=32", "--set", "heads=2", "--set", "char_dim=16", "--set", "char_channels=32",
         "--set", "word_dim=32", "--set", "emb_conv_layers=1", "--set", "model_blocks=1", "--set", "dropout=0",
@@ -97,6 +98,13 @@ def test_window_plan_covers_the_context_with_the_overlap_asked_for():
         assert all(b - a == size for a, b in windows)
         for (a0, b0), (a1, b1) in zip(windows, windows[1:]):
             assert a0 < a1 and b0 - a1 >= stride            # overlap of at least `stride` tokens, always progress
+    # Paragraphs: one window each where the text is longer than a window; a long paragraph is cut as above.
+    assert plan_windows(1000, 400, 128, breaks=[900, 300, 350]) == [(0, 300), (300, 350), (350, 750), (500, 900),
+                                                                    (900, 1000)]
+    assert plan_windows(390, 400, 128, breaks=[100]) == [(0, 390)]          # it fits one window: read whole
+    text = "Alpha beta.\n\nGamma delta.\n  \nEpsilon\nzeta"
+    tokens = [(m.start(), m.end()) for m in re.finditer(r"\w+|\.", text)]
+    assert paragraph_starts(text, tokens) == [3, 6]                          # a single newline is no break
     assert window_settings(None, None, 400) == (400, 128)
     assert window_settings(100, None, 400) == (100, 50)     # the default stride is at most half a window
     with pytest.raises(UserError, match="stride 50 must be smaller than max_context 50"):
@@ -232,6 +240,11 @@ def test_a_long_context_gives_the_answer_of_its_paragraph_alone(reader, qa):
         # bounded memory: no row longer than the window, and every window was read
         assert max(n for _, n in seen) <= qa.limits.context == 400
         assert sum(b for b, _ in seen) >= 10_000 // (400 - 128)
+    # With a blank line before it, the paragraph is a window of its own: read as if it were alone.
+    apart = FILLER + "\n\n" + para["context"]
+    for q in para["qas"]:
+        alone, res = qa.answer(para["context"], q["question"]), qa.answer(apart, q["question"])
+        assert (res["text"], res["start"]) == (alone["text"], alone["start"] + len(FILLER) + 2)
     probs = qa.probabilities(context, para["qas"][0]["question"])
     first, end = probs["window"]
     assert (first, end) in plan_windows(probs["n_tokens"], 400, 128)

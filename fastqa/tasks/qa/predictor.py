@@ -26,7 +26,7 @@ from ...errors import UserError
 from .readers import MODELS, answer_len, build_model, config_type
 from .squad import Limits, SquadSet, encode_squad, encode_tokens, load_squad, pad_chars
 from .task import PredictOutput, predict
-from .windows import Reading, inference_autocast, lexical_terms, read_windows, window_settings
+from .windows import Reading, inference_autocast, lexical_terms, paragraph_starts, read_windows, window_settings
 
 __all__ = ["QAModel"]
 
@@ -127,7 +127,7 @@ class QAModel:
         return window_settings(max_context, stride, self.limits.context)
 
     def _read(self, items: Sequence[tuple], *, k: int, batch_size: int, max_answer_len: int | None,
-              max_context: int | None, stride: int | None) -> list[Reading]:
+              max_context: int | None, stride: int | None, texts: Sequence[str] | None = None) -> list[Reading]:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         window, overlap = self.windows(max_context, stride)
@@ -136,7 +136,8 @@ class QAModel:
                             [(it[2], it[3], i) for i, it in enumerate(items)], k=k, max_answer_len=mal,
                             max_context=window, stride=overlap, batch_size=batch_size, word_pad=self.words.pad_id,
                             char_pad=self.chars.pad_id, device=self.device,
-                            terms=([lexical_terms(it[5]) for it in items], [lexical_terms(it[6]) for it in items]))
+                            terms=([lexical_terms(it[5]) for it in items], [lexical_terms(it[6]) for it in items]),
+                            breaks=None if texts is None else [paragraph_starts(t, it[4]) for t, it in zip(texts, items)])
 
     def _span(self, context: str, offsets: list[tuple[int, int]], start: int, end: int, score: float
               ) -> dict[str, Any]:
@@ -174,7 +175,7 @@ class QAModel:
         items = [self._encode_pair(c, q, i if len(contexts) > 1 else None)
                  for i, (c, q) in enumerate(zip(contexts, questions))]
         readings = self._read(items, k=top_k or 1, batch_size=batch_size, max_answer_len=max_answer_len,
-                              max_context=max_context, stride=stride)
+                              max_context=max_context, stride=stride, texts=contexts)
         return [self._result(c, it[4], r, top_k) for c, it, r in zip(contexts, items, readings)]
 
     def answer(self, context: str, question: str, *, max_answer_len: int | None = None, top_k: int | None = None,
@@ -205,7 +206,7 @@ class QAModel:
         a, b = 0, n
         if n > window:
             reading = self._read([item], k=1, batch_size=32, max_answer_len=None, max_context=window,
-                                 stride=overlap)[0]
+                                 stride=overlap, texts=[context])[0]
             a, b = reading.windows[reading.best.window]
             item = (item[0][a:b], item[1][a:b], item[2], item[3], item[4][a:b], item[5][a:b], item[6])
         lp1, lp2 = self._forward([item])

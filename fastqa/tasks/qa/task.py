@@ -24,7 +24,7 @@ from ...errors import UserError
 from .metric import evaluate as squad_evaluate
 from .readers import MODELS, answer_len, build_model, make_config, meta_config, model_kind
 from .squad import NO_TARGET, EncodedSquad, Limits, SquadSet, build_vocabs, collate, encode_squad, load_squad
-from .windows import DEFAULT_STRIDE, inference_autocast, lexical_terms, read_windows
+from .windows import DEFAULT_STRIDE, inference_autocast, lexical_terms, paragraph_starts, read_windows
 
 __all__ = ["SquadData", "prepare_squad", "Recipe", "span_loss", "inference_autocast", "PredictOutput", "predict", "score_predictions", "QATask"]
 
@@ -108,7 +108,8 @@ def predict(model: nn.Module, data: SquadSet, enc: EncodedSquad, *, batch_size: 
         readings = read_windows(model, contexts, questions, k=1, max_answer_len=max_answer_len,
                                 max_context=max_context, stride=stride, batch_size=batch_size,
                                 word_pad=enc.word_pad, char_pad=enc.char_pad, device=device, on_batch=add_loss,
-                                progress=bar.update if bar is not None else None, terms=terms)
+                                progress=bar.update if bar is not None else None, terms=terms,
+                                breaks=[paragraph_starts(c.text, c.offsets) for c in data.contexts])
     finally:
         if bar is not None:
             bar.close()

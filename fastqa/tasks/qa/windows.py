@@ -1,9 +1,10 @@
 """Reading contexts of any length: overlapping windows of context tokens, batched, best spans merged.
 
 A reader sees at most ``max_context`` context tokens at a time (its self-attention is quadratic in the
-length and it was trained on contexts cut to ``Limits.context`` tokens). A longer context is cut into
-windows of ``max_context`` tokens that overlap by at least ``stride`` tokens (an answer near one window's
-edge lies well inside the next), the last one ending at the context's end; every (question, window) pair is
+length and it was trained on contexts cut to ``Limits.context`` tokens). A longer context is read a paragraph
+per window where it has paragraphs (blank lines), as the readers were trained; a longer paragraph, or a text
+without paragraphs, is cut into windows of ``max_context`` tokens that overlap by at least ``stride`` tokens
+(an answer near one window's edge lies well inside the next), the last one ending at its end; every (question, window) pair is
 one row of a length-bucketed batch, so memory is bounded by ``batch_size × max_context`` whatever the
 text's length. Each window's k best spans (``decode_top_spans``) are mapped back to the context's token
 indices and merged: a span seen in several windows keeps its best score, and the k best distinct spans over
@@ -27,6 +28,7 @@ A context that fits one window is read whole, exactly as before windows existed.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -41,10 +43,11 @@ from .decode import decode_top_spans
 from .squad import pad_chars
 
 __all__ = ["DEFAULT_STRIDE", "RELEVANCE_WEIGHT", "Candidate", "Reading", "plan_windows", "window_settings",
-           "inference_autocast", "lexical_terms", "read_windows"]
+           "inference_autocast", "lexical_terms", "paragraph_starts", "read_windows"]
 
 #: default overlap of consecutive windows, in tokens (the doc stride of the usual QA pipelines)
 DEFAULT_STRIDE = 128
+_BLANK_LINE = re.compile(r"\n[^\S\n]*\n")
 #: logits per unit of BM25 relevance of a window to the question (module docstring): chosen on SQuAD v1.1 dev
 #: articles 30-34, a plateau from 1 to 4 there (the held-out articles 40-47 were not looked at)
 RELEVANCE_WEIGHT = 2.0
@@ -78,14 +81,27 @@ def window_settings(max_context: int | None, stride: int | None, default_context
     return max_context, stride
 
 
-def plan_windows(n: int, max_context: int | None, stride: int) -> list[tuple[int, int]]:
+def plan_windows(n: int, max_context: int | None, stride: int, breaks: Sequence[int] = ()
+                 ) -> list[tuple[int, int]]:
     """Token ranges [a, b) covering n tokens: one when n <= max_context (or max_context is None), else
-    windows of max_context tokens starting every max_context - stride tokens, the last ending at n."""
+    windows of max_context tokens starting every max_context - stride tokens, the last ending at n.
+
+    ``breaks``: the tokens that start a paragraph (``paragraph_starts``). A text longer than a window is then
+    read a paragraph per window -- what the readers were trained on -- and only a paragraph longer than a
+    window is cut as above."""
     if max_context is None or n <= max_context:
         return [(0, n)]
+    edges = [0, *sorted(b for b in set(breaks) if 0 < b < n), n]
+    if len(edges) > 2:
+        return [(a + x, a + y) for a, b in zip(edges, edges[1:]) for x, y in plan_windows(b - a, max_context, stride)]
     step = max_context - stride
     starts = list(range(0, n - max_context, step)) + [n - max_context]
     return [(a, a + max_context) for a in starts]
+
+
+def paragraph_starts(text: str, offsets: Sequence[tuple[int, int]]) -> list[int]:
+    """The tokens of ``text`` (character spans ``offsets``) that begin a paragraph: those after a blank line."""
+    return [i for i in range(1, len(offsets)) if _BLANK_LINE.search(text, offsets[i - 1][1], offsets[i][0])]
 
 
 @dataclass
@@ -182,16 +198,16 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
                  batch_size: int = 32, word_pad: int = 0, char_pad: int = 0,
                  device: torch.device | str | None = None, on_batch: BatchHook | None = None,
                  progress: Callable[[int], None] | None = None,
-                 terms: tuple[Sequence[Sequence[str | None]], Sequence[Sequence[str | None]]] | None = None
-                 ) -> list[Reading]:
+                 terms: tuple[Sequence[Sequence[str | None]], Sequence[Sequence[str | None]]] | None = None,
+                 breaks: Sequence[Sequence[int]] | None = None) -> list[Reading]:
     """Read every question against its context in windows; one ``Reading`` per question, in order.
 
     contexts: (word ids [n], char ids [n, W]) per context; questions: (word ids [m], char ids [m, W'],
     context index) per question. max_context None reads every context whole (training-time evaluation).
     on_batch: called for every batch (e.g. to add up a loss); progress: called with the number of
     questions whose last window was just read; terms: (per context, per question) the ``lexical_terms`` of
-    their tokens, for the windows' relevance to the question (module docstring). The model is put in eval mode
-    and back.
+    their tokens, for the windows' relevance to the question (module docstring); breaks: per context the tokens
+    that start a paragraph (``plan_windows``). The model is put in eval mode and back.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -202,7 +218,7 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
     units: list[tuple[int, int]] = []          # (question, window index)
     for qi, (_, _, c) in enumerate(questions):
         if c not in plans:
-            plans[c] = plan_windows(len(contexts[c][0]), max_context, stride)
+            plans[c] = plan_windows(len(contexts[c][0]), max_context, stride, breaks[c] if breaks else ())
         readings.append(Reading(plans[c]))
         units.extend((qi, wi) for wi in range(len(plans[c])))
     # Each (question, window)'s prior: RELEVANCE_WEIGHT x BM25, for readers ranked by logits, where there are

@@ -147,7 +147,9 @@ def test_each_baseline_trains_and_answers_with_context_words(variant, data, caps
     assert f"qa-train: {variant}," in err
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if r["kind"] == "train"]
-    assert len(losses) == 12 and sum(losses[-3:]) < 0.85 * sum(losses[:3]), losses   # it learns
+    # It learns: the vocabulary readers' loss falls by about 15% in these 300 steps, and the CPU's GEMM rounding
+    # moves that by a point or two from one processor to another; a reader that learned nothing stays within noise.
+    assert len(losses) == 12 and sum(losses[-3:]) < 0.9 * sum(losses[:3]), losses
     assert {"EM", "F1", "dev_loss"} <= set(rows[-1])
 
     # qa-predict + qa-eval: every answer is a context word (single-word readers) or a slice of the context

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Callable, Sequence
 
 import torch
@@ -231,3 +235,12 @@ def _fp64_dot_skip_reason() -> str | None:
     except Exception as exc:  # any compile or launch failure of the probe is the reason to skip
         return f"this Triton ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}) cannot " \
                f"compile a float64 tl.dot on this GPU"
+
+
+def load_script(path: Path) -> ModuleType:
+    """A script of scripts/ imported as a module named after its file (its functions tested directly)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # its dataclasses look their module up while being defined
+    spec.loader.exec_module(module)
+    return module

@@ -3,7 +3,6 @@ with a status, the op phase reports errors for every op, and time boxes skip pha
 dropping them. One subprocess run of the script with every phase; the rest calls its functions directly."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -13,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from helpers import load_script
 
 import fastqa
 
@@ -21,17 +21,9 @@ SCRIPT = REPO / "scripts" / "gpu_check.py"
 STATUSES = {"ok", "failed", "skipped"}
 
 
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module   # its dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def gpu_check() -> ModuleType:
-    return _load_script()
+    return load_script(SCRIPT)
 
 
 @pytest.fixture(scope="module")

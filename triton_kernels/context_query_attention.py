@@ -74,11 +74,11 @@ matmul precision allows plain TF32). In 16-bit dtypes D is formed from the round
 does with its output), so the attention's bias gradient, mathematically zero, comes back as
 rounding noise of that size. The Triton interpreter cannot multiply bf16 blocks, so under
 TRITON_INTERPRET=1 bf16 dot operands are upcast to fp32; on a GPU they stay bf16.
-Inputs are never modified. GPU speed has not been measured (no GPU was available while writing
-this): only the interpreter has run these kernels. Each kernel's default configuration was
-compiled for sm_90 without a GPU (Triton 3.9, fp32 / fp16 / bf16 at d = 128, fp32 at d = 256):
-all fit H100 shared memory, the largest being the fp32 backward column kernel at d = 256
-(224 KB); oversized tuning configurations are skipped by the autotuner.
+Inputs are never modified. The backward's two attention kernels hold the most tiles at once: in fp32
+the attention's dots run in IEEE fp32, forward and backward (tf32x3 splits every operand in two and
+spilled registers; the backward must rebuild S as the forward built it), and the backward row kernel's
+question tile is narrower; ``make gpu-compile`` (docs/gpu-compile.md) compiles every
+configuration for sm_90 and sm_80 and records registers, spills and shared memory.
 """
 from __future__ import annotations
 
@@ -93,10 +93,12 @@ from fastqa._checks import check_optional, check_tensor
 from ._common import INTERPRET, configs, dot_operand_dtype, dot_precision, launch, register, tile_range
 
 # Autotuning spaces; the first entry of each list is the default configuration (``_common.launch``).
-# Smallest tiles first: the untuned default must fit shared memory at d = 256 in fp32 too.
-_ROW_CONFIGS = configs(("BLOCK_N",), [(bn, w, 2) for bn in (16, 32, 64) for w in (4, 8)])
-_COL_CONFIGS = configs(("BLOCK_M", "BLOCK_N"), [(bm, bn, w, 2) for bm, bn in ((16, 32), (32, 32), (16, 64), (64, 32))
-                                                for w in (4, 8)])
+# What is left of them is what compiles without spilling at the models' shapes (``make gpu-compile``).
+_ROW_CONFIGS = configs(("BLOCK_N",), [(16, 8, 1)])
+_COL_CONFIGS = configs(("BLOCK_M", "BLOCK_N"), [(16, 16, 8, 2)])
+# The attention backward's kernels hold the most tiles at once: spaces of their own (the compile check).
+_BWD_ROW_CONFIGS = configs(("BLOCK_N",), [(16, 8, 1)])
+_BWD_COL_CONFIGS = configs(("BLOCK_M", "BLOCK_N"), [(16, 16, 8, 2)])
 _TILE_CONFIGS = configs(("BLOCK_N", "BLOCK_M"), [(bn, bm, w, 2) for bn, bm in ((64, 64), (32, 32), (64, 128), (128, 64))
                                                  for w in (4, 8)])
 # Question tile of the row kernels: a whole typical question (the interpreter: 16, so that a small
@@ -106,7 +108,7 @@ _ROW_TILE_MAX = 16 if INTERPRET else 128
 # only), not per exact length: batches padded to their longest context would retune constantly.
 _KEY = ["n_key", "m_key", "d"]
 # Column programs write one partial row each; the buffer is sized for the smallest BLOCK_M.
-_MIN_COL_BLOCK_M = min(cfg.kwargs["BLOCK_M"] for cfg in _COL_CONFIGS)
+_MIN_COL_BLOCK_M = min(cfg.kwargs["BLOCK_M"] for cfg in (*_COL_CONFIGS, *_BWD_COL_CONFIGS))
 
 
 # ----------------------------------------------------------------------------- jit helpers
@@ -441,7 +443,7 @@ def _col_sweep_tile(c_ptr, cmask_ptr, lse_row_ptr, da_ptr, db_ptr, offs_n, offs_
     return c, pt, pct, da, db
 
 
-@triton.autotune(configs=_COL_CONFIGS, key=_KEY, reset_to_zero=["partial_ptr"])
+@triton.autotune(configs=_BWD_COL_CONFIGS, key=_KEY, reset_to_zero=["partial_ptr"])
 @triton.jit
 def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse_row_ptr, lse_col_ptr,
                         da_ptr, db_ptr, dd_ptr, t_ptr, dt_ptr, e_ptr, dq_ptr, partial_ptr, n, m, d, n_key, m_key,
@@ -490,7 +492,7 @@ def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse
                   q, w_q, w_cq, dq, colsum, dsc)
 
 
-@triton.autotune(configs=_ROW_CONFIGS, key=_KEY)
+@triton.autotune(configs=_BWD_ROW_CONFIGS, key=_KEY)
 @triton.jit
 def _cqa_bwd_row_kernel(g_ptr, c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, out_ptr,
                         lse_row_ptr, lse_col_ptr, da_ptr, db_ptr, dd_ptr, t_ptr, dt_ptr, e_ptr, dc_ptr,
@@ -545,19 +547,33 @@ def _consts(c: torch.Tensor, d: int) -> dict:
             "DOT_PRECISION": dot_precision(c.dtype)}
 
 
+def _cqa_consts(c: torch.Tensor, d: int) -> dict:
+    """``_consts`` of the attention's kernels: IEEE fp32 dots where the policy says tf32x3. The backward's
+    kernels hold several [rows, D] fp32 tiles at once, and tf32x3, which splits every dot operand in two,
+    spilled registers there (``make gpu-compile``); IEEE is as accurate or more. Forward and backward alike:
+    the backward rebuilds S bit for bit as the forward built it (module docstring)."""
+    consts = _consts(c, d)
+    if consts["DOT_PRECISION"] == "tf32x3":
+        consts["DOT_PRECISION"] = "ieee"
+    return consts
+
+
 def _keys(n: int, m: int) -> tuple[int, int]:
     """Autotuning buckets of the context and question lengths."""
     return triton.next_power_of_2(max(n, 1)), triton.next_power_of_2(max(m, 1))
 
 
-def _row_block_m(m: int, block_d: int, backward: bool = False) -> int:
+def _row_block_m(m: int, block_d: int, backward: bool = False, fp32: bool = False) -> int:
     """Question tile of the row kernels: the whole question up to a cap, then several tiles.
 
     The forward covers a typical question (m <= 128 at d <= 128) in one tile, i.e. one softmax
-    pass; the backward rows need no softmax and take half as wide tiles. The cap shrinks as d
-    grows so that a [BLOCK_M, BLOCK_D] tile stays within registers and shared memory.
+    pass; the backward rows need no softmax and take half as wide tiles. fp32 operands take a quarter
+    (forward) or an eighth (backward) of that: the compile check found wider ones spilling registers
+    with IEEE dots (``_cqa_consts``). The cap shrinks as
+    d grows so that a [BLOCK_M, BLOCK_D] tile stays within registers and shared memory.
     """
-    cap = min(_ROW_TILE_MAX, (8192 if backward else 16384) // block_d)
+    budget = (1024 if fp32 else 8192) if backward else (4096 if fp32 else 16384)
+    cap = min(_ROW_TILE_MAX, budget // block_d)
     return max(16, min(triton.next_power_of_2(max(m, 1)), cap))
 
 
@@ -625,7 +641,7 @@ def _cqa_fwd(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor, q_mask: tor
     m = q.shape[1]
     weight = weight.contiguous()
     bias_arg, has_bias = _bias_args(bias, weight)
-    consts = dict(_consts(c, d), HAS_BIAS=has_bias)
+    consts = dict(_cqa_consts(c, d), HAS_BIAS=has_bias)
     sizes = (n, m, d, *_keys(n, m))
     f32 = dict(device=c.device, dtype=torch.float32)
     t = torch.empty(batch, m, d, **f32)
@@ -635,7 +651,8 @@ def _cqa_fwd(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tensor, q_mask: tor
     launch(_cqa_fwd_col_kernel, _col_grid(m, batch), c, q, c_mask, weight, bias_arg, t, lse_col, *sizes,
             *c.stride(), *q.stride(), *c_mask.stride(), **consts)
     launch(_cqa_fwd_row_kernel, _row_grid(n, batch), c, q, q_mask, weight, bias_arg, t, out, lse_row, *sizes,
-            *c.stride(), *q.stride(), *q_mask.stride(), BLOCK_M=_row_block_m(m, consts["BLOCK_D"]), **consts)
+            *c.stride(), *q.stride(), *q_mask.stride(),
+            BLOCK_M=_row_block_m(m, consts["BLOCK_D"], fp32=c.dtype == torch.float32), **consts)
     return out, lse_row, lse_col
 
 
@@ -647,7 +664,7 @@ def _cqa_bwd(grad_out: torch.Tensor, c: torch.Tensor, q: torch.Tensor, c_mask: t
     weight = weight.contiguous()
     lse_row, lse_col = lse_row.contiguous(), lse_col.contiguous()
     bias_arg, has_bias = _bias_args(bias, weight)
-    consts = dict(_consts(c, d), HAS_BIAS=has_bias)
+    consts = dict(_cqa_consts(c, d), HAS_BIAS=has_bias)
     sizes = (n, m, d, *_keys(n, m))
     f32 = dict(device=c.device, dtype=torch.float32)
     da, db, dd = torch.empty(batch, n, d, **f32), torch.empty(batch, n, d, **f32), torch.empty(batch, n, **f32)
@@ -663,7 +680,7 @@ def _cqa_bwd(grad_out: torch.Tensor, c: torch.Tensor, q: torch.Tensor, c_mask: t
     launch(_cqa_bwd_row_kernel, _row_grid(n, batch), grad_out, c, q, c_mask, q_mask, weight, bias_arg, out,
             lse_row, lse_col, da, db, dd, t, dt, e, grad_c, *sizes, *grad_out.stride(), *c.stride(), *q.stride(),
             *c_mask.stride(), *q_mask.stride(), *out.stride(),
-            BLOCK_M=_row_block_m(m, consts["BLOCK_D"], backward=True), **consts)
+            BLOCK_M=_row_block_m(m, consts["BLOCK_D"], backward=True, fp32=c.dtype == torch.float32), **consts)
     return (grad_c, grad_q) + _weight_grads(partial, weight, bias, d)
 
 

@@ -88,21 +88,19 @@ _NAMES_LNC = ("BLOCK_L", "BLOCK_N", "BLOCK_C")
 _INTERPRET_LNC = {"BLOCK_L": 32, "BLOCK_N": 16, "BLOCK_C": 16}
 
 _FWD_CONFIGS = configs(_NAMES_LNC, [
-    (32, 64, 32, 4, 3), (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (128, 64, 32, 4, 3),
-    (128, 128, 32, 8, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 2), (32, 128, 64, 4, 2)], _INTERPRET_LNC)
+    (32, 64, 32, 8, 3), (32, 64, 16, 4, 3), (16, 64, 32, 4, 3), (64, 64, 16, 8, 3), (32, 128, 16, 8, 3),
+    (32, 64, 16, 4, 2)], _INTERPRET_LNC)
 _DH_CONFIGS = configs(_NAMES_LNC, [
-    (32, 64, 64, 4, 3), (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (64, 64, 64, 4, 3),
-    (128, 64, 64, 8, 3), (128, 128, 32, 8, 2)], _INTERPRET_LNC)
+    (32, 64, 64, 8, 2), (32, 32, 32, 8, 3), (32, 64, 64, 8, 1)], _INTERPRET_LNC)
 _DX_CONFIGS = configs(("BLOCK_L", "BLOCK_C"), [
-    (32, 64, 4, 2), (64, 64, 4, 2), (32, 128, 4, 2), (64, 128, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2)],
+    (32, 64, 4, 2), (64, 64, 4, 2), (32, 128, 4, 2), (128, 64, 8, 2)],
     {"BLOCK_L": 32, "BLOCK_C": 16})
 _DPW_CONFIGS = configs(_NAMES_LNC, [
-    (32, 64, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (32, 128, 128, 8, 2),
-    (64, 128, 128, 8, 2), (128, 64, 64, 8, 2)], _INTERPRET_LNC)
+    (16, 64, 32, 4, 3), (32, 64, 16, 4, 3), (16, 128, 64, 8, 3), (32, 128, 32, 8, 3)], _INTERPRET_LNC)
 
 # Whole-row kernels of the LayerNorm variant: only the row count and warps are tuned.
 _STATS_CONFIGS = configs(("BLOCK_R",), [(4, 4, 1), (8, 4, 1), (16, 8, 1)])
-_DXLN_CONFIGS = configs(("BLOCK_L",), [(16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 8, 2)])
+_DXLN_CONFIGS = configs(("BLOCK_L",), [(16, 4, 2), (32, 8, 2)])
 
 
 def _prune(configs: list, named_args: dict, **kwargs) -> list:

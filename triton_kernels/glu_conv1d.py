@@ -74,23 +74,21 @@ _SCHEMAS = {
 
 # (BLOCK_T, BLOCK_N, BLOCK_C, warps, stages); two accumulators of [BLOCK_T, BLOCK_N] per program.
 _FWD_CONFIGS = configs(("BLOCK_T", "BLOCK_N", "BLOCK_C"), [
-    (64, 64, 32, 4, 3), (64, 64, 64, 4, 3), (128, 64, 32, 8, 3), (128, 64, 64, 8, 3),
-    (64, 32, 64, 4, 4), (32, 64, 64, 4, 4), (128, 128, 32, 8, 3), (64, 128, 32, 4, 3)])
+    (32, 64, 32, 8, 3), (64, 32, 32, 8, 3), (32, 64, 32, 4, 3), (64, 64, 16, 4, 3)])
 # (BLOCK_T, BLOCK_C, BLOCK_O, warps, stages)
 _DX_CONFIGS = configs(("BLOCK_T", "BLOCK_C", "BLOCK_O"), [
-    (64, 64, 32, 4, 3), (64, 64, 64, 4, 3), (128, 64, 32, 8, 3), (128, 64, 64, 8, 3),
-    (64, 128, 32, 4, 3), (32, 64, 64, 4, 4), (128, 128, 32, 8, 3)])
+    (64, 64, 32, 8, 3), (32, 64, 32, 4, 3), (64, 32, 32, 4, 3), (128, 64, 32, 8, 3),
+    (64, 64, 16, 4, 3), (32, 64, 32, 8, 3), (64, 128, 32, 8, 3)])
 # (BLOCK_O, BLOCK_C, BLOCK_T, warps, stages)
 _DW_CONFIGS = configs(("BLOCK_O", "BLOCK_C", "BLOCK_T"), [
-    (64, 64, 32, 4, 3), (64, 64, 64, 4, 3), (128, 64, 32, 8, 3), (64, 128, 32, 8, 3),
-    (128, 128, 32, 8, 3), (32, 64, 64, 4, 4)])
+    (64, 64, 32, 4, 3), (128, 64, 32, 8, 3), (64, 128, 32, 8, 3), (32, 64, 64, 4, 4)])
 # (BLOCK_N, warps, stages); BLOCK_T of this kernel is fixed (it sizes the bias partial buffer).
-_DPRE_CONFIGS = configs(("BLOCK_N",), [(64, 2, 1), (128, 4, 1), (256, 4, 1), (256, 8, 1)])
+_DPRE_CONFIGS = configs(("BLOCK_N",), [(64, 2, 1), (128, 4, 1), (256, 8, 1)])
 _DPRE_BLOCK_T = 16 if INTERPRET else 32
 # (BLOCK_B, BLOCK_N, BLOCK_J, warps, stages)
 _STEP_CONFIGS = configs(("BLOCK_B", "BLOCK_N", "BLOCK_J"), [
-    (16, 32, 64, 4, 3), (16, 64, 64, 4, 3), (16, 32, 128, 4, 3), (16, 64, 128, 8, 3),
-    (32, 64, 64, 4, 3), (64, 64, 64, 4, 3)])
+    (16, 32, 64, 8, 3), (16, 64, 64, 4, 3), (16, 64, 64, 8, 3), (16, 32, 32, 4, 3),
+    (32, 64, 32, 8, 3), (16, 64, 32, 4, 3)])
 # Smallest row tile of the grad_weight kernel: bounds the number of splits worth launching.
 _DW_MIN_BLOCK_T = min(c.kwargs["BLOCK_T"] for c in _DW_CONFIGS)
 

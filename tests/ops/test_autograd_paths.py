@@ -384,9 +384,9 @@ def _pin_cqa_tiles(monkeypatch, tiles: str) -> None:
     for tuner in list(vars(kernels).values()):
         if not isinstance(tuner, triton.runtime.Autotuner):
             continue
-        if tuner.configs is kernels._ROW_CONFIGS:
+        if tuner.configs is kernels._ROW_CONFIGS or tuner.configs is kernels._BWD_ROW_CONFIGS:
             monkeypatch.setattr(tuner, "configs", [triton.Config({"BLOCK_N": row_n}, num_warps=4, num_stages=2)])
-        elif tuner.configs is kernels._COL_CONFIGS:
+        elif tuner.configs is kernels._COL_CONFIGS or tuner.configs is kernels._BWD_COL_CONFIGS:
             monkeypatch.setattr(tuner, "configs", [
                 triton.Config({"BLOCK_M": col_m, "BLOCK_N": col_n}, num_warps=4, num_stages=2)])
 

@@ -1178,6 +1178,11 @@ def targets(phases: dict[str, dict[str, Any]], tiny: bool) -> list[dict[str, str
     return out
 
 
+def _status(item: dict[str, Any]) -> str:
+    """An item's status and, where it has one, the reason."""
+    return item["status"] + (f": {item['reason']}" if item.get("reason") else "")
+
+
 def _phase_detail_lines(key: str, result: dict[str, Any]) -> list[str]:
     """The per-phase section of summary.txt."""
     lines: list[str] = []
@@ -1240,7 +1245,7 @@ def _phase_detail_lines(key: str, result: dict[str, Any]) -> list[str]:
         for i in result.get("items", []):
             head = f"{i['name']:<52}"
             if i.get("status") != "ok":
-                lines.append(f"{head}{i['status']}" + (f": {i['reason']}" if i.get("reason") else ""))
+                lines.append(head + _status(i))
             elif i.get("kind") == "train":
                 syncs = (i.get("host_syncs") or {}).get("count")
                 kernels = (i.get("launches") or {}).get("kernels")
@@ -1259,7 +1264,7 @@ def _phase_detail_lines(key: str, result: dict[str, Any]) -> list[str]:
         for i in result.get("items", []):
             head = f"{(i.get('op', '') + '/' + i.get('case', ''))[:43]:<44}"
             if i.get("status") != "ok":
-                lines.append(f"{head}{i['status']}" + (f": {i['reason']}" if i.get("reason") else ""))
+                lines.append(head + _status(i))
                 continue
             lines.append(head + "".join(f"{fmt_num(i.get(k), '.3f'):>{w}}" for k, w in (
                 ("fastqa_fwd_ms", 11), ("fastqa_fwd_host_ms", 7), ("fastqa_fwd_graph_ms", 7), ("eager_fwd_ms", 10),

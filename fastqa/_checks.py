@@ -109,6 +109,17 @@ def check_positive_float(name: str, value: object) -> float:
     return float(value)
 
 
+def check_unicode(what: str, text: str, where: str = "") -> None:
+    """A str holding lone surrogates (bytes that were not UTF-8, decoded leniently) is a UserError naming
+    ``what``, the character and ``where`` (appended): no tokenizer can take it."""
+    from .errors import UserError
+
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UserError(f"{what} is not valid Unicode text (a lone surrogate at character {e.start}){where}") from None
+
+
 def check_choice(name: str, value: object, choices: Sequence[str | None]) -> None:
     """``value`` is one of the strings (or None) in ``choices``; anything else (a tensor too) raises."""
     if not any(value is c or (isinstance(value, str) and value == c) for c in choices):

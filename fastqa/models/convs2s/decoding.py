@@ -247,8 +247,8 @@ def beam_search(model: ConvS2S, src: torch.Tensor, *, beam: int = 5, len_penalty
             # sentences not done yet (a done sentence stays in the batch until the host next looks).
             fin = is_eos[:, :k] & top_scores[:, :k].isfinite() & ~done.unsqueeze(1)
             rows = torch.arange(n_live, device=device).unsqueeze(1) * k + top_beam[:, :k]        # [B', k]
-            finished.add(live, fin, top_scores[:, :k], tokens[:, 1:], rows,
-                         torch.cat([attn_hist, attn.unsqueeze(1)], dim=1))
+            attn_hist = torch.cat([attn_hist, attn.unsqueeze(1)], dim=1)               # [N, t+1, S]
+            finished.add(live, fin, top_scores[:, :k], tokens[:, 1:], rows, attn_hist)
             done = done | finished.count[live].ge(k) | max_len.le(t)
 
             # The best k non-EOS candidates go on (there are at least k among the 2k: one EOS per beam).
@@ -257,7 +257,7 @@ def beam_search(model: ConvS2S, src: torch.Tensor, *, beam: int = 5, len_penalty
             new_beam = top_beam.gather(1, pick)
             order = (torch.arange(n_live, device=device).unsqueeze(1) * k + new_beam).reshape(-1)
             tokens = torch.cat([tokens.index_select(0, order), top_tok.gather(1, pick).reshape(-1, 1)], dim=1)
-            attn_hist = torch.cat([attn_hist.index_select(0, order), attn.index_select(0, order).unsqueeze(1)], dim=1)
+            attn_hist = attn_hist.index_select(0, order)
             scores = top_scores.gather(1, pick)
             state = state.reorder(order, check=False)      # each row's new beam is one of its own sentence's
 
@@ -282,7 +282,6 @@ class _FinishedHypotheses:
 
     def __init__(self, batch: int, k: int, steps: int, src_len: int, attn_dtype: torch.dtype,
                  device: torch.device) -> None:
-        self.k = k
         self.spare = 2 * k
         slots = 2 * k + 1
         self.log_prob = torch.full((batch, slots), float("-inf"), dtype=torch.float32, device=device)

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from ..._checks import check_unicode
 from ...data.batching import pad
 from ...data.tokenize import tokenize
 from ...data.vocab import Vocab
@@ -95,11 +96,7 @@ class QAModel:
         if not isinstance(context, str) or not isinstance(question, str):
             raise TypeError(f"context and question must be str{where}")
         for name, text in (("context", context), ("question", question)):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:  # lone surrogates: bytes that were not UTF-8, decoded leniently
-                raise UserError(f"the {name} is not valid Unicode text (a lone surrogate at character "
-                                f"{e.start}){where}") from None
+            check_unicode(f"the {name}", text, where)
         ctx = tokenize(context)
         q = tokenize(question)
         if not ctx:

@@ -33,6 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -179,14 +180,6 @@ def _window_relevance(windows: list[tuple[int, int]], context_terms: Sequence[st
     return out
 
 
-def _logaddexp(a: float, b: float) -> float:
-    """log(exp(a) + exp(b)) without overflow; -inf is exp's 0."""
-    if a == -math.inf:
-        return b
-    high, low = max(a, b), min(a, b)
-    return high + math.log1p(math.exp(low - high))
-
-
 #: called with the rows of each batch: (question indices, the padded model inputs, log_p1, log_p2)
 BatchHook = Callable[[list[int], tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor], None]
 
@@ -257,7 +250,7 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
             top = decode_top_spans(s1, s2, k, max_answer_len=max_answer_len, no_answer=no_answer,
                                    lengths=torch.tensor([b - a for a, b in spans]))
             # Each window's normaliser: the log of the sum of exp(start + end) over its (start, end) pairs.
-            window_z = (torch.logsumexp(s1, dim=1) + torch.logsumexp(s2, dim=1)).tolist()
+            window_z = (torch.logsumexp(s1, dim=1) + torch.logsumexp(s2, dim=1)).tolist() if logits else None
             # One copy to the host per batch, then plain Python over k entries per row.
             starts, ends = top["start"].tolist(), top["end"].tolist()
             log_scores, valid = top["log_score"].tolist(), top["valid"].tolist()
@@ -267,7 +260,7 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
                 reading, seen = readings[qi], found[qi]
                 bonus = prior.get((qi, wi), 0.0)
                 if logits:
-                    log_z[qi] = _logaddexp(log_z[qi], window_z[row] + bonus)
+                    log_z[qi] = float(np.logaddexp(log_z[qi], window_z[row] + bonus))
                 if no_answer and log_null[row] + bonus < reading.log_null:
                     reading.log_null, reading.null_window = log_null[row] + bonus, wi
                 for s, e, ls, ok in zip(starts[row], ends[row], log_scores[row], valid[row]):
@@ -276,7 +269,7 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
                     ls += bonus
                     key = (a + s, a + e)
                     if key not in seen or ls > seen[key].log_score:
-                        seen[key] = Candidate(a + s, a + e, math.exp(ls), ls, wi)
+                        seen[key] = Candidate(a + s, a + e, 0.0, ls, wi)   # its score: once every window is in
                 left[qi] -= 1
                 if progress is not None and left[qi] == 0:
                     progress(1)

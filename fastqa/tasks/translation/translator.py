@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..._checks import check_unicode
 from ...data.vocab import EOS, SOS, Vocab
 from ...errors import UserError
 from ...models.convs2s import ConvS2S, ConvS2SConfig, Hypothesis, beam_search, greedy_decode
@@ -190,11 +191,7 @@ class Translator:
         encoded: list[tuple[int, list[int]]] = []
         for i, s in enumerate(sentences):
             if isinstance(s, str):
-                try:
-                    s.encode("utf-8")
-                except UnicodeEncodeError as e:  # lone surrogates: bytes that were not UTF-8, decoded leniently
-                    raise UserError(f"sentence {i + 1} is not valid Unicode text (a lone surrogate at character "
-                                    f"{e.start})") from None
+                check_unicode(f"sentence {i + 1}", s)
             toks = self.source_tokens(s)
             if toks:
                 encoded.append((i, self._encode(toks, f"sentence {i + 1}")))

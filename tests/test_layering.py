@@ -18,7 +18,7 @@ FLOORS = [
     ("fastqa.layers",),
     ("fastqa.models",),
     ("fastqa.data",),
-    ("fastqa.train",),
+    ("fastqa.train", "fastqa.plots"),  # the loop draws curve.png; plots reads metrics.jsonl with train.curves
     ("fastqa.export",),      # slim exports of any task's run (model-agnostic)
     ("fastqa.pretrained",),  # the shipped models by name, read through fastqa.export
     ("fastqa.tasks",),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import warnings
 
+from ..plots import figure_format as plot_format
+from ..plots import plot_attention_map
 from ..tasks.translation.task import MTOptions, MTTask, build_task, train_translation
-from ..tasks.translation.translator import AttentionMap, Translator, plot_attention_map, plot_format
+from ..tasks.translation.translator import AttentionMap, Translator
 
 __all__ = ["MTOptions", "MTTask", "build_task", "train_translation", "Translator", "AttentionMap",
            "plot_attention_map", "plot_format"]

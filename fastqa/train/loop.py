@@ -38,9 +38,10 @@ from torch import nn
 from .._backend import kernel_choices, restore_kernel_choices
 from ..data.batching import shard
 from ..errors import UserError
+from ..plots import plot_learning_curve
 from . import distributed
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
-from .curves import MetricsLog, plot_learning_curve
+from .curves import MetricsLog
 from .distributed import DistEnv
 from .ema import EMA
 from .gemm_cache import MachineGemmPlan

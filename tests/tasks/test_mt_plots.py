@@ -8,7 +8,8 @@ import torch
 pytest.importorskip("matplotlib")
 
 from fastqa.errors import UserError  # noqa: E402
-from fastqa.tasks.translation.translator import AttentionMap, plot_attention_map, plot_format  # noqa: E402
+from fastqa.plots import figure_format, plot_attention_map  # noqa: E402
+from fastqa.tasks.translation.translator import AttentionMap  # noqa: E402
 
 
 def _amap(n_src: int, n_tgt: int) -> AttentionMap:
@@ -59,7 +60,7 @@ def test_a_very_long_token_is_cut(tmp_path):
 def test_pdf_by_suffix_and_unknown_suffix_is_a_user_error(tmp_path):
     plot_attention_map(_amap(4, 4), tmp_path / "a.PDF")
     assert (tmp_path / "a.PDF").read_bytes()[:4] == b"%PDF"
-    assert plot_format("x.Pdf") == "pdf" and plot_format("x.svg") == "svg"
-    with pytest.raises(UserError, match=r"a\.notaformat: cannot write a plot in format 'notaformat'"):
+    assert figure_format("x.Pdf") == "pdf" and figure_format("x.svg") == "svg"
+    with pytest.raises(UserError, match=r"a\.notaformat: unknown figure format '\.notaformat'"):
         plot_attention_map(_amap(4, 4), tmp_path / "a.notaformat")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.PDF"]

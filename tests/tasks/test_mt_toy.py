@@ -232,6 +232,7 @@ def test_use_errors(model_dir, corpus, tmp_path, capsys):
     empty = tmp_path / "empty.de"
     empty.write_text("")
     _fails(["translate", "--model", str(model_dir), "--input", str(empty)], capsys, "empty.de: the file is empty")
-    _fails(["translate", "--model", str(model_dir), "--input", corpus["test.de"], "--plot-attention",
-            str(tmp_path / "x.notaformat")], capsys, "x.notaformat")
+    bad = tmp_path / "x.notaformat"
+    _fails(["translate", "--model", str(model_dir), "--input", corpus["test.de"], "--plot-attention", str(bad)],
+           capsys, f"--plot-attention {bad}: unknown figure format '.notaformat'; use .png, .pdf, .svg, .eps")
     assert not (tmp_path / "x.notaformat").exists()

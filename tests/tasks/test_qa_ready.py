@@ -424,25 +424,18 @@ def test_the_plot_stays_legible_on_a_long_context(reader, tmp_path, capsys):
     assert rc == 0 and b"<svg" in svg.read_bytes()[:1000]
     # the format is checked before the model is read: an unknown suffix costs nothing
     assert_user_error(capsys, ["ask", "--model", tmp_path / "nothing", "--context", "Text.", "--question", "Q?",
-                               "--plot", tmp_path / "p.jpg"], r"--plot .*p\.jpg: unknown figure format '\.jpg'")
+                               "--plot", tmp_path / "p.foo"], r"--plot .*p\.foo: unknown figure format '\.foo'")
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_plot_labels_and_hidden_token_note(reader, qa, tmp_path, monkeypatch):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from fastqa.tasks.qa.cli import plot_probabilities
+def test_plot_labels_and_hidden_token_note(reader, qa, tmp_path):
+    from fastqa.plots import plot_span_probabilities
 
     para = reader["paragraph"]
     q = para["qas"][0]["question"]
     context = ". " * 2_000 + para["context"]
-    figures = []
-    monkeypatch.setattr(plt, "close", lambda fig: figures.append(fig))
-    plot_probabilities(qa.probabilities(context, q), qa.answer(context, q), q, str(tmp_path / "f.png"))
-    (fig,) = figures
+    fig = plot_span_probabilities(qa.probabilities(context, q), qa.answer(context, q), q, str(tmp_path / "f.png"))
+    assert (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
     ax = fig.axes[0]
     assert ax.get_ylabel() == "probability" and ax.get_xlabel().startswith("context token")
     assert len(ax.get_xticks()) <= 2 * 40 + 31 + 1

@@ -10,12 +10,8 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from fastqa.errors import UserError  # noqa: E402
-from fastqa.train.curves import (  # noqa: E402
-    MARKER_MAX_POINTS,
-    MetricsLog,
-    learning_curve_figure,
-    plot_learning_curve,
-)
+from fastqa.plots import MARKER_MAX_POINTS, learning_curve_figure, plot_learning_curve  # noqa: E402
+from fastqa.train.curves import MetricsLog  # noqa: E402
 
 
 def _rows(evals: list[dict], *, train_steps: int = 100, every: int = 20) -> list[dict]:
@@ -124,7 +120,7 @@ def test_plot_learning_curve_writes_the_suffix_format(tmp_path, name, magic):
 
 def test_unknown_suffix_is_a_user_error_before_writing(tmp_path):
     MetricsLog(tmp_path).write(_qa_rows(1)[-1])
-    with pytest.raises(UserError, match=r"curve\.notaformat: cannot write a plot in format 'notaformat'"):
+    with pytest.raises(UserError, match=r"curve\.notaformat: unknown figure format '\.notaformat'"):
         plot_learning_curve(tmp_path / "metrics.jsonl", tmp_path / "curve.notaformat")
     with pytest.raises(UserError, match="no suffix"):
         plot_learning_curve(tmp_path / "metrics.jsonl", tmp_path / "curve")

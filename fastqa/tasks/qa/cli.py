@@ -5,7 +5,7 @@
     torchrun --nproc_per_node 2 -m fastqa.cli qa-train ...      (DistributedDataParallel, same flags)
     fastqa qa-predict --model runs/qanet --data dev.json --out pred.json [--na-prob-out na.json]
     fastqa qa-eval dev.json pred.json [--na-prob na.json]       (the official evaluation JSON on stdout)
-    fastqa ask --context "..." --question "..." [--top-k 3] [--plot probs.png|.pdf|.svg]
+    fastqa ask --context "..." --question "..." [--top-k 3] [--plot probs.png|.pdf|.svg|...]
     fastqa ask --model runs/qanet --input questions.jsonl [--output answers.jsonl] [--batch-size 32]
 
 ``--model`` takes a run folder, a slim export (``fastqa export``) or a shipped model's name; ``ask`` without
@@ -112,7 +112,7 @@ def register(subparsers) -> None:
     p.add_argument("--top-k", type=positive_int, metavar="K", help="the K best distinct answers, best first")
     p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="windows per batch (default 32)")
     p.add_argument("--plot", metavar="OUT.png",
-                   help="draw the start/end probabilities around the answer (.png, .pdf or .svg)")
+                   help="draw the start/end probabilities around the answer (.png, .pdf, .svg, .eps...)")
     p.add_argument("--layers", choices=LAYERS, default=None)
     p.add_argument("--max-answer-len", type=positive_int, metavar="N", help="longest answer, in tokens - 1 (default 30; "
                    "a value past the context's length allows any span of it)")
@@ -256,25 +256,10 @@ def run_ask(args) -> int:
         return _run_ask(args)
 
 
-PLOT_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
-
-
-def plot_format(path: str) -> str:
-    """The figure format of ``path`` from its suffix; an unknown one is a UserError naming the flag."""
-    from pathlib import Path
-
-    from ...errors import UserError
-
-    suffix = Path(path).suffix.lower()
-    if suffix not in PLOT_FORMATS:
-        raise UserError(f"--plot {path}: unknown figure format {suffix or '(no suffix)'!r}; "
-                        f"use {', '.join(PLOT_FORMATS)}")
-    return PLOT_FORMATS[suffix]
-
-
 def _run_ask(args) -> int:
     from ...data.files import read_text
     from ...errors import UserError
+    from ...plots import figure_format, plot_span_probabilities
 
     # Bytes on the command line that are not UTF-8 reach sys.argv as lone surrogates (PEP 383); they
     # would fail later, far from the flag that brought them.
@@ -287,7 +272,7 @@ def _run_ask(args) -> int:
             raise UserError(f"{flag}: not valid UTF-8 text (an undecodable byte at character {e.start}); "
                             f"pass UTF-8, or put the text in a file (--context-file)") from None
     if args.plot:
-        plot_format(args.plot)  # before minutes of loading
+        figure_format(args.plot, "--plot")  # before minutes of loading
     if args.input is not None:
         if args.question is not None:
             raise UserError("--question: the questions come from --input; give one or the other")
@@ -313,7 +298,7 @@ def _run_ask(args) -> int:
     if args.plot:
         probs = qa.probabilities(context, args.question, max_context=args.max_context, stride=args.stride)
         best = result["answers"][0] if "answers" in result else result
-        plot_probabilities(probs, best, args.question, args.plot)
+        plot_span_probabilities(probs, best, args.question, args.plot)
         result = {**result, "plot": args.plot}
     text = json.dumps(result, ensure_ascii=False, indent=2) + "\n"
     if args.output:
@@ -393,70 +378,3 @@ def _answer_file(qa, records: list[dict], args) -> int:
     if args.output:
         print(f"ask: {len(records)} answers written to {args.output}", file=sys.stderr)
     return 0
-
-
-def plot_probabilities(probs: dict, result: dict, question: str, path: str, *, around: int = 40) -> None:
-    """A figure of p_start and p_end over the context tokens around the answer, written atomically in the
-    format of ``path``'s suffix (.png, .pdf, .svg).
-
-    Only the answer's tokens and ``around`` tokens on each side are drawn (the figure's width is bounded
-    whatever the context's length); a note says how many tokens are hidden. probs: ``QAModel.probabilities``
-    (possibly one window of a long context); result: the answer dict drawn (``text``, ``score``, ``start``,
-    ``end``)."""
-    fmt = plot_format(path)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ...data.files import atomic_open
-
-    offsets, n = probs["offsets"], len(probs["tokens"])
-    first_token, total = probs.get("window", (0, n))[0], probs.get("n_tokens", n)
-    p_start, p_end = probs["p_start"], probs["p_end"]
-    if result["text"]:
-        first = next(i for i, (s, e) in enumerate(offsets) if e > result["start"])
-        last = max(i for i, (s, e) in enumerate(offsets) if s < result["end"])
-    else:  # no answer: centre on the likeliest start
-        first = last = max(range(n), key=p_start.__getitem__)
-    lo, hi = max(0, first - around), min(n, last + around + 1)
-    xs = list(range(first_token + lo, first_token + hi))      # positions in the whole context
-    shown = hi - lo
-    fig, ax = plt.subplots(figsize=(min(4.0 + 0.16 * shown, 18.0), 4.8))
-    if p_end is None:  # a single-word reader: the answer ends where it starts
-        ax.plot(xs, p_start[lo:hi], marker="o", markersize=4, linewidth=1, color="tab:blue", label="p(answer word)")
-    else:
-        # Hollow start markers drawn larger than the end's: where both peak on one token, both stay visible.
-        ax.plot(xs, p_start[lo:hi], marker="o", markersize=7, markerfacecolor="none", linewidth=1, color="tab:blue",
-                label="p(start)")
-        ax.plot(xs, p_end[lo:hi], marker="s", markersize=3, linewidth=1, color="tab:orange", label="p(end)")
-    if result["text"]:
-        ax.axvspan(first_token + first - 0.5, first_token + last + 0.5, color="tab:green", alpha=0.15,
-                   label="answer")
-    ax.set_xticks(xs)
-    ax.set_xticklabels([_short(t, 16) for t in probs["tokens"][lo:hi]], rotation=90, fontsize=7)
-    ax.set_xlim(xs[0] - 0.5, xs[-1] + 0.5)
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel(f"context token (positions {xs[0]}–{xs[-1]} of 0–{total - 1})")
-    ax.set_ylabel("probability")
-    fig.suptitle(f"Q: {_short(question, 100)}", fontsize=10)
-    answer = f"A: {_short(result['text'], 60)!r}" if result["text"] else "A: (no answer)"
-    detail = f"p(start)·p(end) = {result['score']:.3f}"
-    if probs.get("p_null") is not None:
-        detail += f", p(no answer) = {probs['p_null']:.3f}"
-    ax.set_title(f"{answer}   {detail}", fontsize=9)
-    hidden_before, hidden_after = first_token + lo, total - (first_token + hi)
-    if hidden_before or hidden_after:
-        fig.text(0.01, 0.01, f"{hidden_before + hidden_after} tokens not shown ({hidden_before} before, "
-                 f"{hidden_after} after)", fontsize=8, color="0.35")
-    ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, format=fmt, dpi=100)
-    plt.close(fig)
-
-
-def _short(text: str, limit: int) -> str:
-    """``text`` on one line, cut to ``limit`` characters with an ellipsis (figure labels stay legible)."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -242,11 +242,12 @@ def _render(translator, args: argparse.Namespace, lines: list[str], first: int, 
 def _run_translate(args: argparse.Namespace) -> int:
     from ...data.files import decode_lines, read_bytes
     from ...errors import UserError
-    from .translator import DecodeStats, plot_format
+    from ...plots import figure_format
+    from .translator import DecodeStats
 
     _check_translate_flags(args)
     if args.plot_attention:
-        plot_format(args.plot_attention)  # a bad path fails now, not after the translation
+        figure_format(args.plot_attention, "--plot-attention")  # a bad path fails now, not after the translation
     translator = _load(args)
     first_text: str | None = None  # the sentence --plot-attention draws
     bad: list[int] = []            # numbers of the input lines that were not UTF-8 (--skip-bad-lines)

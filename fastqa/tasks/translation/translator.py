@@ -29,7 +29,7 @@ from ...train.checkpoint import inference_weights
 from .parallel import TextCodec, encode_source
 from .task import KIND, pad_source
 
-__all__ = ["AttentionMap", "DecodeStats", "Translation", "Translator", "plot_format", "plot_attention_map"]
+__all__ = ["AttentionMap", "DecodeStats", "Translation", "Translator"]
 
 
 log = logging.getLogger("fastqa.mt")
@@ -317,70 +317,10 @@ class Translator:
         return AttentionMap(source=source, target=[*out, EOS], weights=attn[0].float().cpu())
 
     def plot_attention(self, sentence: str, path: str | os.PathLike, **kwargs: Any) -> AttentionMap:
-        """Draw the source x target attention map of ``sentence``'s translation into ``path`` (PNG...)."""
+        """Draw the source x target attention map of ``sentence``'s translation into ``path``, in the format of
+        its suffix (:func:`fastqa.plots.plot_attention_map`)."""
+        from ...plots import plot_attention_map
+
         amap = self.attention(sentence, **kwargs)
         plot_attention_map(amap, path)
         return amap
-
-
-def plot_format(path: str | os.PathLike) -> str:
-    """The image format of ``path`` by its suffix (png, pdf, svg...); UserError if matplotlib cannot write it
-    (checked before any work is done). The learning curves decide theirs by the same rule."""
-    from ...train.curves import figure_format
-
-    return figure_format(path)
-
-
-def plot_attention_map(amap: AttentionMap, path: str | os.PathLike) -> Any:
-    """Heat map of ``amap``: source tokens along the x axis, target tokens down the y axis, a colour bar of
-    the attention weight; written atomically in the format of ``path``'s suffix (PNG, PDF, SVG...).
-
-    The figure grows with the sentences up to a bound (a 100-token sentence gives a page, not a poster);
-    the tick labels shrink with the cells down to a legible size, then label every k-th token. Returns the
-    ``matplotlib.figure.Figure``, which is not registered with pyplot (nothing to close, and the caller's
-    backend is untouched).
-    """
-    fmt = plot_format(path)
-    import math
-
-    from matplotlib.figure import Figure
-
-    from ...data.files import atomic_open
-
-    def tick_labels(tokens: Sequence[str], span_in: float) -> tuple[list[int], list[str], float]:
-        """Where to put the tick labels of ``tokens`` along an axis ``span_in`` inches long, what they say, and
-        their font size: the size follows the cell (bounded, so a short sentence is not shouted and a long one
-        stays readable), and when even the smallest size would overlap, every k-th token is labelled."""
-        smallest, largest = 6.0, 10.0
-        cell_pt = 72.0 * span_in / max(len(tokens), 1)
-        size = min(largest, max(smallest, 0.8 * cell_pt))
-        every = max(1, math.ceil(1.2 * size / cell_pt))
-        # A long piece (a URL, a compound) would push the heat map aside: it is cut to a bounded width.
-        shown = [t if len(t) <= 18 else t[:17] + "\u2026" for t in tokens]
-        where = list(range(0, len(tokens), every))
-        return where, [shown[i] for i in where], size
-
-    weights = amap.weights.float().numpy()
-    n_src, n_tgt = len(amap.source), len(amap.target)
-    # About a third of an inch a cell, within bounds; the margins hold the labels and the colour bar.
-    width = min(14.0, max(4.5, 0.32 * n_src + 2.5))
-    height = min(11.0, max(3.5, 0.32 * n_tgt + 1.8))
-    fig = Figure(figsize=(width, height))
-    ax = fig.subplots()
-    im = ax.imshow(weights, cmap="bone", aspect="auto", vmin=0.0, interpolation="nearest")
-    x_at, x_text, x_size = tick_labels(amap.source, width - 2.5)
-    y_at, y_text, y_size = tick_labels(amap.target, height - 1.8)
-    # Slanted labels read left to right while a few fit; past that only upright ones keep clear of each other.
-    if n_src <= 16:
-        ax.set_xticks(x_at, x_text, fontsize=x_size, rotation=45, ha="right", rotation_mode="anchor")
-    else:
-        ax.set_xticks(x_at, x_text, fontsize=x_size, rotation=90)
-    ax.set_yticks(y_at, y_text, fontsize=y_size)
-    ax.set_xlabel("source token")
-    ax.set_ylabel("target token")
-    bar = fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
-    bar.set_label("attention weight")
-    fig.tight_layout()
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, format=fmt, dpi=100)
-    return fig

@@ -81,14 +81,14 @@ def article_level(qa: QAModel, articles: list[dict], batch_size: int, per_window
         offsets = [(start, start + len(t)) for t, start in toks]
         plans[doc] = (len(toks), plan_windows(len(toks), window, stride, paragraph_starts(doc, offsets)))
     windows = sum(len(plans[doc][1]) for doc in articles_text)
-    out = {"paragraph": {**score([r["text"] for r in by_paragraph], golds), "seconds": paragraph_s},
-           "article": {**score([r["text"] for r in by_article], golds), "seconds": article_s,
+    out = {"paragraph": {**score([a.text for a in by_paragraph], golds), "seconds": paragraph_s},
+           "article": {**score([a.text for a in by_article], golds), "seconds": article_s,
                        "windows": windows, "windows_per_s": windows / article_s,
                        "mean_article_tokens": sum(n for n, _ in plans.values()) / len(plans)},
            "max_context": window, "stride": stride}
     if per_window:
         with per_window_ranking(qa):
-            out["article_per_window"] = score([r["text"] for r in qa.answer_many(articles_text, questions,
+            out["article_per_window"] = score([a.text for a in qa.answer_many(articles_text, questions,
                                                                                   batch_size=batch_size)], golds)
     return out
 
@@ -111,11 +111,11 @@ def planted(qa: QAModel, data: list[dict], words: int, top_k: int = 3) -> dict[s
     filler = " ".join(p["context"] for a in data[:10] for p in a["paragraphs"]).split()[:words]
     text = " ".join(filler) + " " + PLANTED
     res = qa.answer(text, PLANTED_QUESTION, top_k=top_k)
-    answers = [{"text": a["text"], "score": round(a["score"], 4)} for a in res["answers"]]
+    answers = [{"text": a.text, "score": round(a.score, 4)} for a in res]
     with per_window_ranking(qa):
-        old = qa.answer(text, PLANTED_QUESTION, top_k=top_k)["answers"]
+        old = qa.answer(text, PLANTED_QUESTION, top_k=top_k)
     return {"words_before": len(filler), "top": answers, "answered": answers[0]["text"] == PLANTED_ANSWER,
-            "per_window_top": [{"text": a["text"], "score": round(a["score"], 4)} for a in old]}
+            "per_window_top": [{"text": a.text, "score": round(a.score, 4)} for a in old]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,9 @@ EXPORT_FORMAT = "fastqa-export-1"
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 CARD_NAME = "README.md"
+#: meta keys a model folder may hold in a file of their own, fitted after training (``fastqa qa-calibrate``
+#: writes the calibration): loading the folder puts them in the meta, so an export carries them
+META_FILES = {"calibration": "calibration.json"}
 BYTES_KEY = "$bytes"  # {"$bytes": name}: a meta value that was bytes, kept in the side file ``name``
 
 # Side-file names for known bytes-valued meta keys (the file is what a user would recognise); any other
@@ -330,7 +333,13 @@ def load_model_payload(path: str | os.PathLike, map_location: str | torch.device
     """(payload, the file it came from) for a run folder, a checkpoint file or an export: what a model's
     ``load`` calls so that it reads all three. Errors are ``UserError`` naming the file."""
     p = Path(path)
+    folder = p if p.is_dir() else p.parent
     if is_export(p):
-        folder = p if p.is_dir() else p.parent
-        return load_export(folder, map_location), folder / CONFIG_NAME
-    return load_checkpoint(p, map_location), (p / CHECKPOINT_NAME if p.is_dir() else p)
+        payload, source = load_export(folder, map_location), folder / CONFIG_NAME
+    else:
+        payload, source = load_checkpoint(p, map_location), (p / CHECKPOINT_NAME if p.is_dir() else p)
+    # Settings fitted after training sit beside the weights, and win over the meta's (``META_FILES``).
+    for key, name in META_FILES.items():
+        if (folder / name).is_file():
+            payload["meta"] = {**(payload.get("meta") or {}), key: read_json(folder / name)}
+    return payload, source

@@ -127,7 +127,7 @@ def span_probability_figure(probs: dict, answer: Any, question: str, *, around: 
     ax.set_ylabel("probability")
     fig.suptitle(f"Q: {_short(question, 100)}", fontsize=10)
     shown_answer = f"A: {_short(text, 60)!r}" if text else "A: (no answer)"
-    detail = f"p(start)·p(end) = {score:.3f}"
+    detail = f"score {score:.3f}"
     if probs.get("p_null") is not None:
         detail += f", p(no answer) = {probs['p_null']:.3f}"
     ax.set_title(f"{shown_answer}   {detail}", fontsize=9)

@@ -22,7 +22,6 @@ FLOORS = [
     ("fastqa.export",),      # slim exports of any task's run (model-agnostic)
     ("fastqa.pretrained",),  # the shipped models by name, read through fastqa.export
     ("fastqa.tasks",),
-    ("fastqa.pipelines",),  # deprecated aliases of fastqa.tasks
     ("fastqa.serve",),  # the HTTP API over the tasks' models
     ("fastqa.cli", "fastqa.__main__"),
 ]
@@ -135,17 +134,3 @@ def test_reexport_lists_agree():
         missing = [n for n in module.__all__ if not hasattr(module, n)]
         assert not missing, f"{module.__name__}.__all__ names what it lacks: {missing}"
 
-
-def test_deprecated_aliases_warn_and_give_the_same_objects():
-    import importlib
-    import sys
-
-    from fastqa.tasks.qa import QAModel
-    from fastqa.tasks.translation import Translator
-
-    for name, attr, obj in (("fastqa.pipelines.qa", "QAModel", QAModel),
-                            ("fastqa.pipelines.translation", "Translator", Translator)):
-        sys.modules.pop(name, None)
-        with pytest.warns(DeprecationWarning, match="fastqa.tasks"):
-            module = importlib.import_module(name)
-        assert getattr(module, attr) is obj

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import socket
 
-from ..tasks.flags import add_runtime_flags, positive_int, resolve_device, threads
+from ..tasks.flags import add_runtime_flags, nonnegative_float, positive_float, positive_int, resolve_device
 from .limits import ServeLimits
 
 __all__ = ["register", "run_serve"]
@@ -54,6 +54,15 @@ def register(subparsers) -> None:
     p.add_argument("--max-pending", type=positive_int, default=defaults.max_pending, metavar="N",
                    help="requests that may wait for one model; beyond it 503 with Retry-After "
                    f"(default {defaults.max_pending})")
+    p.add_argument("--max-batch", type=positive_int, default=defaults.max_batch, metavar="N",
+                   help=f"most concurrent requests one model call answers (default {defaults.max_batch})")
+    p.add_argument("--max-wait-ms", type=nonnegative_float, default=defaults.max_wait_ms, metavar="MS",
+                   help="how long a request waits for others to join its batch, milliseconds "
+                   f"(default {defaults.max_wait_ms:g})")
+    p.add_argument("--timeout-s", type=positive_float, default=defaults.timeout_s, metavar="S",
+                   help=f"a request not answered within S seconds gets 504 (default {defaults.timeout_s:g})")
+    p.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                   help="server processes, each with its own copy of the models (default 1)")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="the server's log level (default info: one line per request)")
     add_runtime_flags(p)
@@ -83,13 +92,12 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    with threads(args.threads):
-        return _run_serve(args)
+    import json
+    import os
+    import tempfile
 
-
-def _run_serve(args: argparse.Namespace) -> int:
     from ..errors import UserError
-    from .app import INSTALL_HINT
+    from .app import INSTALL_HINT, SETTINGS_ENV
 
     if args.qa_model is None and args.mt_model is None:
         # Neither flag: serve the models shipped with the package (those installed here).
@@ -104,33 +112,42 @@ def _run_serve(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError:
         raise UserError(INSTALL_HINT) from None
-    from .app import create_app
-    from .engines import QAEngine, TranslationEngine
-
     limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_context_chars=args.max_context_chars,
                          max_sentence_chars=args.max_sentence_chars, max_sentences=args.max_sentences,
-                         max_pending=args.max_pending)
-    device = resolve_device(args.device)
+                         max_pending=args.max_pending, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                         timeout_s=args.timeout_s)
+    settings = {"qa_model": None if args.qa_model is None else str(args.qa_model),
+                "mt_model": None if args.mt_model is None else str(args.mt_model),
+                "device": resolve_device(args.device), "threads": args.threads, "limits": limits.to_dict()}
+    # One description of the app for this process and every worker process (they read it from the environment).
+    os.environ[SETTINGS_ENV] = json.dumps(settings)
     # Bind before loading: a port in use is reported before the models spend seconds loading.
     sock = _listen(args.host, args.port)
     try:
-        qa = translation = None
-        if args.qa_model is not None:
-            from ..tasks.qa import QAModel
+        from .app import app_from_environment
 
-            qa = QAEngine(QAModel.load(args.qa_model, device=device), path=str(args.qa_model))
-        if args.mt_model is not None:
-            from ..tasks.translation import Translator
-
-            translation = TranslationEngine(Translator.load(args.mt_model, device=device), path=str(args.mt_model))
-        app = create_app(qa=qa, translation=translation, limits=limits)
+        # Built here in every case: a model that does not load is one line before anything listens.
+        app = app_from_environment()
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
-        loaded = ", ".join(name for name, engine in (("qa", qa), ("translation", translation)) if engine)
+        loaded = ", ".join(name for name in ("qa_model", "mt_model") if settings[name]).replace("_model", "")
+        loaded = loaded.replace("mt", "translation")
+        workers = f", {args.workers} workers" if args.workers > 1 else ""
         # One line on stdout with the address (scripts and tests read the port from it when --port is 0).
-        print(f"fastqa serve: {loaded} on http://{shown}:{port}/", flush=True)
-        config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10)
-        uvicorn.Server(config).run(sockets=[sock])
+        print(f"fastqa serve: {loaded} on http://{shown}:{port}/{workers}", flush=True)
+        if args.workers == 1:
+            config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=int(args.timeout_s) + 5)
+            uvicorn.Server(config).run(sockets=[sock])
+            return 0
+        del app
+        from uvicorn.supervisors import Multiprocess
+
+        with tempfile.TemporaryDirectory(prefix="fastqa-metrics-") as metrics_dir:
+            # prometheus-client adds up the workers' metrics from files here (set before a worker imports it).
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+            config = uvicorn.Config("fastqa.serve.app:app_from_environment", factory=True, workers=args.workers,
+                                    log_level=args.log_level, timeout_graceful_shutdown=int(args.timeout_s) + 5)
+            Multiprocess(config, sockets=[sock]).run()
     finally:
         sock.close()
     return 0

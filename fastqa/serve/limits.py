@@ -9,6 +9,8 @@ from typing import Any
 
 __all__ = ["ServeLimits"]
 
+_DURATIONS = ("max_wait_ms", "timeout_s")  # the bounds that are durations, not counts
+
 
 @dataclass(frozen=True)
 class ServeLimits:
@@ -27,11 +29,23 @@ class ServeLimits:
     max_answer_len: int = 100
     #: Requests waiting for one model beyond this get 503 (retry later) instead of queueing without end.
     max_pending: int = 256
+    #: Most requests answered by one model call (dynamic batching, ``fastqa.serve.batcher``).
+    max_batch: int = 32
+    #: How long the first request of a batch waits for others to join it, in milliseconds.
+    max_wait_ms: float = 5.0
+    #: A request not answered within this many seconds gets 504 and leaves the queue.
+    timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ServeLimits.{name} must be a positive int, got {value!r}")
+            if name in _DURATIONS:
+                ok = not isinstance(value, bool) and isinstance(value, (int, float)) and (
+                    value >= 0 if name == "max_wait_ms" else value > 0)
+            else:
+                ok = not isinstance(value, bool) and isinstance(value, int) and value >= 1
+            if not ok:
+                raise ValueError(f"ServeLimits.{name} must be a positive {'number' if name in _DURATIONS else 'int'}"
+                                 f", got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (``/health`` reports them, and the page reads them to bound its inputs)."""

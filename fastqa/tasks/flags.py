@@ -40,6 +40,26 @@ def positive_float(text: str) -> float:
     return value
 
 
+def nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1], got {text!r}")
+    return value
+
+
 def field_value(text: str) -> tuple[str, object]:
     """"FIELD=VALUE" -> (field, value): a config override; the value is read as JSON (numbers, true/false),
     else kept a str (e.g. layers=reference)."""

@@ -5,6 +5,8 @@
     torchrun --nproc_per_node 2 -m fastqa.cli qa-train ...      (DistributedDataParallel, same flags)
     fastqa qa-predict --model runs/qanet --data dev.json --out pred.json [--na-prob-out na.json]
     fastqa qa-eval dev.json pred.json [--na-prob na.json]       (the official evaluation JSON on stdout)
+    fastqa qa-calibrate --model runs/qanet --data dev.json --articles 36:40   (scores that are probabilities)
+    fastqa qa-eval dev.json pred.json --scores scores.json --calibration reliability.png
     fastqa ask --context "..." --question "..." [--top-k 3] [--plot probs.png|.pdf|.svg|...]
     fastqa ask --model runs/qanet --input questions.jsonl [--output answers.jsonl] [--batch-size 32]
 
@@ -26,6 +28,7 @@ from ..flags import (
     nonnegative_int,
     positive_float,
     positive_int,
+    probability,
     resolve_device,
     threads,
 )
@@ -70,14 +73,23 @@ def register(subparsers) -> None:
     p.add_argument("--data", required=True, metavar="F", help="SQuAD JSON (.json or .json.gz)")
     p.add_argument("--out", required=True, metavar="PRED.json")
     p.add_argument("--na-prob-out", metavar="F", help="also write {question id: no-answer probability} (v2.0 models)")
-    p.add_argument("--articles", metavar="A:B", help="only these articles of --data, e.g. 40:48")
-    p.add_argument("--layers", choices=LAYERS, default=None)
-    p.add_argument("--batch-size", type=positive_int, default=32)
-    _window_flags(p)
-    add_runtime_flags(p)
-    _cache_flags(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--scores-out", metavar="F", help="also write {question id: the answer's score} (the probability "
+                   "that it is right when the model is calibrated: qa-calibrate)")
+    _predict_flags(p)
     p.set_defaults(func=run_predict)
+
+    p = subparsers.add_parser("qa-calibrate", help="fit the reader's answer scores to the probability of being right",
+                              description="Answers every question of --data (articles the model was NOT trained "
+                              "on), fits a Platt scaling of the answers' scores to their exact match, and writes it "
+                              "to MODEL/calibration.json (or --out): from then on the model's scores estimate the "
+                              "probability that an answer is right, and an export carries it. Prints the fit and the "
+                              "expected calibration error before and after, on those questions.")
+    p.add_argument("--model", required=True, metavar="DIR", help="a qa-train run folder or an export")
+    p.add_argument("--data", required=True, metavar="F", help="SQuAD JSON (.json or .json.gz) held out from training")
+    p.add_argument("--out", metavar="F", help="where to write the calibration (default: MODEL/calibration.json)")
+    p.add_argument("--plot", metavar="OUT.png", help="also draw the reliability diagram after the fit")
+    _predict_flags(p)
+    p.set_defaults(func=run_calibrate)
 
     p = subparsers.add_parser("qa-eval", help="official SQuAD v1.1/v2.0 EM/F1 of a predictions file",
                               description="Prints the official evaluation JSON (v1.1: exact_match, f1; v2.0: exact, "
@@ -93,12 +105,17 @@ def register(subparsers) -> None:
                    help="refuse predictions that miss a question of DATA or answer an id DATA does not have "
                    "(default: a warning with the counts; a missing one scores 0 in v1.1 and is always an "
                    "error in v2.0)")
+    p.add_argument("--scores", metavar="F", help="{question id: answer score} (qa-predict --scores-out): adds the "
+                   "expected calibration error of the scores (ece, over 10 bins) to the result")
+    p.add_argument("--calibration", metavar="PLOT", help="with --scores: draw the reliability diagram here (.png, .pdf, "
+                   ".svg, ...)")
     p.set_defaults(func=run_eval)
 
     p = subparsers.add_parser("ask", help="answer a question about a context (or a JSON-lines file of them)",
-                              description="Prints {text, score, start, end}: the answer, p_start·p_end and its "
-                              "character span in the context ({answers: [...]} with --top-k). With --input, one "
-                              "such JSON line per question of a JSON-lines file.")
+                              description='Prints {"answer": {text, start, end, score, no_answer_prob, abstained}, '
+                              '"answers": [the --top-k best, best first]}: text is context[start:end]; score the '
+                              "probability that the answer is right (a calibrated reader, as the shipped one is). "
+                              "With --input, one such JSON line per question of a JSON-lines file, with its id.")
     p.add_argument("--model", default=None, metavar="DIR",
                    help="a run folder, an export or a shipped model's name (default: the shipped reader, "
                    "qanet-small-squad)")
@@ -110,6 +127,9 @@ def register(subparsers) -> None:
     p.add_argument("--question", metavar="TEXT", help="the question (with --context or --context-file)")
     p.add_argument("--output", metavar="F", help="write the JSON (lines) here instead of stdout")
     p.add_argument("--top-k", type=positive_int, metavar="K", help="the K best distinct answers, best first")
+    p.add_argument("--min-score", type=probability, metavar="P",
+                   help="no answer below this score (\"no confident answer\"; the text is empty and \"abstained\" is "
+                   "true); a calibrated model's score is the probability that the answer is right")
     p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="windows per batch (default 32)")
     p.add_argument("--plot", metavar="OUT.png",
                    help="draw the start/end probabilities around the answer (.png, .pdf, .svg, .eps...)")
@@ -119,6 +139,17 @@ def register(subparsers) -> None:
     _window_flags(p)
     add_runtime_flags(p)
     p.set_defaults(func=run_ask)
+
+
+def _predict_flags(p) -> None:
+    """The flags of answering a SQuAD file (qa-predict, qa-calibrate)."""
+    p.add_argument("--articles", metavar="A:B", help="only these articles of --data, e.g. 40:48")
+    p.add_argument("--layers", choices=LAYERS, default=None)
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    _window_flags(p)
+    add_runtime_flags(p)
+    _cache_flags(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def _window_flags(p) -> None:
@@ -211,8 +242,54 @@ def _run_predict(args) -> int:
     atomic_write_json(args.out, out.predictions)
     if args.na_prob_out:
         atomic_write_json(args.na_prob_out, out.na_probs)
+    if args.scores_out:
+        atomic_write_json(args.scores_out, out.scores)
     print(f"qa-predict: {len(out.predictions)} answers written to {args.out}"
-          + (f", no-answer probabilities to {args.na_prob_out}" if args.na_prob_out else ""), file=sys.stderr)
+          + (f", no-answer probabilities to {args.na_prob_out}" if args.na_prob_out else "")
+          + (f", scores to {args.scores_out}" if args.scores_out else ""), file=sys.stderr)
+    return 0
+
+
+def run_calibrate(args) -> int:
+    with threads(args.threads):
+        return _run_calibrate(args)
+
+
+def _run_calibrate(args) -> int:
+    from pathlib import Path
+
+    from ...data.files import atomic_write_json
+    from ...errors import UserError
+    from ...plots import expected_calibration_error, figure_format, plot_reliability
+    from .calibration import CALIBRATION_NAME, fit_platt
+    from .metric import exact_matches
+    from .predictor import QAModel
+
+    model = Path(args.model)
+    if args.out is None and not model.is_dir():
+        raise UserError(f"--model {args.model}: not a folder; give a run folder or an export, or --out F")
+    out = Path(args.out) if args.out else model / CALIBRATION_NAME
+    if args.plot:
+        figure_format(args.plot, "--plot")  # before minutes of reading
+    qa = QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device))
+    qa.calibration = None  # fitted on the raw scores, whatever the folder held before
+    qa.windows(args.max_context, args.stride)
+    data, pred = qa.predict_file(args.data, articles=args.articles, batch_size=args.batch_size,
+                                 cache_dir=_cache_dir(args), progress=not args.no_progress,
+                                 max_context=args.max_context, stride=args.stride)
+    right = exact_matches(data.dataset, pred.predictions)
+    qids = sorted(right)
+    raw = [pred.scores[q] for q in qids]
+    hits = [right[q] for q in qids]
+    where = f"{args.data}" + (f" articles {args.articles}" if args.articles else "")
+    cal = fit_platt(raw, hits, fitted_on=where)
+    calibrated = [cal(s) for s in raw]
+    atomic_write_json(out, cal.to_dict())
+    if args.plot:
+        plot_reliability(calibrated, hits, args.plot, title=f"{Path(args.model).name}: {where}")
+    print(json.dumps({**cal.to_dict(), "exact_match": 100.0 * sum(hits) / len(hits),
+                      "ece_before": expected_calibration_error(raw, hits),
+                      "ece_after": expected_calibration_error(calibrated, hits), "written": str(out)}))
     return 0
 
 
@@ -230,7 +307,31 @@ def _read_json_map(path: str, what: str, value_type: type | tuple[type, ...]) ->
     return obj
 
 
+def _calibration_result(data: dict, predictions: dict, scores: dict, args) -> dict:
+    """The expected calibration error of ``scores`` against the predictions' exact match (and the reliability
+    diagram with --calibration), over the questions that have both."""
+    from ...errors import UserError
+    from ...plots import expected_calibration_error, plot_reliability
+    from .metric import exact_matches
+
+    right = exact_matches(data, predictions)
+    qids = [q for q in right if q in scores]
+    if not qids:
+        raise UserError(f"--scores {args.scores}: no score for any answered question of {args.data}")
+    bad = [q for q in qids if not 0.0 <= scores[q] <= 1.0]
+    if bad:
+        raise UserError(f"--scores {args.scores}: question {bad[0]!r}: the score {scores[bad[0]]} is not in [0, 1]")
+    confidences, hits = [float(scores[q]) for q in qids], [right[q] for q in qids]
+    if args.calibration:
+        plot_reliability(confidences, hits, args.calibration, title=f"{os.path.basename(args.scores)}")
+    # Fractions, as the scores are (EM and F1 stay percentages, as the official script prints them).
+    return {"ece": expected_calibration_error(confidences, hits), "ece_questions": len(qids),
+            "mean_score": sum(confidences) / len(qids)}
+
+
 def run_eval(args) -> int:
+    from ...errors import UserError
+    from ...plots import figure_format
     from .metric import evaluate, format_result
     from .squad import read_squad
 
@@ -245,8 +346,15 @@ def run_eval(args) -> int:
             na_probs.pop(skipped, None)
     if args.version is None and args.na_prob and not data["version"].lstrip("v").startswith("2"):
         args.version = "2.0"  # a no-answer probability file means v2.0 scoring
+    if args.calibration and not args.scores:
+        raise UserError("--calibration draws the scores' reliability: give --scores F (qa-predict --scores-out)")
+    if args.calibration:
+        figure_format(args.calibration, "--calibration")
+    scores = _read_json_map(args.scores, "scores", (int, float)) if args.scores else None
     result = evaluate(data, predictions, na_probs, version=args.version, na_prob_thresh=args.na_prob_thresh,
                       strict=args.strict, source=args.predictions)
+    if scores is not None:
+        result.update(_calibration_result(data, predictions, scores, args))
     print(format_result(result))
     return 0
 
@@ -260,6 +368,7 @@ def _run_ask(args) -> int:
     from ...data.files import read_text
     from ...errors import UserError
     from ...plots import figure_format, plot_span_probabilities
+    from .predictor import answers_json
 
     # Bytes on the command line that are not UTF-8 reach sys.argv as lone surrogates (PEP 383); they
     # would fail later, far from the flag that brought them.
@@ -293,13 +402,16 @@ def _run_ask(args) -> int:
     if not args.question.strip():
         raise UserError("--question: the question is empty")
     qa = _load_reader(args)
-    result = qa.answer(context, args.question, max_answer_len=args.max_answer_len, top_k=args.top_k,
-                       max_context=args.max_context, stride=args.stride)
+    answers = qa.answer(context, args.question, max_answer_len=args.max_answer_len, top_k=args.top_k or 1,
+                        max_context=args.max_context, stride=args.stride, min_score=args.min_score)
+    if answers[0].abstained:
+        print(f"ask: no confident answer (the best scores {answers[0].score:.3f}, under --min-score "
+              f"{args.min_score})", file=sys.stderr)
+    result = answers_json(answers)
     if args.plot:
         probs = qa.probabilities(context, args.question, max_context=args.max_context, stride=args.stride)
-        best = result["answers"][0] if "answers" in result else result
-        plot_span_probabilities(probs, best, args.question, args.plot)
-        result = {**result, "plot": args.plot}
+        plot_span_probabilities(probs, answers[0], args.question, args.plot)
+        result["plot"] = args.plot
     text = json.dumps(result, ensure_ascii=False, indent=2) + "\n"
     if args.output:
         from ...data.files import atomic_write_text
@@ -363,6 +475,7 @@ def _answer_file(qa, records: list[dict], args) -> int:
     import contextlib
 
     from ...data.files import atomic_open
+    from .predictor import answers_json
 
     chunk = max(args.batch_size * 8, 256)
     with contextlib.ExitStack() as stack:
@@ -371,9 +484,10 @@ def _answer_file(qa, records: list[dict], args) -> int:
             part = records[i:i + chunk]
             results = qa.answer_many([r["context"] for r in part], [r["question"] for r in part],
                                      batch_size=args.batch_size, max_answer_len=args.max_answer_len,
-                                     top_k=args.top_k, max_context=args.max_context, stride=args.stride)
-            for record, result in zip(part, results):
-                out.write(json.dumps({"id": record["id"], **result}, ensure_ascii=False) + "\n")
+                                     top_k=args.top_k or 1, max_context=args.max_context, stride=args.stride,
+                                     min_score=args.min_score)
+            for record, answers in zip(part, results):
+                out.write(json.dumps({"id": record["id"], **answers_json(answers)}, ensure_ascii=False) + "\n")
             out.flush()
     if args.output:
         print(f"ask: {len(records)} answers written to {args.output}", file=sys.stderr)

@@ -38,7 +38,7 @@ from typing import Any, Iterator, Mapping
 
 __all__ = [
     "normalize_answer", "exact_match", "f1", "evaluate_v1", "evaluate_v2", "evaluate", "is_v2",
-    "format_result", "IdCheck", "check_ids",
+    "format_result", "IdCheck", "check_ids", "exact_matches",
 ]
 
 log = logging.getLogger("fastqa.qa")
@@ -93,6 +93,19 @@ def _questions(dataset: Any) -> Iterator[dict]:
 def _qid(qa: Mapping) -> str:
     # The data may come straight from json.load with int ids; predictions' keys are JSON strings.
     return str(qa["id"])
+
+
+def exact_matches(dataset: Any, predictions: Mapping[str, str]) -> dict[str, bool]:
+    """{question id: whether its prediction equals a gold answer after normalisation} for every question of
+    ``dataset`` that ``predictions`` answers (a question without answers, v2.0: right when the prediction is
+    empty). What a calibrated score estimates the probability of."""
+    out: dict[str, bool] = {}
+    for qa in _questions(dataset):
+        qid = _qid(qa)
+        if qid in predictions:
+            golds = [a["text"] for a in qa.get("answers", [])] or [""]
+            out[qid] = any(exact_match(predictions[qid], g) for g in golds)
+    return out
 
 
 def _str_keys(mapping: Mapping, what: str, value_type: type | tuple[type, ...]) -> dict[str, Any]:

@@ -4,8 +4,9 @@ Python use::
 
     qa = QAModel.load()                       # the shipped reader; or a run folder, an export, a name
     qa.answer("The Broncos won Super Bowl 50.", "Who won Super Bowl 50?")
-    # {'text': 'The Broncos', 'score': 0.71, 'start': 0, 'end': 11}
-    qa.answer(long_text, "Who won?", top_k=3)  # {'answers': [3 dicts as above, best first]}
+    # Answer(text='The Broncos', start=0, end=11, score=0.71, no_answer_prob=None, abstained=False)
+    qa.answer(long_text, "Who won?", top_k=3)  # [3 Answers, best first]
+    qa.answer(text, "Who won?", min_score=0.5) # text "" and abstained=True when no answer is that likely
 
 Contexts of any length: a context longer than the reader's window (the context length it was trained on) is
 read in overlapping windows, and offsets are always into the text given (``fastqa.tasks.qa.windows``).
@@ -13,7 +14,7 @@ read in overlapping windows, and offsets are always into the text given (``fastq
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Sequence
 
 import torch
@@ -24,12 +25,40 @@ from ...data.batching import pad
 from ...data.tokenize import tokenize
 from ...data.vocab import Vocab
 from ...errors import UserError
+from ..loading import default_device, load_weights, open_model, set_threads, unreadable_meta
+from .calibration import Calibration
 from .readers import MODELS, answer_len, build_model, config_type
 from .squad import Limits, SquadSet, encode_squad, encode_tokens, load_squad, pad_chars
 from .task import PredictOutput, predict
 from .windows import Reading, inference_autocast, lexical_terms, paragraph_starts, read_windows, window_settings
 
-__all__ = ["QAModel"]
+__all__ = ["Answer", "QAModel", "answers_json"]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An answer found in a context: ``context[start:end] == text`` (character offsets).
+
+    score: the estimated probability that the answer is right for a calibrated reader, else the span's
+    probability over the context; no_answer_prob: a v2.0 reader's probability that the context holds no answer
+    (None for a v1.1 reader); abstained: no answer scored ``min_score`` or more (``text`` is then "")."""
+
+    text: str
+    start: int
+    end: int
+    score: float
+    no_answer_prob: float | None = None
+    abstained: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, every field always present."""
+        return asdict(self)
+
+
+def answers_json(answers: Sequence[Answer]) -> dict[str, Any]:
+    """The JSON of one question's answers, best first, as ``fastqa ask`` prints it and the server sends it:
+    ``{"answer": the best, "answers": all of them}``."""
+    return {"answer": answers[0].to_dict(), "answers": [a.to_dict() for a in answers]}
 
 
 class QAModel:
@@ -37,52 +66,46 @@ class QAModel:
     (EMA weights)."""
 
     def __init__(self, model: nn.Module, words: Vocab, chars: Vocab, *, max_answer_len: int = 30,
-                 limits: Limits = Limits(), device: torch.device | str | None = None) -> None:
+                 limits: Limits = Limits(), device: torch.device | str | None = None,
+                 calibration: Calibration | None = None) -> None:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model = model.to(self.device).eval()
         self.config = model.config
         self.words, self.chars = words, chars
         self.max_answer_len = max_answer_len
         self.limits = limits
+        #: maps raw scores to probabilities of being right (``fastqa.tasks.qa.calibration``); None: raw scores
+        self.calibration = calibration
 
     @classmethod
-    def load(cls, path: str | os.PathLike | None = None, *, layers: str | None = None,
-             device: str | torch.device | None = None) -> "QAModel":
-        """The reader in ``path``: a run folder (or its checkpoint.pt), a slim export (``fastqa export``), or
-        the name of a shipped model (``fastqa.pretrained.NAMES``); None loads the shipped default,
-        "qanet-small-squad". Config and vocabularies come with the weights (the EMA's when the run kept
-        them). layers: QANet's "fast" (default), "reference", "naive"."""
-        from ...pretrained import DEFAULTS, load_payload
-        from ...train.checkpoint import inference_weights
-
-        payload, where = load_payload(DEFAULTS["qa"] if path is None else path)
-        kind = payload.get("kind")
-        if kind not in MODELS:
-            raise UserError(f"{where}: a {kind!r} checkpoint, not a reader's (one of {', '.join(MODELS)})")
+    def load(cls, name_or_path: str | os.PathLike | None = None, *, device: str | torch.device | None = None,
+             layers: str | None = None, threads: int | None = None) -> "QAModel":
+        """The reader ``name_or_path`` names: a run folder (or its checkpoint.pt), a slim export (``fastqa
+        export``), or a shipped model's name (``fastqa.pretrained.NAMES``); None loads the shipped reader,
+        "qanet-small-squad". Config, vocabularies and calibration come with the weights (the EMA's when the run
+        kept them). The ``Predictor`` contract (``fastqa.tasks.loading``): device None picks a CUDA GPU when
+        there is one; layers: QANet's "fast" (default), "reference", "naive"; threads: CPU threads."""
+        set_threads(threads)
+        payload, where, meta = open_model(name_or_path, "qa", MODELS, "a reader's")
+        kind = payload["kind"]
         if layers is not None and kind != "qanet":
             raise UserError(f"--layers chooses QANet's layers; the {kind} reader in {where} has none")
-        meta = payload.get("meta") or {}
-        try:
+        with unreadable_meta(where):
             extra = {"layers": layers or "fast"} if kind == "qanet" else {}
             config = config_type(kind).from_dict({**meta["config"], **extra})
             words, chars = Vocab.from_dict(meta["words"]), Vocab.from_dict(meta["chars"])
             limits = Limits(**meta["limits"]) if "limits" in meta else Limits()
             max_answer_len = int(meta.get("max_answer_len", 30))
-        except (KeyError, TypeError, ValueError) as e:
-            raise UserError(f"{where}: the checkpoint's config or vocabulary is unreadable ({e})") from None
+            calibration = (Calibration.from_dict(meta["calibration"], f"{where}: calibration")
+                           if meta.get("calibration") is not None else None)
         sizes = (config.word_vocab_size, getattr(config, "char_vocab_size", len(chars)))
         if sizes != (len(words), len(chars)):
             raise UserError(f"{where}: the checkpoint's vocabularies ({len(words)} words, {len(chars)} chars) do not "
                             f"match its config {sizes}")
         model = build_model(config)
-        try:
-            model.load_state_dict(inference_weights(payload))
-        except RuntimeError as e:
-            first = str(e).strip().splitlines()
-            raise UserError(f"{where}: the weights do not fit the checkpoint's config ({first[1].strip() if len(first) > 1 else first[0]})") from None
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        return cls(model, words, chars, max_answer_len=max_answer_len, limits=limits, device=device)
+        load_weights(model, payload, where)
+        return cls(model, words, chars, max_answer_len=max_answer_len, limits=limits, device=default_device(device),
+                   calibration=calibration)
 
     @property
     def char_limit(self) -> int:
@@ -136,35 +159,36 @@ class QAModel:
                             terms=([lexical_terms(it[5]) for it in items], [lexical_terms(it[6]) for it in items]),
                             breaks=None if texts is None else [paragraph_starts(t, it[4]) for t, it in zip(texts, items)])
 
-    def _span(self, context: str, offsets: list[tuple[int, int]], start: int, end: int, score: float
-              ) -> dict[str, Any]:
-        first, last = offsets[start][0], offsets[end][1]
-        return {"text": context[first:last], "score": score, "start": first, "end": last}
+    def _score(self, raw: float) -> float:
+        return self.calibration(raw) if self.calibration is not None else raw
 
-    def _result(self, context: str, offsets: list[tuple[int, int]], reading: Reading, top_k: int | None
-                ) -> dict[str, Any]:
-        null = {"text": "", "score": reading.null_score, "start": 0, "end": 0}
-        if top_k is None:
-            best = reading.best
-            res = null if reading.is_null else self._span(context, offsets, best.start, best.end, best.score)
-            if self.config.no_answer:
-                res = {**res, "no_answer_prob": reading.na_prob}
-            return res
-        answers = [(c.log_score, self._span(context, offsets, c.start, c.end, c.score)) for c in reading.candidates]
+    def _answers(self, context: str, offsets: list[tuple[int, int]], reading: Reading, k: int,
+                 min_score: float | None) -> list[Answer]:
+        """The k best answers of ``reading``, best first; a v2.0 reader's "no answer" is one of them, ranked by
+        its score like the spans (first exactly when it wins: a stable sort keeps it after a span of equal score,
+        as ``is_null`` needs it strictly larger). Below ``min_score`` a span is no confident answer."""
+        na_prob = reading.na_prob if self.config.no_answer else None
+        ranked = [(c.log_score, Answer(context[offsets[c.start][0]:offsets[c.end][1]], offsets[c.start][0],
+                                       offsets[c.end][1], self._score(c.score), na_prob))
+                  for c in reading.candidates]
         if self.config.no_answer:
-            # "No answer" is one of the candidates, ranked by its score like the spans: first exactly when it
-            # wins (a stable sort keeps it after a span of equal score, as ``is_null`` needs it strictly larger).
-            answers.append((reading.log_null, null))
-            answers.sort(key=lambda a: -a[0])
-        out: dict[str, Any] = {"answers": [a for _, a in answers[:top_k]]}
-        if self.config.no_answer:
-            out["no_answer_prob"] = reading.na_prob
-        return out
+            ranked.append((reading.log_null, Answer("", 0, 0, self._score(reading.null_score), na_prob)))
+            ranked.sort(key=lambda a: -a[0])
+        answers = [a for _, a in ranked[:k]]
+        if min_score is None:
+            return answers
+        confident = [a for a in answers if not a.text or a.score >= min_score]
+        # None confident: one answer that says so; the text goes, the score stays, to show how far below it was.
+        return confident or [Answer("", 0, 0, answers[0].score, na_prob, abstained=True)]
 
     def answer_many(self, contexts: Sequence[str], questions: Sequence[str], *, batch_size: int = 32,
                     max_answer_len: int | None = None, top_k: int | None = None, max_context: int | None = None,
-                    stride: int | None = None) -> list[dict[str, Any]]:
-        """``answer`` for every (context, question) pair, their windows batched together by length."""
+                    stride: int | None = None, min_score: float | None = None) -> list[Answer] | list[list[Answer]]:
+        """``answer`` for every (context, question) pair, their windows batched together by length: one
+        ``Answer`` per pair, or with ``top_k`` one list per pair."""
+        if min_score is not None and (isinstance(min_score, bool) or not isinstance(min_score, (int, float))
+                                      or not 0.0 <= min_score <= 1.0):
+            raise ValueError(f"min_score must be a number in [0, 1], got {min_score!r}")
         if len(contexts) != len(questions):
             raise ValueError(f"contexts and questions differ in length ({len(contexts)} vs {len(questions)})")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
@@ -173,20 +197,26 @@ class QAModel:
                  for i, (c, q) in enumerate(zip(contexts, questions))]
         readings = self._read(items, k=top_k or 1, batch_size=batch_size, max_answer_len=max_answer_len,
                               max_context=max_context, stride=stride, texts=contexts)
-        return [self._result(c, it[4], r, top_k) for c, it, r in zip(contexts, items, readings)]
+        found = [self._answers(c, it[4], r, top_k or 1, min_score) for c, it, r in zip(contexts, items, readings)]
+        return [answers[0] for answers in found] if top_k is None else found
 
     def answer(self, context: str, question: str, *, max_answer_len: int | None = None, top_k: int | None = None,
-               max_context: int | None = None, stride: int | None = None, batch_size: int = 32) -> dict[str, Any]:
-        """The answer to ``question`` in ``context``: ``{"text", "score", "start", "end"}`` where
-        ``context[start:end] == text`` and score = p_start·p_end (``text`` "" when a v2.0 model says
-        there is no answer; it then also gives ``no_answer_prob``).
+               max_context: int | None = None, stride: int | None = None, batch_size: int = 32,
+               min_score: float | None = None) -> Answer | list[Answer]:
+        """The ``Answer`` to ``question`` in ``context``: ``text`` with ``context[start:end] == text``, and
+        ``score``: the estimated probability that the answer is right when the model is calibrated
+        (``calibration``; the shipped reader is), else the span's probability over the context. A v2.0 reader's
+        "no answer" is ``text`` "" (it also gives ``no_answer_prob``).
 
-        top_k: ``{"answers": [...]}``, the k best distinct spans of that form, best first (a v2.0 model's
-        "no answer" is one of them, ranked by its score). A context longer than ``max_context`` tokens
-        (default: the length the reader was trained on) is read in windows overlapping by ``stride`` tokens,
-        ``batch_size`` windows at a time; offsets are always into ``context``."""
+        top_k: the list of the k best distinct answers, best first (a v2.0 reader's "no answer" is one of them,
+        ranked by its score). min_score: the answers below it are dropped; when none is left, the answer (the
+        list's one answer) has ``text`` "" and ``abstained`` True, and the best answer's score, to show how far
+        below it was. A context longer than ``max_context`` tokens (default: the length the reader was
+        trained on) is read in windows overlapping by ``stride`` tokens, ``batch_size`` windows at a time;
+        offsets are always into ``context``."""
         return self.answer_many([context], [question], max_answer_len=max_answer_len, top_k=top_k,
-                                max_context=max_context, stride=stride, batch_size=batch_size)[0]
+                                max_context=max_context, stride=stride, batch_size=batch_size,
+                                min_score=min_score)[0]
 
     def probabilities(self, context: str, question: str, *, max_context: int | None = None,
                       stride: int | None = None) -> dict[str, Any]:
@@ -232,4 +262,5 @@ class QAModel:
                            limits=limits, cache_dir=cache_dir)
         out = predict(self.model, data, enc, batch_size=batch_size, max_answer_len=self.max_answer_len,
                       device=self.device, progress=progress, max_context=window, stride=overlap)
+        out.scores = {qid: self._score(raw) for qid, raw in out.scores.items()}
         return data, out

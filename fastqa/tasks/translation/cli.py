@@ -210,46 +210,49 @@ def _check_translate_flags(args: argparse.Namespace) -> None:
         raise UserError("--attention adds the attention weights to the --json output; pass --json too")
 
 
-def _render(translator, args: argparse.Namespace, lines: list[str], first: int, *, progress: bool) -> list[str]:
-    """The output lines for input ``lines`` (line ``first`` of the input is ``lines[0]``): one per input
-    line, or with --nbest (plain) N per non-empty input line; with --json one JSON object per input line."""
-    kwargs = _decode_kwargs(args, progress=progress)
+def _render(translator, args: argparse.Namespace, lines: list[str], first: int, *, progress: bool,
+            attention: bool = False) -> tuple[list[str], list]:
+    """(the output lines, the Translations) for input ``lines`` (line ``first`` of the input is ``lines[0]``):
+    one output line per input line, or with --nbest (plain) N per non-empty input line; with --json one JSON
+    object per input line. ``attention``: the translations carry their maps (--plot-attention draws one)."""
+    results = translator.translate(lines, nbest=args.nbest or 1, attention=args.attention or attention,
+                                   **_decode_kwargs(args, progress=progress))
+
+    def text(t) -> str:
+        return " ".join(t.tokens) if args.tokenized else t.text
     if not (args.json or args.nbest is not None):
-        if args.tokenized:
-            return [" ".join(t) for t in translator.translate_tokens(lines, **kwargs)]
-        return translator.translate(lines, **kwargs)
-    results = translator.translate_nbest(lines, nbest=args.nbest or 1, attention=args.attention, **kwargs)
+        return [text(t) for t in results], results
     out: list[str] = []
-    for i, (line, hyps) in enumerate(zip(lines, results), start=first):
+    for i, (line, best) in enumerate(zip(lines, results), start=first):
+        hyps = [best, *best.alternatives] if best.tokens or best.text else []
         if args.json:
             obj: dict = {"source": line, "hypotheses": []}
             for h in hyps:
                 d = h.to_dict()
-                attention = d.pop("attention", None)
-                if args.tokenized:
-                    d["text"] = " ".join(h.tokens)
+                del d["alternatives"], d["attention"]
+                d["text"] = text(h)
                 obj["hypotheses"].append(d)
-                if attention is not None:
-                    obj["attention"] = attention
+            if args.attention and best.attention is not None:
+                obj["attention"] = best.attention.to_dict()
             out.append(json.dumps(obj, ensure_ascii=False))
         elif not hyps:
             out.append("")  # an empty input line: an empty output line, as without --nbest
         else:
-            out += [f"H-{i}\t{h.score:.4f}\t{' '.join(h.tokens) if args.tokenized else h.text}" for h in hyps]
-    return out
+            out += [f"H-{i}\t{h.score:.4f}\t{text(h)}" for h in hyps]
+    return out, results
 
 
 def _run_translate(args: argparse.Namespace) -> int:
     from ...data.files import decode_lines, read_bytes
     from ...errors import UserError
-    from ...plots import figure_format
+    from ...plots import figure_format, plot_attention_map
     from .translator import DecodeStats
 
     _check_translate_flags(args)
     if args.plot_attention:
         figure_format(args.plot_attention, "--plot-attention")  # a bad path fails now, not after the translation
     translator = _load(args)
-    first_text: str | None = None  # the sentence --plot-attention draws
+    drawn = None                   # (the sentence, its Translation) --plot-attention draws
     bad: list[int] = []            # numbers of the input lines that were not UTF-8 (--skip-bad-lines)
     if args.input is not None or _is_regular_file(sys.stdin):
         if args.input is not None:
@@ -259,32 +262,36 @@ def _run_translate(args: argparse.Namespace) -> int:
         else:
             raw, source = _stdin_bytes(sys.stdin), "standard input"
         lines, bad = decode_lines(raw, source, skip_bad=args.skip_bad_lines)
-        for line in _render(translator, args, lines, 0, progress=True):
+        rendered, results = _render(translator, args, lines, 0, progress=True, attention=bool(args.plot_attention))
+        for line in rendered:
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
         stats = translator.last_stats
-        if args.plot_attention:
-            first_text = next((ln for ln in lines if translator.source_tokens(ln)), None)
+        drawn = next(((ln, t) for ln, t in zip(lines, results) if t.attention is not None), None)
     else:
         # A terminal or a pipe: whoever writes the lines may wait for each answer before sending the next.
         stats = DecodeStats()
         for i, line in enumerate(_stream_lines(sys.stdin, args.skip_bad_lines, bad)):
-            for out in _render(translator, args, [line], i, progress=False):  # one line: no bar
+            # One line: no bar; the map only until the first one is kept.
+            rendered, (result,) = _render(translator, args, [line], i, progress=False,
+                                          attention=bool(args.plot_attention) and drawn is None)
+            for out in rendered:
                 sys.stdout.write(out + "\n")
             sys.stdout.flush()
             stats.add(translator.last_stats)
-            if first_text is None and args.plot_attention and translator.source_tokens(line):
-                first_text = line
+            if drawn is None and result.attention is not None:
+                drawn = (line, result)
     print(_speed_line(stats, args), file=sys.stderr)
     if bad:
         shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
         print(f"fastqa: skipped {len(bad)} line{'s' if len(bad) > 1 else ''} that {'were' if len(bad) > 1 else 'was'} "
               f"not UTF-8 text (line {shown}): each answered with an empty line", file=sys.stderr)
     if args.plot_attention:
-        if first_text is None:
+        if drawn is None:
             raise UserError("--plot-attention: every input line is empty")
-        translator.plot_attention(first_text, args.plot_attention, **_decode_kwargs(args))
-        print(f"attention map of {first_text!r} -> {args.plot_attention}", file=sys.stderr)
+        # The map of the search that produced the printed translation: no second decoding.
+        plot_attention_map(drawn[1].attention, args.plot_attention)
+        print(f"attention map of {drawn[0]!r} -> {args.plot_attention}", file=sys.stderr)
     return 0
 
 
@@ -352,9 +359,9 @@ def _run_eval(args: argparse.Namespace) -> int:
             raise UserError("mt-eval needs --src (or --hyp FILE to score a translation file)")
         translator = _load(args)
         src, refs = read_parallel(args.src, args.ref)
-        hyp_tokens = translator.translate_tokens(src, **_decode_kwargs(args))
+        translations = translator.translate(src, **_decode_kwargs(args))
         stats = translator.last_stats
-        hyps = [translator.detokenize(t) for t in hyp_tokens]
+        hyp_tokens, hyps = [t.tokens for t in translations], [t.text for t in translations]
         lang = args.tgt_lang or translator.codec.bleu_lang
         if translator.vocab_kind == "word":
             # The tutorial's figure: the model's own (lowercased) words against lowercased reference tokens.

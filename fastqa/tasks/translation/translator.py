@@ -5,9 +5,10 @@ tokenized (a SentencePiece model's bytes for a subword model), so a run folder i
 Checkpoints from before subword models (no ``vocab`` entry in their meta) load as word models.
 
 A subword model reads any text (unseen characters are spelled with byte pieces) and never writes
-``<unk>`` (the search may not pick it), so its output is cased, readable text. ``translate(...,
-nbest=N)`` gives each sentence's N best hypotheses with their scores (and, on request, the attention of
-the best), as the ``translate --nbest`` / ``--json`` command prints them.
+``<unk>`` (the search may not pick it), so its output is cased, readable text. ``translate()`` is the one
+entry point: a ``Translation`` per sentence (text, score, tokens), with the next best hypotheses
+(``nbest=N``) and the attention map of the search that produced it (``attention=True``) on request, as the
+``translate --nbest`` / ``--json`` / ``--plot-attention`` command prints and draws them.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -23,9 +24,8 @@ import torch
 from ..._checks import check_unicode
 from ...data.vocab import EOS, SOS, Vocab
 from ...errors import UserError
-from ...models.convs2s import ConvS2S, ConvS2SConfig, Hypothesis, beam_search, greedy_decode
-from ...pretrained import DEFAULTS, load_payload
-from ...train.checkpoint import inference_weights
+from ...models.convs2s import ConvS2S, ConvS2SConfig, Hypothesis, beam_search
+from ..loading import default_device, load_weights, open_model, set_threads, unreadable_meta
 from .parallel import TextCodec, encode_source
 from .task import KIND, pad_source
 
@@ -51,22 +51,23 @@ class AttentionMap:
 
 @dataclass
 class Translation:
-    """One hypothesis for one sentence. text: detokenized; tokens: the model's target tokens (words or
+    """The translation of one sentence. text: detokenized; tokens: the model's target tokens (words or
     pieces, no <sos>/<eos>); score: the beam search's score, log_prob / (len(tokens) + 1) ** len_penalty;
-    log_prob: the model's log-probability of tokens + <eos>; attention: for the best hypothesis when asked."""
+    log_prob: the model's log-probability of tokens + <eos>; attention: the map of the search that produced it,
+    when asked; alternatives: the next best hypotheses (``nbest`` > 1), best first."""
     text: str
     tokens: list[str]
     score: float
     log_prob: float
     attention: AttentionMap | None = None
+    alternatives: list["Translation"] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``text``, ``score``, ``tokens``, ``log_prob`` (and ``attention`` when there is one)."""
-        out: dict[str, Any] = {"text": self.text, "score": self.score, "tokens": list(self.tokens),
-                               "log_prob": self.log_prob}
-        if self.attention is not None:
-            out["attention"] = self.attention.to_dict()
-        return out
+        """JSON-ready: ``text``, ``score``, ``tokens``, ``log_prob``, ``attention`` (None unless asked for) and
+        ``alternatives`` (their dicts; [] unless nbest > 1)."""
+        return {"text": self.text, "score": self.score, "tokens": list(self.tokens), "log_prob": self.log_prob,
+                "attention": None if self.attention is None else self.attention.to_dict(),
+                "alternatives": [a.to_dict() for a in self.alternatives]}
 
 
 @dataclass
@@ -119,21 +120,22 @@ class Translator:
         return self.codec.kind
 
     @classmethod
-    def load(cls, model_dir: str | os.PathLike | None = None, *, layers: str = "fast",
-             device: str | torch.device = "cpu", restore_case: bool = True) -> "Translator":
-        """The model in ``model_dir``: a run folder (its ``checkpoint.pt``; the EMA weights if the run kept
-        them), a slim export (``fastqa export``), or the name of a shipped model; None: the shipped translator
-        (``fastqa.pretrained.DEFAULTS["translation"]``). ``restore_case``: see the attribute."""
-        payload, path = load_payload(DEFAULTS["translation"] if model_dir is None else model_dir, map_location=device)
-        if payload.get("kind") != KIND:
-            raise UserError(f"{path}: a {payload.get('kind')!r} checkpoint, not a translation model ({KIND!r})")
-        meta = payload.get("meta") or {}
-        try:
+    def load(cls, name_or_path: str | os.PathLike | None = None, *, device: str | torch.device | None = None,
+             layers: str | None = None, threads: int | None = None, restore_case: bool = True) -> "Translator":
+        """The translator ``name_or_path`` names: a run folder (its ``checkpoint.pt``; the EMA weights if the
+        run kept them), a slim export (``fastqa export``), or a shipped model's name; None: the shipped
+        translator (``fastqa.pretrained.DEFAULTS["translation"]``). The ``Predictor`` contract
+        (``fastqa.tasks.loading``): device None picks a CUDA GPU when there is one; layers: "fast" (default) or
+        "reference"; threads: CPU threads. ``restore_case``: see the attribute."""
+        set_threads(threads)
+        device = default_device(device)
+        layers = layers or "fast"
+        payload, path, meta = open_model(name_or_path, "translation", (KIND,), "a translation model",
+                                         map_location=device)
+        with unreadable_meta(path):
             src_vocab, tgt_vocab = Vocab.from_dict(meta["src_vocab"]), Vocab.from_dict(meta["tgt_vocab"])
             config = ConvS2SConfig.from_dict({**meta["config"], "layers": layers})
             codec = TextCodec.from_meta(meta)
-        except (KeyError, TypeError, ValueError) as e:
-            raise UserError(f"{path}: the checkpoint's config or vocabularies are missing or invalid ({e})") from None
         if codec.subword is not None and not src_vocab == tgt_vocab == codec.subword.to_vocab():
             raise UserError(f"{path}: the vocabularies are not the pieces of the checkpoint's SentencePiece model: "
                             f"the checkpoint mixes two vocabularies")
@@ -148,12 +150,7 @@ class Translator:
             if ids != want:
                 raise UserError(f"{path}: the {side} vocabulary's special ids {ids} are not the model's {want}")
         model = ConvS2S(config, layers=layers)
-        try:
-            model.load_state_dict(inference_weights(payload))
-        except RuntimeError as e:
-            first = str(e).strip().splitlines()
-            raise UserError(f"{path}: the weights do not fit the checkpoint's config "
-                            f"({first[1].strip() if len(first) > 1 else first[0]})") from None
+        load_weights(model, payload, path)
         model.to(device)
         return cls(model, src_vocab, tgt_vocab, codec=codec, restore_case=restore_case)
 
@@ -214,48 +211,23 @@ class Translator:
                 bar.close()
 
     @torch.no_grad()
-    def translate_tokens(self, sentences: Sequence[str], *, beam: int = 5, incremental: bool = True,
-                         len_penalty: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
-                         batch_size: int = 64, progress: bool = False) -> list[list[str]]:
-        """Each sentence's translation as target tokens (words or pieces; no <sos>/<eos>). Empty (or
-        whitespace-only) sentences give []; a word model reads unknown source words as <unk>. ``beam`` 1
-        decodes greedily. ``self.last_stats`` records the sentences, output tokens and seconds of the
-        decoding itself. ``progress``: a bar over the sentences (stderr)."""
-        encoded = self._sources(sentences, beam, batch_size)
-        out: list[list[str]] = [[] for _ in sentences]
-        stats = DecodeStats(sentences=len(encoded))
-        t0 = time.perf_counter()
-        forbid = self.codec.forbid_ids
-        for chunk, src in self._batches(encoded, batch_size, progress):
-            if beam == 1:
-                ids_list = greedy_decode(self.model, src, max_len_a=max_len_a, max_len_b=max_len_b,
-                                         incremental=incremental, forbid=forbid)
-            else:
-                hyps = beam_search(self.model, src, beam=beam, len_penalty=len_penalty, max_len_a=max_len_a,
-                                   max_len_b=max_len_b, nbest=1, incremental=incremental, forbid=forbid)
-                ids_list = [h[0].tokens for h in hyps]
-            for (i, _), ids in zip(chunk, ids_list):
-                ids = [int(t) for t in ids]
-                out[i] = self.tgt_vocab.decode(ids)
-                stats.tokens += len(ids)
-        stats.seconds = time.perf_counter() - t0
-        self.last_stats = stats
-        return out
+    def translate(self, sentences: Sequence[str], *, beam: int = 5, nbest: int = 1, attention: bool = False,
+                  incremental: bool = True, len_penalty: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
+                  batch_size: int = 64, progress: bool = False) -> list[Translation]:
+        """One :class:`Translation` per sentence, in order: the best hypothesis of a beam search of ``beam``
+        (beam 1 picks the tokens greedy decoding picks), with its ``score`` (log-probability per token,
+        length-normalised) and target ``tokens``; an empty (or whitespace-only) sentence gives an empty one.
 
-    @torch.no_grad()
-    def translate_nbest(self, sentences: Sequence[str], *, beam: int = 5, nbest: int = 1, attention: bool = False,
-                        incremental: bool = True, len_penalty: float = 1.0, max_len_a: float = 1.2,
-                        max_len_b: int = 10, batch_size: int = 64, progress: bool = False) -> list[list[Translation]]:
-        """Each sentence's ``nbest`` (<= ``beam``) best hypotheses from beam search, best score first, as
-        :class:`Translation` objects; an empty sentence gives []. ``attention``: the best hypothesis also
-        carries its attention map (from the search itself). Beam 1 is a beam search of one (with scores),
-        which picks the tokens greedy decoding picks."""
+        nbest (<= beam): the next best hypotheses in ``alternatives``, best first. attention: the best hypothesis
+        carries its attention map, the one the search computed (``AttentionMap``: target x source weights).
+        ``self.last_stats`` records the sentences, output tokens and seconds of the decoding itself;
+        ``progress``: a bar over the sentences (stderr)."""
         if isinstance(nbest, bool) or not isinstance(nbest, int) or nbest < 1:
             raise ValueError(f"nbest must be an int >= 1, got {nbest!r}")
         encoded = self._sources(sentences, beam, batch_size)
         if nbest > beam:
             raise ValueError(f"nbest must be <= beam, got nbest={nbest} and beam={beam}")
-        out: list[list[Translation]] = [[] for _ in sentences]
+        out = [Translation(text="", tokens=[], score=0.0, log_prob=0.0) for _ in sentences]
         stats = DecodeStats(sentences=len(encoded))
         t0 = time.perf_counter()
         for chunk, src in self._batches(encoded, batch_size, progress):
@@ -263,9 +235,11 @@ class Translator:
                                max_len_b=max_len_b, nbest=nbest, incremental=incremental,
                                forbid=self.codec.forbid_ids)
             for (i, src_ids), sentence_hyps in zip(chunk, hyps):
-                out[i] = [self._translation(h, src_ids if attention and rank == 0 else None)
-                          for rank, h in enumerate(sentence_hyps)]
-                stats.tokens += len(sentence_hyps[0].tokens)
+                best, *rest = [self._translation(h, src_ids if attention and rank == 0 else None)
+                               for rank, h in enumerate(sentence_hyps)]
+                best.alternatives = rest
+                out[i] = best
+                stats.tokens += len(best.tokens)
         stats.seconds = time.perf_counter() - t0
         self.last_stats = stats
         return out
@@ -280,47 +254,3 @@ class Translator:
                                 weights=hyp.attention.float().cpu())
         return Translation(text=self.codec.detokenize(tokens), tokens=tokens, score=float(hyp.score),
                            log_prob=float(hyp.log_prob), attention=amap)
-
-    def translate(self, sentences: Sequence[str], *, beam: int = 5, incremental: bool = True,
-                  nbest: int | None = None, attention: bool = False, **kwargs: Any
-                  ) -> list[str] | list[list[Translation]]:
-        """Each sentence's translation as text (pieces joined by the SentencePiece model, or words by
-        sacremoses' detokenizer); empty sentences give "".
-
-        With ``nbest`` (<= ``beam``): per sentence a list of its ``nbest`` best :class:`Translation` objects
-        (text, score, tokens; best first; [] for an empty sentence), and with ``attention`` the best one's
-        attention map -- see :meth:`translate_nbest`."""
-        if nbest is not None:
-            return self.translate_nbest(sentences, beam=beam, nbest=nbest, attention=attention,
-                                        incremental=incremental, **kwargs)
-        if attention:
-            raise ValueError("attention=True needs nbest (the attention comes with the hypotheses)")
-        return [self.codec.detokenize(toks)
-                for toks in self.translate_tokens(sentences, beam=beam, incremental=incremental, **kwargs)]
-
-    # -- attention ---------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def attention(self, sentence: str, *, beam: int = 1, **kwargs: Any) -> AttentionMap:
-        """Translate ``sentence`` and return the attention the model pays while producing that translation:
-        the decoder re-run over <sos> + translation gives, for every output step, its attention over the
-        source (the same weights the decoding computed step by step)."""
-        toks = self.source_tokens(sentence)
-        if not toks:
-            raise UserError("attention: the sentence is empty, there is nothing to attend to")
-        out = self.translate_tokens([sentence], beam=beam, **kwargs)[0]
-        src_ids = self._encode(toks, "attention sentence")
-        src = torch.tensor([src_ids], dtype=torch.long, device=self.device)
-        tgt_ids = self.tgt_vocab.encode(out)
-        tgt_in = torch.tensor([[self.config.sos_id, *tgt_ids]], dtype=torch.long, device=self.device)
-        _, attn = self.model(src, tgt_in)
-        source = self.src_vocab.decode(src_ids)  # what the model saw: a word model's unknown words show as <unk>
-        return AttentionMap(source=source, target=[*out, EOS], weights=attn[0].float().cpu())
-
-    def plot_attention(self, sentence: str, path: str | os.PathLike, **kwargs: Any) -> AttentionMap:
-        """Draw the source x target attention map of ``sentence``'s translation into ``path``, in the format of
-        its suffix (:func:`fastqa.plots.plot_attention_map`)."""
-        from ...plots import plot_attention_map
-
-        amap = self.attention(sentence, **kwargs)
-        plot_attention_map(amap, path)
-        return amap

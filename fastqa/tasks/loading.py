@@ -1,0 +1,101 @@
+"""The inference contract both tasks implement, and the one loader behind it.
+
+``QAModel`` (question answering) and ``Translator`` (translation) are both a ``Predictor``: a trained model with
+what it needs to read text, loaded the same way from a shipped model's name, a run folder or an export::
+
+    QAModel.load()                                   # the task's shipped model
+    Translator.load("runs/convs2s", device="cuda", layers="reference", threads=2)
+
+``open_model`` reads the payload and checks its kind; ``unreadable_meta`` and ``load_weights`` turn what can go
+wrong with a checkpoint into one ``UserError`` format naming the file; ``default_device`` is the one device rule
+(a CUDA GPU when there is one, else the CPU).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Collection, Iterator, Protocol, TypeVar
+
+from ..errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = ["Predictor", "default_device", "open_model", "unreadable_meta", "load_weights", "set_threads"]
+
+P = TypeVar("P", bound="Predictor")
+
+
+class Predictor(Protocol):
+    """What every task's inference object offers: ``load`` and the device it runs on."""
+
+    device: "torch.device"
+
+    @classmethod
+    def load(cls: type[P], name_or_path: str | os.PathLike | None = None, *, device: "str | torch.device | None" = None,
+             layers: str | None = None, threads: int | None = None) -> P:
+        """The model ``name_or_path`` names (None: the task's shipped model) on ``device`` (None:
+        ``default_device()``), with ``layers`` (the model's layer set; None: its fast layers) and ``threads``
+        CPU threads (None: PyTorch's default)."""
+        ...
+
+
+def default_device(device: "str | torch.device | None" = None) -> "torch.device":
+    """``device``, or where none is given a CUDA GPU when there is one, else the CPU."""
+    import torch
+
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def set_threads(threads: int | None) -> None:
+    """``torch.set_num_threads(threads)`` for a count given; None leaves PyTorch's default."""
+    if threads is None:
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def open_model(name_or_path: str | os.PathLike | None, task: str, kinds: Collection[str], what: str,
+               map_location: "str | torch.device" = "cpu") -> tuple[dict, Path, dict]:
+    """(payload, the file it came from, its meta) of a model for ``task`` ("qa" or "translation"): a shipped
+    model's name, a run folder, a checkpoint or an export; None: the task's shipped model. A payload of a kind
+    not in ``kinds`` is a ``UserError`` naming the file and ``what`` the task needs ("a reader")."""
+    from ..pretrained import DEFAULTS, load_payload
+
+    payload, where = load_payload(DEFAULTS[task] if name_or_path is None else name_or_path, map_location)
+    kind = payload.get("kind")
+    if kind not in kinds:
+        raise UserError(f"{where}: a {kind!r} checkpoint, not {what} (one of {', '.join(kinds)})")
+    return payload, where, payload.get("meta") or {}
+
+
+@contextlib.contextmanager
+def unreadable_meta(where: Path) -> Iterator[None]:
+    """Reading a checkpoint's config and vocabularies: a missing key or a bad value is a ``UserError`` naming
+    the file."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, UserError):
+            raise
+        raise UserError(f"{where}: the checkpoint's config or vocabularies are missing or invalid ({e!r})") from None
+
+
+def load_weights(model: "nn.Module", payload: dict[str, Any], where: Path) -> None:
+    """The payload's inference weights (the EMA's when the run kept them) into ``model``; weights that do not
+    fit the model are a ``UserError`` naming the file and the first mismatch."""
+    from ..train.checkpoint import inference_weights
+
+    try:
+        model.load_state_dict(inference_weights(payload))
+    except RuntimeError as e:
+        lines = str(e).strip().splitlines()
+        first = lines[1].strip() if len(lines) > 1 else lines[0]
+        raise UserError(f"{where}: the weights do not fit the checkpoint's config ({first})") from None

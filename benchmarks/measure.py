@@ -1,4 +1,5 @@
-"""Measurements: interleaved timing, peak memory, and the machine's GEMM FLOP/s and bandwidth.
+"""Measurements: interleaved timing, peak memory, and the machine's GEMM FLOP/s and bandwidth; for the GPU
+check (scripts/gpu_check) also a call's host-issue time and a CUDA graph's replay time.
 
 Timing uses torch.utils.benchmark on the CPU (it pins the thread count) and CUDA events on the GPU.
 Implementations are sampled round-robin, one sample each per round with the order rotated, so load
@@ -10,6 +11,7 @@ import contextlib
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -55,19 +57,57 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def call_seconds(fn: Callable[[], Any], device: torch.device, number: int = 1) -> tuple[float, float]:
+    """(seconds per call waited for, the host's seconds per call to issue it) over ``number`` back-to-back
+    calls of a warm ``fn``. On a GPU the calls are bracketed by CUDA events and the host's time is how long
+    the calls took to return (before the device finishes, unless something syncs): close to the first,
+    the calls are bound by their launching, not by their kernels. On the CPU both are the wall time."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        host = time.perf_counter() - t0
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / number, host / number
+    t0 = time.perf_counter()
+    for _ in range(number):
+        fn()
+    wall = (time.perf_counter() - t0) / number
+    return wall, wall
+
+
+def graph_replay_seconds(fn: Callable[[], Any], device: torch.device, replays: int) -> float:
+    """Seconds per replay of ``fn`` captured in a CUDA graph: the device's time with no host launching
+    (CUDA only; a capture that breaks raises)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):   # the warm-up the capture needs, off the default stream
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    _sync(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / replays
+
+
 def sampler(fn: Callable[[], Any], device: torch.device) -> Callable[[int], float]:
     """A function ``number -> seconds per call`` timing ``number`` back-to-back calls of ``fn``."""
     if device.type == "cuda":
-        def sample_cuda(number: int) -> float:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize(device)
-            start.record()
-            for _ in range(number):
-                fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3 / number
-        return sample_cuda
+        return lambda number: call_seconds(fn, device, number)[0]
+    # torch's Timer on the CPU: it pins the thread count for the measurement.
     timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     return lambda number: timer.timeit(number).mean
 

@@ -115,7 +115,7 @@ def max_abs_err(got: Any, expected: Any) -> float:
     return err
 
 
-def _runner(fn: Callable, inputs: OpInputs, mode: str, grad_out: torch.Tensor | None) -> Callable[[], Any]:
+def op_runner(fn: Callable, inputs: OpInputs, mode: str, grad_out: torch.Tensor | None) -> Callable[[], Any]:
     """Run ``fn(*args, **kwargs)`` once: under no_grad (fwd), or forward plus the input gradients."""
     if mode == "fwd":
         def run_fwd() -> Any:
@@ -188,17 +188,17 @@ class OpCase(Case):
         gen = torch.Generator().manual_seed(0)
         base = self.make_inputs(gen)
         truth_in = base.to(device, torch.float64)
-        truth_fwd = _runner(self.program(self.reference), truth_in, "fwd", None)()
+        truth_fwd = op_runner(self.program(self.reference), truth_in, "fwd", None)()
         grad_out = None
         if mode == "fwd+bwd":
             grad_out = torch.randn(truth_fwd.shape, generator=gen, dtype=torch.float64).to(device)
-        expected = _runner(self.program(self.reference), truth_in, mode, grad_out)()
+        expected = op_runner(self.program(self.reference), truth_in, mode, grad_out)()
         inputs = base.to(device, dtype)
         impls, unavailable = self.implementations(device, dtype, mode, compile=compile,
                                                   naive_limit_bytes=naive_limit_bytes)
         g = None if grad_out is None else grad_out.to(dtype)
         return Prepared(
-            runners={k: _runner(fn, inputs, mode, g) for k, fn in impls.items()},
+            runners={k: op_runner(fn, inputs, mode, g) for k, fn in impls.items()},
             expected=expected, flops=self.flops(mode), bytes=_min_bytes(inputs, truth_fwd, mode, dtype),
             unavailable=unavailable, compiled=frozenset({"compiled"} & impls.keys()))
 

@@ -238,8 +238,13 @@ def _fp64_dot_skip_reason() -> str | None:
 
 
 def load_script(path: Path) -> ModuleType:
-    """A script of scripts/ imported as a module named after its file (its functions tested directly)."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
+    """A script of scripts/ imported as a module named after its file, or a package of scripts/ (a folder)
+    after its folder, its modules importable under it (their functions tested directly)."""
+    if path.is_dir():
+        spec = importlib.util.spec_from_file_location(path.name, path / "__init__.py",
+                                                      submodule_search_locations=[str(path)])
+    else:
+        spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module   # its dataclasses look their module up while being defined
     spec.loader.exec_module(module)

@@ -1,8 +1,9 @@
-"""scripts/gpu_check.py (``make gpu-check``) in its tiny mode on the CPU: the summary it writes names every phase
+"""scripts/gpu_check (``make gpu-check``) in its tiny mode on the CPU: the summary it writes names every phase
 with a status, the op phase reports errors for every op, and time boxes skip phases with a note instead of
-dropping them. One subprocess run of the script with every phase; the rest calls its functions directly."""
+dropping them. One subprocess run of the package with every phase; the rest calls its functions directly."""
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -17,7 +18,7 @@ from helpers import load_script
 import fastqa
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "gpu_check.py"
+SCRIPT = REPO / "scripts" / "gpu_check"   # a package, run as a folder
 STATUSES = {"ok", "failed", "skipped"}
 
 
@@ -122,7 +123,7 @@ def test_the_launch_phase_times_every_op_apart(tiny_run):
 
 
 def test_a_phase_that_overruns_is_cut_and_the_later_ones_still_run(gpu_check, tmp_path):
-    """The QANet phase gets a box far shorter than its items (and the script is run in-process, as a device
+    """The QANet phase gets a box far shorter than its items (and the check is run in-process, as a device
     command would): what it finished is recorded, the rest is skipped with the reason, and the ConvS2S phase
     after it runs in full; the exit code is 0 whatever happened."""
     code = gpu_check.main(["--tiny", "--device", "cpu", "--out", str(tmp_path), "--phases", "c,d",
@@ -159,9 +160,11 @@ def test_time_boxes(gpu_check):
 
 
 def test_helpers(gpu_check):
-    counts = gpu_check._pytest_counts("....\n3 passed, 2 skipped, 1015 deselected, 1 warning in 1.17s\n")
+    command_phases = importlib.import_module("gpu_check.command_phases")
+    measuring = importlib.import_module("gpu_check.measuring")
+    counts = command_phases._pytest_counts("....\n3 passed, 2 skipped, 1015 deselected, 1 warning in 1.17s\n")
     assert counts == {"passed": 3, "skipped": 2, "deselected": 1015, "warning": 1}
-    events = gpu_check.classify_device_events(["_dwsep_fwd_kernel", "Memcpy HtoD (Pageable -> Device)",
+    events = measuring.classify_device_events(["_dwsep_fwd_kernel", "Memcpy HtoD (Pageable -> Device)",
                                                "Memset (Device)", "cudaStreamSynchronize", "_dwsep_fwd_kernel"])
     assert (events["kernels"], events["memcpy"], events["memset"]) == (2, 1, 1)
     assert events["top"] == ["_dwsep_fwd_kernel x2"]

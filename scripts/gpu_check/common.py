@@ -1,0 +1,49 @@
+"""What the supervisor and the phase children share: the repository root (put on ``sys.path``), the op
+tolerances that phase b applies and the summary prints, and small text and file helpers. Standard library only,
+so that the supervisor runs (and reports) even where torch, fastqa or the benchmarks cannot be imported."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run from a checkout: the benchmarks package and an uninstalled fastqa live here
+    sys.path.insert(0, str(REPO))
+
+# Pass/fail of phase b: max |got - ref| / max |ref| per tensor, ref = the float64 reference on the same
+# (rounded) inputs. fp32 kernels accumulate in fp32 (Triton dots in tf32x3): far under 1e-4; bf16 rounds
+# every stored intermediate to 8 mantissa bits.
+TOLERANCES = {"float32": 1e-4, "bfloat16": 2e-2}
+# ... or at most this many times eager PyTorch's error in the same dtype against the same float64 reference.
+EAGER_FACTOR = 2.0
+DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
+TAIL_LINES = 40
+
+
+def tail(text: str, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of ``text``."""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def read_tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of the file at ``path``, or why there are none."""
+    try:
+        return tail(path.read_text(errors="replace"), lines)
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON through a temporary file, so a reader (or a kill) never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str, allow_nan=True))
+    os.replace(tmp, path)
+
+
+def short_error(exc: BaseException) -> str:
+    """An exception as one line of at most 300 characters: its type and the first line of its message."""
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__

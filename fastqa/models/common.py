@@ -244,7 +244,8 @@ def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A small CPU tensor built from Python values, on ``device``. To a GPU through pinned memory and a
     non-blocking copy: a plain ``.to("cuda")`` of pageable memory makes the host wait for the stream (a host
     sync per call, several per train step)."""
-    if device.type != "cuda":
+    if device.type != "cuda" or torch.compiler.is_compiling():
+        # Under torch.compile the values are constants of the graph (and dynamo cannot trace pin_memory).
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
 

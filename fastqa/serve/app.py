@@ -14,7 +14,6 @@ Status codes: 400 malformed JSON; 413 a body over ``max_body_bytes``; 422 a miss
 value out of bounds, or text the model cannot read; 503 no such model loaded, too many requests waiting for it
 (with Retry-After), or the server is shutting down; 504 not answered within ``timeout_s``.
 """
-from __future__ import annotations
 
 import asyncio
 import contextlib
@@ -39,6 +38,7 @@ try:  # the serve extra; without it this module still imports (create_app then s
 except ImportError as e:  # pragma: no cover - exercised only where the extra is missing
     _MISSING: ImportError | None = e
     BaseModel = object  # type: ignore[assignment,misc]
+    FastAPI = Request = Response = Any  # type: ignore[assignment,misc]
 else:
     _MISSING = None
 
@@ -48,6 +48,8 @@ INSTALL_HINT = "fastqa serve needs the serve extra: pip install 'fastqa[serve]' 
 #: the environment variable through which ``fastqa serve --workers N`` hands its settings to each worker process
 SETTINGS_ENV = "FASTQA_SERVE_SETTINGS"
 ROUTES = ("/", "/health", "/metrics", "/answer", "/translate", "/docs", "/openapi.json")
+# How much of an oversized body is still read before the 413 goes out (``_Observe._bounded_body``).
+_DRAIN_FACTOR = 8
 
 
 class RequestError(Exception):
@@ -221,19 +223,24 @@ class _Observe:
             self.metrics.latency.labels(route).observe(time.perf_counter() - t0)
 
     async def _bounded_body(self, scope: dict, receive: Any, send: Any) -> Any:
-        """A ``receive`` that replays the whole body, read here; None when the answer (413) went out already."""
+        """A ``receive`` that replays the whole body, read here; None when the answer (413) went out already.
+
+        An oversized body is still read (and thrown away) up to ``_DRAIN_FACTOR`` times the limit before the 413
+        goes out, so that a client that sends its whole body before reading the response gets the 413 instead of
+        a reset connection; past that the answer goes at once and the connection closes."""
         declared = dict(scope["headers"]).get(b"content-length")
-        chunks: list[bytes] = []
         size = 0 if declared is None or not declared.isdigit() else int(declared)
-        if size <= self.max_bytes:
+        chunks: list[bytes] = []
+        if size <= _DRAIN_FACTOR * self.max_bytes:
             size, more = 0, True
             while more:
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     return None
-                chunks.append(message.get("body", b""))
-                size += len(chunks[-1])
-                more = message.get("more_body", False) and size <= self.max_bytes
+                size += len(message.get("body", b""))
+                if size <= self.max_bytes:
+                    chunks.append(message.get("body", b""))
+                more = message.get("more_body", False) and size <= _DRAIN_FACTOR * self.max_bytes
         if size > self.max_bytes:
             response = _error(413, f"the request body is larger than {self.max_bytes} bytes (the server's limit)")
             await response(scope, receive, send)
@@ -339,16 +346,21 @@ def create_app(*, qa: Any = None, translation: Any = None, limits: ServeLimits =
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
-        first = exc.errors()[0]
+        errors = exc.errors()
+        # A misspelt field also leaves the right one missing: the misspelling is the one to report.
+        first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
         where = [str(part) for part in first.get("loc", ())[1:]]
         if first.get("type") == "json_invalid":
             return _error(400, f"malformed JSON: {first.get('ctx', {}).get('error', first.get('msg'))}")
         if first.get("type") == "missing" and not where:
             return _error(400, "the request body is empty: send a JSON object")
+        if not where and first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
+            return _error(422, "expected a JSON object")
         field = where[0] if where else None
         message = first.get("msg", "invalid request").removeprefix("Value error, ")
         if first.get("type") == "extra_forbidden":
-            message = "unknown field"
+            schema = {"/answer": AnswerRequest, "/translate": TranslateRequest}.get(request.url.path)
+            message = "unknown field" + (f" (expected: {', '.join(schema.model_fields)})" if schema else "")
         return _error(422, f"{'.'.join(where)}: {message}" if where else message, field)
 
     @app.exception_handler(HTTPException)

@@ -132,9 +132,9 @@ def run_serve(args: argparse.Namespace) -> int:
         shown = f"[{host}]" if ":" in host else host
         loaded = ", ".join(name for name in ("qa_model", "mt_model") if settings[name]).replace("_model", "")
         loaded = loaded.replace("mt", "translation")
-        workers = f", {args.workers} workers" if args.workers > 1 else ""
-        # One line on stdout with the address (scripts and tests read the port from it when --port is 0).
-        print(f"fastqa serve: {loaded} on http://{shown}:{port}/{workers}", flush=True)
+        workers = f" ({args.workers} worker processes)" if args.workers > 1 else ""
+        # One line on stdout ending with the address (scripts and tests read the port from it when --port is 0).
+        print(f"fastqa serve: {loaded}{workers} on http://{shown}:{port}/", flush=True)
         if args.workers == 1:
             config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=int(args.timeout_s) + 5)
             uvicorn.Server(config).run(sockets=[sock])

@@ -43,7 +43,7 @@ def test_page_answers_and_translates_in_chromium(server, chromium, tmp_path):
     assert html.unescape(before + marked + after) == CONTEXT
     # The top-k list, best first.
     items = _text_of(dom, r'<li[^>]*><span>(.*?)</span><span class="score">')
-    assert items == [span["text"] for span in want["top_k"]]
+    assert items == [span["text"] for span in want["answers"]]
     # The translation and its attention: a row per target token, a column per source token, labelled axes.
     (row,) = translated["translations"]
     assert _text_of(dom, r'<span id="translation-text">(.*?)</span>') == [row["text"]]

@@ -1,7 +1,10 @@
-"""fastqa: fused kernels for depthwise-separable conv1d, context-query attention and GLU convolution.
+"""fastqa: fused kernels of QANet and ConvS2S (depthwise-separable and GLU convolutions, trilinear similarity and
+context-query attention, self-attention, dropout + residual, projections and a fused argmax, one-step decoding)
+and the two models, for question answering and translation.
 
-Functional ops live in ``fastqa.ops`` (re-exported here), drop-in modules in ``fastqa.layers``,
-the pure-PyTorch references in ``fastqa.reference``. ``fastqa.info()`` says which backends are usable.
+Functional ops live in ``fastqa.ops`` (re-exported here), drop-in modules in ``fastqa.layers``, the pure-PyTorch
+references in ``fastqa.reference``, the models in ``fastqa.models``, the tasks (``QAModel``, ``Translator``) in
+``fastqa.tasks``. ``fastqa.info()`` says which backends are usable.
 
 The names below load on first use (PEP 562), so ``fastqa --help`` and the task commands start without
 importing torch before they need it; ``import fastqa.ops`` (or any op's use) registers the custom ops.

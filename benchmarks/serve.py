@@ -1,12 +1,15 @@
-"""``python -m benchmarks.serve``: the shipped reader as a user meets it.
+"""``python -m benchmarks.serve``: the shipped models as a user meets them, and what dynamic batching buys.
 
 1. ``QAModel.answer`` warm latency for one question on a 150-word context (median and p90 of N calls, after
    warm-up) in this process;
 2. ``fastqa serve`` started as a subprocess on 127.0.0.1, then ``--requests`` concurrent ``POST /answer``
-   requests from ``--clients`` threads: errors, p50 / p99 latency, requests per second.
+   requests (one client thread each, all at once): errors, p50 / p99 latency, requests per second, and the
+   batch sizes the server ran (its /metrics) -- with batching (``--max-batch``, default 32) and one request at a
+   time (``--max-batch 1``), in the same run;
+3. the same for ``POST /translate``: ``--requests`` concurrent single sentences, beam 5.
 
-Writes ``--out`` (JSON) and prints one summary line per measurement. Needs the shipped reader (or ``--model``)
-and the ``serve`` extra.
+Writes ``--out`` (JSON) and prints one summary line per measurement. Needs the shipped models (or ``--model``,
+``--mt-model``) and the ``serve`` extra.
 """
 from __future__ import annotations
 
@@ -14,11 +17,13 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,6 +43,9 @@ CONTEXT = (
 )
 QUESTIONS = ["When was the Eiffel Tower built?", "Who designed the tower?", "How tall is the tower?",
              "How many visitors did the tower receive in 2022?", "Where is the Eiffel Tower?"]
+SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch im Park.",
+             "Ein kleines Mädchen klettert auf einen Baum.", "Drei Männer arbeiten auf einer Baustelle.",
+             "Ein Junge springt in einen See.", "Eine Gruppe von Menschen steht vor einem Gebäude."]
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -74,28 +82,62 @@ def _post(url: str, body: dict) -> tuple[int, float]:
     return status, (time.perf_counter() - t0) * 1e3
 
 
-def serve_load(model: str | None, requests: int, clients: int, threads: int) -> dict:
-    cmd = [sys.executable, "-m", "fastqa", "serve", "--port", "0", "--threads", str(threads), "--device", "cpu"]
-    if model is not None:
-        cmd += ["--qa-model", model]
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return response.read().decode("utf-8")
+
+
+def batch_sizes(metrics: str, model: str) -> dict[str, float]:
+    """The server's batches of ``model`` from its Prometheus text: how many ran with at most each bucket's
+    size (``le``), their count and mean size."""
+    buckets = {m.group(1): float(m.group(2)) for m in re.finditer(
+        rf'^fastqa_batch_size_bucket{{le="([^"]+)",model="{model}"}} (\S+)$', metrics, flags=re.M)}
+    if not buckets:  # label order may differ
+        buckets = {m.group(1): float(m.group(2)) for m in re.finditer(
+            rf'^fastqa_batch_size_bucket{{model="{model}",le="([^"]+)"}} (\S+)$', metrics, flags=re.M)}
+    count = sum(float(m.group(1)) for m in re.finditer(
+        rf'^fastqa_batch_size_count{{model="{model}"}} (\S+)$', metrics, flags=re.M))
+    total = sum(float(m.group(1)) for m in re.finditer(
+        rf'^fastqa_batch_size_sum{{model="{model}"}} (\S+)$', metrics, flags=re.M))
+    return {"batches": count, "mean_size": total / count if count else 0.0, "at_most": buckets}
+
+
+def serve_load(route: str, bodies: list[dict], *, max_batch: int, threads: int, model_flags: list[str],
+               warm: dict) -> dict:
+    """``fastqa serve --max-batch max_batch`` under ``len(bodies)`` concurrent requests to ``route``."""
+    cmd = [sys.executable, "-m", "fastqa", "serve", "--port", "0", "--threads", str(threads), "--device", "cpu",
+           "--max-batch", str(max_batch), "--log-level", "warning", *model_flags]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = _wait_for_url(proc)
-        _post(url + "/answer", {"context": CONTEXT, "question": QUESTIONS[0]})  # warm-up
-        bodies = [{"context": CONTEXT, "question": QUESTIONS[i % len(QUESTIONS)], "top_k": 3} for i in range(requests)]
+        for _ in range(3):  # warm-up: first calls allocate and pick GEMM engines
+            _post(url + route, warm)
+        before = batch_sizes(_get(url + "/metrics"), route.strip("/").replace("answer", "qa")
+                             .replace("translate", "translation"))
+        start = threading.Barrier(len(bodies))
+
+        def one(body: dict) -> tuple[int, float]:
+            start.wait()
+            return _post(url + route, body)
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(clients) as pool:
-            results = list(pool.map(lambda b: _post(url + "/answer", b), bodies))
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            results = list(pool.map(one, bodies))
         wall = time.perf_counter() - t0
+        after = batch_sizes(_get(url + "/metrics"), route.strip("/").replace("answer", "qa")
+                            .replace("translate", "translation"))
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=60)
     latencies = [ms for status, ms in results if status == 200]
-    return {"requests": requests, "clients": clients, "threads": threads,
-            "errors": sum(status != 200 for status, _ in results),
+    batches = after["batches"] - before["batches"]
+    return {"route": route, "requests": len(bodies), "concurrent": len(bodies), "max_batch": max_batch,
+            "threads": threads, "errors": sum(status != 200 for status, _ in results),
             "p50_ms": _percentile(latencies, 0.5) if latencies else None,
             "p99_ms": _percentile(latencies, 0.99) if latencies else None,
-            "requests_per_s": len(latencies) / wall}
+            "requests_per_s": len(latencies) / wall, "batches": batches,
+            "mean_batch": len(bodies) / batches if batches else None,
+            "batch_sizes_at_most": {le: after["at_most"].get(le, 0) - before["at_most"].get(le, 0)
+                                    for le in after["at_most"]}}
 
 
 def _wait_for_url(proc: subprocess.Popen) -> str:
@@ -116,28 +158,56 @@ def _wait_for_url(proc: subprocess.Popen) -> str:
     raise RuntimeError(f"fastqa serve did not start: {line!r} {proc.stderr.read() if proc.poll() is not None else ''}")
 
 
+def _line(r: dict) -> str:
+    how = "one at a time" if r["max_batch"] == 1 else f"batches of at most {r['max_batch']}"
+    return (f"fastqa serve {r['route']}, {r['concurrent']} concurrent requests, {how}: {r['errors']} errors, "
+            f"p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, {r['requests_per_s']:.1f} requests/s, "
+            f"{r['batches']:.0f} model calls (mean batch {r['mean_batch'] or 0:.1f})")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.serve", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="a reader (default: the shipped one)")
+    p.add_argument("--mt-model", default=None, help="a translator (default: the shipped one)")
     p.add_argument("--calls", type=int, default=50)
-    p.add_argument("--requests", type=int, default=100)
-    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--requests", type=int, default=100, help="concurrent requests per measurement (default 100)")
+    p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--skip", choices=("answer", "translate"), action="append", default=[])
     p.add_argument("--out", type=Path, default=Path("bench-results") / "serve.json")
     args = p.parse_args(argv)
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    result = {"cpu": cpu, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-              "answer": answer_latency(args.model, args.calls, args.threads),
-              "serve": serve_load(args.model, args.requests, args.clients, args.threads)}
-    a, s = result["answer"], result["serve"]
-    print(f"QAModel.answer, {a['context_words']}-word context, {a['threads']} threads: median {a['median_ms']:.1f} ms, "
-          f"p90 {a['p90_ms']:.1f} ms ({a['calls']} calls)")
-    print(f"fastqa serve /answer, {s['requests']} requests from {s['clients']} clients: {s['errors']} errors, "
-          f"p50 {s['p50_ms']:.0f} ms, p99 {s['p99_ms']:.0f} ms, {s['requests_per_s']:.1f} requests/s")
+    result: dict = {"cpu": cpu, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "serve": []}
+    if "answer" not in args.skip:
+        a = result["answer"] = answer_latency(args.model, args.calls, args.threads)
+        print(f"QAModel.answer, {a['context_words']}-word context, {a['threads']} threads: median "
+              f"{a['median_ms']:.1f} ms, p90 {a['p90_ms']:.1f} ms ({a['calls']} calls)", flush=True)
+        bodies = [{"context": CONTEXT, "question": QUESTIONS[i % len(QUESTIONS)], "top_k": 3}
+                  for i in range(args.requests)]
+        flags = ["--qa-model", args.model or "qanet-small-squad"]
+        for max_batch in (1, args.max_batch):
+            r = serve_load("/answer", bodies, max_batch=max_batch, threads=args.threads, model_flags=flags,
+                           warm=bodies[0])
+            result["serve"].append(r)
+            print(_line(r), flush=True)
+    if "translate" not in args.skip:
+        bodies = [{"text": SENTENCES[i % len(SENTENCES)], "beam": 5} for i in range(args.requests)]
+        flags = ["--mt-model", args.mt_model or "convs2s-small-multi30k"]
+        for max_batch in (1, args.max_batch):
+            r = serve_load("/translate", bodies, max_batch=max_batch, threads=args.threads, model_flags=flags,
+                           warm=bodies[0])
+            result["serve"].append(r)
+            print(_line(r), flush=True)
+    for route in ("/answer", "/translate"):
+        runs = {r["max_batch"]: r for r in result["serve"] if r["route"] == route}
+        if len(runs) == 2:
+            ratio = runs[args.max_batch]["requests_per_s"] / runs[1]["requests_per_s"]
+            result[f"{route.strip('/')}_speedup"] = ratio
+            print(f"{route}: batching gives {ratio:.2f}x the throughput of one request at a time", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    return 0 if s["errors"] == 0 else 1
+    return 0 if all(r["errors"] == 0 for r in result["serve"]) else 1
 
 
 if __name__ == "__main__":

@@ -54,8 +54,8 @@ def shard(batch: Sequence[int], rank: int, world_size: int) -> list[int]:
 def pad(seqs: Sequence[Sequence[int]], pad_id: int, *, min_len: int = 1) -> torch.Tensor:
     """Right-padded LongTensor [B, max(len, min_len)] of the id sequences."""
     width = max([min_len, *(len(s) for s in seqs)])
-    out = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if len(s):
-            out[i, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)
-    return out
+    if not seqs:
+        return torch.full((0, width), pad_id, dtype=torch.long)
+    # Padded as Python lists and converted once: a tensor per row costs more than the row (a word's characters).
+    rows = [(s.tolist() if isinstance(s, torch.Tensor) else list(s)) for s in seqs]
+    return torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long)

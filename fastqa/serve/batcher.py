@@ -141,12 +141,12 @@ class Batcher(Generic[I, R]):
             except BaseException as e:  # noqa: BLE001 - every request of the batch hears of it, the thread lives on
                 results = [e] * len(batch)
             seconds = time.perf_counter() - t0
-            for request, result in zip(batch, results):
-                request.loop.call_soon_threadsafe(_settle, request.future, result)
+            if self.on_batch is not None:  # before the answers go out: a caller that reads the metrics sees it
+                self.on_batch(len(batch), seconds)
             with self._cond:
                 self._running = 0
-            if self.on_batch is not None:
-                self.on_batch(len(batch), seconds)
+            for request, result in zip(batch, results):
+                request.loop.call_soon_threadsafe(_settle, request.future, result)
 
 
 def _settle(future: asyncio.Future, result: Any) -> None:

@@ -1,13 +1,15 @@
 """Extractive question answering on SQuAD v1.1/v2.0 with QANet or the recurrent baselines.
 
     squad.py      reading, tokenising, encoding and batching SQuAD (with a preprocessed-data cache)
+    encoding.py   tokens to word and character ids, a (context, question) pair encoded, padding
     metric.py     the official EM/F1 (v1.1 and v2.0 semantics)
     readers.py    the readers a run can train (``MODELS``) and how each is built from its config
     decode.py     span decoding: argmax p1(i)·p2(j) over i <= j <= i + max_answer_len, and the k best spans
     windows.py    contexts of any length: overlapping windows of tokens, batched, their best spans merged
     task.py       ``QATask`` for ``fastqa.train.fit`` and prediction over a SQuAD set
-    predictor.py  ``QAModel``: a trained reader answering questions
-    cli.py        ``fastqa qa-train | qa-predict | qa-eval | ask``
+    predictor.py  ``QAModel``: a trained reader answering questions, each ``Answer`` typed
+    calibration.py  scores that estimate the probability of being right (Platt scaling)
+    cli.py        ``fastqa qa-train | qa-predict | qa-eval | qa-calibrate | ask``
 
 Heavy modules load on first use, so ``fastqa --help`` does not import the models.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {"QAModel": "predictor", "QATask": "task", "Recipe": "task", "PredictOutput": "task", "predict": "task",
+_EXPORTS = {"QAModel": "predictor", "Answer": "predictor", "Calibration": "calibration", "QATask": "task", "Recipe": "task", "PredictOutput": "task", "predict": "task",
             "span_loss": "task", "score_predictions": "task", "decode_spans": "decode", "decode_top_spans": "decode",
             "MODELS": "readers", "load_squad": "squad", "Limits": "squad", "evaluate": "metric"}
 

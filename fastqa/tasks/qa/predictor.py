@@ -20,15 +20,14 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..._checks import check_unicode
 from ...data.batching import pad
-from ...data.tokenize import tokenize
 from ...data.vocab import Vocab
 from ...errors import UserError
 from ..loading import default_device, load_weights, open_model, set_threads, unreadable_meta
 from .calibration import Calibration
 from .readers import MODELS, answer_len, build_model, config_type
-from .squad import Limits, SquadSet, encode_squad, encode_tokens, load_squad, pad_chars
+from .encoding import EncodedPair, encode_pair, pad_chars
+from .squad import Limits, SquadSet, encode_squad, load_squad
 from .task import PredictOutput, predict
 from .windows import Reading, inference_autocast, lexical_terms, paragraph_starts, read_windows, window_settings
 
@@ -114,29 +113,16 @@ class QAModel:
         return int(getattr(self.config, "max_word_len", self.limits.chars))
 
     # -- free text
-    def _encode_pair(self, context: str, question: str, index: int | None = None):
-        where = "" if index is None else f" (pair {index})"
-        if not isinstance(context, str) or not isinstance(question, str):
-            raise TypeError(f"context and question must be str{where}")
-        for name, text in (("context", context), ("question", question)):
-            check_unicode(f"the {name}", text, where)
-        ctx = tokenize(context)
-        q = tokenize(question)
-        if not ctx:
-            raise UserError(f"the context is empty{where}")
-        if not q:
-            raise UserError(f"the question is empty{where}")
-        cw, cc = encode_tokens([t for t, _ in ctx], self.words, self.chars, self.char_limit)
-        qw, qc = encode_tokens([t for t, _ in q], self.words, self.chars, self.char_limit)
-        offsets = [(s, s + len(t)) for t, s in ctx]
-        return cw, cc, qw, qc, offsets, [t for t, _ in ctx], [t for t, _ in q]
+    def _encode_pair(self, context: str, question: str, index: int | None = None) -> EncodedPair:
+        return encode_pair(context, question, self.words, self.chars, self.char_limit,
+                           "" if index is None else f" (pair {index})")
 
     @torch.no_grad()
-    def _forward(self, items: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor]:
-        cw = pad([it[0].tolist() for it in items], self.words.pad_id).to(self.device)
-        cc = pad_chars([it[1] for it in items], self.chars.pad_id).to(self.device)
-        qw = pad([it[2].tolist() for it in items], self.words.pad_id).to(self.device)
-        qc = pad_chars([it[3] for it in items], self.chars.pad_id).to(self.device)
+    def _forward(self, pairs: Sequence[EncodedPair]) -> tuple[torch.Tensor, torch.Tensor]:
+        cw = pad([p.context_words for p in pairs], self.words.pad_id).to(self.device)
+        cc = pad_chars([p.context_chars for p in pairs], self.chars.pad_id).to(self.device)
+        qw = pad([p.question_words for p in pairs], self.words.pad_id).to(self.device)
+        qc = pad_chars([p.question_chars for p in pairs], self.chars.pad_id).to(self.device)
         with inference_autocast(self.device):
             lp1, lp2 = self.model(cw, cc, qw, qc)
         return lp1.float(), lp2.float()
@@ -146,18 +132,20 @@ class QAModel:
         (``limits.context``) and ``DEFAULT_STRIDE`` tokens of overlap (see ``fastqa.tasks.qa.windows``)."""
         return window_settings(max_context, stride, self.limits.context)
 
-    def _read(self, items: Sequence[tuple], *, k: int, batch_size: int, max_answer_len: int | None,
+    def _read(self, pairs: Sequence[EncodedPair], *, k: int, batch_size: int, max_answer_len: int | None,
               max_context: int | None, stride: int | None, texts: Sequence[str] | None = None) -> list[Reading]:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         window, overlap = self.windows(max_context, stride)
         mal = answer_len(self.config, self.max_answer_len if max_answer_len is None else max_answer_len)
-        return read_windows(self.model, [(it[0], it[1]) for it in items],
-                            [(it[2], it[3], i) for i, it in enumerate(items)], k=k, max_answer_len=mal,
-                            max_context=window, stride=overlap, batch_size=batch_size, word_pad=self.words.pad_id,
-                            char_pad=self.chars.pad_id, device=self.device,
-                            terms=([lexical_terms(it[5]) for it in items], [lexical_terms(it[6]) for it in items]),
-                            breaks=None if texts is None else [paragraph_starts(t, it[4]) for t, it in zip(texts, items)])
+        return read_windows(self.model, [(p.context_words, p.context_chars) for p in pairs],
+                            [(p.question_words, p.question_chars, i) for i, p in enumerate(pairs)], k=k,
+                            max_answer_len=mal, max_context=window, stride=overlap, batch_size=batch_size,
+                            word_pad=self.words.pad_id, char_pad=self.chars.pad_id, device=self.device,
+                            terms=([lexical_terms(p.context_tokens) for p in pairs],
+                                   [lexical_terms(p.question_tokens) for p in pairs]),
+                            breaks=None if texts is None else [paragraph_starts(t, p.offsets)
+                                                               for t, p in zip(texts, pairs)])
 
     def _score(self, raw: float) -> float:
         return self.calibration(raw) if self.calibration is not None else raw
@@ -193,11 +181,11 @@ class QAModel:
             raise ValueError(f"contexts and questions differ in length ({len(contexts)} vs {len(questions)})")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
-        items = [self._encode_pair(c, q, i if len(contexts) > 1 else None)
+        pairs = [self._encode_pair(c, q, i if len(contexts) > 1 else None)
                  for i, (c, q) in enumerate(zip(contexts, questions))]
-        readings = self._read(items, k=top_k or 1, batch_size=batch_size, max_answer_len=max_answer_len,
+        readings = self._read(pairs, k=top_k or 1, batch_size=batch_size, max_answer_len=max_answer_len,
                               max_context=max_context, stride=stride, texts=contexts)
-        found = [self._answers(c, it[4], r, top_k or 1, min_score) for c, it, r in zip(contexts, items, readings)]
+        found = [self._answers(c, p.offsets, r, top_k or 1, min_score) for c, p, r in zip(contexts, pairs, readings)]
         return [answers[0] for answers in found] if top_k is None else found
 
     def answer(self, context: str, question: str, *, max_answer_len: int | None = None, top_k: int | None = None,
@@ -227,18 +215,19 @@ class QAModel:
 
         A context longer than ``max_context`` is read in windows, each with a softmax of its own; the lists
         are then those of the window that holds the best answer."""
-        item = self._encode_pair(context, question)
-        n = len(item[4])
+        pair = self._encode_pair(context, question)
+        n = len(pair)
         window, overlap = self.windows(max_context, stride)
         a, b = 0, n
         if n > window:
-            reading = self._read([item], k=1, batch_size=32, max_answer_len=None, max_context=window,
+            reading = self._read([pair], k=1, batch_size=32, max_answer_len=None, max_context=window,
                                  stride=overlap, texts=[context])[0]
             a, b = reading.windows[reading.best.window]
-            item = (item[0][a:b], item[1][a:b], item[2], item[3], item[4][a:b], item[5][a:b], item[6])
-        lp1, lp2 = self._forward([item])
+            pair = pair.window(a, b)
+        lp1, lp2 = self._forward([pair])
         p1, p2 = lp1[0].exp(), lp2[0].exp()
-        out = {"tokens": item[5], "offsets": item[4], "p_null": None, "window": (a, b), "n_tokens": n}
+        out = {"tokens": pair.context_tokens, "offsets": pair.offsets, "p_null": None, "window": (a, b),
+               "n_tokens": n}
         if self.config.no_answer:
             out["p_null"] = float(p1[0] * p2[0])
             p1, p2 = p1[1:], p2[1:]

@@ -26,8 +26,7 @@ Training limits (``Limits``: context 400 tokens, question 50, answer 30, 16 char
 training context is cut to 400 tokens (its questions whose answer ends beyond that are dropped, as are
 answers longer than 30 tokens) and questions are cut to 50 tokens; evaluation and prediction use the full
 context and question. Words are cut to 16 characters (``Limits.chars``, the model's ``max_word_len``) in
-every path, training or not: the character CNN was trained on that window, and one 8,000-character token
-(a URL, a base64 blob) would otherwise widen the padded [B, n, W] character tensor of its whole batch.
+every path, training or not (``encoding``).
 """
 from __future__ import annotations
 
@@ -47,11 +46,12 @@ from ...data.files import read_json
 from ...data.tokenize import tokenize
 from ...data.vocab import Vocab
 from ...errors import UserError
+from .encoding import encode_tokens, pad_chars
 
 __all__ = [
     "Limits", "SquadContext", "SquadQuestion", "SquadSet", "EncodedSquad", "QABatch",
-    "parse_articles", "read_squad", "load_squad", "build_vocabs", "encode_tokens", "encode_squad",
-    "collate", "pad_chars", "file_digest", "NO_TARGET",
+    "parse_articles", "read_squad", "load_squad", "build_vocabs", "encode_squad", "collate", "file_digest",
+    "NO_TARGET",
 ]
 
 log = logging.getLogger("fastqa.data")
@@ -403,21 +403,6 @@ def build_vocabs(train: SquadSet, *, others: Sequence[SquadSet] = (), has_vector
 
 # ------------------------------------------------------------------------------------------ numericalise
 
-def encode_tokens(tokens: Sequence[str], words: Vocab, chars: Vocab, char_limit: int
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Word ids [n] and char ids [n, W]: W = the longest word's length cut to ``char_limit`` (``<pad>`` filled).
-
-    ``char_limit`` (``Limits.chars``, the model's ``max_word_len``) is required: a word is never encoded
-    past the character window, so the tensor's width is bounded whatever the text holds.
-    """
-    if isinstance(char_limit, bool) or not isinstance(char_limit, int) or char_limit < 1:
-        raise ValueError(f"char_limit must be an int >= 1, got {char_limit!r}")
-    word_ids = torch.tensor(words.encode(tokens), dtype=torch.long)
-    char_ids = (pad([chars.encode(t[:char_limit]) for t in tokens], chars.pad_id) if tokens
-                else torch.zeros(0, 1, dtype=torch.long))
-    return word_ids, char_ids
-
-
 @dataclass
 class EncodedSquad:
     """Model inputs for a SquadSet. Contexts are stored once and shared by their questions.
@@ -513,16 +498,6 @@ def encode_squad(data: SquadSet, words: Vocab, chars: Vocab, *, train: bool, no_
 
 
 # ------------------------------------------------------------------------------------------------ batches
-
-def pad_chars(seqs: Sequence[torch.Tensor], pad_id: int) -> torch.Tensor:
-    """[n_i, W_i] char-id tensors -> [B, max n, max W] (at least [B, 1, 1]), ``pad_id`` filled."""
-    n = max([1, *(s.shape[0] for s in seqs)])
-    w = max([1, *(s.shape[1] for s in seqs)])
-    out = torch.full((len(seqs), n, w), pad_id, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, :s.shape[0], :s.shape[1]] = s
-    return out
-
 
 @dataclass
 class QABatch:

@@ -41,7 +41,7 @@ from torch import nn
 from ...data.batching import bucket_batches, pad
 from ...errors import UserError
 from .decode import decode_top_spans
-from .squad import pad_chars
+from .encoding import pad_chars
 
 __all__ = ["DEFAULT_STRIDE", "RELEVANCE_WEIGHT", "Candidate", "Reading", "plan_windows", "window_settings",
            "inference_autocast", "lexical_terms", "paragraph_starts", "read_windows"]

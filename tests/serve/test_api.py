@@ -71,7 +71,7 @@ def test_answer_matches_the_python_api(server, serve_models):
         assert body["answer"] == body["answers"][0]
         assert set(body["answer"]) == {"text", "start", "end", "score", "no_answer_prob", "abstained"}
         assert all(para["context"][a["start"]:a["end"]] == a["text"] for a in body["answers"])
-        assert len({(a["start"], a["end"]) for a in body["answers"]}) == 5
+        assert 1 <= len(body["answers"]) <= 5                   # distinct answers: none overlaps a better one
     # max_answer_len 0: one-token answers only
     status, body = server.post("/answer", {"context": para["context"], "question": para["qas"][0]["question"],
                                            "top_k": 3, "max_answer_len": 0})

@@ -31,7 +31,7 @@ from .squad import Limits, SquadSet, encode_squad, load_squad
 from .task import PredictOutput, predict
 from .windows import Reading, inference_autocast, lexical_terms, paragraph_starts, read_windows, window_settings
 
-__all__ = ["Answer", "QAModel", "answers_json"]
+__all__ = ["Answer", "QAModel", "answers_json", "whole_words"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,22 @@ def answers_json(answers: Sequence[Answer]) -> dict[str, Any]:
     """The JSON of one question's answers, best first, as ``fastqa ask`` prints it and the server sends it:
     ``{"answer": the best, "answers": all of them}``."""
     return {"answer": answers[0].to_dict(), "answers": [a.to_dict() for a in answers]}
+
+
+_HYPHENS = frozenset("-\u2010\u2011")  # hyphen-minus, hyphen, non-breaking hyphen
+
+
+def whole_words(tokens: Sequence[str], offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
+    """The token span [start, end] widened to whole hyphenated words: the tokenizer splits "Delamarre-Fontclaire"
+    into three tokens, and an answer that stops at the hyphen cuts a name a reader sees as one word."""
+    def joined(i: int) -> bool:  # token i is a hyphen touching a word on both sides
+        return (0 < i < len(tokens) - 1 and tokens[i] in _HYPHENS and offsets[i - 1][1] == offsets[i][0]
+                and offsets[i][1] == offsets[i + 1][0] and tokens[i - 1][-1:].isalnum() and tokens[i + 1][:1].isalnum())
+    while end + 2 < len(tokens) and joined(end + 1):
+        end += 2
+    while start >= 2 and joined(start - 1):
+        start -= 2
+    return start, end
 
 
 class QAModel:
@@ -150,15 +166,24 @@ class QAModel:
     def _score(self, raw: float) -> float:
         return self.calibration(raw) if self.calibration is not None else raw
 
-    def _answers(self, context: str, offsets: list[tuple[int, int]], reading: Reading, k: int,
+    def _answers(self, context: str, pair: EncodedPair, reading: Reading, k: int,
                  min_score: float | None) -> list[Answer]:
-        """The k best answers of ``reading``, best first; a v2.0 reader's "no answer" is one of them, ranked by
-        its score like the spans (first exactly when it wins: a stable sort keeps it after a span of equal score,
-        as ``is_null`` needs it strictly larger). Below ``min_score`` a span is no confident answer."""
+        """The k best distinct answers of ``reading``, best first: each span widened to whole hyphenated words
+        (``whole_words``), and a span that overlaps a better one left out ("13 July 2014" hides "on 13 July
+        2014"). A v2.0 reader's "no answer" is one of them, ranked by its score like the spans (first exactly when
+        it wins: a stable sort keeps it after a span of equal score, as ``is_null`` needs it strictly larger).
+        Below ``min_score`` a span is no confident answer."""
         na_prob = reading.na_prob if self.config.no_answer else None
-        ranked = [(c.log_score, Answer(context[offsets[c.start][0]:offsets[c.end][1]], offsets[c.start][0],
-                                       offsets[c.end][1], self._score(c.score), na_prob))
-                  for c in reading.candidates]
+        offsets = pair.offsets
+        ranked: list[tuple[float, Answer]] = []
+        taken: list[tuple[int, int]] = []
+        for c in reading.candidates:
+            start, end = whole_words(pair.context_tokens, offsets, c.start, c.end)
+            first, last = offsets[start][0], offsets[end][1]
+            if any(first < b and a < last for a, b in taken):
+                continue
+            taken.append((first, last))
+            ranked.append((c.log_score, Answer(context[first:last], first, last, self._score(c.score), na_prob)))
         if self.config.no_answer:
             ranked.append((reading.log_null, Answer("", 0, 0, self._score(reading.null_score), na_prob)))
             ranked.sort(key=lambda a: -a[0])
@@ -183,9 +208,10 @@ class QAModel:
             raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
         pairs = [self._encode_pair(c, q, i if len(contexts) > 1 else None)
                  for i, (c, q) in enumerate(zip(contexts, questions))]
-        readings = self._read(pairs, k=top_k or 1, batch_size=batch_size, max_answer_len=max_answer_len,
-                              max_context=max_context, stride=stride, texts=contexts)
-        found = [self._answers(c, p.offsets, r, top_k or 1, min_score) for c, p, r in zip(contexts, pairs, readings)]
+        # More candidates than answers: the spans that overlap a better one are left out.
+        readings = self._read(pairs, k=1 if top_k in (None, 1) else 4 * top_k, batch_size=batch_size,
+                              max_answer_len=max_answer_len, max_context=max_context, stride=stride, texts=contexts)
+        found = [self._answers(c, p, r, top_k or 1, min_score) for c, p, r in zip(contexts, pairs, readings)]
         return [answers[0] for answers in found] if top_k is None else found
 
     def answer(self, context: str, question: str, *, max_answer_len: int | None = None, top_k: int | None = None,

@@ -1,6 +1,9 @@
 """What a reader's answers look like to a user: whole hyphenated words, distinct top-k answers (none overlapping a
 better one), and the one JSON shape of ``ask`` and the server."""
+import json
+
 import pytest
+from cli_helpers import assert_user_error, run_cli
 from squad_fixtures import make_squad
 
 from fastqa.cli import main
@@ -32,16 +35,18 @@ def test_whole_words(text, start, end, want):
 
 
 @pytest.fixture(scope="module")
-def reader(tmp_path_factory):
+def run(tmp_path_factory):
+    """A tiny QANet trained for a few steps: answers to look at, not good ones."""
     root = tmp_path_factory.mktemp("qa-answers")
     make_squad(root / "train.json", articles=1, paragraphs=4, people=2, seed=5)
     assert main(["qa-train", "--train", str(root / "train.json"), "--dev", str(root / "train.json"), "--out",
                  str(root / "run"), "--cache-dir", str(root / "cache"), "--no-progress", "--lr", "3e-3", "--warmup",
                  "20", "--batch-size", "16", "--threads", "1", *TINY, "--max-steps", "30", "--eval-every", "0"]) == 0
-    return QAModel.load(root / "run", device="cpu")
+    return root / "run"
 
 
-def test_top_k_answers_are_distinct_and_best_first(reader):
+def test_top_k_answers_are_distinct_and_best_first(run):
+    reader = QAModel.load(run, device="cpu")
     context = ("Ada Lovelace was born in London in 1815. She worked with Charles Babbage on the Analytical Engine, "
                "and in 1843 she published the first algorithm meant for such a machine. She died in London in 1852.")
     for question in ("Where was Ada born?", "When did she publish the algorithm?", "Who did she work with?"):
@@ -55,3 +60,21 @@ def test_top_k_answers_are_distinct_and_best_first(reader):
         shape = answers_json(answers)
         assert shape["answer"] == shape["answers"][0] == answers[0].to_dict()
         assert set(shape["answer"]) == {"text", "start", "end", "score", "no_answer_prob", "abstained"}
+
+
+def test_ask_input_reports_bad_lines_and_answers_the_rest(run, tmp_path, capsys):
+    lines = ['{"id": "a", "context": "Ada was born in London.", "question": "Where?"}', "not json",
+             '{"id": "b", "question": "Where?"}', '{"id": 7, "context": "Ada was born in 1815.", "question": "When?"}',
+             "[1, 2]"]
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ask = ["ask", "--model", str(run), "--threads", "1"]
+    assert_user_error(capsys, [*ask, "--input", path], r"q\.jsonl: line 2: malformed JSON")
+    rc, out, err = run_cli(capsys, [*ask, "--input", path, "--skip-bad-lines"])
+    assert rc == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["id"] for r in rows] == ["a", 7] and all(set(r) == {"id", "answer", "answers"} for r in rows)
+    assert "line 2: malformed JSON" in err and "line 3: 'context' must be a string (missing)" in err
+    assert "line 5: expected a JSON object" in err and "skipped 3 bad lines" in err
+    assert_user_error(capsys, [*ask, "--context", "Ada was born.", "--question", "Who?", "--skip-bad-lines"],
+                      "--skip-bad-lines skips lines of --input")

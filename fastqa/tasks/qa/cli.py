@@ -125,6 +125,9 @@ def register(subparsers) -> None:
     src.add_argument("--input", metavar="F.jsonl",
                      help='JSON lines, one {"id", "context", "question"} per line ("id" optional: the line number)')
     p.add_argument("--question", metavar="TEXT", help="the question (with --context or --context-file)")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="with --input: report each line that is not a question and answer the others (default: "
+                   "stop at the first, naming it)")
     p.add_argument("--output", metavar="F", help="write the JSON (lines) here instead of stdout")
     p.add_argument("--top-k", type=positive_int, metavar="K", help="the K best distinct answers, best first")
     p.add_argument("--min-score", type=probability, metavar="P",
@@ -387,10 +390,17 @@ def _run_ask(args) -> int:
             raise UserError("--question: the questions come from --input; give one or the other")
         if args.plot:
             raise UserError("--plot draws one question; it cannot be used with --input")
-        records = read_questions(args.input)
+        records, skipped = read_questions(args.input, skip_bad=args.skip_bad_lines)
+        for message in skipped:
+            print(f"ask: skipped {message}", file=sys.stderr)
+        if skipped:
+            print(f"ask: skipped {len(skipped)} bad line{'s' if len(skipped) > 1 else ''} of {args.input}; "
+                  f"answering the other {len(records)}", file=sys.stderr)
         qa = _load_reader(args)
         qa.windows(args.max_context, args.stride)
         return _answer_file(qa, records, args)
+    if args.skip_bad_lines:
+        raise UserError("--skip-bad-lines skips lines of --input; there is none with --context")
     if args.question is None:
         raise UserError("--question is required with --context or --context-file")
     if args.context_file is not None:
@@ -428,45 +438,56 @@ def _load_reader(args):
     return QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device))
 
 
-def read_questions(path: str) -> list[dict]:
-    """The records of a JSON-lines question file: ``{"id", "context", "question"}`` per non-blank line ("id"
-    a str or int, the line number when absent). A line that is not such an object is a UserError naming the
-    file and the line."""
+def read_questions(path: str, *, skip_bad: bool = False) -> tuple[list[dict], list[str]]:
+    """(the records, what was wrong with each skipped line) of a JSON-lines question file: ``{"id", "context",
+    "question"}`` per non-blank line ("id" a str or int, the line number when absent). A line that is not such an
+    object is a UserError naming the file and the line, or with ``skip_bad`` one message in the second list."""
     from ...data.files import read_text
     from ...errors import UserError
 
-    records = []
+    records, skipped = [], []
     for number, line in enumerate(read_text(path, "--input").splitlines(), 1):
         if not line.strip():
             continue
-        where = f"{path}: line {number}"
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{where}: malformed JSON at column {e.colno}: {e.msg}") from None
-        except RecursionError:
-            raise UserError(f"{where}: the JSON is nested too deeply to read") from None
-        if not isinstance(obj, dict):
-            raise UserError(f'{where}: expected a JSON object {{"id", "context", "question"}}, got '
-                            f"{type(obj).__name__}")
-        for key in ("context", "question"):
-            value = obj.get(key)
-            if not isinstance(value, str):
-                raise UserError(f"{where}: {key!r} must be a string" + ("" if key in obj else " (missing)"))
-            if not value.strip():
-                raise UserError(f"{where}: the {key} is empty")
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as e:  # a lone surrogate written as a \ud800 escape
-                raise UserError(f"{where}: the {key} is not valid Unicode text (a lone surrogate at character "
-                                f"{e.start})") from None
-        qid = obj.get("id", number)
-        if isinstance(qid, bool) or not isinstance(qid, (str, int)):
-            raise UserError(f"{where}: 'id' must be a string or an integer, got {type(qid).__name__}")
-        records.append({"id": qid, "context": obj["context"], "question": obj["question"]})
+            records.append(_question_record(line, f"{path}: line {number}", number))
+        except UserError as e:
+            if not skip_bad:
+                raise
+            skipped.append(str(e))
     if not records:
-        raise UserError(f"{path}: no questions (expected one JSON object per line) (--input)")
-    return records
+        raise UserError(f"{path}: no questions (expected one JSON object per line) (--input)"
+                        + (f"; {len(skipped)} bad lines, the first: {skipped[0]}" if skipped else ""))
+    return records, skipped
+
+
+def _question_record(line: str, where: str, number: int) -> dict:
+    """One line of a question file as ``{"id", "context", "question"}``; a UserError naming ``where``."""
+    from ...errors import UserError
+
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{where}: malformed JSON at column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise UserError(f"{where}: the JSON is nested too deeply to read") from None
+    if not isinstance(obj, dict):
+        raise UserError(f'{where}: expected a JSON object {{"id", "context", "question"}}, got {type(obj).__name__}')
+    for key in ("context", "question"):
+        value = obj.get(key)
+        if not isinstance(value, str):
+            raise UserError(f"{where}: {key!r} must be a string" + ("" if key in obj else " (missing)"))
+        if not value.strip():
+            raise UserError(f"{where}: the {key} is empty")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate written as a \ud800 escape
+            raise UserError(f"{where}: the {key} is not valid Unicode text (a lone surrogate at character "
+                            f"{e.start})") from None
+    qid = obj.get("id", number)
+    if isinstance(qid, bool) or not isinstance(qid, (str, int)):
+        raise UserError(f"{where}: 'id' must be a string or an integer, got {type(qid).__name__}")
+    return {"id": qid, "context": obj["context"], "question": obj["question"]}
 
 
 def _answer_file(qa, records: list[dict], args) -> int:

@@ -38,8 +38,9 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 CARD_NAME = "README.md"
 #: meta keys a model folder may hold in a file of their own, fitted after training (``fastqa qa-calibrate``
-#: writes the calibration): loading the folder puts them in the meta, so an export carries them
-META_FILES = {"calibration": "calibration.json"}
+#: writes a reader's calibration, ``fastqa mt-eval --fit-confidence`` a translator's confidence floor): loading
+#: the folder puts them in the meta, so an export carries them
+META_FILES = {"calibration": "calibration.json", "confidence": "confidence.json"}
 BYTES_KEY = "$bytes"  # {"$bytes": name}: a meta value that was bytes, kept in the side file ``name``
 
 # Side-file names for known bytes-valued meta keys (the file is what a user would recognise); any other

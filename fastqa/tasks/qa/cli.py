@@ -284,7 +284,7 @@ def _run_calibrate(args) -> int:
     qids = sorted(right)
     raw = [pred.scores[q] for q in qids]
     hits = [right[q] for q in qids]
-    where = f"{args.data}" + (f" articles {args.articles}" if args.articles else "")
+    where = Path(args.data).name + (f" articles {args.articles}" if args.articles else "")
     cal = fit_platt(raw, hits, fitted_on=where)
     calibrated = [cal(s) for s in raw]
     atomic_write_json(out, cal.to_dict())

@@ -18,6 +18,7 @@ from ..flags import (
     check_training_flags,
     positive_float,
     positive_int,
+    probability,
     resolve_device,
     threads,
 )
@@ -133,6 +134,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output", metavar="F", help="also write the translations (detokenized) here")
     p.add_argument("--json", metavar="F",
                    help="also write the scores (with chrF and the signatures) and the decoding speed as JSON here")
+    p.add_argument("--fit-confidence", type=probability, metavar="Q", nargs="?", const=0.05, default=None,
+                   help="--src being a validation set: write MODEL/confidence.json, the score under which the Q "
+                   "(default 0.05) least likely of these translations fall; `translate` then warns about a "
+                   "sentence scoring under it")
     p.set_defaults(func=run_eval)
 
 
@@ -224,7 +229,8 @@ def _render(translator, args: argparse.Namespace, lines: list[str], first: int, 
         return [text(t) for t in results], results
     out: list[str] = []
     for i, (line, best) in enumerate(zip(lines, results), start=first):
-        hyps = [best, *best.alternatives] if best.tokens or best.text else []
+        # An empty input line has no hypothesis; a sentence whose best translation is empty still has its N.
+        hyps = [best, *best.alternatives] if translator.source_tokens(line) else []
         if args.json:
             obj: dict = {"source": line, "hypotheses": []}
             for h in hyps:
@@ -242,6 +248,32 @@ def _render(translator, args: argparse.Namespace, lines: list[str], first: int, 
     return out, results
 
 
+class _Unsure:
+    """Counts the translations scoring under the model's confidence floor; warns at the first (once)."""
+
+    def __init__(self, translator) -> None:
+        self.floor, self.translator, self.count, self.total = translator.confidence_floor, translator, 0, 0
+
+    def check(self, lines: list[str], results: list, first: int) -> None:
+        if self.floor is None:
+            return
+        for number, (line, t) in enumerate(zip(lines, results), start=first):
+            if not self.translator.source_tokens(line):
+                continue
+            self.total += 1
+            if t.score < self.floor.score:
+                self.count += 1
+                if self.count == 1:
+                    print(f"fastqa: warning: line {number}: the model is unsure of this translation (score "
+                          f"{t.score:.2f}, under {self.floor.score:.2f}, which all but {self.floor.quantile:.0%} of "
+                          f"its validation sentences reach): it may not know this kind of text", file=sys.stderr)
+
+    def summary(self) -> None:
+        if self.count > 1:
+            print(f"fastqa: {self.count} of {self.total} translations scored under the confidence floor",
+                  file=sys.stderr)
+
+
 def _run_translate(args: argparse.Namespace) -> int:
     from ...data.files import decode_lines, read_bytes
     from ...errors import UserError
@@ -253,6 +285,7 @@ def _run_translate(args: argparse.Namespace) -> int:
         figure_format(args.plot_attention, "--plot-attention")  # a bad path fails now, not after the translation
     translator = _load(args)
     drawn = None                   # (the sentence, its Translation) --plot-attention draws
+    unsure = _Unsure(translator)
     bad: list[int] = []            # numbers of the input lines that were not UTF-8 (--skip-bad-lines)
     if args.input is not None or _is_regular_file(sys.stdin):
         if args.input is not None:
@@ -268,6 +301,7 @@ def _run_translate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         stats = translator.last_stats
         drawn = next(((ln, t) for ln, t in zip(lines, results) if t.attention is not None), None)
+        unsure.check(lines, results, 1)
     else:
         # A terminal or a pipe: whoever writes the lines may wait for each answer before sending the next.
         stats = DecodeStats()
@@ -281,7 +315,9 @@ def _run_translate(args: argparse.Namespace) -> int:
             stats.add(translator.last_stats)
             if drawn is None and result.attention is not None:
                 drawn = (line, result)
+            unsure.check([line], [result], i + 1)
     print(_speed_line(stats, args), file=sys.stderr)
+    unsure.summary()
     if bad:
         shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
         print(f"fastqa: skipped {len(bad)} line{'s' if len(bad) > 1 else ''} that {'were' if len(bad) > 1 else 'was'} "
@@ -336,6 +372,24 @@ def run_eval(args: argparse.Namespace) -> int:
         return _run_eval(args)
 
 
+def _fit_confidence(args: argparse.Namespace, scores: list[float]) -> None:
+    """Write the model folder's ``confidence.json`` (``ConfidenceFloor``) from the scores of --src."""
+    from pathlib import Path
+
+    from ...data.files import atomic_write_json
+    from ...errors import UserError
+    from ...export import META_FILES
+    from .translator import ConfidenceFloor
+
+    folder = Path(args.model) if args.model is not None else None
+    if folder is None or not folder.is_dir():
+        raise UserError(f"--fit-confidence writes into the model's folder: --model {args.model} is not one")
+    floor = ConfidenceFloor.fit(scores, quantile=args.fit_confidence, fitted_on=Path(args.src).name, beam=args.beam)
+    atomic_write_json(folder / META_FILES["confidence"], floor.to_dict())
+    print(f"fastqa: confidence floor {floor.score:.3f} (the {floor.quantile:g} quantile of {len(scores)} scores, "
+          f"beam {floor.beam}) written to {folder / META_FILES['confidence']}", file=sys.stderr)
+
+
 def _run_eval(args: argparse.Namespace) -> int:
     from ...data.files import atomic_write_json, atomic_write_text
     from ...errors import UserError
@@ -343,8 +397,8 @@ def _run_eval(args: argparse.Namespace) -> int:
     from .parallel import guess_lang, read_lines, read_parallel, tokenize_line
 
     if args.hyp is not None:
-        given = [flag for flag, value in (("--model", args.model), ("--src", args.src), ("--output", args.output))
-                 if value is not None]
+        given = [flag for flag, value in (("--model", args.model), ("--src", args.src), ("--output", args.output),
+                                          ("--fit-confidence", args.fit_confidence)) if value is not None]
         if given:
             raise UserError(f"--hyp scores an existing translation file: leave out {' and '.join(given)}")
         hyps, refs = read_lines(args.hyp), read_lines(args.ref)
@@ -362,6 +416,8 @@ def _run_eval(args: argparse.Namespace) -> int:
         translations = translator.translate(src, **_decode_kwargs(args))
         stats = translator.last_stats
         hyp_tokens, hyps = [t.tokens for t in translations], [t.text for t in translations]
+        if args.fit_confidence is not None:
+            _fit_confidence(args, [t.score for s, t in zip(src, translations) if translator.source_tokens(s)])
         lang = args.tgt_lang or translator.codec.bleu_lang
         if translator.vocab_kind == "word":
             # The tutorial's figure: the model's own (lowercased) words against lowercased reference tokens.

@@ -29,7 +29,7 @@ from ..loading import default_device, load_weights, open_model, set_threads, unr
 from .parallel import TextCodec, encode_source
 from .task import KIND, pad_source
 
-__all__ = ["AttentionMap", "DecodeStats", "Translation", "Translator"]
+__all__ = ["AttentionMap", "ConfidenceFloor", "DecodeStats", "Translation", "Translator"]
 
 
 log = logging.getLogger("fastqa.mt")
@@ -68,6 +68,36 @@ class Translation:
         return {"text": self.text, "score": self.score, "tokens": list(self.tokens), "log_prob": self.log_prob,
                 "attention": None if self.attention is None else self.attention.to_dict(),
                 "alternatives": [a.to_dict() for a in self.alternatives]}
+
+
+@dataclass(frozen=True)
+class ConfidenceFloor:
+    """The score under which a translation counts as unsure: the ``quantile`` of the scores the model gives the
+    sentences of a validation set (``fitted_on``) at beam ``beam``. A sentence unlike the training data (another
+    domain, another language) scores far below the sentences it was trained for."""
+
+    score: float
+    quantile: float
+    fitted_on: str
+    beam: int
+
+    @classmethod
+    def fit(cls, scores: Sequence[float], *, quantile: float, fitted_on: str, beam: int) -> "ConfidenceFloor":
+        if not scores:
+            raise UserError(f"{fitted_on}: no sentence to fit a confidence floor on")
+        if not 0.0 < quantile < 1.0:
+            raise ValueError(f"quantile must be in (0, 1), got {quantile!r}")
+        ordered = sorted(scores)
+        return cls(ordered[min(len(ordered) - 1, int(quantile * len(ordered)))], quantile, fitted_on, beam)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"score": self.score, "quantile": self.quantile, "fitted_on": self.fitted_on, "beam": self.beam}
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> "ConfidenceFloor":
+        if not isinstance(obj, dict):
+            raise TypeError(f"confidence: expected an object, got {type(obj).__name__}")
+        return cls(float(obj["score"]), float(obj["quantile"]), str(obj.get("fitted_on", "")), int(obj["beam"]))
 
 
 @dataclass
@@ -113,6 +143,9 @@ class Translator:
         #: read a sentence typed all in lower case with its case restored (a cased subword model only: it
         #: learned from cased text, and lower-cased German loses what marks its nouns)
         self.restore_case = bool(restore_case)
+        #: the score (log-probability per token) under which a translation is one the model is unsure of:
+        #: ``ConfidenceFloor`` fitted on a validation set (``fastqa mt-eval --fit-confidence``); None: not fitted
+        self.confidence_floor: ConfidenceFloor | None = None
 
     @property
     def vocab_kind(self) -> str:
@@ -151,8 +184,12 @@ class Translator:
                 raise UserError(f"{path}: the {side} vocabulary's special ids {ids} are not the model's {want}")
         model = ConvS2S(config, layers=layers)
         load_weights(model, payload, path)
+        with unreadable_meta(path):
+            floor = ConfidenceFloor.from_dict(meta["confidence"]) if meta.get("confidence") is not None else None
         model.to(device)
-        return cls(model, src_vocab, tgt_vocab, codec=codec, restore_case=restore_case)
+        translator = cls(model, src_vocab, tgt_vocab, codec=codec, restore_case=restore_case)
+        translator.confidence_floor = floor
+        return translator
 
     @property
     def device(self) -> torch.device:
@@ -166,7 +203,7 @@ class Translator:
         return self.codec.source_tokens(sentence, restore_case=self.restore_case)
 
     def detokenize(self, tokens: Sequence[str]) -> str:
-        """Target tokens (as ``translate_tokens`` gives them) -> text."""
+        """Target tokens (a ``Translation``'s ``tokens``) -> text."""
         return self.codec.detokenize(tokens)
 
     def _encode(self, tokens: list[str], where: str) -> list[int]:

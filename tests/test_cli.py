@@ -12,7 +12,7 @@ from cli_helpers import assert_user_error, run_cli
 import fastqa
 from fastqa.cli import build_parser
 
-RUNNING = ["qa-train", "qa-predict", "ask", "mt-train", "translate", "mt-eval"]
+RUNNING = ["qa-train", "qa-predict", "qa-calibrate", "ask", "mt-train", "translate", "mt-eval"]
 
 
 def test_version(capsys):

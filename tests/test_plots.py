@@ -66,13 +66,16 @@ def test_span_probabilities_take_an_answer_object(tmp_path):
     from types import SimpleNamespace
 
     from fastqa.plots import span_probability_figure
+    from fastqa.tasks.qa.predictor import Answer
 
     probs = {"tokens": ["a", "b", "c"], "offsets": [(0, 1), (2, 3), (4, 5)],
              "p_start": [0.2, 0.6, 0.2], "p_end": [0.1, 0.3, 0.6], "p_null": 0.05}
     as_dict = span_probability_figure(probs, {"text": "b c", "score": 0.36, "start": 2, "end": 5}, "Q?")
     as_obj = span_probability_figure(probs, SimpleNamespace(text="b c", score=0.36, start=2, end=5), "Q?")
-    assert as_dict.axes[0].get_title() == as_obj.axes[0].get_title() == "A: 'b c'   p(start)·p(end) = 0.360, " \
-                                                                         "p(no answer) = 0.050"
+    # what QAModel.answer returns (a calibrated reader's score is no longer p_start·p_end: "score")
+    as_answer = span_probability_figure(probs, Answer("b c", 2, 5, 0.36, 0.05), "Q?")
+    assert as_dict.axes[0].get_title() == as_obj.axes[0].get_title() == as_answer.axes[0].get_title() == \
+        "A: 'b c'   score 0.360, p(no answer) = 0.050"
     # no answer: no start / end needed
     none = span_probability_figure(probs, SimpleNamespace(text="", score=0.05), "Q?")
     assert none.axes[0].get_title().startswith("A: (no answer)")

@@ -30,7 +30,7 @@ def _run(cmd: list[str], cwd: Path, timeout: float = 600) -> subprocess.Complete
 
 
 def public_modules() -> list[str]:
-    """Every module of the package (the deprecated aliases too), by walking the source tree."""
+    """Every module of the package, by walking the source tree."""
     names = ["fastqa"]
     for info in pkgutil.walk_packages(fastqa.__path__, "fastqa."):
         if not info.name.rsplit(".", 1)[-1].startswith("_") and info.name != "fastqa.__main__":
@@ -105,5 +105,7 @@ def test_the_shipped_reader_answers_from_the_installed_copy(installed):
     context = "The Eiffel Tower was completed in 1889 for the World's Fair in Paris."
     out = _run([installed["fastqa"], "ask", "--context", context, "--question", "When was the tower completed?",
                 "--threads", "1", "--device", "cpu"], cwd=installed["tmp"]).stdout
-    answer = json.loads(out)
+    printed = json.loads(out)
+    answer = printed["answer"]
     assert context[answer["start"]:answer["end"]] == answer["text"] and answer["text"]
+    assert printed["answers"] == [answer] and answer["abstained"] is False and 0.0 < answer["score"] <= 1.0

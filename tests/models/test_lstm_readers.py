@@ -172,8 +172,10 @@ def test_each_baseline_trains_and_answers_with_context_words(variant, data, caps
     png = root / f"{variant}.png"
     rc, stdout, err = run_cli(capsys, ["ask", "--model", out, "--context", para["context"],
                                        "--question", para["qas"][0]["question"], "--plot", png])
-    res = json.loads(stdout)
+    printed = json.loads(stdout)
+    res = printed["answer"]
     assert rc == 0 and res["text"] == para["context"][res["start"]:res["end"]] and 0 < res["score"] <= 1, err
+    assert printed["answers"] == [res] and res["no_answer_prob"] is None and res["abstained"] is False
     if single_word:
         assert res["text"] in [t for t, _ in tokenize(para["context"])]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -194,7 +196,7 @@ def test_a_vocabulary_reader_never_answers_an_unknown_word(data, capsys):
     known = next(w for w in qa.words.itos[2:] if w.isalpha())
     context = f"qwxz vbnm {known} plkjh zzyq."                      # every other word is out of the vocabulary
     for question in ("Who played?", "qwxz?", "What is zzyq?"):
-        assert qa.answer(context, question)["text"] in (known, ".")
+        assert qa.answer(context, question).text in (known, ".")
 
 
 def test_baseline_user_errors(data, capsys, tmp_path):

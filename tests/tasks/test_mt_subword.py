@@ -76,14 +76,14 @@ def test_cased_copy(translator, corpus):
     translator.restore_case = False
     try:
         for beam in (1, 3):
-            out = translator.translate(corpus["test"], beam=beam)
+            out = [t.text for t in translator.translate(corpus["test"], beam=beam)]
             exact = sum(o == s for o, s in zip(out, corpus["test"])) / len(out)
             assert exact >= 0.95, f"beam {beam}: exact-sentence accuracy {exact:.2f}"
         assert translator.source_tokens("Ka lo") != translator.source_tokens("ka lo")
     finally:
         translator.restore_case = True
     # The capitals come from the model's pieces: nothing is lowercased on the way in or out.
-    assert translator.translate(["Ka lo Mi NU"], beam=1) == ["Ka lo Mi NU"]
+    assert [t.text for t in translator.translate(["Ka lo Mi NU"], beam=1)] == ["Ka lo Mi NU"]
 
 
 def test_a_sentence_typed_in_lower_case_is_read_with_its_case_restored(translator, model_dir, tmp_path, capsys,
@@ -95,7 +95,7 @@ def test_a_sentence_typed_in_lower_case_is_read_with_its_case_restored(translato
     assert restore("ka lo, mi-ri: 'xo'") == "Ka lo, Mi-Ri: 'Xo'"
     assert restore("Ka lo mi") == "Ka lo mi" and restore("  ...  ") == "  ...  "    # any capital: as typed
     assert translator.source_tokens("ka lo mi ri") == translator.source_tokens("Ka lo Mi Ri")
-    assert translator.translate(["ka lo mi ri"], beam=1) == ["Ka lo Mi Ri"]
+    assert [t.text for t in translator.translate(["ka lo mi ri"], beam=1)] == ["Ka lo Mi Ri"]
     monkeypatch.setattr("sys.stdin", io.StringIO("ka lo mi ri\n"))
     assert main(["translate", "--model", str(model_dir), "--beam", "1", "--threads", "1"]) == 0
     assert capsys.readouterr().out == "Ka lo Mi Ri\n"
@@ -111,7 +111,8 @@ def test_never_unk_even_for_unseen_words_and_characters(translator):
         assert translator.src_vocab.unk_id not in translator.src_vocab.encode(translator.source_tokens(s))
     for beam in (1, 3):
         for incremental in (True, False):
-            for text in translator.translate(UNSEEN, beam=beam, incremental=incremental):
+            for t in translator.translate(UNSEEN, beam=beam, incremental=incremental):
+                text = t.text
                 assert "<unk>" not in text and "\u2047" not in text  # SentencePiece writes <unk> as " ⁇ "
     # The search may not pick <unk> even when the model prefers it above everything else.
     model = translator.model
@@ -122,10 +123,12 @@ def test_never_unk_even_for_unseen_words_and_characters(translator):
             bias[translator.tgt_vocab.unk_id] += 1e4
         for beam in (1, 3):
             for incremental in (True, False):
-                toks = translator.translate_tokens(UNSEEN + ["Ka lo Mi"], beam=beam, incremental=incremental)
+                toks = [t.tokens for t in translator.translate(UNSEEN + ["Ka lo Mi"], beam=beam,
+                                                                incremental=incremental)]
                 assert all("<unk>" not in t for t in toks), (beam, incremental)
-        hyps = translator.translate(["Ka lo Mi"], beam=3, nbest=3)[0]
-        assert all("<unk>" not in h.tokens for h in hyps)
+        best = translator.translate(["Ka lo Mi"], beam=3, nbest=3)[0]
+        hyps = [best, *best.alternatives]
+        assert len(hyps) == 3 and all("<unk>" not in h.tokens for h in hyps)
         # Without the ban the biased model would write it: the test above is not vacuous.
         src = pad_source([translator.src_vocab.encode(translator.source_tokens("Ka lo Mi")) + [3]], 0, "cpu")
         assert 1 in greedy_decode(model, src)[0]
@@ -138,11 +141,14 @@ def test_nbest_scores_and_best_equals_beam_search(translator, corpus):
     torch.set_num_threads(1)
     sentences = corpus["test"][:6] + ["", UNSEEN[0]]
     results = translator.translate(sentences, beam=4, nbest=3)
-    plain = translator.translate(sentences, beam=4)
-    assert results[6] == [] and plain[6] == ""  # an empty sentence has no hypothesis
-    for i, (sentence, hyps) in enumerate(zip(sentences, results)):
+    plain = [t.text for t in translator.translate(sentences, beam=4)]
+    assert len(results) == len(sentences) and all(isinstance(t, Translation) for t in results)
+    # an empty sentence has no hypothesis: an empty translation, no alternatives
+    assert (results[6].text, results[6].tokens, results[6].alternatives) == ("", [], []) and plain[6] == ""
+    for i, (sentence, best) in enumerate(zip(sentences, results)):
         if not sentence:
             continue
+        hyps = [best, *best.alternatives]
         assert len(hyps) == 3 and all(isinstance(h, Translation) for h in hyps)
         scores = [h.score for h in hyps]
         assert scores == sorted(scores, reverse=True), scores
@@ -155,13 +161,18 @@ def test_nbest_scores_and_best_equals_beam_search(translator, corpus):
         assert translator.tgt_vocab.decode(top.tokens) == hyps[0].tokens
         assert hyps[0].score == pytest.approx(top.score, abs=1e-5)
     with_attention = translator.translate(sentences[:1], beam=4, nbest=2, attention=True)[0]
-    amap = with_attention[0].attention
-    assert with_attention[1].attention is None
-    assert amap.target == [*with_attention[0].tokens, "<eos>"] and amap.source[-1] == "<eos>"
+    amap = with_attention.attention
+    assert len(with_attention.alternatives) == 1 and with_attention.alternatives[0].attention is None
+    assert with_attention.tokens == results[0].tokens   # asking for the attention does not change the search
+    assert amap.target == [*with_attention.tokens, "<eos>"] and amap.source[-1] == "<eos>"
+    assert amap.source == [*translator.source_tokens(sentences[0]), "<eos>"]
     assert amap.weights.shape == (len(amap.target), len(amap.source))
     assert torch.allclose(amap.weights.sum(-1), torch.ones(len(amap.target)), atol=1e-4)
-    d = with_attention[0].to_dict()
-    assert set(d) == {"text", "score", "tokens", "log_prob", "attention"}
+    d = with_attention.to_dict()
+    assert set(d) == {"text", "score", "tokens", "log_prob", "attention", "alternatives"}
+    assert d["attention"] == amap.to_dict() and d["alternatives"] == [with_attention.alternatives[0].to_dict()]
+    assert d["alternatives"][0]["attention"] is None and d["alternatives"][0]["alternatives"] == []
+    assert results[0].to_dict()["attention"] is None
     with pytest.raises(ValueError, match="nbest must be <= beam"):
         translator.translate(["Ka"], beam=2, nbest=3)
     with pytest.raises(ValueError, match="nbest"):
@@ -198,6 +209,31 @@ def test_translate_cli_nbest_and_json(model_dir, tmp_path, capsys, monkeypatch):
     assert att["target"] == [*best["tokens"], "<eos>"] and len(att["weights"]) == len(att["target"])
     assert all(len(row) == len(att["source"]) for row in att["weights"])
     assert all("<unk>" not in h["text"] for o in objs for h in o["hypotheses"])
+
+
+def test_an_empty_best_translation_still_lists_its_hypotheses(model_dir, translator, tmp_path, capsys):
+    # A model biased to end every sentence at once: the best hypothesis of a non-empty sentence is the empty
+    # translation, which is not an empty input line -- --nbest and --json still give its N hypotheses.
+    payload = load_checkpoint(model_dir)
+    eos = translator.config.eos_id
+    for weights in (payload["model"], payload.get("ema") or {}):
+        if "decoder.fc3.bias" in weights:
+            weights["decoder.fc3.bias"][eos] += 30.0
+    save_checkpoint(tmp_path / "eos", {k: v for k, v in payload.items() if k != "format"})
+    biased = Translator.load(tmp_path / "eos")
+    best = biased.translate(["Ka lo Mi"], beam=3, nbest=2)[0]
+    assert (best.text, best.tokens) == ("", []) and best.log_prob < 0 and len(best.alternatives) == 1
+    src = write_lines(tmp_path / "in.de", ["Ka lo Mi", ""])
+    base = ["translate", "--model", str(tmp_path / "eos"), "--input", src, "--beam", "3", "--nbest", "2",
+            "--threads", "1"]
+    assert main(base) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert [ln.split("\t")[0] for ln in lines[:2]] == ["H-0", "H-0"] and lines[0].split("\t")[2] == ""
+    assert lines[1].split("\t")[2] == best.alternatives[0].text and lines[2:] == ["", ""]
+    assert main([*base, "--json"]) == 0
+    objs = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert [h["text"] for h in objs[0]["hypotheses"]] == ["", best.alternatives[0].text]
+    assert objs[1]["hypotheses"] == []
 
 
 def _readline(q: "queue.Queue[str]", timeout: float) -> str:
@@ -319,10 +355,11 @@ def test_the_shipped_translator_is_the_default(model_dir, translator, tmp_path, 
     export_run(model_dir, tmp_path / pretrained.DEFAULTS["translation"], half=False)
     shipped = Translator.load()
     sentences = ["ka Lo mi.", "Nu po ra se."]
-    assert shipped.translate(sentences, beam=2) == translator.translate(sentences, beam=2)
+    want = [t.text for t in translator.translate(sentences, beam=2)]
+    assert [t.text for t in shipped.translate(sentences, beam=2)] == want
     src = write_lines(tmp_path / "in.de", sentences)
     assert main(["translate", "--input", src, "--beam", "2", "--threads", "1"]) == 0
-    assert capsys.readouterr().out.splitlines() == translator.translate(sentences, beam=2)
+    assert capsys.readouterr().out.splitlines() == want
 
 
 def test_a_batch_of_sentences_shows_progress_on_stderr(translator, capsys):

@@ -66,15 +66,19 @@ def test_copy_task_learned(model_dir, corpus):
     torch.set_num_threads(1)  # restored by the one_thread_for_models fixture
     tr = Translator.load(model_dir)
     want = [s.split() for s in corpus["test"]]
-    greedy = tr.translate_tokens(corpus["test"], beam=1)
+
+    def tokens(translator, sentences, **kwargs):
+        return [t.tokens for t in translator.translate(sentences, **kwargs)]
+
+    greedy = tokens(tr, corpus["test"], beam=1)
     exact = sum(g == w for g, w in zip(greedy, want)) / len(want)
     assert exact >= 0.95, f"greedy exact-sequence accuracy {exact:.2f}"
-    beam = tr.translate_tokens(corpus["test"], beam=3)
+    beam = tokens(tr, corpus["test"], beam=3)
     assert sum(b == w for b, w in zip(beam, want)) / len(want) >= 0.95
     # Full-recompute decoding gives the same tokens as incremental decoding.
-    assert tr.translate_tokens(corpus["test"][:20], beam=1, incremental=False) == greedy[:20]
+    assert tokens(tr, corpus["test"][:20], beam=1, incremental=False) == greedy[:20]
     # Reference layers load the same weights and translate the same.
-    assert Translator.load(model_dir, layers="reference").translate_tokens(corpus["test"][:20], beam=1) == greedy[:20]
+    assert tokens(Translator.load(model_dir, layers="reference"), corpus["test"][:20], beam=1) == greedy[:20]
 
 
 
@@ -82,8 +86,10 @@ def test_copy_task_learned(model_dir, corpus):
 def test_translator_defined_results_for_odd_input(model_dir, capsys):
     torch.set_num_threads(1)
     tr = Translator.load(model_dir)
-    out = tr.translate(["ka lo mi", "", "   ", "KA LO MI", "ka QQQ mi"], beam=2)
+    results = tr.translate(["ka lo mi", "", "   ", "KA LO MI", "ka QQQ mi"], beam=2)
+    out = [t.text for t in results]
     assert out[0] == "ka lo mi" and out[1] == "" and out[2] == ""
+    assert results[1].tokens == results[2].tokens == [] and not results[1].alternatives
     assert out[3] == "ka lo mi"  # lowercased as in training
     assert isinstance(out[4], str)  # an unknown word is read as <unk>: a translation, no error
     assert tr.src_vocab.encode(tr.source_tokens("ka QQQ mi"))[1] == tr.src_vocab.unk_id
@@ -94,8 +100,9 @@ def test_translator_defined_results_for_odd_input(model_dir, capsys):
         tr.translate("ka lo")
     with pytest.raises(ValueError, match="beam"):
         tr.translate(["ka"], beam=0)
-    amap = tr.attention("ka lo mi nu")
-    assert amap.source == ["ka", "lo", "mi", "nu", "<eos>"] and amap.target[-1] == "<eos>"
+    best = tr.translate(["ka lo mi nu"], beam=1, attention=True)[0]
+    amap = best.attention
+    assert amap.source == ["ka", "lo", "mi", "nu", "<eos>"] and amap.target == [*best.tokens, "<eos>"]
     assert amap.weights.shape == (len(amap.target), len(amap.source))
     assert torch.allclose(amap.weights.sum(-1), torch.ones(len(amap.target)), atol=1e-5)
     # A learned copy attends to the word it writes: the diagonal carries most of the weight.

@@ -262,7 +262,8 @@ def test_huge_max_answer_len_is_capped_at_the_context_length(model_dir, capsys):
     rc, capped, _ = run_cli(capsys, [*args, "--max-answer-len", "100000000"])
     assert rc == 0
     result = json.loads(capped)
-    assert context[result["start"]:result["end"]] == result["text"]
+    answer = result["answer"]
+    assert context[answer["start"]:answer["end"]] == answer["text"] and result["answers"] == [answer]
     assert json.loads(default) == result                       # 30 tokens already span this context
     qa = QAModel.load(model_dir)
     assert qa.answer(context, "Who?", max_answer_len=10**15) == qa.answer(context, "Who?", max_answer_len=30)
@@ -326,7 +327,7 @@ def test_a_huge_token_is_cut_to_the_character_window_in_every_path(model_dir, tm
     assert qa.char_limit == window == limits.chars
     entry = "answer"
     res = qa.answer(context, "Which blob?")
-    assert context[res["start"]:res["end"]] == res["text"]
+    assert context[res.start:res.end] == res.text
     entry = "answer_many"
     qa.answer_many([context, "Short text."], [blob, "What?"])
     entry = "probabilities"

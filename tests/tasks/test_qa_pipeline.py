@@ -11,6 +11,7 @@ from squad_fixtures import make_squad, write_json
 
 from fastqa.cli import main
 from fastqa.tasks.qa import QAModel, decode_spans
+from fastqa.tasks.qa.predictor import Answer
 
 # A tiny QANet (about 30k trainable parameters) that memorises the generated questions in a few hundred steps.
 TINY = ["--set", "d_model=32", "--set", "heads=2", "--set", "char_dim=16", "--set", "char_channels=32",
@@ -116,23 +117,26 @@ def test_python_api_answer_and_answer_many(trained):
     para = trained["train_obj"]["data"][0]["paragraphs"][0]
     questions = [q["question"] for q in para["qas"]]
     many = qa.answer_many([para["context"]] * len(questions), questions, batch_size=3)
+    assert qa.calibration is None                  # no calibration.json: raw scores
     for q, res in zip(para["qas"], many):
-        assert set(res) == {"text", "score", "start", "end"}
-        assert para["context"][res["start"]:res["end"]] == res["text"]
-        assert 0.0 < res["score"] <= 1.0
+        assert isinstance(res, Answer)
+        assert set(res.to_dict()) == {"text", "score", "start", "end", "no_answer_prob", "abstained"}
+        assert res.no_answer_prob is None and res.abstained is False     # a v1.1 reader, no min_score
+        assert para["context"][res.start:res.end] == res.text
+        assert 0.0 < res.score <= 1.0
         alone = qa.answer(para["context"], q["question"])
         # Batching must not change the answer. (Its score moves by a few %: the model's convolutions still see
         # the padding of shorter questions -- reported to the model's owner; compare scores once fixed.)
-        assert (alone["text"], alone["start"], alone["end"]) == (res["text"], res["start"], res["end"])
+        assert (alone.text, alone.start, alone.end) == (res.text, res.start, res.end)
     one_by_one = qa.answer_many([para["context"]] * len(questions), questions, batch_size=1)
     assert one_by_one == [qa.answer(para["context"], q) for q in questions]   # results come back in input order
-    right = sum(res["text"] == q["answers"][0]["text"] for q, res in zip(para["qas"], many))
+    right = sum(res.text == q["answers"][0]["text"] for q, res in zip(para["qas"], many))
     assert right >= len(questions) - 1
     # one state_dict, three layer backends: the same answers
     for layers in ("reference", "naive"):
         other = QAModel.load(trained["out"], layers=layers).answer_many([para["context"]] * 2, questions[:2])
-        assert [r["text"] for r in other] == [r["text"] for r in many[:2]]
-        assert [r["score"] for r in other] == pytest.approx([r["score"] for r in many[:2]], rel=1e-4)
+        assert [r.text for r in other] == [r.text for r in many[:2]]
+        assert [r.score for r in other] == pytest.approx([r.score for r in many[:2]], rel=1e-4)
     with pytest.raises(ValueError, match="context is empty"):
         qa.answer("   \n", "Who?")
     with pytest.raises(ValueError, match="question is empty"):
@@ -149,12 +153,15 @@ def test_ask_prints_answer_and_plots(trained, capsys):
     png = trained["root"] / "plot.png"
     rc, stdout, _ = _run(capsys, ["ask", "--model", trained["out"], "--context-file", ctx_file,
                                   "--question", qa["question"], "--plot", png])
-    res = json.loads(stdout)
+    printed = json.loads(stdout)
+    res = printed["answer"]
     assert rc == 0 and res["text"] == para["context"][res["start"]:res["end"]] == qa["answers"][0]["text"]
+    assert printed["answers"] == [res] and printed["plot"] == str(png)
+    assert res["abstained"] is False and res["no_answer_prob"] is None
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not list(trained["root"].glob(".plot.png.*"))
     rc, stdout, _ = _run(capsys, ["ask", "--model", trained["out"], "--context", para["context"],
                                   "--question", qa["question"]])
-    assert rc == 0 and json.loads(stdout)["text"] == res["text"]
+    assert rc == 0 and json.loads(stdout)["answer"] == res
 
 
 def test_user_errors(trained, capsys, tmp_path):
@@ -217,6 +224,162 @@ def test_user_errors(trained, capsys, tmp_path):
                 r"none\.txt: no such file \(--context-file\)")
 
 
+# ----------------------------------------------------------------------------------- calibrated answer scores
+
+# The gold answer a question is given instead of its own in ``_regolded``: another fact of the same person, in
+# the same paragraph, that the reader (which memorised the file) never gives for that question.
+_WRONG_GOLD = {"city": "year", "year": "city", "instr": "who", "who": "instr"}
+
+
+def _regolded(obj: dict, path, kinds) -> dict:
+    """A copy of the SQuAD object ``obj`` written to ``path`` where every question of a kind in ``kinds``
+    ("city", "year", "instr", "who") has another question's answer as its gold: the reader answers those
+    wrongly (its answer is still the memorised one), the others rightly."""
+    gold = {q["id"]: q["answers"][0] for a in obj["data"] for p in a["paragraphs"] for q in p["qas"]}
+    out = json.loads(json.dumps(obj))
+    for article in out["data"]:
+        for p in article["paragraphs"]:
+            for q in p["qas"]:
+                person, kind = q["id"].rsplit("-", 1)
+                if kind in kinds:
+                    q["answers"] = [dict(gold[f"{person}-{_WRONG_GOLD[kind]}"])]
+    write_json(path, out)
+    return out
+
+
+def test_calibration_fit_load_export_predict_eval_and_ask(trained, capsys, tmp_path):
+    from fastqa.tasks.qa.calibration import CALIBRATION_NAME, Calibration
+
+    run = tmp_path / "run"
+    shutil.copytree(trained["out"], run)      # the fixture's run stays uncalibrated for the other tests
+    cal_file = run / CALIBRATION_NAME
+    assert CALIBRATION_NAME == "calibration.json" and not cal_file.exists()
+    # Right on 3 questions in 4: every "Where was X born?" has X's year as its gold answer in this copy.
+    mixed = tmp_path / "mixed.json"
+    _regolded(trained["train_obj"], mixed, {"city"})
+    base = ["qa-calibrate", "--model", run, "--no-progress", "--cache-dir", trained["cache"], "--threads", "1"]
+    # All right or all wrong, there is nothing to fit: one line, nothing written.
+    all_wrong = tmp_path / "wrong.json"
+    _regolded(trained["train_obj"], all_wrong, set(_WRONG_GOLD))
+    _user_error(capsys, [*base, "--data", all_wrong], r"wrong\.json: the calibration needs right and wrong answers, "
+                r"got 0 right of 96")
+    _user_error(capsys, [*base, "--data", all_wrong, "--articles", "1:2"],
+                r"wrong\.json articles 1:2: the calibration needs right and wrong answers, got 0 right of 48")
+    _user_error(capsys, [*base, "--data", mixed, "--plot", tmp_path / "rel.foo"], r"unknown figure format '\.foo'")
+    _user_error(capsys, [*base[:2], run / "checkpoint.pt", *base[3:], "--data", mixed],
+                r"--model .*checkpoint\.pt: not a folder; give a run folder or an export, or --out F")
+    assert not cal_file.exists()
+
+    plot = tmp_path / "reliability.png"
+    rc, stdout, err = _run(capsys, [*base, "--data", mixed, "--articles", "0:2", "--plot", plot])
+    assert rc == 0, err
+    fit = json.loads(stdout)
+    assert set(fit) == {"slope", "bias", "fitted_on", "questions", "method", "exact_match", "ece_before",
+                        "ece_after", "written"}
+    assert fit["written"] == str(cal_file) and fit["questions"] == 96 and fit["fitted_on"] == f"{mixed} articles 0:2"
+    assert 65.0 <= fit["exact_match"] <= 75.0                  # 24 of 96 wrong by construction, the rest memorised
+    # The memorised answers all score near 1 while 1 in 4 is wrong: the fit brings the scores down to the truth.
+    assert 0.0 <= fit["ece_after"] < fit["ece_before"] <= 1.0 and fit["ece_before"] > 0.15
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    stored = json.loads(cal_file.read_text(encoding="utf-8"))
+    cal = Calibration.from_dict(stored)
+    assert stored == cal.to_dict() == {k: fit[k] for k in stored}
+
+    # Loading the run reads the calibration; its scores are the raw scores mapped by it, its answers the same.
+    qa = QAModel.load(run)
+    raw = QAModel.load(run)
+    raw.calibration = None
+    assert qa.calibration == cal
+    para = trained["train_obj"]["data"][0]["paragraphs"][2]
+    questions = [q["question"] for q in para["qas"]]
+    for got, want in zip(qa.answer_many([para["context"]] * len(questions), questions),
+                         raw.answer_many([para["context"]] * len(questions), questions)):
+        assert (got.text, got.start, got.end) == (want.text, want.start, want.end)
+        assert got.score == pytest.approx(cal(want.score), rel=1e-12) and 0.0 < got.score < 1.0
+        assert got.score != want.score
+    top, top_raw = qa.answer(para["context"], questions[0], top_k=3), raw.answer(para["context"], questions[0], top_k=3)
+    assert [(a.text, a.start) for a in top] == [(a.text, a.start) for a in top_raw]   # a monotone map: same order
+    assert [a.score for a in top] == pytest.approx([cal(a.score) for a in top_raw], rel=1e-12)
+    _, pred_cal = qa.predict_file(mixed, progress=False)
+    _, pred_raw = raw.predict_file(mixed, progress=False)
+    assert pred_cal.predictions == pred_raw.predictions
+    assert pred_cal.scores == pytest.approx({q: cal(s) for q, s in pred_raw.scores.items()}, rel=1e-12)
+
+    # An export carries the calibration (in its config.json), and answers with it.
+    out = tmp_path / "export"
+    rc, _, err = _run(capsys, ["export", run, out])
+    assert rc == 0, err
+    exported = QAModel.load(out)
+    assert exported.calibration == cal and not (out / CALIBRATION_NAME).exists()
+    assert exported.answer(para["context"], questions[0]) == qa.answer(para["context"], questions[0])
+
+    # qa-predict --scores-out writes the calibrated scores; qa-eval --scores reports their calibration error.
+    pred, scores = tmp_path / "pred.json", tmp_path / "scores.json"
+    rc, _, err = _run(capsys, ["qa-predict", "--model", run, "--data", mixed, "--out", pred, "--scores-out", scores,
+                               "--no-progress", "--cache-dir", trained["cache"]])
+    assert rc == 0 and f"scores to {scores}" in err
+    written = json.loads(scores.read_text(encoding="utf-8"))
+    assert set(written) == set(json.loads(pred.read_text(encoding="utf-8"))) and len(written) == 96
+    assert written == pytest.approx(pred_cal.scores, rel=1e-6)
+    diagram = tmp_path / "eval-reliability.png"
+    rc, stdout, _ = _run(capsys, ["qa-eval", mixed, pred, "--scores", scores, "--calibration", diagram])
+    result = json.loads(stdout)
+    assert rc == 0 and {"exact_match", "f1", "ece", "ece_questions", "mean_score"} <= set(result)
+    assert 0.0 <= result["ece"] <= 1.0 and result["ece"] == pytest.approx(fit["ece_after"], abs=1e-6)
+    assert result["ece_questions"] == 96 and result["exact_match"] == pytest.approx(fit["exact_match"])
+    assert result["mean_score"] == pytest.approx(sum(written.values()) / 96)
+    assert diagram.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rc, stdout, _ = _run(capsys, ["qa-eval", mixed, pred])
+    assert rc == 0 and "ece" not in json.loads(stdout)
+
+    # ask --min-score: below it, no confident answer (empty text, abstained) with the best answer's score.
+    q = para["qas"][0]["question"]
+    best = qa.answer(para["context"], q)
+    assert best.score < 1.0
+    ask = ["ask", "--model", run, "--context", para["context"], "--question", q]
+    rc, stdout, err = _run(capsys, [*ask, "--min-score", "1.0"])
+    printed = json.loads(stdout)
+    assert rc == 0 and "no confident answer" in err
+    assert printed["answer"] == {"text": "", "start": 0, "end": 0, "score": pytest.approx(best.score),
+                                 "no_answer_prob": None, "abstained": True}
+    assert printed["answers"] == [printed["answer"]]
+    rc, stdout, err = _run(capsys, [*ask, "--min-score", "0", "--top-k", "2"])
+    printed = json.loads(stdout)
+    assert rc == 0 and "no confident answer" not in err
+    assert printed["answer"] == best.to_dict() and len(printed["answers"]) == 2
+    assert not any(a["abstained"] for a in printed["answers"])
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in [*ask, "--min-score", "2"]])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert [ln for ln in err.splitlines() if "error:" in ln] == \
+        ["fastqa ask: error: argument --min-score: expected a probability in [0, 1], got '2'"]
+
+
+def test_calibration_inputs_that_are_wrong(trained, capsys, tmp_path):
+    train = trained["train"]
+    questions = [q for a in trained["train_obj"]["data"] for p in a["paragraphs"] for q in p["qas"]]
+    pred = write_json(tmp_path / "pred.json", {q["id"]: q["answers"][0]["text"] for q in questions})
+    scores = {q["id"]: 0.9 for q in questions}
+    _user_error(capsys, ["qa-eval", train, pred, "--calibration", tmp_path / "x.png"],
+                r"--calibration draws the scores' reliability: give --scores F")
+    _user_error(capsys, ["qa-eval", train, pred, "--scores", write_json(tmp_path / "s.json", scores),
+                         "--calibration", tmp_path / "x.foo"], r"--calibration .*unknown figure format '\.foo'")
+    qid = questions[5]["id"]
+    _user_error(capsys, ["qa-eval", train, pred, "--scores", write_json(tmp_path / "s.json", {**scores, qid: 1.5})],
+                rf"s\.json: question '{qid}': the score 1\.5 is not in \[0, 1\]")
+    _user_error(capsys, ["qa-eval", train, pred, "--scores", write_json(tmp_path / "s.json", {**scores, qid: "high"})],
+                rf"question '{qid}'")
+    _user_error(capsys, ["qa-eval", train, pred, "--scores", write_json(tmp_path / "s.json", {"nobody": 0.5})],
+                r"s\.json: no score for any answered question")
+    assert not (tmp_path / "x.png").exists()
+    # all right: nothing to fit (the reader memorised the training questions; at most a few are wrong)
+    rc, stdout, _ = _run(capsys, ["qa-eval", train, pred, "--scores", write_json(tmp_path / "s.json", scores)])
+    result = json.loads(stdout)
+    assert rc == 0 and result["exact_match"] == 100.0 and result["ece"] == pytest.approx(0.1)
+    assert result["mean_score"] == pytest.approx(0.9) and result["ece_questions"] == 96
+
+
 # --------------------------------------------------------------------------------------- SQuAD v2.0, resume
 
 def test_v2_no_answer_round_trip(tmp_path, capsys):
@@ -239,7 +402,8 @@ def test_v2_no_answer_round_trip(tmp_path, capsys):
     assert rc == 0 and result["total"] == 20 and result["HasAns_total"] == 16 and result["NoAns_total"] == 4
     assert {"best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh"} <= set(result)
     res = qa.answer("Ada Lovelace was born in Zürich in 1815.", "Where was Ada Lovelace born?")
-    assert set(res) == {"text", "score", "start", "end", "no_answer_prob"}
+    assert isinstance(res, Answer) and res.no_answer_prob is not None and 0.0 <= res.no_answer_prob <= 1.0
+    assert (res.text == "") == (res.no_answer_prob > 0.5) and not res.abstained
 
 
 def test_qa_resume_reproduces_the_uninterrupted_losses(tmp_path, capsys):

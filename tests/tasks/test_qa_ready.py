@@ -24,6 +24,7 @@ from fastqa.data.vocab import Vocab
 from fastqa.errors import UserError
 from fastqa.tasks.qa import QAModel, decode_spans
 from fastqa.tasks.qa.decode import decode_top_spans
+from fastqa.tasks.qa.predictor import Answer
 from fastqa.tasks.qa.squad import Limits
 from fastqa.tasks.qa.windows import lexical_terms, paragraph_starts, plan_windows, window_settings
 
@@ -146,19 +147,20 @@ def test_windows_find_an_answer_anywhere_with_offsets_into_the_whole_text():
         context = "  ".join(text)
         with _rows_seen(qa.model) as seen:
             res = qa.answer(context, "Where is it?", batch_size=8)
-        assert res["text"] == "needle" and context[res["start"]:res["end"]] == "needle"
-        assert res["start"] == context.index("needle")
+        assert res.text == "needle" and context[res.start:res.end] == "needle"
+        assert res.start == context.index("needle")
         assert max(n for _, n in seen) <= 400 and max(b for b, _ in seen) <= 8
         assert sum(b for b, _ in seen) == len(plan_windows(10_000, 400, 128))
     # a smaller window and overlap, through answer_many and the no-answer merge
     context = " ".join(words[:3000] + ["needle"] + words[3000:])
     many = qa.answer_many([context, "needle"], ["Q?", "Q?"], max_context=50, stride=10)
-    assert [r["text"] for r in many] == ["needle", "needle"]
+    assert [r.text for r in many] == ["needle", "needle"]
+    assert all(r.no_answer_prob is None for r in many)                  # a v1.1 reader has no "no answer"
     v2 = _needle_reader(context_limit=64, no_answer=True)
     res = v2.answer(context, "Q?")
-    assert res["text"] == "needle" and res["no_answer_prob"] < 0.5     # the window holding it decides
+    assert res.text == "needle" and res.no_answer_prob < 0.5     # the window holding it decides
     res = v2.answer(" ".join(words[:1000]), "Q?")
-    assert res["text"] == "" and res["no_answer_prob"] > 0.5
+    assert res.text == "" and res.no_answer_prob > 0.5 and not res.abstained
 
 
 class _Scorer(nn.Module):
@@ -201,25 +203,26 @@ def test_spans_are_ranked_across_windows_by_logits_and_the_windows_relevance():
     # less so: per-window ranking prefers a decoy, the logits the needle scored above every decoy.
     crowded = text.copy()
     crowded[100] = "decoy"
-    assert reader(9.0, per_window=True).answer(" ".join(crowded), "Which?", stride=10)["text"] == "decoy"
-    assert reader(9.0).answer(" ".join(crowded), "Which?", stride=10)["text"] == "needle"
+    assert reader(9.0, per_window=True).answer(" ".join(crowded), "Which?", stride=10).text == "decoy"
+    assert reader(9.0).answer(" ".join(crowded), "Which?", stride=10).text == "needle"
     # Logits compare between windows: a needle scored above the decoys wins, one scored below does not ...
-    assert reader(9.0).answer(context, "Which?", stride=10)["text"] == "needle"
-    assert reader(7.0).answer(context, "Which?", stride=10)["text"] == "decoy"
+    assert reader(9.0).answer(context, "Which?", stride=10).text == "needle"
+    assert reader(7.0).answer(context, "Which?", stride=10).text == "decoy"
     # ... unless its window is the one that holds the question's rare word: one occurrence in one window of three
     # is worth about 2 logits here (a function word counts for nothing).
-    assert reader(7.5).answer(context, "Which is the ?", stride=10)["text"] == "decoy"
+    assert reader(7.5).answer(context, "Which is the ?", stride=10).text == "decoy"
     found = reader(7.5).answer(context, "Which is the zorbland?", stride=10)
-    assert found["text"] == "needle" and context[found["start"]:found["end"]] == "needle"
+    assert found.text == "needle" and context[found.start:found.end] == "needle"
     # Scores are one softmax over the document: the top-k of all windows sum to at most 1; a context read in
     # one window scores p_start * p_end, as the forward's probabilities give it.
-    top = reader(9.0).answer(context, "Which?", stride=10, top_k=5)["answers"]
-    assert 0 < sum(a["score"] for a in top) <= 1 + 1e-6 and top[0]["score"] > top[1]["score"]
+    top = reader(9.0).answer(context, "Which?", stride=10, top_k=5)
+    assert 2 <= len(top) <= 5 and _distinct(top)
+    assert 0 < sum(a.score for a in top) <= 1 + 1e-6 and top[0].score > top[1].score
     short = " ".join(text[100:130])
     one = reader(9.0)
     lp1, lp2 = one._forward([one._encode_pair(short, "Which?")])
     want = float((lp1[0].max() + lp2[0].max()).exp())
-    assert one.answer(short, "Which?")["score"] == pytest.approx(want, rel=1e-5)
+    assert one.answer(short, "Which?").score == pytest.approx(want, rel=1e-5)
 
 
 def test_lexical_terms_keep_content_words_only():
@@ -234,9 +237,9 @@ def test_a_long_context_gives_the_answer_of_its_paragraph_alone(reader, qa):
         alone = qa.answer(para["context"], q["question"])
         with _rows_seen(qa.model) as seen:
             res = qa.answer(context, q["question"])
-        assert res["text"] == alone["text"] == q["answers"][0]["text"]
-        assert (res["start"], res["end"]) == (alone["start"] + len(FILLER), alone["end"] + len(FILLER))
-        assert context[res["start"]:res["end"]] == res["text"]
+        assert res.text == alone.text == q["answers"][0]["text"]
+        assert (res.start, res.end) == (alone.start + len(FILLER), alone.end + len(FILLER))
+        assert context[res.start:res.end] == res.text
         # bounded memory: no row longer than the window, and every window was read
         assert max(n for _, n in seen) <= qa.limits.context == 400
         assert sum(b for b, _ in seen) >= 10_000 // (400 - 128)
@@ -244,7 +247,7 @@ def test_a_long_context_gives_the_answer_of_its_paragraph_alone(reader, qa):
     apart = FILLER + "\n\n" + para["context"]
     for q in para["qas"]:
         alone, res = qa.answer(para["context"], q["question"]), qa.answer(apart, q["question"])
-        assert (res["text"], res["start"]) == (alone["text"], alone["start"] + len(FILLER) + 2)
+        assert (res.text, res.start) == (alone.text, alone.start + len(FILLER) + 2)
     probs = qa.probabilities(context, para["qas"][0]["question"])
     first, end = probs["window"]
     assert (first, end) in plan_windows(probs["n_tokens"], 400, 128)
@@ -301,26 +304,50 @@ def test_decode_top_spans_matches_brute_force(max_len, k):
         decode_top_spans(lp1, lp2, 0)
 
 
+def _distinct(answers: list[Answer]) -> bool:
+    """No two of ``answers`` overlap in the context (and none is there twice)."""
+    return all(not (a.start < b.end and b.start < a.end) and (a.start, a.end) != (b.start, b.end)
+               for i, a in enumerate(answers) for b in answers[i + 1:])
+
+
 def test_top_k_answers_python_and_command(reader, qa, capsys):
     para = reader["paragraph"]
     q = para["qas"][1]["question"]
     one = qa.answer(para["context"], q)
     top = qa.answer(para["context"], q, top_k=4)
-    assert set(top) == {"answers"} and len(top["answers"]) == 4
-    assert top["answers"][0] == one
-    scores = [a["score"] for a in top["answers"]]
+    # at most k answers: a span overlapping a better one is left out
+    assert isinstance(top, list) and 2 <= len(top) <= 4 and all(isinstance(a, Answer) for a in top)
+    assert top[0] == one and _distinct(top)
+    scores = [a.score for a in top]
     assert scores == sorted(scores, reverse=True) and 0 < scores[-1]
-    assert len({(a["start"], a["end"]) for a in top["answers"]}) == 4
-    assert all(para["context"][a["start"]:a["end"]] == a["text"] for a in top["answers"])
+    assert all(para["context"][a.start:a.end] == a.text for a in top)
+    assert all(a.no_answer_prob is None and not a.abstained for a in top)
     # the same over windows of a long text, and from the command line
     long = qa.answer(FILLER + para["context"], q, top_k=3)
-    assert long["answers"][0]["text"] == one["text"]
-    assert all((FILLER + para["context"])[a["start"]:a["end"]] == a["text"] for a in long["answers"])
+    assert long[0].text == one.text and 1 <= len(long) <= 3 and _distinct(long)
+    assert all((FILLER + para["context"])[a.start:a.end] == a.text for a in long)
+    top2 = qa.answer(para["context"], q, top_k=2)
+    assert 1 <= len(top2) <= 2 and top2 == top[:len(top2)]
     rc, out, _ = run_cli(capsys, ["ask", "--model", reader["run"], "--context", para["context"], "--question", q,
                                   "--top-k", "2"])
-    assert rc == 0 and json.loads(out) == {"answers": top["answers"][:2]}
+    assert rc == 0 and json.loads(out) == {"answer": one.to_dict(), "answers": [a.to_dict() for a in top2]}
+    assert set(json.loads(out)["answer"]) == {"text", "start", "end", "score", "no_answer_prob", "abstained"}
+    rc, out, _ = run_cli(capsys, ["ask", "--model", reader["run"], "--context", para["context"], "--question", q])
+    assert rc == 0 and json.loads(out) == {"answer": one.to_dict(), "answers": [one.to_dict()]}
     with pytest.raises(ValueError, match="top_k must be an int >= 1"):
         qa.answer(para["context"], q, top_k=0)
+    # min_score drops the answers below it; with none left, one answer abstains with the best score
+    assert scores[0] > scores[1]
+    assert qa.answer(para["context"], q, top_k=4, min_score=scores[-1]) == top
+    assert qa.answer(para["context"], q, top_k=4, min_score=scores[0]) == [one]
+    assert qa.answer(para["context"], q, min_score=scores[0]) == one
+    assert scores[0] < 1.0
+    none = Answer("", 0, 0, scores[0], None, abstained=True)
+    assert qa.answer(para["context"], q, min_score=1.0) == none
+    assert qa.answer(para["context"], q, top_k=4, min_score=1.0) == [none]
+    for bad in (-0.1, 1.5, True, "0.5"):
+        with pytest.raises(ValueError, match="min_score must be a number in"):
+            qa.answer(para["context"], q, min_score=bad)
 
 
 def test_top_k_of_a_no_answer_reader_ranks_no_answer_among_the_spans(tmp_path):
@@ -333,10 +360,11 @@ def test_top_k_of_a_no_answer_reader_ranks_no_answer_among_the_spans(tmp_path):
     for question in ("Where was Ada Lovelace born?", "Where was Émile Zola born?"):
         one = qa.answer(context, question)
         top = qa.answer(context, question, top_k=5)
-        assert set(top) == {"answers", "no_answer_prob"} and top["no_answer_prob"] == one["no_answer_prob"]
-        assert top["answers"][0] == {k: v for k, v in one.items() if k != "no_answer_prob"}
-        assert [a["text"] for a in top["answers"]].count("") <= 1 and len(top["answers"]) == 5
-        scores = [a["score"] for a in top["answers"]]
+        assert one.no_answer_prob is not None and 0.0 <= one.no_answer_prob <= 1.0
+        assert all(a.no_answer_prob == one.no_answer_prob for a in top)
+        assert top[0] == one
+        assert [a.text for a in top].count("") <= 1 and 1 <= len(top) <= 5 and _distinct(top)
+        scores = [a.score for a in top]
         assert scores == sorted(scores, reverse=True)
 
 
@@ -356,14 +384,17 @@ def test_ask_input_jsonl_batches(reader, qa, tmp_path, capsys):
     rows = [json.loads(line) for line in out.splitlines()]
     assert rc == 0 and len(rows) == len(records)
     assert [r["id"] for r in rows] == [r.get("id", 6) for r in records]     # record 4 sits on line 6
-    assert [{k: v for k, v in r.items() if k != "id"} for r in rows] == want
+    assert [{k: v for k, v in r.items() if k != "id"} for r in rows] == \
+        [{"answer": a.to_dict(), "answers": [a.to_dict()]} for a in want]
     dest = tmp_path / "a.jsonl"
     rc, out, err = run_cli(capsys, ["ask", "--model", reader["run"], "--input", src, "--output", dest, "--top-k", "2",
                                     "--batch-size", "2"])
     assert rc == 0 and out == "" and f"{len(records)} answers written" in err
     rows = [json.loads(line) for line in dest.read_text(encoding="utf-8").splitlines()]
-    assert [len(r["answers"]) for r in rows] == [2] * len(records)
-    assert [r["answers"][0] for r in rows] == want
+    want2 = qa.answer_many([r["context"] for r in records], [r["question"] for r in records], batch_size=2, top_k=2)
+    assert all(1 <= len(w) <= 2 for w in want2) and sum(len(w) for w in want2) > len(records)
+    assert [r["answers"] for r in rows] == [[a.to_dict() for a in w] for w in want2]
+    assert [r["answers"][0] for r in rows] == [r["answer"] for r in rows] == [a.to_dict() for a in want]
 
 
 @pytest.mark.parametrize("line,message", [
@@ -483,10 +514,10 @@ def test_the_shipped_reader_is_the_default(reader, shipped, capsys):
     assert default.answer(para["context"], q["question"]) == by_name.answer(para["context"], q["question"])
     run = QAModel.load(reader["run"]).answer(para["context"], q["question"])
     res = default.answer(para["context"], q["question"])
-    assert res["text"] == run["text"] == q["answers"][0]["text"]
-    assert res["score"] == pytest.approx(run["score"], abs=1e-2)
+    assert res.text == run.text == q["answers"][0]["text"]
+    assert res.score == pytest.approx(run.score, abs=1e-2)
     rc, out, _ = run_cli(capsys, ["ask", "--context", para["context"], "--question", q["question"]])
-    assert rc == 0 and json.loads(out) == res
+    assert rc == 0 and json.loads(out) == {"answer": res.to_dict(), "answers": [res.to_dict()]}
 
 
 def test_a_missing_shipped_reader_is_a_clear_error(tmp_path, monkeypatch, capsys):
@@ -500,4 +531,4 @@ def test_a_missing_shipped_reader_is_a_clear_error(tmp_path, monkeypatch, capsys
 def test_scores_are_probabilities(qa, reader):
     para = reader["paragraph"]
     res = qa.answer(FILLER + para["context"], para["qas"][0]["question"], top_k=3)
-    assert all(0.0 < a["score"] <= 1.0 and math.isfinite(a["score"]) for a in res["answers"])
+    assert 1 <= len(res) <= 3 and all(0.0 < a.score <= 1.0 and math.isfinite(a.score) for a in res)

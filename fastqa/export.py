@@ -277,6 +277,9 @@ def export_run(run: str | os.PathLike, out: str | os.PathLike, *, half: bool = F
     for stale in old_files - set(files) - {CONFIG_NAME, CARD_NAME}:
         if Path(stale).name == stale:
             (out / stale).unlink(missing_ok=True)
+    # A calibration fitted on the export this one replaces would win over the new meta's (``META_FILES``).
+    for name in META_FILES.values():
+        (out / name).unlink(missing_ok=True)
     return out
 
 

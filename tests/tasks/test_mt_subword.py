@@ -28,7 +28,7 @@ from fastqa.cli import main  # noqa: E402
 from fastqa.errors import UserError  # noqa: E402
 from fastqa.models.convs2s import beam_search, greedy_decode  # noqa: E402
 from fastqa.tasks.translation import Translation, Translator  # noqa: E402
-from fastqa.tasks.translation.task import pad_source  # noqa: E402
+from fastqa.data.batching import pad  # noqa: E402
 from fastqa.train.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 WORDS = "Ka lo Mi NU po Ri sa TU ve Xo ya Zu".split()
@@ -130,7 +130,7 @@ def test_never_unk_even_for_unseen_words_and_characters(translator):
         hyps = [best, *best.alternatives]
         assert len(hyps) == 3 and all("<unk>" not in h.tokens for h in hyps)
         # Without the ban the biased model would write it: the test above is not vacuous.
-        src = pad_source([translator.src_vocab.encode(translator.source_tokens("Ka lo Mi")) + [3]], 0, "cpu")
+        src = pad([translator.src_vocab.encode(translator.source_tokens("Ka lo Mi")) + [3]], 0)
         assert 1 in greedy_decode(model, src)[0]
     finally:
         with torch.no_grad():
@@ -157,7 +157,7 @@ def test_nbest_scores_and_best_equals_beam_search(translator, corpus):
         assert hyps[0].text == plain[i] and hyps[0].text == translator.detokenize(hyps[0].tokens)
         # The best is beam search's top hypothesis, with its score.
         ids = translator.src_vocab.encode(translator.source_tokens(sentence)) + [translator.config.eos_id]
-        top = beam_search(translator.model, pad_source([ids], 0, "cpu"), beam=4, forbid=(1,))[0][0]
+        top = beam_search(translator.model, pad([ids], 0), beam=4, forbid=(1,))[0][0]
         assert translator.tgt_vocab.decode(top.tokens) == hyps[0].tokens
         assert hyps[0].score == pytest.approx(top.score, abs=1e-5)
     with_attention = translator.translate(sentences[:1], beam=4, nbest=2, attention=True)[0]

@@ -27,8 +27,7 @@ from ...train.loop import TrainSettings, fit, seed_everything
 from .bleu import tokenized_bleu
 from .parallel import VOCABS, MTBatch, ParallelData, TextCodec, guess_lang, read_parallel, tokenize_line
 
-__all__ = ["KIND", "OPTIMIZERS", "DEFAULT_LR", "MTOptions", "MTTask", "build_codec", "ParallelCorpus", "prepare_parallel", "build_task", "train_translation",
-           "pad_source"]
+__all__ = ["KIND", "OPTIMIZERS", "DEFAULT_LR", "MTOptions", "MTTask", "build_codec", "ParallelCorpus", "prepare_parallel", "build_task", "train_translation"]
 
 
 log = logging.getLogger("fastqa.mt")
@@ -118,6 +117,7 @@ class MTTask:
     """
 
     kind = KIND
+    command = "mt-train"
 
     def __init__(self, config: ConvS2SConfig, src_vocab: Vocab, tgt_vocab: Vocab, train: ParallelData,
                  valid: ParallelData, *, opts: MTOptions, codec: TextCodec,
@@ -129,6 +129,22 @@ class MTTask:
         self.valid_ref_tokens = list(valid_ref_tokens)
         self._lengths = train.lengths()
         self.model = ConvS2S(config, layers=opts.layers)
+        self.preset = opts.preset
+
+    @property
+    def headline_metrics(self) -> tuple[str, ...]:
+        """What the progress bar shows of an evaluation: BLEU when it is computed, else the perplexity."""
+        return ("val_bleu",) if self._bleu_pairs() else ("val_ppl",)
+
+    @property
+    def eval_size(self) -> int:
+        """An evaluation's work in validation pairs read once (the time budget's estimate before one is timed):
+        every pair's loss, and each pair decoded for BLEU counted as four (a greedy search runs the decoder once
+        per token, on one position each time)."""
+        return len(self.valid_data) + 4 * self._bleu_pairs()
+
+    def _bleu_pairs(self) -> int:
+        return min(self.opts.valid_bleu, len(self.valid_ref_tokens), len(self.valid_data))
 
     # -- Task protocol ---------------------------------------------------------------------------------
     def train_batches(self, epoch: int) -> list[list[int]]:
@@ -161,12 +177,12 @@ class MTTask:
             total_tokens += int((b.tgt_out != self.config.pad_id).sum())
         val_loss = total_nll / max(total_tokens, 1)
         metrics = {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
-        n = min(self.opts.valid_bleu, len(self.valid_ref_tokens), len(self.valid_data))
+        n = self._bleu_pairs()
         if n:
             hyps: list[list[str]] = []
             for start in range(0, n, self.opts.batch_size):
                 src = [self.valid_data.src[i] for i in range(start, min(start + self.opts.batch_size, n))]
-                out = greedy_decode(model, pad_source(src, self.config.pad_id, device),
+                out = greedy_decode(model, pad(src, self.config.pad_id).to(device),
                                     forbid=self.codec.forbid_ids)
                 hyps += [self.codec.bleu_tokens(self.tgt_vocab.decode(ids)) for ids in out]
             metrics["val_bleu"] = tokenized_bleu(hyps, self.valid_ref_tokens[:n]).score
@@ -178,11 +194,6 @@ class MTTask:
         config = {k: v for k, v in self.config.to_dict().items() if k != "layers"}
         return {"config": config, "src_vocab": self.src_vocab.to_dict(), "tgt_vocab": self.tgt_vocab.to_dict(),
                 **self.codec.meta()}
-
-
-def pad_source(src: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> torch.Tensor:
-    """Source id lists -> [B, S] padded with ``pad_id``, on ``device``."""
-    return pad(src, pad_id).to(device)
 
 
 def build_codec(opts: MTOptions, src_lines: Sequence[str], tgt_lines: Sequence[str]) -> TextCodec:

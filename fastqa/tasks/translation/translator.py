@@ -22,12 +22,13 @@ from typing import Any, Sequence
 import torch
 
 from ..._checks import check_unicode
+from ...data.batching import pad
 from ...data.vocab import EOS, SOS, Vocab
 from ...errors import UserError
 from ...models.convs2s import ConvS2S, ConvS2SConfig, Hypothesis, beam_search
 from ..loading import default_device, load_weights, open_model, set_threads, unreadable_meta
 from .parallel import TextCodec, encode_source
-from .task import KIND, pad_source
+from .task import KIND
 
 __all__ = ["AttentionMap", "ConfidenceFloor", "DecodeStats", "Translation", "Translator"]
 
@@ -240,7 +241,7 @@ class Translator:
         try:
             for start in range(0, len(encoded), batch_size):
                 chunk = encoded[start:start + batch_size]
-                yield chunk, pad_source([ids for _, ids in chunk], self.config.pad_id, self.device)
+                yield chunk, pad([ids for _, ids in chunk], self.config.pad_id).to(self.device)
                 if bar is not None:
                     bar.update(len(chunk))
         finally:

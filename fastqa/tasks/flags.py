@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import json
 import os
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 __all__ = ["positive_int", "nonnegative_int", "positive_float", "field_value", "PRECISIONS", "add_runtime_flags", "add_training_flags",
            "check_training_flags", "amp_of", "resolve_device", "threads"]
@@ -30,34 +30,26 @@ def nonnegative_int(text: str) -> int:
     return _int_at_least(text, 0, "an integer >= 0")
 
 
-def positive_float(text: str) -> float:
+def _float_where(text: str, ok: Callable[[float], bool], expected: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not ok(value):  # NaN fails every comparison, so it is refused too
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def positive_float(text: str) -> float:
+    return _float_where(text, lambda v: v > 0, "a positive number")
 
 
 def nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
+    return _float_where(text, lambda v: v >= 0, "a number >= 0")
 
 
 def probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1], got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1], got {text!r}")
-    return value
+    return _float_where(text, lambda v: 0.0 <= v <= 1.0, "a probability in [0, 1]")
 
 
 def field_value(text: str) -> tuple[str, object]:
@@ -108,7 +100,8 @@ def add_training_flags(p: argparse.ArgumentParser, *, clip: float, eval_every: i
     p.add_argument("--max-steps", type=positive_int, metavar="N", help="stop after N optimizer steps in all")
     p.add_argument("--epochs", type=positive_int, metavar="N", help="stop after N passes over the training data")
     p.add_argument("--max-minutes", type=positive_float, metavar="M",
-                   help="wall-clock budget: then evaluate, checkpoint and stop")
+                   help="wall-clock budget, the final evaluation and checkpoint included: training stops "
+                   "early enough for them to fit")
     p.add_argument("--eval-every", type=int, default=eval_every, metavar="N", help=eval_every_help)
     p.add_argument("--log-every", type=positive_int, default=50, metavar="N", help="steps between logged losses")
     p.add_argument("--save-every-minutes", type=float, default=10.0, metavar="M",

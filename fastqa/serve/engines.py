@@ -60,15 +60,25 @@ class TranslateItem:
     attention: bool = False
 
 
-class QAEngine:
-    """A ``QAModel`` behind the server: each request's answers (``list[Answer]``, best first)."""
+class _Engine:
+    """A model and the batcher that feeds it (``_run``: one batch of items -> one result per item)."""
+
+    name = "model"
 
     def __init__(self, model: Any, *, path: str | None = None, max_batch: int = 32, max_wait_ms: float = 5.0,
                  max_pending: int = 256, on_batch: Callable[[int, float], None] | None = None) -> None:
         self.model, self.path = model, path
-        self.batcher: Batcher[AnswerItem, list] = Batcher(self._run, name="qa", max_batch=max_batch,
-                                                          max_wait_ms=max_wait_ms, max_pending=max_pending,
-                                                          on_batch=on_batch)
+        self.batcher: Batcher = Batcher(self._run, name=self.name, max_batch=max_batch, max_wait_ms=max_wait_ms,
+                                        max_pending=max_pending, on_batch=on_batch)
+
+    def _run(self, items: list) -> list[Any]:
+        raise NotImplementedError
+
+
+class QAEngine(_Engine):
+    """A ``QAModel`` behind the server: each request's answers (``list[Answer]``, best first)."""
+
+    name = "qa"
 
     def describe(self) -> dict[str, Any]:
         """What ``/health`` says about this model."""
@@ -85,15 +95,10 @@ class QAEngine:
         return grouped(items, lambda it: (it.top_k, it.max_answer_len, it.min_score), answer)
 
 
-class TranslationEngine:
+class TranslationEngine(_Engine):
     """A ``Translator`` behind the server: each request's ``Translation`` per sentence."""
 
-    def __init__(self, model: Any, *, path: str | None = None, max_batch: int = 32, max_wait_ms: float = 5.0,
-                 max_pending: int = 256, on_batch: Callable[[int, float], None] | None = None) -> None:
-        self.model, self.path = model, path
-        self.batcher: Batcher[TranslateItem, list] = Batcher(self._run, name="translation", max_batch=max_batch,
-                                                             max_wait_ms=max_wait_ms, max_pending=max_pending,
-                                                             on_batch=on_batch)
+    name = "translation"
 
     def describe(self) -> dict[str, Any]:
         """What ``/health`` says about this model."""

@@ -115,7 +115,9 @@ def register(subparsers) -> None:
                               description='Prints {"answer": {text, start, end, score, no_answer_prob, abstained}, '
                               '"answers": [the --top-k best, best first]}: text is context[start:end]; score the '
                               "probability that the answer is right (a calibrated reader, as the shipped one is). "
-                              "With --input, one such JSON line per question of a JSON-lines file, with its id.")
+                              "With --input, one such JSON line per question of a JSON-lines file, with its id. "
+                              "One question runs on one CPU thread unless --threads says otherwise (a file of them "
+                              "on torch's default).")
     p.add_argument("--model", default=None, metavar="DIR",
                    help="a run folder, an export or a shipped model's name (default: the shipped reader, "
                    "qanet-small-squad)")
@@ -363,7 +365,9 @@ def run_eval(args) -> int:
 
 
 def run_ask(args) -> int:
-    with threads(args.threads):
+    # One question is a few milliseconds of work on one thread; a second thread saves little of it and, on a
+    # machine busy with other work, waits for a core far longer. A file of questions gets torch's default.
+    with threads(args.threads if args.threads is not None or args.input is not None else 1):
         return _run_ask(args)
 
 

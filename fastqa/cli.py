@@ -47,6 +47,31 @@ def _add_export(sub) -> None:
     p.set_defaults(func=_run_export)
 
 
+def _run_download(args: argparse.Namespace) -> int:
+    from .data.download import download, recipe_lines
+
+    written = download(args.datasets, args.to, force=args.force, progress=False if args.no_progress else None)
+    print(recipe_lines(written))
+    return 0
+
+
+def _add_download(sub) -> None:
+    from .data.download import datasets  # the catalogue alone: no network code is imported for --help
+
+    names = datasets()
+    p = sub.add_parser("download", help=f"fetch the public data the recipes use ({', '.join(names)})",
+                       description="Fetch datasets from their publishers into DIR/NAME/, each file checked by its "
+                       "sha256; an interrupted download resumes, files already there and verified are kept. "
+                       "Prints the folders to give the recipes (SQUAD=..., GLOVE=..., MULTI30K=...). "
+                       "FASTQA_DOWNLOAD_BASE=URL fetches URL/NAME/FILE instead (a mirror).")
+    p.add_argument("datasets", nargs="+", choices=names, metavar="NAME",
+                   help=f"one or more of {', '.join(names)}")
+    p.add_argument("--to", default="data", metavar="DIR", help="the folder to download into (default: data)")
+    p.add_argument("--force", action="store_true", help="fetch files again even when present and verified")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (the default when not a terminal)")
+    p.set_defaults(func=_run_download)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastqa", description="Train, evaluate and use QANet (SQuAD) and "
                                      "ConvS2S (translation) built from fastqa's fused layers.")
@@ -58,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(name).register(sub)
     register_serve(sub)  # not a task: it serves the tasks' models (fastqa/serve/)
     _add_export(sub)  # not a task either: any task's run folder -> a slim export (fastqa/export.py)
+    _add_download(sub)  # the public data the recipes read (fastqa/data/download.py)
     return parser
 
 

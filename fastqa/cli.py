@@ -11,14 +11,100 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
-from typing import Sequence
+from typing import Any, Iterable, Sequence
 
 from ._version import __version__
 from .serve.cli import register as register_serve
 from .tasks import TASKS
 
 __all__ = ["parse_args", "main"]
+
+
+_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse reads these as values (negative numbers), not flags
+
+
+def _closest(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate ``word`` most likely misspells (difflib), or None. Leading dashes are left out of the
+    comparison, so that "--" alone does not make "--foo" look like "--out"."""
+    import difflib
+
+    by_key: dict[str, str] = {}
+    for candidate in candidates:
+        by_key.setdefault(candidate.lstrip("-") or candidate, candidate)
+    match = difflib.get_close_matches(word.lstrip("-") or word, list(by_key), n=1, cutoff=0.6)
+    return by_key[match[0]] if match else None
+
+
+class _Parser(argparse.ArgumentParser):
+    """The top ``fastqa`` parser: a mistyped flag or subcommand names itself and the closest right spelling.
+
+    argparse leaves a subcommand's unknown flags to the top parser, which reports them with its own usage and
+    only after the subcommand's missing required arguments; here each parser checks its own flags first
+    (``_CommandParser``), so ``fastqa ask --contxt x`` is reported by ``ask``, with ``ask``'s usage line.
+    """
+
+    #: check every argument (a subcommand), or only those before the first positional (the top parser, whose
+    #: own flags take no value, so that positional is the subcommand)
+    _checks_all_args = False
+
+    def parse_known_args(self, args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        strings = list(sys.argv[1:] if args is None else args)
+        unknown = self._unknown_flags(strings)
+        if unknown:
+            self._report_unrecognized(unknown)
+        namespace, extras = super().parse_known_args(strings, namespace)
+        if extras and self._checks_all_args:  # stray positionals: this subcommand reports them too
+            self._report_unrecognized(extras)
+        return namespace, extras
+
+    def _unknown_flags(self, strings: Sequence[str]) -> list[str]:
+        known = self._option_string_actions
+        unknown = []
+        for s in strings:
+            if s == "--":
+                break
+            if not (len(s) > 1 and s[0] in self.prefix_chars) or " " in s or _NUMBER.match(s):
+                if not self._checks_all_args:
+                    break
+                continue
+            name = s.split("=", 1)[0] if s.startswith("--") else s
+            if name in known:
+                continue
+            if s.startswith("--") and self.allow_abbrev and any(o.startswith(name) for o in known):
+                continue  # an abbreviation: argparse resolves it, or says it is ambiguous
+            if not s.startswith("--") and s[:2] in known:
+                continue  # a short flag with its value attached (-n3)
+            unknown.append(name)
+        return unknown
+
+    def _report_unrecognized(self, strings: Sequence[str]) -> None:
+        described = []
+        for s in strings:
+            close = _closest(s, self._option_string_actions) if s[:1] in self.prefix_chars else None
+            described.append(f"{s} (did you mean {close}?)" if close else s)
+        self.error(f"unrecognized argument{'s' if len(strings) > 1 else ''} {', '.join(described)}")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # An invalid choice (a subcommand, --precision...) names the closest valid one.
+        if action.choices is None or value in action.choices or not isinstance(value, str):
+            return super()._check_value(action, value)
+        choices = [str(c) for c in action.choices]
+        close = _closest(value, choices)
+        if action.nargs == argparse.PARSER:
+            hint = f"did you mean {close}?" if close else f"commands: {', '.join(choices)}"
+            raise argparse.ArgumentError(None, f"unknown command {value!r} ({hint})")
+        hint = f"did you mean {close!r}? " if close else ""
+        raise argparse.ArgumentError(action, f"invalid choice: {value!r} ({hint}choose from "
+                                     f"{', '.join(map(repr, choices))})")
+
+
+class _CommandParser(_Parser):
+    """A subcommand's parser: reports its own unknown flags and stray arguments, with its own usage."""
+
+    _checks_all_args = True
 
 
 def _run_info(args: argparse.Namespace) -> int:
@@ -73,10 +159,10 @@ def _add_download(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fastqa", description="Train, evaluate and use QANet (SQuAD) and "
-                                     "ConvS2S (translation) built from fastqa's fused layers.")
+    parser = _Parser(prog="fastqa", description="Train, evaluate and use QANet (SQuAD) and "
+                     "ConvS2S (translation) built from fastqa's fused layers.")
     parser.add_argument("--version", action="version", version=f"fastqa {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_CommandParser)
     p = sub.add_parser("info", help="what is built and usable here (backends, versions, threads)")
     p.set_defaults(func=_run_info)
     for name in TASKS:

@@ -109,8 +109,10 @@ class _CommandParser(_Parser):
 
 def _run_info(args: argparse.Namespace) -> int:
     from . import info
+    from .pretrained import shipped
 
-    print(json.dumps(info(), indent=2, default=str))
+    # The shipped models are added here, not in fastqa.info(): the backends' floor may not import pretrained.
+    print(json.dumps({**info(), "shipped_models": shipped()}, indent=2, default=str))
     return 0
 
 
@@ -163,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "ConvS2S (translation) built from fastqa's fused layers.")
     parser.add_argument("--version", action="version", version=f"fastqa {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_CommandParser)
-    p = sub.add_parser("info", help="what is built and usable here (backends, versions, threads)")
+    p = sub.add_parser("info", help="what is built and usable here (backends, versions, threads) and the shipped models' scores")
     p.set_defaults(func=_run_info)
     for name in TASKS:
         importlib.import_module(name).register(sub)

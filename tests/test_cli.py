@@ -152,3 +152,48 @@ def test_other_mistakes_name_the_closest_right_spelling(capsys, args, error):
 def test_abbreviations_negative_numbers_and_dashed_values_still_parse():
     args = build_parser().parse_args(["ask", "--context", "-", "--quest", "-5", "--top", "3"])
     assert (args.context, args.question, args.top_k) == ("-", "-5", 3)
+
+
+def test_info_lists_the_shipped_models_with_their_cards_scores(capsys):
+    import json
+
+    from fastqa import pretrained
+
+    rc, out, _ = run_cli(capsys, ["info"])
+    models = json.loads(out)["shipped_models"]
+    assert rc == 0 and set(models) == set(pretrained.NAMES)
+    for name, model in models.items():
+        assert model["installed"] == (name in pretrained.available())
+        assert model["task"] in pretrained.DEFAULTS and pretrained.DEFAULTS[model["task"]] == name
+        scores = model["scores"]
+        # The cards' figures change with each export: that they parse as numbers is what is checked.
+        assert scores == "see README.md" or (scores and all(isinstance(v, float) for v in scores.values())), scores
+
+
+def test_shipped_scores_come_from_config_json_then_the_card_then_a_pointer(monkeypatch, tmp_path):
+    import json
+
+    from fastqa import pretrained
+
+    names = {"from-config": "a", "from-card": "b", "no-figures": "c", "absent": "d"}
+    monkeypatch.setattr(pretrained, "FOLDER", tmp_path)
+    monkeypatch.setattr(pretrained, "NAMES", names)
+    monkeypatch.setattr(pretrained, "DEFAULTS", {"qa": "from-config"})
+    for sub, config in [("a", {"kind": "qanet", "scores": {"EM": 40, "F1": 52.5}, "evaluated_on": "dev 40-47"}),
+                        ("b", {"kind": "convs2s"}), ("c", {"kind": "convs2s"})]:
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "config.json").write_text(json.dumps(config))
+    (tmp_path / "a" / "README.md").write_text("## Evaluation\n**EM 1.00, F1 2.00**\n")  # config.json wins
+    (tmp_path / "b" / "README.md").write_text("# b\n\n## Evaluation\ntest_2016_flickr, beam 5: **sacreBLEU 40.09** "
+                                              "(signature x|y:1.0), **chrF\n59.86**; BLEU 40.53.\n\n## Limitations\n"
+                                              "**BLEU 99.0** elsewhere\n")
+    (tmp_path / "c" / "README.md").write_text("## Evaluation\nNot evaluated yet.\n")
+    got = pretrained.shipped()
+    assert got["from-config"]["scores"] == {"EM": 40.0, "F1": 52.5}
+    assert (got["from-config"]["task"], got["from-config"]["evaluated_on"]) == ("qa", "dev 40-47")
+    assert got["from-card"]["scores"] == {"sacreBLEU": 40.09, "chrF": 59.86}
+    assert (got["from-card"]["task"], got["from-card"]["evaluated_on"]) == ("translation", "test_2016_flickr, beam 5")
+    assert got["no-figures"]["scores"] == "see README.md"
+    assert got["absent"]["installed"] is False and got["absent"]["scores"] == "see README.md"
+    assert [got[n]["installed"] for n in ("from-config", "from-card", "no-figures")] == [True] * 3
+    assert got["from-card"]["path"] == str(tmp_path / "b") and got["absent"]["card"] is None

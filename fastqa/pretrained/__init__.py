@@ -13,16 +13,18 @@ This module imports no torch until a payload is read, so a command line can reso
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["NAMES", "DEFAULTS", "FOLDER", "resolve", "load_payload", "available"]
+__all__ = ["NAMES", "DEFAULTS", "FOLDER", "resolve", "load_payload", "available", "shipped"]
 
 #: shipped model name -> its folder under ``FOLDER``
 NAMES: dict[str, str] = {
@@ -40,6 +42,77 @@ _MARKER = "config.json"  # an export is present when its config is (fastqa.expor
 def available() -> list[str]:
     """The names whose files are present in this installation."""
     return [name for name, sub in NAMES.items() if (FOLDER / sub / _MARKER).is_file()]
+
+
+_CARD = "README.md"
+_SEE_CARD = "see README.md"
+_TASK_OF_KIND = {"qanet": "qa", "convs2s": "translation"}  # a model that is no task's default
+# In the card's "## Evaluation" section: each bold span's "METRIC NUMBER" pairs ("**EM 38.01, F1 50.91**",
+# "**sacreBLEU 40.09** (signature ...)"), and the text before the first colon says on what.
+_SECTION = re.compile(r"^## Evaluation[^\n]*\n(.*?)(?=^## |\Z)", re.M | re.S)
+_BOLD = re.compile(r"\*\*(.+?)\*\*", re.S)
+_FIGURE = re.compile(r"([A-Za-z][\w-]*)\s+(-?\d+(?:\.\d+)?)\b")
+
+
+def _numbers(mapping: Any) -> dict[str, float] | None:
+    """``mapping`` as {metric: number} when it is one (a config's "scores" entry), else None."""
+    if not isinstance(mapping, dict) or not mapping:
+        return None
+    if not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+               for k, v in mapping.items()):
+        return None
+    return {k: float(v) for k, v in mapping.items()}
+
+
+def _card_scores(text: str) -> tuple[dict[str, float], str | None]:
+    """({metric: number}, what they were measured on) from a model card's "## Evaluation" section."""
+    section = _SECTION.search(text)
+    if section is None:
+        return {}, None
+    body = section.group(1)
+    scores = {name: float(number) for span in _BOLD.findall(body) for name, number in _FIGURE.findall(span)}
+    first = body.strip().split("\n\n", 1)[0]
+    on = " ".join(first.split(":", 1)[0].split()) if ":" in first else None
+    return scores, on
+
+
+def shipped() -> dict[str, dict[str, Any]]:
+    """Each shipped model's folder, task, whether its files are installed, and the scores its model card
+    reports: ``{name: {"path", "task", "kind", "installed", "scores", "evaluated_on", "card"}}``.
+
+    ``scores`` is ``{metric: number}`` from the folder's config.json ``"scores"`` entry when it has one (with
+    ``"evaluated_on"`` beside it), else
+    from the bold figures of its README.md's "## Evaluation" section (``evaluated_on``: that section's words
+    before its first colon); "see README.md" when neither gives a figure. Reads two small files per model and
+    imports no torch."""
+    task_of_name = {name: task for task, name in DEFAULTS.items()}
+    out: dict[str, dict[str, Any]] = {}
+    for name, sub in NAMES.items():
+        folder = FOLDER / sub
+        try:
+            config = json.loads((folder / _MARKER).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            config = None
+        config = config if isinstance(config, dict) else {}
+        kind = config.get("kind") if isinstance(config.get("kind"), str) else None
+        scores: dict[str, float] | None = _numbers(config.get("scores"))
+        evaluated_on = config.get("evaluated_on") if isinstance(config.get("evaluated_on"), str) else None
+        card = folder / _CARD
+        if scores is None:
+            try:
+                scores, evaluated_on = _card_scores(card.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError):
+                scores = {}
+        out[name] = {
+            "path": str(folder),
+            "task": task_of_name.get(name) or _TASK_OF_KIND.get(kind or ""),
+            "kind": kind,
+            "installed": name in available(),
+            "scores": scores or _SEE_CARD,
+            "evaluated_on": evaluated_on,
+            "card": str(card) if card.is_file() else None,
+        }
+    return out
 
 
 def _looks_like_path(text: str) -> bool:

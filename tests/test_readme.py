@@ -327,6 +327,7 @@ def _squad_articles(name: str, commands: list[Command]) -> int:
 
 
 def _make_squad(path: Path, name: str, commands: list[Command], skip_bad: bool) -> dict:
+    path.parent.mkdir(parents=True, exist_ok=True)
     return make_squad(path, articles=_squad_articles(name, commands), paragraphs=1, people=1, v2="v2" in name,
                       seed=5)
 

@@ -1,10 +1,20 @@
-"""Argument checks shared by the ops: every message names the argument and what was expected."""
+"""Argument checks shared by the package: every message names the argument and what was expected.
+
+The scalar checks (``check_int``, ``check_number``, ``check_bool``, ``check_choice``) are the package's one way
+to check an int, a number or a flag argument: a bool is never an int or a number (True is an int to
+``isinstance``), a wrong type is a TypeError, a value out of range a ValueError. The tensor checks serve the ops.
+
+No torch at import time (the tensor checks import it when called): the command line's parser and
+``fastqa.serve.limits`` check their values here without loading torch.
+"""
 from __future__ import annotations
 
+import math
 import numbers
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def check_tensor(
@@ -22,6 +32,8 @@ def check_tensor(
     shape: expected sizes, None for "any"; like: a tensor whose device (and, for floating tensors,
     dtype) ``t`` must share.
     """
+    import torch
+
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     check_dense(name, t)
@@ -49,6 +61,8 @@ def check_tensor(
 def check_dense(name: str, t: torch.Tensor) -> None:
     """A plain strided tensor: sparse, nested, quantized and other non-strided tensors (mkldnn, ...)
     have no data the kernels can read (and torch's own errors about them name no argument)."""
+    import torch
+
     if t.is_nested:
         raise TypeError(f"{name} must be a dense (strided) tensor, got a nested tensor")
     if t.layout != torch.strided:
@@ -87,26 +101,63 @@ def check_device(name: str, t: torch.Tensor) -> None:
 # Scalar arguments
 # ------------------------------------------------------------------------------------------------
 
-def check_flag(name: str, value: object) -> bool:
+def check_int(name: str, value: object, *, low: int | None = None, high: int | None = None,
+              expected: str | None = None, error: type[Exception] | None = None) -> int:
+    """``value`` as an int: any ``numbers.Integral`` but a bool (numpy's ints too), within [low, high].
+
+    A wrong type is a TypeError, a value out of range a ValueError, both "``name`` must be ``expected``, got
+    ...": ``expected`` defaults to "an int", "an int >= low", "an int <= high" or "an int in [low, high]".
+    ``error``: the class to raise for either instead (a caller whose contract is one ValueError, or a
+    UserError, for any bad value).
+    """
+    if expected is None:
+        expected = "an int" + _bounds(low, high, False, False)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise (error or TypeError)(f"{name} must be {expected}, got {type(value).__name__}")
+    value = int(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise (error or ValueError)(f"{name} must be {expected}, got {value}")
+    return value
+
+
+def check_number(name: str, value: object, *, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, high_open: bool = False, expected: str | None = None,
+                 error: type[Exception] | None = None) -> float:
+    """``value`` as a float: any ``numbers.Real`` but a bool, never NaN, within the bounds given (closed
+    unless ``low_open`` / ``high_open``; ``high=math.inf, high_open=True`` refuses infinity).
+
+    A wrong type is a TypeError, NaN or a value out of range a ValueError, both "``name`` must be
+    ``expected``, got ...": ``expected`` defaults to "a number", "a number >= low", "a number > low",
+    "a number in [low, high)"... ``error``: the class to raise for either instead (see ``check_int``).
+    """
+    if expected is None:
+        expected = "a number" + _bounds(low, high, low_open, high_open)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise (error or TypeError)(f"{name} must be {expected}, got {type(value).__name__}")
+    value = float(value)
+    if (math.isnan(value)
+            or (low is not None and (value <= low if low_open else value < low))
+            or (high is not None and (value >= high if high_open else value > high))):
+        raise (error or ValueError)(f"{name} must be {expected}, got {value}")
+    return value
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value``, a bool (not 0 / 1, not a numpy bool)."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
 
 
-def check_real(name: str, value: object) -> float:
-    """A real number (bool excluded), as a float."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    return float(value)
-
-
-def check_positive_float(name: str, value: object) -> float:
-    """A positive finite real number, as a float (e.g. a LayerNorm eps)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    if not 0 < value < float("inf"):
-        raise ValueError(f"{name} must be a positive finite float, got {value!r}")
-    return float(value)
+def _bounds(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    """The bounds in words: " >= 1", " < 5", " in (0, 1]"...; "" without any."""
+    if low is not None and high is not None:
+        return f" in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    if low is not None:
+        return f" {'>' if low_open else '>='} {low}"
+    if high is not None:
+        return f" {'<' if high_open else '<='} {high}"
+    return ""
 
 
 def check_unicode(what: str, text: str, where: str = "") -> None:
@@ -136,6 +187,8 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     Custom ops are invisible to autocast, so the functional entries apply it themselves: under
     autocast, floating inputs run in the autocast dtype, as nn.Conv1d / matmul would.
     """
+    import torch
+
     if device.type not in ("cuda", "cpu") or not torch.is_autocast_enabled(device.type):
         return None
     return torch.get_autocast_dtype(device.type)

@@ -29,6 +29,7 @@ import operator
 import re
 from typing import Any, Iterable, Iterator, Sequence
 
+from .._checks import check_bool, check_int, check_number
 from .vocab import EOS, PAD, SOS, UNK, Vocab
 
 __all__ = ["SubwordModel", "SPECIALS", "MODEL_TYPES", "NORMALIZATIONS"]
@@ -49,14 +50,6 @@ def _spm() -> Any:
         raise ImportError("subword vocabularies need the sentencepiece package: "
                           "pip install sentencepiece (or fastqa[models])") from e
     return sentencepiece
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 # A word for restore_case: letters, digits and underscores (a hyphen or an apostrophe separates words)
@@ -91,20 +84,16 @@ class SubwordModel:
         """
         if isinstance(lines, (str, bytes)) or not isinstance(lines, Iterable):
             raise TypeError(f"lines must be an iterable of str (one sentence each), got {type(lines).__name__}")
-        _check_int("vocab_size", vocab_size, len(SPECIALS) + 1)
+        vocab_size = check_int("vocab_size", vocab_size, low=len(SPECIALS) + 1)
         if model_type not in MODEL_TYPES:
             raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
-        if not isinstance(byte_fallback, bool):
-            raise TypeError(f"byte_fallback must be a bool, got {type(byte_fallback).__name__}")
-        if isinstance(character_coverage, bool) or not isinstance(character_coverage, (int, float)):
-            raise TypeError(f"character_coverage must be a float, got {type(character_coverage).__name__}")
-        if not 0.0 < character_coverage <= 1.0:
-            raise ValueError(f"character_coverage must be in (0, 1], got {character_coverage}")
+        check_bool("byte_fallback", byte_fallback)
+        character_coverage = check_number("character_coverage", character_coverage, low=0, high=1, low_open=True)
         if normalization not in NORMALIZATIONS:
             raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
         symbols = cls._check_symbols(user_symbols)
-        _check_int("seed", seed, 0)
-        _check_int("num_threads", num_threads, 1)
+        seed = check_int("seed", seed, low=0)
+        num_threads = check_int("num_threads", num_threads, low=1)
 
         spm = _spm()
         # The trainer reads the iterator from C++ and turns any Python exception into a RuntimeError, so

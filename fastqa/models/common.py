@@ -2,7 +2,8 @@
 signal, a highway network, masked log-softmax, sublayer dropout (plain PyTorch) and stochastic depth, the
 initialisation of linear layers, and the packing of a padded batch's real positions into one row.
 
-Everything here is plain ``torch.nn`` (models import ``fastqa.layers``, ``fastqa.reference`` and ``torch.nn`` only).
+Everything here is plain ``torch.nn`` (models import ``fastqa.layers``, ``fastqa.reference``, ``torch.nn`` and the
+argument checks of ``fastqa._checks`` only).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import reference
+from .._checks import check_bool, check_choice, check_int, check_number
 from ..reference.dropout_add import drop_threshold
 
 __all__ = ["ModelConfig", "PACK_BELOW", "PackedBatch", "check_config", "check_qa_inputs", "FrozenWordVectors", "Highway",
@@ -59,30 +61,21 @@ class ModelConfig:
             raise ValueError(f"{cls.__name__} needs {', '.join(missing)}")
         return cls(**d)
 
-    # -- field checks for __post_init__
+    # -- field checks for __post_init__ (fastqa._checks, the field named "Config.field")
     def _check_int(self, name: str, minimum: int) -> None:
-        value = getattr(self, name)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{type(self).__name__}.{name} must be an int, got {type(value).__name__}")
-        if value < minimum:
-            raise ValueError(f"{type(self).__name__}.{name} must be >= {minimum}, got {value}")
+        """An int >= minimum, stored as an int."""
+        setattr(self, name, check_int(f"{type(self).__name__}.{name}", getattr(self, name), low=minimum))
 
     def _check_prob(self, name: str) -> None:
         """A probability in [0, 1), stored as a float."""
-        value = getattr(self, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{type(self).__name__}.{name} must be a float, got {type(value).__name__}")
-        if not 0.0 <= value < 1.0:
-            raise ValueError(f"{type(self).__name__}.{name} must be in [0, 1), got {value}")
-        setattr(self, name, float(value))
+        setattr(self, name, check_number(f"{type(self).__name__}.{name}", getattr(self, name), low=0, high=1,
+                                         high_open=True))
 
-    def _check_choice(self, name: str, choices: Sequence[Any]) -> None:
-        if getattr(self, name) not in choices:
-            raise ValueError(f"{type(self).__name__}.{name} must be one of {tuple(choices)}, got {getattr(self, name)!r}")
+    def _check_choice(self, name: str, choices: Sequence[str]) -> None:
+        check_choice(f"{type(self).__name__}.{name}", getattr(self, name), choices)
 
     def _check_bool(self, name: str) -> None:
-        if not isinstance(getattr(self, name), bool):
-            raise TypeError(f"{type(self).__name__}.{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        check_bool(f"{type(self).__name__}.{name}", getattr(self, name))
 
 
 def check_config(model: str, config: object, config_type: type, layers: str | None = None,

@@ -17,7 +17,7 @@ import torch
 
 from .. import reference
 from .._backend import cpu_available, resolve_backend
-from .._checks import check_optional, check_positive, check_real, check_tensor, entry_prologue
+from .._checks import check_number, check_optional, check_positive, check_tensor, entry_prologue
 from ._function import has_tangent, records_grad
 from ._registry import kernel
 
@@ -53,7 +53,7 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
         if bias.shape[0] != batch or bias.shape[1] not in (1, rows) or bias.shape[2] != length:
             raise ValueError(f"bias must have shape [{batch}, 1 or {rows}, {length}], got {tuple(bias.shape)}")
     check_optional("mask", mask, shape=(batch, length), dtype=torch.bool, floating=False, like=q)
-    scale = check_real("scale", scale)
+    scale = check_number("scale", scale)
     resolved = resolve_backend(backend, "decode_attention", q.device, q.dtype)
     tensors = (q, keys, values, bias)
     if resolved != "cpu" or records_grad(*tensors) or has_tangent(*tensors):

@@ -11,13 +11,11 @@ even the mask. The same formula is registered on each op (graphs that call it: t
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 
 from .. import reference
 from .._backend import cpu_available, resolve_backend, warn_cuda_reference
-from .._checks import check_device, check_optional, check_tensor
+from .._checks import check_device, check_int, check_number, check_optional, check_tensor
 from ._function import exporting, has_tangent, input_grads, once_differentiable, register_op_autograd
 from ._registry import exported_op, kernel, qualified, register_autograd_hook
 
@@ -90,11 +88,8 @@ def dropout_add(branch: torch.Tensor, p: float, seed: int, residual: torch.Tenso
     if residual is not None:
         check_tensor("residual", residual, shape=branch.shape, like=branch)
     check_optional("example_scale", example_scale, shape=(branch.shape[0],), like=branch)
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 1.0:
-        raise ValueError(f"p must be a float in [0, 1], got {p!r}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not -2 ** 63 <= seed < 2 ** 63:
-        raise ValueError(f"seed must be an int64, got {seed!r}")
-    p, seed = float(p), int(seed)
+    p = check_number("p", p, low=0, high=1, expected="a float in [0, 1]", error=ValueError)
+    seed = check_int("seed", seed, low=-2 ** 63, high=2 ** 63 - 1, expected="an int64", error=ValueError)
     resolved = resolve_backend(backend, "dropout_add", branch.device, branch.dtype)
     if resolved == "reference" or has_tangent(branch, residual, example_scale):
         if resolved != "reference":

@@ -19,9 +19,12 @@ x before its kernel (one masked_fill: nothing to normalise first).
 """
 from __future__ import annotations
 
+import math
+
 import torch
+
 from .._backend import cpu_available, resolve_backend, warn_cuda_reference
-from .._checks import check_choice, check_optional, check_positive, check_positive_float, check_tensor, entry_prologue
+from .._checks import check_choice, check_number, check_optional, check_positive, check_tensor, entry_prologue
 from ..reference.dwsep_conv1d import ACTIVATIONS, PADDINGS, conv_padding
 from ..reference.dwsep_conv1d import dwsep_conv1d as dwsep_conv1d_reference
 from ..reference.dwsep_conv1d import ln_dwsep_conv1d as ln_dwsep_conv1d_reference
@@ -271,7 +274,7 @@ def ln_dwsep_conv1d(
     c_in = x.shape[2]
     check_tensor("ln_weight", ln_weight, shape=(c_in,), like=x)
     check_tensor("ln_bias", ln_bias, shape=(c_in,), like=x)
-    eps = check_positive_float("eps", eps)
+    eps = check_number("eps", eps, low=0, high=math.inf, low_open=True, high_open=True)
 
     resolved = resolve_backend(backend, "ln_dwsep_conv1d", x.device, x.dtype)
     if resolved == "reference" or has_tangent(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual):

@@ -16,7 +16,7 @@ import torch
 
 from .. import reference
 from .._backend import cpu_available, resolve_backend, warn_cuda_reference
-from .._checks import check_flag, check_optional, check_real, check_tensor, entry_prologue
+from .._checks import check_bool, check_number, check_optional, check_tensor, entry_prologue
 from ..reference.glu_conv1d import SQRT_HALF
 from ._function import exporting, has_tangent, input_grads, once_differentiable, records_grad, register_op_autograd
 from ._registry import exported_op, kernel, qualified, register_autograd_hook
@@ -102,9 +102,9 @@ def glu_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     check_optional("bias", bias, shape=(2 * channels,), like=x)
     if mask is not None:
         check_tensor("mask", mask, shape=(x.shape[0], x.shape[1]), dtype=torch.bool, floating=False, like=x)
-    causal = check_flag("causal", causal)
-    residual = check_flag("residual", residual)
-    scale = check_real("scale", scale)
+    causal = check_bool("causal", causal)
+    residual = check_bool("residual", residual)
+    scale = check_number("scale", scale)
     if not causal and k % 2 == 0:
         raise ValueError(f"kernel size (weight.shape[2]) must be odd for centred (causal=False) padding, got {k}")
 
@@ -139,8 +139,8 @@ def glu_conv1d_step(x_t: torch.Tensor, state: torch.Tensor, weight: torch.Tensor
     k = _check_weight(weight, x_t, channels)
     check_tensor("state", state, shape=(batch, k - 1, channels), like=x_t)
     check_optional("bias", bias, shape=(2 * channels,), like=x_t)
-    residual = check_flag("residual", residual)
-    scale = check_real("scale", scale)
+    residual = check_bool("residual", residual)
+    scale = check_number("scale", scale)
 
     backend = resolve_backend(backend, "glu_conv1d_step", x_t.device, x_t.dtype)
     tensors = (x_t, state, weight, bias)

@@ -17,14 +17,13 @@ one attention call each.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Sequence
 
 import torch
 
 from .. import reference
 from .._backend import cpu_available, resolve_backend, warn_cuda_reference
-from .._checks import check_tensor, entry_prologue
+from .._checks import check_int, check_tensor, entry_prologue
 from ._function import exporting, has_tangent, input_grads, once_differentiable, register_op_autograd
 from ._registry import exported_op, kernel, qualified, register_autograd_hook
 
@@ -98,8 +97,7 @@ def self_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int, *, segment
     attention in one call; what "auto" runs on CUDA).
     """
     qkv, = entry_prologue("qkv", qkv, 3)
-    if isinstance(heads, bool) or not isinstance(heads, numbers.Integral) or heads <= 0:
-        raise ValueError(f"heads must be a positive int, got {heads!r}")
+    heads = check_int("heads", heads, low=1, expected="a positive int", error=ValueError)
     if qkv.shape[2] % (3 * heads):
         raise ValueError(f"qkv's last dimension must be 3 * C with C a multiple of heads={heads}, "
                          f"got shape {tuple(qkv.shape)}")
@@ -109,12 +107,12 @@ def self_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int, *, segment
     if resolved == "reference" or has_tangent(qkv):
         if resolved != "reference":
             warn_cuda_reference("self_attention", qkv.device, "an input carries a forward-mode tangent")
-        return reference.self_attention(qkv, mask, int(heads), segments)
+        return reference.self_attention(qkv, mask, heads, segments)
     if resolved == "triton":
-        return packed_attention(qkv, mask, int(heads), segments)
+        return packed_attention(qkv, mask, heads, segments)
     if exporting():   # the op and the formula registered on it (see exporting())
-        return exported_op(resolved, "self_attention_fwd")(qkv, mask, int(heads), segments)[0]
-    return _SelfAttentionFunction.apply(resolved, qkv, mask, int(heads), segments)
+        return exported_op(resolved, "self_attention_fwd")(qkv, mask, heads, segments)[0]
+    return _SelfAttentionFunction.apply(resolved, qkv, mask, heads, segments)
 
 
 def _device_lengths(segments: Sequence[int], device: torch.device) -> torch.Tensor:

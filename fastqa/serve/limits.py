@@ -1,11 +1,14 @@
 """The bounds a request must stay within: one place for the server, its command-line defaults and the page.
 
-No dependencies, so ``fastqa --help`` can show the defaults without loading the server library or torch.
+No dependencies (``fastqa._checks`` loads no torch), so ``fastqa --help`` can show the defaults without loading
+the server library or torch.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from .._checks import check_int, check_number
 
 __all__ = ["ServeLimits"]
 
@@ -37,15 +40,12 @@ class ServeLimits:
     timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
+        # A ValueError for any bad bound, one of a wrong type too (ServeLimits has always raised only that).
         for name, value in asdict(self).items():
             if name in _DURATIONS:
-                ok = not isinstance(value, bool) and isinstance(value, (int, float)) and (
-                    value >= 0 if name == "max_wait_ms" else value > 0)
+                check_number(f"ServeLimits.{name}", value, low=0, low_open=name != "max_wait_ms", error=ValueError)
             else:
-                ok = not isinstance(value, bool) and isinstance(value, int) and value >= 1
-            if not ok:
-                raise ValueError(f"ServeLimits.{name} must be a positive {'number' if name in _DURATIONS else 'int'}"
-                                 f", got {value!r}")
+                check_int(f"ServeLimits.{name}", value, low=1, error=ValueError)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (``/health`` reports them, and the page reads them to bound its inputs)."""

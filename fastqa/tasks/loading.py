@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection, Iterator, Protocol, TypeVar
 
+from .._checks import check_int
 from ..errors import UserError
 
 if TYPE_CHECKING:
@@ -55,8 +56,7 @@ def set_threads(threads: int | None) -> None:
     """``torch.set_num_threads(threads)`` for a count given; None leaves PyTorch's default."""
     if threads is None:
         return
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+    threads = check_int("threads", threads, low=1)
     import torch
 
     torch.set_num_threads(threads)

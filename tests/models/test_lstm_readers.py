@@ -206,7 +206,7 @@ def test_baseline_user_errors(data, capsys, tmp_path):
                       r"--layers chooses QANet's layers; the lstm reader has none")
     assert_user_error(capsys, [*base, "--model", "lstm-pointer", "--preset", "paper"],
                       r"unknown LSTM reader preset 'paper'; known: small, base")
-    assert_user_error(capsys, [*base, "--model", "lstm", "--set", "hidden_dim=0"], r"hidden_dim must be >= 1")
+    assert_user_error(capsys, [*base, "--model", "lstm", "--set", "hidden_dim=0"], r"hidden_dim must be an int >= 1")
     assert_user_error(capsys, [*base, "--model", "qanet", "--preset", "base"], r"unknown QANet preset 'base'")
     with pytest.raises(SystemExit):
         run_cli(capsys, [*base, "--model", "gru"])

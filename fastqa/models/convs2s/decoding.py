@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import torch
 from torch.nn.utils import parametrize
 
+from ..._checks import check_int, check_number
 from .modeling import ConvS2S
 from .state import DecoderState
 
@@ -47,14 +47,6 @@ class Hypothesis:
 
 
 # --- shared plumbing --------------------------------------------------------------------------------------------
-
-def _check_number(name: str, value: object, *, minimum: float | None = None, integer: bool = False) -> None:
-    kind = numbers.Integral if integer else numbers.Real
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise TypeError(f"{name} must be {'an int' if integer else 'a number'}, got {type(value).__name__}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
 
 @contextlib.contextmanager
 def _inference(model: ConvS2S) -> Iterator[None]:
@@ -80,8 +72,7 @@ def _sync_interval(device: torch.device, sync_every: int | None) -> int:
     8 steps on an accelerator (each read stalls the launch queue)."""
     if sync_every is None:
         return 1 if device.type == "cpu" else 8
-    _check_number("sync_every", sync_every, minimum=1, integer=True)
-    return int(sync_every)
+    return check_int("sync_every", sync_every, low=1)
 
 
 def _stepper(model: ConvS2S, incremental: bool
@@ -102,12 +93,12 @@ def _check_forbid(model: ConvS2S, forbid: Sequence[int]) -> tuple[int, ...]:
         raise TypeError(f"forbid must be a sequence of token ids, got {type(forbid).__name__}")
     ids = []
     for i in forbid:
-        _check_number("forbid ids", i, minimum=0, integer=True)
+        i = check_int("forbid ids", i, low=0)
         if i >= model.config.tgt_vocab_size:
             raise ValueError(f"forbid holds {i}, outside the target vocabulary of {model.config.tgt_vocab_size}")
         if i == model.config.eos_id:
             raise ValueError("forbid must not hold the eos id: every translation has to be able to end")
-        ids.append(int(i))
+        ids.append(i)
     return tuple(ids)
 
 
@@ -154,8 +145,8 @@ def greedy_decode(model: ConvS2S, src: torch.Tensor, *, max_len_a: float = 1.2, 
     sos/eos. incremental=False re-runs the decoder over the whole prefix at each step (slow; for checks).
     ``forbid``: target ids never generated (besides pad and sos). ``sync_every``: steps between the host's
     looks at which sentences are finished (module docstring)."""
-    _check_number("max_len_a", max_len_a, minimum=0)
-    _check_number("max_len_b", max_len_b, minimum=0)
+    max_len_a = check_number("max_len_a", max_len_a, low=0)
+    max_len_b = check_number("max_len_b", max_len_b, low=0)
     forbid = _check_forbid(model, forbid)
     cfg = model.config
     check = _sync_interval(src.device, sync_every)
@@ -204,13 +195,13 @@ def beam_search(model: ConvS2S, src: torch.Tensor, *, beam: int = 5, len_penalty
     (besides pad and sos). ``sync_every``: steps between the host's looks at which sentences are done
     (module docstring).
     """
-    _check_number("beam", beam, minimum=1, integer=True)
-    _check_number("nbest", nbest, minimum=1, integer=True)
+    beam = check_int("beam", beam, low=1)
+    nbest = check_int("nbest", nbest, low=1)
     if nbest > beam:
         raise ValueError(f"nbest must be <= beam, got nbest={nbest} and beam={beam}")
-    _check_number("len_penalty", len_penalty)
-    _check_number("max_len_a", max_len_a, minimum=0)
-    _check_number("max_len_b", max_len_b, minimum=0)
+    len_penalty = check_number("len_penalty", len_penalty)
+    max_len_a = check_number("max_len_a", max_len_a, low=0)
+    max_len_b = check_number("max_len_b", max_len_b, low=0)
     forbid = _check_forbid(model, forbid)
     cfg = model.config
     k = int(beam)

@@ -11,6 +11,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..._checks import check_int
+
 __all__ = ["decode_spans", "decode_top_spans"]
 
 
@@ -26,7 +28,7 @@ def decode_spans(log_p1: torch.Tensor, log_p2: torch.Tensor, *, max_answer_len: 
     A ``max_answer_len`` of n - 1 or more already allows every span of an n-token context, so it is capped
     there: the band below is [B, n, min(max_answer_len, n - 1) + 1] whatever is asked for.
     """
-    _check(log_p1, log_p2, max_answer_len)
+    max_answer_len = _check(log_p1, log_p2, max_answer_len)
     lp1, lp2 = log_p1.float(), log_p2.float()
     if no_answer:
         null = lp1[:, 0] + lp2[:, 0]
@@ -52,13 +54,12 @@ def decode_spans(log_p1: torch.Tensor, log_p2: torch.Tensor, *, max_answer_len: 
     return {"start": start, "end": end, "score": score, "is_null": is_null, "na_prob": na_prob}
 
 
-def _check(log_p1: torch.Tensor, log_p2: torch.Tensor, max_answer_len: int) -> None:
-    if isinstance(max_answer_len, bool) or not isinstance(max_answer_len, int):
-        raise TypeError(f"max_answer_len must be an int, got {type(max_answer_len).__name__}")
-    if max_answer_len < 0:
-        raise ValueError(f"max_answer_len must be >= 0, got {max_answer_len}")
+def _check(log_p1: torch.Tensor, log_p2: torch.Tensor, max_answer_len: int) -> int:
+    """The checked ``max_answer_len``; the log-probabilities' shapes checked."""
+    max_answer_len = check_int("max_answer_len", max_answer_len, low=0)
     if log_p1.dim() != 2 or log_p1.shape != log_p2.shape:
         raise ValueError(f"log_p1 and log_p2 must both be [B, n], got {tuple(log_p1.shape)} and {tuple(log_p2.shape)}")
+    return max_answer_len
 
 
 def decode_top_spans(log_p1: torch.Tensor, log_p2: torch.Tensor, k: int, *, max_answer_len: int = 30,
@@ -75,9 +76,8 @@ def decode_top_spans(log_p1: torch.Tensor, log_p2: torch.Tensor, k: int, *, max_
 
     One ``topk`` over the [B, n·width] band of every row: no loop over positions or rows.
     """
-    _check(log_p1, log_p2, max_answer_len)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    max_answer_len = _check(log_p1, log_p2, max_answer_len)
+    k = check_int("k", k, low=1)
     lp1, lp2 = log_p1.float(), log_p2.float()
     B = lp1.shape[0]
     if no_answer:

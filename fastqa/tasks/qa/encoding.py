@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from ..._checks import check_unicode
+from ..._checks import check_int, check_unicode
 from ...data.batching import pad
 from ...data.tokenize import tokenize
 from ...data.vocab import Vocab
@@ -29,8 +29,7 @@ def encode_tokens(tokens: Sequence[str], words: Vocab, chars: Vocab, char_limit:
     ``char_limit`` (``Limits.chars``, the model's ``max_word_len``) is required: a word is never encoded
     past the character window, so the tensor's width is bounded whatever the text holds.
     """
-    if isinstance(char_limit, bool) or not isinstance(char_limit, int) or char_limit < 1:
-        raise ValueError(f"char_limit must be an int >= 1, got {char_limit!r}")
+    char_limit = check_int("char_limit", char_limit, low=1)
     word_ids = torch.tensor(words.encode(tokens), dtype=torch.long)
     char_ids = (pad([chars.encode(t[:char_limit]) for t in tokens], chars.pad_id) if tokens
                 else torch.zeros(0, 1, dtype=torch.long))

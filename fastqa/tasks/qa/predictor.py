@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from ..._checks import check_int, check_number
 from ...data.batching import pad
 from ...data.vocab import Vocab
 from ...errors import UserError
@@ -150,8 +151,7 @@ class QAModel:
 
     def _read(self, pairs: Sequence[EncodedPair], *, k: int, batch_size: int, max_answer_len: int | None,
               max_context: int | None, stride: int | None, texts: Sequence[str] | None = None) -> list[Reading]:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        batch_size = check_int("batch_size", batch_size, low=1)
         window, overlap = self.windows(max_context, stride)
         mal = answer_len(self.config, self.max_answer_len if max_answer_len is None else max_answer_len)
         return read_windows(self.model, [(p.context_words, p.context_chars) for p in pairs],
@@ -199,13 +199,12 @@ class QAModel:
                     stride: int | None = None, min_score: float | None = None) -> list[Answer] | list[list[Answer]]:
         """``answer`` for every (context, question) pair, their windows batched together by length: one
         ``Answer`` per pair, or with ``top_k`` one list per pair."""
-        if min_score is not None and (isinstance(min_score, bool) or not isinstance(min_score, (int, float))
-                                      or not 0.0 <= min_score <= 1.0):
-            raise ValueError(f"min_score must be a number in [0, 1], got {min_score!r}")
+        if min_score is not None:
+            min_score = check_number("min_score", min_score, low=0, high=1, error=ValueError)
         if len(contexts) != len(questions):
             raise ValueError(f"contexts and questions differ in length ({len(contexts)} vs {len(questions)})")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-            raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
+        if top_k is not None:
+            top_k = check_int("top_k", top_k, low=1)
         pairs = [self._encode_pair(c, q, i if len(contexts) > 1 else None)
                  for i, (c, q) in enumerate(zip(contexts, questions))]
         # More candidates than answers: the spans that overlap a better one are left out.

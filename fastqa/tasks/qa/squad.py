@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from ..._checks import check_int
 from ...data.batching import bucket_batches, pad
 from ...data.files import read_json
 from ...data.tokenize import tokenize
@@ -71,9 +72,7 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            least = 0 if name == "answer" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"Limits.{name} must be an int >= {least}, got {value!r}")
+            check_int(f"Limits.{name}", value, low=0 if name == "answer" else 1)
 
 
 @dataclass

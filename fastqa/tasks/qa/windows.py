@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..._checks import check_int
 from ...data.batching import bucket_batches, pad
 from ...errors import UserError
 from .decode import decode_top_spans
@@ -71,9 +72,9 @@ def window_settings(max_context: int | None, stride: int | None, default_context
     half a window, so a short ``max_context`` still advances). A stride that leaves no progress is an error."""
     if max_context is None:
         max_context = default_context
-    for name, value, least in (("max_context", max_context, 1), ("stride", stride, 0)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
-            raise UserError(f"{name} must be an int >= {least}, got {value!r}")
+    max_context = check_int("max_context", max_context, low=1, error=UserError)
+    if stride is not None:
+        stride = check_int("stride", stride, low=0, error=UserError)
     if stride is None:
         stride = min(DEFAULT_STRIDE, max_context // 2)
     if stride >= max_context:

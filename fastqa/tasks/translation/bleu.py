@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ..._checks import check_bool
+
 __all__ = ["BleuResult", "ChrfResult", "CorpusScores", "corpus_scores", "format_scores", "tokenized_bleu",
            "text_tokenized_bleu", "format_tokenized_bleu"]
 
@@ -112,8 +114,7 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str], *, lower
     _check_pair(hyps, refs)
     if not hyps:
         raise ValueError("hypotheses and references are empty: there is nothing to score")
-    if not isinstance(lowercase, bool):
-        raise TypeError(f"lowercase must be a bool, got {type(lowercase).__name__}")
+    check_bool("lowercase", lowercase)
 
     from sacrebleu.metrics import BLEU, CHRF
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..._checks import check_int
 from ...data.batching import bucket_batches, pad
 from ...data.vocab import Vocab
 from ...errors import UserError
@@ -81,8 +82,7 @@ class MTOptions:
     def __post_init__(self) -> None:
         if self.vocab not in VOCABS:
             raise UserError(f"--vocab must be one of {', '.join(VOCABS)}, got {self.vocab!r}")
-        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) or self.vocab_size < 5:
-            raise UserError(f"--vocab-size must be an integer >= 5, got {self.vocab_size!r}")
+        check_int("--vocab-size", self.vocab_size, low=5, error=UserError)
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.batch_size < 1:

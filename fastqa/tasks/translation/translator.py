@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..._checks import check_unicode
+from ..._checks import check_int, check_unicode
 from ...data.batching import pad
 from ...data.vocab import EOS, SOS, Vocab
 from ...errors import UserError
@@ -219,10 +219,8 @@ class Translator:
         """Checked arguments; (index, source ids + <eos>) of the non-empty sentences, shortest first."""
         if isinstance(sentences, str):
             raise TypeError("sentences must be a list of str, not a single str")
-        if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
-            raise ValueError(f"beam must be an int >= 1, got {beam!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        check_int("beam", beam, low=1)
+        check_int("batch_size", batch_size, low=1)
         encoded: list[tuple[int, list[int]]] = []
         for i, s in enumerate(sentences):
             if isinstance(s, str):
@@ -260,8 +258,7 @@ class Translator:
         carries its attention map, the one the search computed (``AttentionMap``: target x source weights).
         ``self.last_stats`` records the sentences, output tokens and seconds of the decoding itself;
         ``progress``: a bar over the sentences (stderr)."""
-        if isinstance(nbest, bool) or not isinstance(nbest, int) or nbest < 1:
-            raise ValueError(f"nbest must be an int >= 1, got {nbest!r}")
+        nbest = check_int("nbest", nbest, low=1)
         encoded = self._sources(sentences, beam, batch_size)
         if nbest > beam:
             raise ValueError(f"nbest must be <= beam, got nbest={nbest} and beam={beam}")

@@ -61,7 +61,12 @@ class ToyTask:
         return opt, log_warmup(opt, 10)
 
     def evaluate(self, model):
-        return {"dev_loss": float(((model(self.x) - self.y) ** 2).mean())}
+        device = next(model.parameters()).device  # the run's (a CUDA run evaluates there too)
+        return {"dev_loss": float(((model(self.x.to(device)) - self.y.to(device)) ** 2).mean())}
+
+    @property
+    def eval_size(self) -> int:
+        return len(self.x)  # evaluate reads every example
 
     def checkpoint_meta(self):
         return {"config": {"hidden": self.hidden, "dropout": self.dropout}}

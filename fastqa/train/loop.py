@@ -2,8 +2,21 @@
 
 A model family plugs in as a ``Task`` (data order, collate, loss, optimizer, evaluation, what a checkpoint
 must carry); ``fit`` does the rest -- device, DDP, mixed precision, clipping, EMA, evaluation, atomic
-checkpoints, exact resume, tqdm progress, ``metrics.jsonl`` and the learning-curve PNG. Each piece is a
+checkpoints, exact resume, progress, ``metrics.jsonl`` and the learning-curve PNG. Each piece is a
 small function so the loop reads top to bottom.
+
+Progress (``display``): on a terminal, a bar over the optimizer steps -- total ``max_steps``, or the steps of
+``epochs``, or under a time budget the steps it leaves at the measured step rate -- whose postfix shows the
+smoothed loss, the last evaluation's headline metric (``Task.headline_metrics``), the measured steps/s and
+the time spent of the budget; ``progress=False`` or no terminal: a log line per logged step. After the
+first 20 steps (the first 5 are warm-up, left out of the rate), one line says what to expect: the preset,
+the threads, the measured step rate and the documented run of the recipe (``expectations``).
+
+The time budget (``max_minutes``) holds the whole run, the final evaluation and checkpoint included
+(``budget``): training stops at the first step boundary where elapsed + one step + reserve >= budget, the
+reserve being the longest evaluation-and-checkpoint measured so far or, before one, an estimate from the
+evaluation's size (``Task.eval_size``) and the measured step rate; an evaluation due at that boundary
+counts twice (its own and the final one), so when both do not fit, it is the final one.
 
 Exact resume: the data order is a pure function of (seed, epoch) (``Task.train_batches``), so the
 checkpoint stores only the epoch and how many of its batches were done, plus every RNG state (of every
@@ -39,12 +52,15 @@ from .._backend import kernel_choices, restore_kernel_choices
 from ..data.batching import shard
 from ..errors import UserError
 from ..plots import plot_learning_curve
-from . import distributed
+from . import display, distributed
+from .budget import TimeBudget
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .curves import MetricsLog
+from .display import StepClock, TrainBar
 from .distributed import DistEnv
 from .ema import EMA
 from .gemm_cache import MachineGemmPlan
+from .expectations import EXPECTATION_STEP, expectation_line
 from .interrupt import StopSignals, TrainingInterrupted
 from .run_folder import RunFolderLock, remove_stale_temporaries
 
@@ -69,7 +85,7 @@ class TrainSettings:
     amp: str | None = None             # "bf16" / "fp16": torch.autocast on CUDA (ignored on the CPU)
     resume: bool = False
     progress: bool = True
-    max_minutes: float | None = None   # wall-clock budget: stop, evaluate and checkpoint when it is spent
+    max_minutes: float | None = None   # wall-clock budget, the final evaluation and checkpoint included
     device: str | None = None
     save_every_minutes: float | None = 10.0  # also checkpoint (without evaluating) this often; None or 0: off
 
@@ -109,6 +125,13 @@ class Task(Protocol):
 
     def checkpoint_meta(self) -> dict:
         """What loading the model needs besides weights: config, vocabularies, ..."""
+
+    # Optional attributes, read with getattr (a task without them trains the same):
+    #   command: str                      the command that trains it, for the expectation line ("qa-train")
+    #   preset: str | None                its model preset, which picks the documented run (``expectations``)
+    #   headline_metrics: tuple[str, ...] the evaluation's metrics the bar shows (("EM", "F1"), ("val_bleu",))
+    #   eval_size: float                  the examples an evaluation reads, for the time budget's estimate of
+    #                                     an evaluation before one is timed (``budget``)
 
 
 def seed_everything(seed: int) -> None:
@@ -299,21 +322,29 @@ class _LossWindow:
         self.total, self.steps = 0.0, 0
 
 
-def _total_steps(task: Task, settings: TrainSettings) -> int | None:
-    if settings.epochs is None:
+def _epoch_limit(settings: TrainSettings) -> int | None:
+    """The epochs that bound the run: ``epochs``, or with no limit at all one epoch (a time budget alone
+    trains epoch after epoch until it is spent)."""
+    if settings.epochs is not None:
+        return settings.epochs
+    return None if settings.max_steps is not None or settings.max_minutes is not None else 1
+
+
+def _total_steps(steps_per_epoch: int, settings: TrainSettings) -> int | None:
+    """The run's steps when a step or epoch limit bounds it (None under a time budget alone)."""
+    epochs = _epoch_limit(settings)
+    if epochs is None:
         return settings.max_steps
-    per_epoch = len(task.train_batches(0))
-    total = per_epoch * settings.epochs
+    total = steps_per_epoch * epochs
     return total if settings.max_steps is None else min(total, settings.max_steps)
 
 
 def _stop_reason(settings: TrainSettings, progress: _Progress, over_budget: bool) -> str | None:
-    """Why training ends here, or None; ``over_budget``: the time budget is spent (agreed by all ranks)."""
+    """Why training ends here, or None; ``over_budget``: the time budget leaves no room for another step
+    (agreed by all ranks; see ``budget``)."""
     if settings.max_steps is not None and progress.step >= settings.max_steps:
         return "max_steps"
-    # With no limit at all, one epoch; a time budget alone trains epoch after epoch until it is spent.
-    unlimited = settings.max_steps is not None or settings.max_minutes is not None
-    limit_epochs = settings.epochs if settings.epochs is not None else (None if unlimited else 1)
+    limit_epochs = _epoch_limit(settings)
     if limit_epochs is not None and progress.epoch >= limit_epochs:
         return "epochs"
     return "max_minutes" if over_budget else None
@@ -329,10 +360,10 @@ class _Boundary:
 
 
 def _at_boundary(settings: TrainSettings, started: float, saved_time: float, signals: StopSignals,
-                 env: DistEnv) -> _Boundary:
+                 env: DistEnv, budget: TimeBudget | None, step_s: float | None, eval_due: bool) -> _Boundary:
     now = time.monotonic()
-    over = settings.max_minutes is not None and now - started >= settings.max_minutes * 60
     due = bool(settings.save_every_minutes) and now - saved_time >= settings.save_every_minutes * 60
+    over = budget is not None and budget.must_stop(now - started, step_s, eval_due=eval_due, save_due=due)
     over_v, signum, due_v = distributed.max_each([over, signals.requested or 0, due], env)
     return _Boundary(over_budget=over_v > 0, signum=int(signum), save_due=due_v > 0)
 
@@ -352,6 +383,7 @@ def fit(task: Task, settings: TrainSettings) -> dict[str, float]:
 
 
 def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals) -> dict[str, float]:
+    started = time.monotonic()  # the time budget's clock: everything ``fit`` does is in it
     out = Path(settings.out_dir)
     ckpt_path = out / CHECKPOINT_NAME
     model = task.model.to(env.device)
@@ -377,31 +409,63 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
     ddp_model = distributed.wrap_ddp(model, env)
     model.train()
 
-    total = _total_steps(task, settings)
+    first_epoch = task.train_batches(0)
+    steps_per_epoch = len(first_epoch)
+    total = _total_steps(steps_per_epoch, settings)
+    clock = StepClock()
+    budget = None
+    if settings.max_minutes is not None:
+        budget = TimeBudget(settings.max_minutes * 60,
+                            examples_per_step=sum(map(len, first_epoch)) / max(steps_per_epoch, 1),
+                            eval_examples=getattr(task, "eval_size", None),
+                            checkpoint_bytes=_checkpoint_bytes(model, ema))
+    # Evaluations per training step, for the time budget's estimate of the steps it leaves.
+    evals_per_step = ((1 / settings.eval_every if settings.eval_every else 0.0)
+                      + (1 / steps_per_epoch if settings.eval_each_epoch and steps_per_epoch else 0.0))
     bar = None
-    # A time budget with no step limit: the bar counts the budget's seconds, so it still has a total and an ETA.
-    time_bar = total is None and settings.max_minutes is not None
-    if settings.progress and env.is_main:
-        from tqdm.auto import tqdm
-        if time_bar:
-            bar = tqdm(total=round(settings.max_minutes * 60), unit="s", desc=f"{task.kind} train (time budget)",
-                       dynamic_ncols=True)
-        else:
-            bar = tqdm(total=total, initial=progress.step, desc=f"{task.kind} train", dynamic_ncols=True)
-    started = time.monotonic()
+    if settings.progress and env.is_main and display.is_terminal(display.bar_stream()):
+        bar = TrainBar(f"{task.kind} train", total=total, initial=progress.step,
+                       metric_names=getattr(task, "headline_metrics", ()),
+                       budget_s=budget.seconds if budget is not None else None, file=display.bar_stream())
     window_start, window = time.monotonic(), _LossWindow()
     last_eval: dict[str, float] = {}
     saved_at, saved_time, evaluated_at = -1, started, -1
+    expected = False
+
+    def say(message: str) -> None:
+        if env.is_main:
+            (bar.write if bar is not None else log.info)(message)
+
+    def steps_left() -> int | None:
+        """The steps the time budget still leaves at the measured rate (None: no budget, or no rate yet)."""
+        if budget is None or not clock.measured:
+            return None
+        return budget.steps_left(time.monotonic() - started, clock.step_s, evals_per_step=evals_per_step)
+
+    def expect() -> None:
+        """The one line of what to expect (``expectations``), once the step rate is measured."""
+        nonlocal expected
+        expected = True
+        left = steps_left()
+        say(expectation_line(getattr(task, "command", f"{task.kind} training"), task.kind,
+                             preset=getattr(task, "preset", None), where=_where(env),
+                             steps_per_minute=60 / clock.step_s if clock.measured else None,
+                             steps_timed=clock.steps, budget_minutes=settings.max_minutes,
+                             budget_steps=None if left is None else clock.steps + left))
 
     def save() -> None:
         nonlocal saved_at, saved_time
         if window.steps:
             window.mean()  # never checkpoint weights that a non-finite loss has already spoilt
+        t0 = time.monotonic()
         _save(task, settings, optimizer, scheduler, ema, progress, env, scaler)
         saved_at, saved_time = progress.step, time.monotonic()
+        if budget is not None:
+            budget.record_checkpoint(saved_time - t0)
 
     def evaluate_and_save(reason: str) -> None:
         nonlocal last_eval, evaluated_at
+        t0 = time.monotonic()
         last_eval = _evaluate(task, ema, env)
         save()
         evaluated_at = progress.step
@@ -411,15 +475,19 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
             metrics_log.write(row)
             plot_learning_curve(metrics_log.path, out / "curve.png", title=f"{task.kind}: {out.name}")
             text = " | ".join(f"{k} {v:.4g}" for k, v in last_eval.items())
-            message = f"step {progress.step} ({reason}) | {text}"
-            (bar.write if bar is not None else log.info)(message)
+            say(f"step {progress.step} ({reason}) | {text}")
+            if bar is not None:
+                bar.evaluated(progress.step, last_eval)
+        if budget is not None:  # what the end of the run will take (see ``budget``)
+            budget.record_evaluation(time.monotonic() - t0)
 
-    def boundary() -> str | None:
+    def boundary(eval_due: bool = False) -> str | None:
         """Between two steps: keep the machine's GEMM decisions up to date, act on a stop signal (checkpoint,
-        then raise) or a due time-based checkpoint; returns why training ends here, or None."""
+        then raise) or a due time-based checkpoint; returns why training ends here, or None. ``eval_due``: an
+        evaluation is due here (the time budget must hold it and the final one)."""
         if gemm_plan is not None:
             gemm_plan.record()
-        agreed = _at_boundary(settings, started, saved_time, signals, env)
+        agreed = _at_boundary(settings, started, saved_time, signals, env, budget, clock.step_s, eval_due)
         if agreed.signum:
             log.info("%s: saving a checkpoint at step %d, then stopping", signal.Signals(agreed.signum).name,
                      progress.step)
@@ -429,6 +497,11 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
                 bar.close()
             raise TrainingInterrupted(agreed.signum, progress.step, str(out))
         reason = _stop_reason(settings, progress, agreed.over_budget)
+        if reason == "max_minutes":
+            reserve = budget.reserve(clock.step_s)
+            say(f"time budget: training stops at {_clock(time.monotonic() - started)} (step {progress.step}), "
+                f"leaving {reserve:.1f} s for the final evaluation and checkpoint ("
+                + ("as long as the longest so far)" if budget.measured else "estimated: none timed yet)"))
         if reason is None and agreed.save_due and saved_at != progress.step:
             save()
         return reason
@@ -436,9 +509,13 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
     batches = _batches(task, progress, env)
     reason = boundary()
     while reason is None:
+        t0 = time.monotonic()
         batch_global, batch_local = next(batches)
         if not batch_global:  # an epoch ended
             if settings.eval_each_epoch:
+                reason = boundary(eval_due=True)
+                if reason is not None:
+                    break  # the final evaluation below is this epoch's
                 evaluate_and_save(f"end of epoch {progress.epoch - 1}")
             reason = boundary()
             continue
@@ -448,17 +525,17 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
         if ema is not None:
             ema.update(model)
         window.add(loss, progress.step)
+        clock.add(time.monotonic() - t0)
         if bar is not None:
-            if time_bar:
-                bar.n = min(round(time.monotonic() - started), bar.total)
-                bar.refresh()
-            else:
-                bar.update(1)
+            left = steps_left()
+            bar.step(loss, steps_per_s=clock.steps_per_s,
+                     elapsed_s=time.monotonic() - started if budget is not None else None,
+                     estimate=None if left is None else progress.step + left)
+        if not expected and clock.steps == EXPECTATION_STEP and env.is_main:
+            expect()
         if progress.step % settings.log_every == 0:
             mean = window.mean()
-            if bar is not None:
-                bar.set_postfix(loss=f"{mean:.4f}", epoch=progress.epoch, step=progress.step)
-            elif env.is_main:  # --no-progress: a log line per logged step instead of a bar
+            if bar is None and env.is_main:  # --no-progress or no terminal: a log line per logged step
                 log.info("step %d%s, epoch %d: loss %.4f, %.2f steps/s, %s elapsed", progress.step,
                          f"/{total}" if total else "", progress.epoch, mean,
                          window.steps / max(time.monotonic() - window_start, 1e-9),
@@ -471,14 +548,35 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
                                    "time": round(time.monotonic() - started, 2)})
             window_start = time.monotonic()
             window.reset()
-        reason = boundary()
-        if reason is None and settings.eval_every and progress.step % settings.eval_every == 0:
+        eval_due = bool(settings.eval_every) and progress.step % settings.eval_every == 0
+        reason = boundary(eval_due)
+        if reason is None and eval_due:
             evaluate_and_save("eval_every")
+    if not expected and clock.steps and env.is_main:
+        expect()  # a run shorter than EXPECTATION_STEP steps: with what it measured
     # The final evaluation and checkpoint, unless the last step already wrote them.
     if evaluated_at != progress.step:
         evaluate_and_save(reason)
     if gemm_plan is not None:
         gemm_plan.record()  # the final evaluation's shapes
     if bar is not None:
-        bar.close()
+        bar.close(finished=True)
     return {"step": progress.step, **last_eval}
+
+
+def _checkpoint_bytes(model: nn.Module, ema: EMA | None) -> int:
+    """A checkpoint's size before one is written: the weights, their EMA and an optimizer's two moments per
+    trainable weight (Adam's; the time budget's estimate before a checkpoint is timed)."""
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return weights * (2 if ema is not None else 1) + 2 * trainable
+
+
+def _where(env: DistEnv) -> str:
+    """What trains, for the expectation line: "2 threads", "cuda (NVIDIA H100 80GB HBM3)", "2 processes x 1 thread"."""
+    if env.device.type == "cuda":
+        here = f"cuda ({torch.cuda.get_device_name(env.device)})"
+    else:
+        n = torch.get_num_threads()
+        here = f"{n} thread{'s' if n != 1 else ''}"
+    return f"{env.world_size} processes x {here}" if env.world_size > 1 else here

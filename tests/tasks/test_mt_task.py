@@ -121,3 +121,11 @@ def test_vocabulary_options(files):
     # Too few pieces for the text's characters and the 256 byte pieces: a user error naming the flag.
     with pytest.raises(UserError, match="--vocab-size 50: .*too small"):
         _task(files, vocab="subword", vocab_size=50)
+
+
+def test_the_task_says_its_command_preset_metric_and_evaluation_size(files):
+    task = _task(files)
+    assert (task.command, task.preset, task.headline_metrics) == ("mt-train", "small", ("val_ppl",))
+    assert task.eval_size == len(task.valid_data) == 4
+    bleu = _task(files, valid_bleu=2)  # two pairs decoded for BLEU, each counted as four
+    assert bleu.headline_metrics == ("val_bleu",) and bleu.eval_size == 4 + 4 * 2

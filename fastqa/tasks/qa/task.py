@@ -184,18 +184,22 @@ def prepare_squad(train_path: str | os.PathLike, dev_path: str | os.PathLike, *,
 class QATask:
     """A reader on SQuAD for ``fastqa.train.fit`` (see ``fastqa.train.loop.Task``)."""
 
+    command = "qa-train"
+    headline_metrics = ("EM", "F1")
+
     def __init__(self, config: Any, words: Vocab, chars: Vocab, train: EncodedSquad, dev_set: SquadSet,
                  dev: EncodedSquad, *, recipe: Recipe = Recipe(), limits: Limits = Limits(),
-                 word_vectors: torch.Tensor | None = None) -> None:
+                 word_vectors: torch.Tensor | None = None, preset: str | None = None) -> None:
         """config: QANetConfig or LSTMReaderConfig; words/chars: the vocabularies; train: the encoded training
-        examples; dev_set/dev: the evaluation data; word_vectors: [len(words), word_dim] to load into the model."""
+        examples; dev_set/dev: the evaluation data; word_vectors: [len(words), word_dim] to load into the model;
+        preset: the config's preset, for what the run can expect (``fastqa.train.expectations``)."""
         sizes = (config.word_vocab_size, getattr(config, "char_vocab_size", len(chars)))
         if sizes != (len(words), len(chars)):
             raise ValueError(f"config vocabulary sizes {sizes} differ from the vocabularies' ({len(words)}, {len(chars)})")
         self.kind = model_kind(config)
         self.config, self.words, self.chars = config, words, chars
         self.train_data, self.dev_set, self.dev_data = train, dev_set, dev
-        self.recipe, self.limits = recipe, limits
+        self.recipe, self.limits, self.preset = recipe, limits, preset
         self.model = build_model(config)
         if word_vectors is not None:
             self.model.load_word_vectors(word_vectors)
@@ -239,7 +243,13 @@ class QATask:
         seed_everything(recipe.seed)
         matrix, _ = vectors_for_vocab(data.words, data.vectors, config.word_dim, seed=recipe.seed)
         words, chars, train, dev_set, dev = data.words, data.chars, data.train, data.dev_set, data.dev
-        return cls(config, words, chars, train, dev_set, dev, recipe=recipe, limits=limits, word_vectors=matrix)
+        return cls(config, words, chars, train, dev_set, dev, recipe=recipe, limits=limits, word_vectors=matrix,
+                   preset=preset)
+
+    @property
+    def eval_size(self) -> int:
+        """The questions an evaluation reads (the time budget's estimate before one is timed)."""
+        return len(self.dev_data)
 
     # -- Task protocol
     def train_batches(self, epoch: int) -> list[list[int]]:

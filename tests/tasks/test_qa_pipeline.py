@@ -276,7 +276,7 @@ def test_calibration_fit_load_export_predict_eval_and_ask(trained, capsys, tmp_p
     fit = json.loads(stdout)
     assert set(fit) == {"slope", "bias", "fitted_on", "questions", "method", "exact_match", "ece_before",
                         "ece_after", "written"}
-    assert fit["written"] == str(cal_file) and fit["questions"] == 96 and fit["fitted_on"] == f"{mixed} articles 0:2"
+    assert fit["written"] == str(cal_file) and fit["questions"] == 96 and fit["fitted_on"] == f"{mixed.name} articles 0:2"
     assert 65.0 <= fit["exact_match"] <= 75.0                  # 24 of 96 wrong by construction, the rest memorised
     # The memorised answers all score near 1 while 1 in 4 is wrong: the fit brings the scores down to the truth.
     assert 0.0 <= fit["ece_after"] < fit["ece_before"] <= 1.0 and fit["ece_before"] > 0.15

@@ -220,9 +220,9 @@ def test_spans_are_ranked_across_windows_by_logits_and_the_windows_relevance():
     assert 0 < sum(a.score for a in top) <= 1 + 1e-6 and top[0].score > top[1].score
     short = " ".join(text[100:130])
     one = reader(9.0)
-    lp1, lp2 = one._forward([one._encode_pair(short, "Which?")])
-    want = float((lp1[0].max() + lp2[0].max()).exp())
-    assert one.answer(short, "Which?").score == pytest.approx(want, rel=1e-5)
+    best, probs = one.answer_with_probabilities(short, "Which?")
+    assert probs["window"] == (0, probs["n_tokens"])
+    assert best.score == pytest.approx(max(probs["p_start"]) * max(probs["p_end"]), rel=1e-5)
 
 
 def test_lexical_terms_keep_content_words_only():

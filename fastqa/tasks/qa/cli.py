@@ -416,14 +416,15 @@ def _run_ask(args) -> int:
     if not args.question.strip():
         raise UserError("--question: the question is empty")
     qa = _load_reader(args)
-    answers = qa.answer(context, args.question, max_answer_len=args.max_answer_len, top_k=args.top_k or 1,
-                        max_context=args.max_context, stride=args.stride, min_score=args.min_score)
+    # With --plot, the probabilities drawn are those of the reading that found the answers (no second pass).
+    answers, probs = qa.answer_with_probabilities(context, args.question, max_answer_len=args.max_answer_len,
+                                                  top_k=args.top_k or 1, max_context=args.max_context,
+                                                  stride=args.stride, min_score=args.min_score)
     if answers[0].abstained:
         print(f"ask: no confident answer (the best scores {answers[0].score:.3f}, under --min-score "
               f"{args.min_score})", file=sys.stderr)
     result = answers_json(answers)
     if args.plot:
-        probs = qa.probabilities(context, args.question, max_context=args.max_context, stride=args.stride)
         plot_span_probabilities(probs, answers[0], args.question, args.plot)
         result["plot"] = args.plot
     text = json.dumps(result, ensure_ascii=False, indent=2) + "\n"

@@ -21,16 +21,15 @@ import torch
 from torch import nn
 
 from ..._checks import check_int, check_number
-from ...data.batching import pad
 from ...data.vocab import Vocab
 from ...errors import UserError
 from ..loading import default_device, load_weights, open_model, set_threads, unreadable_meta
 from .calibration import Calibration
 from .readers import MODELS, answer_len, build_model, config_type
-from .encoding import EncodedPair, encode_pair, pad_chars
+from .encoding import EncodedPair, encode_pair
 from .squad import Limits, SquadSet, encode_squad, load_squad
 from .task import PredictOutput, predict
-from .windows import Reading, inference_autocast, lexical_terms, paragraph_starts, read_windows, window_settings
+from .windows import BatchHook, Reading, lexical_terms, paragraph_starts, read_windows, window_settings
 
 __all__ = ["Answer", "QAModel", "answers_json", "whole_words"]
 
@@ -134,23 +133,14 @@ class QAModel:
         return encode_pair(context, question, self.words, self.chars, self.char_limit,
                            "" if index is None else f" (pair {index})")
 
-    @torch.no_grad()
-    def _forward(self, pairs: Sequence[EncodedPair]) -> tuple[torch.Tensor, torch.Tensor]:
-        cw = pad([p.context_words for p in pairs], self.words.pad_id).to(self.device)
-        cc = pad_chars([p.context_chars for p in pairs], self.chars.pad_id).to(self.device)
-        qw = pad([p.question_words for p in pairs], self.words.pad_id).to(self.device)
-        qc = pad_chars([p.question_chars for p in pairs], self.chars.pad_id).to(self.device)
-        with inference_autocast(self.device):
-            lp1, lp2 = self.model(cw, cc, qw, qc)
-        return lp1.float(), lp2.float()
-
     def windows(self, max_context: int | None = None, stride: int | None = None) -> tuple[int, int]:
         """(max_context, stride) with their defaults: the context length the reader was trained on
         (``limits.context``) and ``DEFAULT_STRIDE`` tokens of overlap (see ``fastqa.tasks.qa.windows``)."""
         return window_settings(max_context, stride, self.limits.context)
 
     def _read(self, pairs: Sequence[EncodedPair], *, k: int, batch_size: int, max_answer_len: int | None,
-              max_context: int | None, stride: int | None, texts: Sequence[str] | None = None) -> list[Reading]:
+              max_context: int | None, stride: int | None, texts: Sequence[str] | None = None,
+              on_batch: BatchHook | None = None) -> list[Reading]:
         batch_size = check_int("batch_size", batch_size, low=1)
         window, overlap = self.windows(max_context, stride)
         mal = answer_len(self.config, self.max_answer_len if max_answer_len is None else max_answer_len)
@@ -161,7 +151,7 @@ class QAModel:
                             terms=([lexical_terms(p.context_tokens) for p in pairs],
                                    [lexical_terms(p.question_tokens) for p in pairs]),
                             breaks=None if texts is None else [paragraph_starts(t, p.offsets)
-                                                               for t, p in zip(texts, pairs)])
+                                                               for t, p in zip(texts, pairs)], on_batch=on_batch)
 
     def _score(self, raw: float) -> float:
         return self.calibration(raw) if self.calibration is not None else raw
@@ -199,6 +189,15 @@ class QAModel:
                     stride: int | None = None, min_score: float | None = None) -> list[Answer] | list[list[Answer]]:
         """``answer`` for every (context, question) pair, their windows batched together by length: one
         ``Answer`` per pair, or with ``top_k`` one list per pair."""
+        found, _, _ = self._answer_pairs(contexts, questions, batch_size=batch_size, max_answer_len=max_answer_len,
+                                         top_k=top_k, max_context=max_context, stride=stride, min_score=min_score)
+        return [answers[0] for answers in found] if top_k is None else found
+
+    def _answer_pairs(self, contexts: Sequence[str], questions: Sequence[str], *, batch_size: int,
+                      max_answer_len: int | None, top_k: int | None, max_context: int | None, stride: int | None,
+                      min_score: float | None, on_batch: BatchHook | None = None
+                      ) -> tuple[list[list[Answer]], list[Reading], list[EncodedPair]]:
+        """(each pair's answers, its reading, its encoding): ``answer_many`` with what it was found from."""
         if min_score is not None:
             min_score = check_number("min_score", min_score, low=0, high=1, error=ValueError)
         if len(contexts) != len(questions):
@@ -209,9 +208,10 @@ class QAModel:
                  for i, (c, q) in enumerate(zip(contexts, questions))]
         # More candidates than answers: the spans that overlap a better one are left out.
         readings = self._read(pairs, k=1 if top_k in (None, 1) else 4 * top_k, batch_size=batch_size,
-                              max_answer_len=max_answer_len, max_context=max_context, stride=stride, texts=contexts)
+                              max_answer_len=max_answer_len, max_context=max_context, stride=stride, texts=contexts,
+                              on_batch=on_batch)
         found = [self._answers(c, p, r, top_k or 1, min_score) for c, p, r in zip(contexts, pairs, readings)]
-        return [answers[0] for answers in found] if top_k is None else found
+        return found, readings, pairs
 
     def answer(self, context: str, question: str, *, max_answer_len: int | None = None, top_k: int | None = None,
                max_context: int | None = None, stride: int | None = None, batch_size: int = 32,
@@ -231,33 +231,42 @@ class QAModel:
                                 max_context=max_context, stride=stride, batch_size=batch_size,
                                 min_score=min_score)[0]
 
+    def answer_with_probabilities(self, context: str, question: str, **kwargs: Any
+                                  ) -> tuple[Answer | list[Answer], dict[str, Any]]:
+        """(``answer(context, question, **kwargs)``, the start/end probabilities of the window that holds the best
+        answer), from one reading: what ``ask --plot`` draws beside the answer it prints.
+
+        The probabilities: ``tokens``, ``offsets`` (character spans in ``context``), ``p_start`` and ``p_end``
+        (lists of floats; ``p_end`` None for a single-word reader, whose answer ends where it starts), ``p_null``
+        (start·end of "no answer", v2.0 models), and ``window`` (first, end) with ``n_tokens``: the token range
+        these cover out of the context's. A context longer than the reader's window is read in windows, each with
+        a softmax of its own."""
+        rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def keep(units: list[tuple[int, int]], inputs: Any, lp1: torch.Tensor, lp2: torch.Tensor) -> None:
+            for row, (_, wi) in enumerate(units):
+                rows[wi] = (lp1[row].exp().cpu(), lp2[row].exp().cpu())
+        top_k = kwargs.pop("top_k", None)
+        options = {"batch_size": 32, "max_answer_len": None, "max_context": None, "stride": None, "min_score": None,
+                   **kwargs}
+        (found,), (reading,), (pair,) = self._answer_pairs([context], [question], top_k=top_k, on_batch=keep,
+                                                           **options)
+        wi = reading.null_window if reading.is_null else reading.best.window
+        a, b = reading.windows[wi]
+        p1, p2 = rows[wi]
+        extra = 1 if self.config.no_answer else 0   # a v2.0 reader's position 0 is "no answer"
+        out: dict[str, Any] = {"tokens": pair.context_tokens[a:b], "offsets": pair.offsets[a:b], "p_null": None,
+                               "window": (a, b), "n_tokens": len(pair)}
+        if extra:
+            out["p_null"] = float(p1[0] * p2[0])
+        out["p_start"] = p1[extra:extra + b - a].tolist()
+        out["p_end"] = None if self.config.single_word else p2[extra:extra + b - a].tolist()
+        return (found if top_k is not None else found[0]), out
+
     def probabilities(self, context: str, question: str, *, max_context: int | None = None,
                       stride: int | None = None) -> dict[str, Any]:
-        """Start/end probabilities over the context tokens: ``tokens``, ``offsets`` (character spans in
-        ``context``), ``p_start`` and ``p_end`` (lists of floats; ``p_end`` None for a single-word reader,
-        whose answer ends where it starts), ``p_null`` (start·end of "no answer", v2.0 models), and
-        ``window`` (first, end) with ``n_tokens``: the token range these cover out of the context's.
-
-        A context longer than ``max_context`` is read in windows, each with a softmax of its own; the lists
-        are then those of the window that holds the best answer."""
-        pair = self._encode_pair(context, question)
-        n = len(pair)
-        window, overlap = self.windows(max_context, stride)
-        a, b = 0, n
-        if n > window:
-            reading = self._read([pair], k=1, batch_size=32, max_answer_len=None, max_context=window,
-                                 stride=overlap, texts=[context])[0]
-            a, b = reading.windows[reading.best.window]
-            pair = pair.window(a, b)
-        lp1, lp2 = self._forward([pair])
-        p1, p2 = lp1[0].exp(), lp2[0].exp()
-        out = {"tokens": pair.context_tokens, "offsets": pair.offsets, "p_null": None, "window": (a, b),
-               "n_tokens": n}
-        if self.config.no_answer:
-            out["p_null"] = float(p1[0] * p2[0])
-            p1, p2 = p1[1:], p2[1:]
-        out["p_start"], out["p_end"] = p1.tolist(), None if self.config.single_word else p2.tolist()
-        return out
+        """The start/end probabilities of the window that holds the best answer (``answer_with_probabilities``)."""
+        return self.answer_with_probabilities(context, question, max_context=max_context, stride=stride)[1]
 
     # -- files
     def predict_file(self, path: str | os.PathLike, *, articles: str | None = None, batch_size: int = 32,

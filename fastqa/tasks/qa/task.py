@@ -89,8 +89,10 @@ def predict(model: nn.Module, data: SquadSet, enc: EncodedSquad, *, batch_size: 
     out = PredictOutput({}, {}, {}, math.nan, 0)
     loss_sum = 0.0
 
-    def add_loss(rows: list[int], inputs: tuple[torch.Tensor, ...], lp1: torch.Tensor, lp2: torch.Tensor) -> None:
+    def add_loss(units: list[tuple[int, int]], inputs: tuple[torch.Tensor, ...], lp1: torch.Tensor,
+                 lp2: torch.Tensor) -> None:
         nonlocal loss_sum
+        rows = [qi for qi, _ in units]
         whole = torch.tensor([len(enc.ctx_words[enc.example_ctx[i]]) <= (max_context or math.inf) for i in rows])
         starts = torch.tensor([enc.starts[i] for i in rows]).masked_fill(~whole, NO_TARGET).to(lp1.device)
         ends = torch.tensor([enc.ends[i] for i in rows]).masked_fill(~whole, NO_TARGET).to(lp1.device)

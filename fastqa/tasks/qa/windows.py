@@ -181,8 +181,8 @@ def _window_relevance(windows: list[tuple[int, int]], context_terms: Sequence[st
     return out
 
 
-#: called with the rows of each batch: (question indices, the padded model inputs, log_p1, log_p2)
-BatchHook = Callable[[list[int], tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor], None]
+#: called with each batch: its rows' (question index, window index), the padded model inputs, log_p1, log_p2
+BatchHook = Callable[[list[tuple[int, int]], tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor], None]
 
 
 @torch.no_grad()
@@ -247,7 +247,7 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
             s1, s2 = s1.float(), s2.float()
             lp1, lp2 = (F.log_softmax(s1, dim=1), F.log_softmax(s2, dim=1)) if logits else (s1, s2)
             if on_batch is not None:
-                on_batch([qi for qi, _ in picked], inputs, lp1, lp2)
+                on_batch(picked, inputs, lp1, lp2)
             top = decode_top_spans(s1, s2, k, max_answer_len=max_answer_len, no_answer=no_answer,
                                    lengths=torch.tensor([b - a for a, b in spans]))
             # Each window's normaliser: the log of the sum of exp(start + end) over its (start, end) pairs.

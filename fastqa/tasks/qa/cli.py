@@ -40,6 +40,14 @@ __all__ = ["register"]
 
 
 def register(subparsers) -> None:
+    _add_qa_train(subparsers)
+    _add_qa_predict(subparsers)
+    _add_qa_calibrate(subparsers)
+    _add_qa_eval(subparsers)
+    _add_ask(subparsers)
+
+
+def _add_qa_train(subparsers) -> None:
     p = subparsers.add_parser("qa-train", help="train a reader (QANet or a baseline) on SQuAD (also under torchrun)",
                               description="Train a reader on a SQuAD v1.1/v2.0 file, evaluating on another with the "
                               "official EM/F1. Writes OUT/checkpoint.pt, OUT/metrics.jsonl and OUT/curve.png.")
@@ -66,6 +74,8 @@ def register(subparsers) -> None:
     _cache_flags(p)
     p.set_defaults(func=run_train)
 
+
+def _add_qa_predict(subparsers) -> None:
     p = subparsers.add_parser("qa-predict", help="answer every question of a SQuAD file",
                               description="Predictions JSON {question id: answer} in the official format.")
     p.add_argument("--model", required=True, metavar="DIR",
@@ -78,6 +88,8 @@ def register(subparsers) -> None:
     _predict_flags(p)
     p.set_defaults(func=run_predict)
 
+
+def _add_qa_calibrate(subparsers) -> None:
     p = subparsers.add_parser("qa-calibrate", help="fit the reader's answer scores to the probability of being right",
                               description="Answers every question of --data (articles the model was NOT trained "
                               "on), fits a Platt scaling of the answers' scores to their exact match, and writes it "
@@ -91,6 +103,8 @@ def register(subparsers) -> None:
     _predict_flags(p)
     p.set_defaults(func=run_calibrate)
 
+
+def _add_qa_eval(subparsers) -> None:
     p = subparsers.add_parser("qa-eval", help="official SQuAD v1.1/v2.0 EM/F1 of a predictions file",
                               description="Prints the official evaluation JSON (v1.1: exact_match, f1; v2.0: exact, "
                               "f1, total, HasAns_*, NoAns_*, best_* with --na-prob).")
@@ -111,6 +125,8 @@ def register(subparsers) -> None:
                    ".svg, ...)")
     p.set_defaults(func=run_eval)
 
+
+def _add_ask(subparsers) -> None:
     p = subparsers.add_parser("ask", help="answer a question about a context (or a JSON-lines file of them)",
                               description='Prints {"answer": {text, start, end, score, no_answer_prob, abstained}, '
                               '"answers": [the --top-k best, best first]}: text is context[start:end]; score the '

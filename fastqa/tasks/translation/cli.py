@@ -55,6 +55,12 @@ def _decoding_args(p: argparse.ArgumentParser, default_beam: int) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    _add_mt_train(subparsers)
+    _add_translate(subparsers)
+    _add_mt_eval(subparsers)
+
+
+def _add_mt_train(subparsers) -> None:
     p = subparsers.add_parser("mt-train", help="train a ConvS2S translation model on parallel text",
                               description="Train a ConvS2S model (Gehring et al. 2017) on parallel text, one "
                               "sentence per line (plain or .gz). By default the model reads and writes the pieces "
@@ -91,6 +97,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        eval_every_help="steps between evaluations (default 0: at the end of each epoch)")
     p.set_defaults(func=run_train)
 
+
+def _add_translate(subparsers) -> None:
     p = subparsers.add_parser(
         "translate", help="translate sentences (stdin or --input) with a trained model",
         description="Read one sentence per line, write one translation per line (empty lines stay empty). "
@@ -116,6 +124,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="draw the source x target attention map of the first non-empty sentence")
     p.set_defaults(func=run_translate)
 
+
+def _add_mt_eval(subparsers) -> None:
     p = subparsers.add_parser(
         "mt-eval", help="sacreBLEU and chrF of a trained model (or of a translation file) on a test set",
         description="Translate --src with --model, or take the translations of --hyp, and score them against "

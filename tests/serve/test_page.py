@@ -58,3 +58,14 @@ def test_page_answers_and_translates_in_chromium(server, chromium, tmp_path):
     result = run_chromium(chromium, url, tmp_path / "profile-shot", "--window-size=1280,1000", f"--screenshot={shot}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+
+def test_page_says_no_confident_answer_under_min_score(server, chromium, tmp_path):
+    query = urllib.parse.urlencode({"context": CONTEXT, "question": QUESTION, "top_k": 3, "min_score": 1, "run": 1})
+    result = run_chromium(chromium, f"{server.url}/?{query}", tmp_path / "profile", "--dump-dom")
+    assert result.returncode == 0, result.stderr[-2000:]
+    dom = result.stdout
+    assert 'data-state="done"' in dom, dom[-3000:]
+    assert _text_of(dom, r'<span id="answer-text">(.*?)</span>') == ["no confident answer"]
+    assert re.search(r'id="answer-score">best score [0-9.]+ &lt; 1<', dom), dom[-2000:]
+    assert _text_of(dom, r'<li[^>]*><span>(.*?)</span><span class="score">') == ["(no confident answer)"]

@@ -76,7 +76,7 @@ def _serves_models(item) -> bool:
 
 
 def _needs_serve_extra(item) -> bool:
-    """The ``fastqa serve`` tests that start a server (the engines' and most command-line tests need no server)."""
+    """The ``fastqa serve`` tests that start a server (the batcher's and most command-line tests need no server)."""
     return _serves_models(item) or item.name in ("test_serve_on_a_port_in_use", "test_serve_a_folder_without_a_checkpoint")
 
 
@@ -86,8 +86,9 @@ _OPTIONAL = {
     "spacy": lambda item: "tasks" in item.path.parts or item.path.name == "test_lstm_readers.py" or _serves_models(item),
     "sacrebleu": lambda item: "tasks" in item.path.parts or _serves_models(item),
     "expecttest": lambda item: "opcheck" in item.name,
-    "starlette": _needs_serve_extra,
+    "fastapi": _needs_serve_extra,
     "uvicorn": _needs_serve_extra,
+    "prometheus_client": _needs_serve_extra,
 }
 
 

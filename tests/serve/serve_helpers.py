@@ -92,16 +92,20 @@ def start_server(args: list[str], log: Path, timeout: float = 180) -> Server:
         raise AssertionError(f"fastqa serve did not start ({' '.join(cmd)}):\n{log.read_text()[-3000:]}")
     server = Server(process, first_line[0].split()[-1], log)
     deadline = time.monotonic() + 30
-    while True:
-        try:
-            if server.get("/health")[0] == 200:
-                return server
-        except OSError:
-            pass  # not accepting yet
-        if time.monotonic() > deadline:
-            stop_server(server)
-            raise AssertionError(f"fastqa serve printed its address but /health does not answer:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
+    try:
+        while True:
+            try:
+                if server.get("/health")[0] == 200:
+                    return server
+            except OSError:
+                pass  # not accepting yet
+            if time.monotonic() > deadline:
+                raise AssertionError(f"fastqa serve printed its address but /health does not answer:\n"
+                                     f"{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+    except BaseException:
+        stop_server(server)  # whatever went wrong, no server is left running after the test
+        raise
 
 
 def stop_server(server: Server) -> None:

@@ -19,7 +19,7 @@ from ...data.tokenize import tokenize
 from ...data.vocab import Vocab
 from ...errors import UserError
 
-__all__ = ["EncodedPair", "encode_pair", "encode_tokens", "pad_chars"]
+__all__ = ["EncodedPair", "encode_pairs", "encode_tokens", "pad_chars"]
 
 
 def encode_tokens(tokens: Sequence[str], words: Vocab, chars: Vocab, char_limit: int
@@ -67,19 +67,30 @@ class EncodedPair:
                            self.question_chars, self.offsets[a:b], self.context_tokens[a:b], self.question_tokens)
 
 
-def encode_pair(context: str, question: str, words: Vocab, chars: Vocab, char_limit: int,
-                where: str = "") -> EncodedPair:
-    """``context`` and ``question`` tokenised (offsets kept) and encoded; text that is not str, not Unicode or
-    has no token is a ``TypeError``/``UserError`` naming it (``where``: e.g. " (pair 3)")."""
-    if not isinstance(context, str) or not isinstance(question, str):
-        raise TypeError(f"context and question must be str{where}")
-    for name, text in (("context", context), ("question", question)):
-        check_unicode(f"the {name}", text, where)
-    ctx, q = tokenize(context), tokenize(question)
-    if not ctx:
-        raise UserError(f"the context is empty{where}")
-    if not q:
-        raise UserError(f"the question is empty{where}")
-    cw, cc = encode_tokens([t for t, _ in ctx], words, chars, char_limit)
-    qw, qc = encode_tokens([t for t, _ in q], words, chars, char_limit)
-    return EncodedPair(cw, cc, qw, qc, [(s, s + len(t)) for t, s in ctx], [t for t, _ in ctx], [t for t, _ in q])
+def encode_pairs(contexts: Sequence[str], questions: Sequence[str], words: Vocab, chars: Vocab, char_limit: int
+                 ) -> list[EncodedPair]:
+    """Each (context, question) pair tokenised (offsets kept) and encoded; a context given several times (many
+    questions about one text) is tokenised and encoded once, its pairs sharing the tensors. Text that is not str,
+    not Unicode or has no token is a ``TypeError``/``UserError`` naming it (and the pair, when there are
+    several)."""
+    seen: dict[str, tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]], list[str]]] = {}
+    out = []
+    for i, (context, question) in enumerate(zip(contexts, questions)):
+        where = f" (pair {i})" if len(contexts) > 1 else ""
+        if not isinstance(context, str) or not isinstance(question, str):
+            raise TypeError(f"context and question must be str{where}")
+        if context not in seen:
+            check_unicode("the context", context, where)
+            ctx = tokenize(context)
+            if not ctx:
+                raise UserError(f"the context is empty{where}")
+            cw, cc = encode_tokens([t for t, _ in ctx], words, chars, char_limit)
+            seen[context] = (cw, cc, [(s, s + len(t)) for t, s in ctx], [t for t, _ in ctx])
+        check_unicode("the question", question, where)
+        q = tokenize(question)
+        if not q:
+            raise UserError(f"the question is empty{where}")
+        qw, qc = encode_tokens([t for t, _ in q], words, chars, char_limit)
+        cw, cc, offsets, tokens = seen[context]
+        out.append(EncodedPair(cw, cc, qw, qc, offsets, tokens, [t for t, _ in q]))
+    return out

@@ -26,7 +26,7 @@ from ...errors import UserError
 from ..loading import default_device, load_weights, open_model, set_threads, unreadable_meta
 from .calibration import Calibration
 from .readers import MODELS, answer_len, build_model, config_type
-from .encoding import EncodedPair, encode_pair
+from .encoding import EncodedPair, encode_pairs
 from .squad import Limits, SquadSet, encode_squad, load_squad
 from .task import PredictOutput, predict
 from .windows import BatchHook, Reading, lexical_terms, paragraph_starts, read_windows, window_settings
@@ -129,9 +129,6 @@ class QAModel:
         return int(getattr(self.config, "max_word_len", self.limits.chars))
 
     # -- free text
-    def _encode_pair(self, context: str, question: str, index: int | None = None) -> EncodedPair:
-        return encode_pair(context, question, self.words, self.chars, self.char_limit,
-                           "" if index is None else f" (pair {index})")
 
     def windows(self, max_context: int | None = None, stride: int | None = None) -> tuple[int, int]:
         """(max_context, stride) with their defaults: the context length the reader was trained on
@@ -144,14 +141,21 @@ class QAModel:
         batch_size = check_int("batch_size", batch_size, low=1)
         window, overlap = self.windows(max_context, stride)
         mal = answer_len(self.config, self.max_answer_len if max_answer_len is None else max_answer_len)
-        return read_windows(self.model, [(p.context_words, p.context_chars) for p in pairs],
-                            [(p.question_words, p.question_chars, i) for i, p in enumerate(pairs)], k=k,
+        # Pairs about one text share its encoding (``encode_pairs``); its windows are planned once.
+        index: dict[int, int] = {}
+        first: list[int] = []
+        for i, p in enumerate(pairs):
+            if index.setdefault(id(p.context_words), len(first)) == len(first):
+                first.append(i)
+        unique = [pairs[i] for i in first]
+        return read_windows(self.model, [(p.context_words, p.context_chars) for p in unique],
+                            [(p.question_words, p.question_chars, index[id(p.context_words)]) for p in pairs], k=k,
                             max_answer_len=mal, max_context=window, stride=overlap, batch_size=batch_size,
                             word_pad=self.words.pad_id, char_pad=self.chars.pad_id, device=self.device,
-                            terms=([lexical_terms(p.context_tokens) for p in pairs],
+                            terms=([lexical_terms(p.context_tokens) for p in unique],
                                    [lexical_terms(p.question_tokens) for p in pairs]),
-                            breaks=None if texts is None else [paragraph_starts(t, p.offsets)
-                                                               for t, p in zip(texts, pairs)], on_batch=on_batch)
+                            breaks=None if texts is None else [paragraph_starts(texts[i], pairs[i].offsets)
+                                                               for i in first], on_batch=on_batch)
 
     def _score(self, raw: float) -> float:
         return self.calibration(raw) if self.calibration is not None else raw
@@ -204,8 +208,7 @@ class QAModel:
             raise ValueError(f"contexts and questions differ in length ({len(contexts)} vs {len(questions)})")
         if top_k is not None:
             top_k = check_int("top_k", top_k, low=1)
-        pairs = [self._encode_pair(c, q, i if len(contexts) > 1 else None)
-                 for i, (c, q) in enumerate(zip(contexts, questions))]
+        pairs = encode_pairs(contexts, questions, self.words, self.chars, self.char_limit)
         # More candidates than answers: the spans that overlap a better one are left out.
         readings = self._read(pairs, k=1 if top_k in (None, 1) else 4 * top_k, batch_size=batch_size,
                               max_answer_len=max_answer_len, max_context=max_context, stride=stride, texts=contexts,

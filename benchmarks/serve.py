@@ -183,19 +183,17 @@ def main(argv: list[str] | None = None) -> int:
         a = result["answer"] = answer_latency(args.model, args.calls, args.threads)
         print(f"QAModel.answer, {a['context_words']}-word context, {a['threads']} threads: median "
               f"{a['median_ms']:.1f} ms, p90 {a['p90_ms']:.1f} ms ({a['calls']} calls)", flush=True)
-        bodies = [{"context": CONTEXT, "question": QUESTIONS[i % len(QUESTIONS)], "top_k": 3}
-                  for i in range(args.requests)]
-        flags = ["--qa-model", args.model or "qanet-small-squad"]
-        for max_batch in (1, args.max_batch):
-            r = serve_load("/answer", bodies, max_batch=max_batch, threads=args.threads, model_flags=flags,
-                           warm=bodies[0])
-            result["serve"].append(r)
-            print(_line(r), flush=True)
+    loads = []
+    if "answer" not in args.skip:
+        loads.append(("/answer", ["--qa-model", args.model or "qanet-small-squad"],
+                      [{"context": CONTEXT, "question": QUESTIONS[i % len(QUESTIONS)], "top_k": 3}
+                       for i in range(args.requests)]))
     if "translate" not in args.skip:
-        bodies = [{"text": SENTENCES[i % len(SENTENCES)], "beam": 5} for i in range(args.requests)]
-        flags = ["--mt-model", args.mt_model or "convs2s-small-multi30k"]
-        for max_batch in (1, args.max_batch):
-            r = serve_load("/translate", bodies, max_batch=max_batch, threads=args.threads, model_flags=flags,
+        loads.append(("/translate", ["--mt-model", args.mt_model or "convs2s-small-multi30k"],
+                      [{"text": SENTENCES[i % len(SENTENCES)], "beam": 5} for i in range(args.requests)]))
+    for route, flags, bodies in loads:
+        for max_batch in (1, args.max_batch):  # one at a time, then batched: the same run, the same machine
+            r = serve_load(route, bodies, max_batch=max_batch, threads=args.threads, model_flags=flags,
                            warm=bodies[0])
             result["serve"].append(r)
             print(_line(r), flush=True)

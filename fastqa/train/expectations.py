@@ -1,7 +1,7 @@
 """What to expect of a training run: the one line ``fit`` prints once the step rate is measured.
 
-    qa-train: small preset, 2 threads: about 95 steps/min here after warm-up; the recipe reaches F1 ~51
-    (EM 38) on SQuAD v1.1 dev articles 40-47 after 3,634 steps (60 min at 61 steps/min on one Intel Xeon
+    qa-train: small preset, 2 threads: about 95 steps/min here after warm-up; the recipe reaches F1 ~53
+    (EM 40) on SQuAD v1.1 dev articles 40-47 after 4,500 steps (40 min at 112 steps/min on one AMD EPYC
     thread), F1 ~25 after 500 steps and ~36 after 1,000 (docs/models.md); at this rate the 3-minute budget
     leaves about 250 steps
 
@@ -36,13 +36,12 @@ class ReferenceRun:
 
 # (task kind, preset) -> its documented run.
 REFERENCE_RUNS: dict[tuple[str, str], ReferenceRun] = {
-    # The shipped reader qanet-small-squad: docs/models.md, "Real-data results" (the v1.1 + exact-match recipe,
-    # 60 minutes, 3,634 steps: EM 38.01 / F1 50.91 on articles 40-47 as shipped); the machine from its model card
-    # (fastqa/pretrained/qanet-small-squad/README.md). The early points: results/qanet-small-v11-match/metrics.jsonl,
-    # the same recipe on an AMD EPYC thread (F1 24.83 at step 500, 35.84 at step 1,000).
+    # The QANet recipe of the README (articles 0:40): docs/models.md, "Real-data results", the run of record
+    # results/qanet-small-v11-match (its best evaluation: EM 40.21 / F1 52.74 on articles 40-47 at step 4,500,
+    # after 40 minutes on one AMD EPYC thread; F1 24.83 at step 500, 35.84 at step 1,000).
     ("qanet", "small"): ReferenceRun(
-        result="F1 ~51 (EM 38) on SQuAD v1.1 dev articles 40-47", steps=3634, minutes=60,
-        machine="one Intel Xeon thread", early="F1 ~25 after 500 steps and ~36 after 1,000"),
+        result="F1 ~53 (EM 40) on SQuAD v1.1 dev articles 40-47", steps=4500, minutes=40,
+        machine="one AMD EPYC thread", early="F1 ~25 after 500 steps and ~36 after 1,000"),
     # The shipped translator convs2s-small-multi30k: docs/models.md, "Real-data results" (the default subword
     # vocabulary, 88 min, 6,501 steps: sacreBLEU 40.07 on test_2016_flickr, beam 5); the machine from
     # results/convs2s-small-multi30k-subword/README.md. The early points: that run's metrics.jsonl, --valid-bleu 200

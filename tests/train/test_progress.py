@@ -217,7 +217,7 @@ def test_expectation_line_cites_the_documented_run():
     line = expectation_line("qa-train", "qanet", preset="small", where="2 threads", steps_per_minute=95.4,
                             budget_minutes=3, budget_steps=250)
     assert line.startswith("qa-train: small preset, 2 threads: about 95 steps/min here after warm-up; ")
-    assert "F1 ~51 (EM 38) on SQuAD v1.1 dev articles 40-47 after 3,634 steps (60 min at 61 steps/min" in line
+    assert "F1 ~53 (EM 40) on SQuAD v1.1 dev articles 40-47 after 4,500 steps (40 min at 112 steps/min" in line
     assert "(docs/models.md)" in line and line.endswith("the 3-minute budget leaves about 250 steps")
     assert "\n" not in line
     mt = expectation_line("mt-train", "convs2s", preset="small", where="1 thread", steps_per_minute=None,
@@ -229,7 +229,7 @@ def test_expectation_line_cites_the_documented_run():
 
 def test_reference_runs_are_the_documented_figures():
     docs = " ".join(DOCS.read_text(encoding="utf-8").replace("`", "").split())
-    assert "60 minutes, 3,634 steps: EM 38.01 / F1 50.91" in docs and "88 min, 6,501 steps" in docs
+    assert "after 40 minutes" in docs and "EM 40.21 / F1 52.74" in docs and "88 min, 6,501 steps" in docs
     assert "sacreBLEU **40.07**" in docs
     for ref in REFERENCE_RUNS.values():
         assert f"{ref.steps:,} steps" in docs and f"{ref.minutes:g} min" in docs

@@ -244,4 +244,22 @@ def info() -> dict[str, Any]:
         "cpu_extension_error": _EXT_ERROR,
         "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "triton_interpret": triton_interpreting(),
+        "cpu_bf16": cpu_bf16_support(),
     }
+
+
+def cpu_bf16_support(cpuinfo: str | None = None) -> str | None:
+    """The CPU's native bfloat16 arithmetic: "amx_bf16" (matrix tiles: Intel Xeon 4th generation and later),
+    "avx512_bf16" (vector dot products: AMD Zen 4 and later, Intel Cooper Lake), "none", or None where the CPU's
+    flags cannot be read (no /proc/cpuinfo). ``cpuinfo``: the text of /proc/cpuinfo (read when None)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return None
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
+                  if line.startswith(("flags", "Features"))), None)
+    if flags is None:
+        return None
+    return next((name for name in ("amx_bf16", "avx512_bf16") if name in flags), "none")

@@ -68,3 +68,16 @@ def test_info_reports_what_is_built():
         assert info["cpu_extension_error"] is None
     else:
         assert "fastqa._C" in info["cpu_extension_error"]
+
+
+@pytest.mark.parametrize("flags,want", [
+    ("fpu sse avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "amx_bf16"),
+    ("fpu sse avx2 avx512f avx512_bf16 avx512_vnni", "avx512_bf16"),
+    ("fpu sse avx2 fma", "none"),
+])
+def test_cpu_bf16_support_reads_the_cpu_flags(flags, want):
+    from fastqa._backend import cpu_bf16_support
+
+    assert cpu_bf16_support(f"processor\t: 0\nmodel name\t: X\nflags\t\t: {flags}\n") == want
+    assert cpu_bf16_support("processor\t: 0\n") is None            # no flags line: unknown
+    assert fastqa.info()["cpu_bf16"] in ("amx_bf16", "avx512_bf16", "none", None)

@@ -14,13 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import torch
+
+from benchmarks.measure import device_name
 from benchmarks.serve import CONTEXT
 
 QUESTION = "Who designed the tower?"
@@ -47,14 +49,6 @@ mark("first answer")
 '''
 
 
-def cpu_model() -> str:
-    if os.path.exists("/proc/cpuinfo"):
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def end_to_end(runs: int) -> dict:
     cmd = [sys.executable, "-m", "fastqa", "ask", "--context", CONTEXT, "--question", QUESTION]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -79,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--out", type=Path, default=Path("bench-results") / "cold-start.json")
     args = p.parse_args(argv)
-    result = {"cpu": cpu_model(), "date": time.strftime("%Y-%m-%d"), "ask": end_to_end(args.runs),
+    result = {"cpu": device_name(torch.device("cpu")), "date": time.strftime("%Y-%m-%d"), "ask": end_to_end(args.runs),
               "steps": steps()}
     a = result["ask"]
     print(f"fastqa ask, {a['context_words']}-word context, process start to exit ({result['cpu']}): median "

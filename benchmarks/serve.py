@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import statistics
 import subprocess
@@ -29,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+
+from benchmarks.measure import device_name
 
 CONTEXT = (
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named after the "
@@ -176,9 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", choices=("answer", "translate"), action="append", default=[])
     p.add_argument("--out", type=Path, default=Path("bench-results") / "serve.json")
     args = p.parse_args(argv)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    result: dict = {"cpu": cpu, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "serve": []}
+    result: dict = {"cpu": device_name(torch.device("cpu")), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "serve": []}
     if "answer" not in args.skip:
         a = result["answer"] = answer_latency(args.model, args.calls, args.threads)
         print(f"QAModel.answer, {a['context_words']}-word context, {a['threads']} threads: median "

@@ -8,6 +8,7 @@ the request at fault gets the error.
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence, TypeVar
 
@@ -60,7 +61,7 @@ class TranslateItem:
     attention: bool = False
 
 
-class _Engine:
+class _Engine(abc.ABC):
     """A model and the batcher that feeds it (``_run``: one batch of items -> one result per item)."""
 
     name = "model"
@@ -71,8 +72,9 @@ class _Engine:
         self.batcher: Batcher = Batcher(self._run, name=self.name, max_batch=max_batch, max_wait_ms=max_wait_ms,
                                         max_pending=max_pending, on_batch=on_batch)
 
+    @abc.abstractmethod
     def _run(self, items: list) -> list[Any]:
-        raise NotImplementedError
+        """One result (or the exception it raised) per item, in order: what the batcher hands its callers."""
 
 
 class QAEngine(_Engine):

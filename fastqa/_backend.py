@@ -29,7 +29,7 @@ import torch
 from ._version import __version__
 
 BACKENDS = ("reference", "cpu", "triton")
-_CPU_DTYPES = (torch.float32, torch.float64)
+_CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -81,7 +81,7 @@ def _unusable_reason(backend: str, device: torch.device, dtype: torch.dtype) -> 
         if device.type != "cpu":
             return f"the cpu backend takes CPU tensors, got {device.type} tensors"
         if dtype not in _CPU_DTYPES:
-            return f"the cpu backend takes float32 or float64, got {dtype}"
+            return f"the cpu backend takes float32, float64 or bfloat16, got {dtype}"
         return None
     if backend == "triton":
         if not _TRITON_INSTALLED:

@@ -134,6 +134,49 @@ def check_against_reference(fn: Callable, ref: Callable, args: Sequence, kwargs:
         assert_close(g, w, name=f"grad of {n}", atol=_gradient_atol(w, atol), rtol=rtol)
 
 
+def check_bf16_against_float64(fn: Callable, ref: Callable, args: Sequence, kwargs: dict | None = None, *,
+                               names: Sequence[str], grad_args: Sequence[bool] | None = None,
+                               tol: tuple[float, float] | None = None, outputs: int = 1) -> None:
+    """Forward and every gradient of ``fn`` on bfloat16 copies of ``args`` against ``ref`` run in float64 on
+    the same (rounded) values: the kernel must return bf16 (its first ``outputs`` outputs and every gradient)
+    and stay within ``FLOAT64_REFERENCE_TOLERANCES[bf16]`` (or ``tol``): |got - want| <= atol * max(1,
+    max |want|) + rtol * |want|. The upstream gradient is bf16 and non-contiguous."""
+    kwargs = kwargs or {}
+    atol, rtol = FLOAT64_REFERENCE_TOLERANCES[torch.bfloat16] if tol is None else tol
+    if grad_args is None:
+        grad_args = [isinstance(a, torch.Tensor) and a.is_floating_point() for a in args]
+    low = [a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+    exact = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in low]
+    got_in, ref_in = clone_inputs(low, grad_args), clone_inputs(exact, grad_args)
+    got, want = fn(*got_in, **kwargs), ref(*ref_in, **kwargs)
+    got_t = got if isinstance(got, tuple) else (got,)
+    want_t = want if isinstance(want, tuple) else (want,)
+
+    def close(g: torch.Tensor, w: torch.Tensor, what: str) -> None:
+        assert g.dtype == torch.bfloat16, f"{what}: expected bfloat16, got {g.dtype}"
+        assert g.shape == w.shape, f"{what}: shape {tuple(g.shape)} != {tuple(w.shape)}"
+        scale = max(1.0, float(w.detach().abs().max())) if w.numel() else 1.0
+        assert_close(g.double(), w, name=f"{what} (bf16 vs float64)", atol=atol * scale, rtol=rtol)
+
+    for i in range(outputs):
+        close(got_t[i], want_t[i], f"output {i}")
+    if not any(grad_args):
+        return
+    w0 = want_t[0]
+    grad_out = torch.randn(tuple(reversed(w0.shape)), generator=torch.Generator().manual_seed(1)).to(
+        torch.bfloat16).permute(*reversed(range(w0.dim())))
+    got_grads = torch.autograd.grad(got_t[0], [a for a, rg in zip(got_in, grad_args) if rg], grad_out,
+                                    allow_unused=True)
+    want_grads = torch.autograd.grad(want_t[0], [a for a, rg in zip(ref_in, grad_args) if rg], grad_out.double(),
+                                     allow_unused=True)
+    for n, g, w in zip([n for n, rg in zip(names, grad_args) if rg], got_grads, want_grads):
+        if w is None:
+            assert g is None or not g.any(), f"grad of {n}: expected none"
+            continue
+        assert g is not None, f"grad of {n}: missing"
+        close(g, w, f"grad of {n}")
+
+
 def _gradient_atol(want: torch.Tensor, atol: float | None) -> float:
     """A gradient's absolute tolerance: the dtype's, or 1/20 of its rtol times the largest |want| when that is
     larger. A weight gradient sums B * L terms; an entry that cancels to near 0 keeps an error of the size of

@@ -204,11 +204,12 @@ inline const T* data_or_null(const c10::optional<at::Tensor>& t) {
   return t.has_value() ? t->data_ptr<T>() : nullptr;
 }
 
-// A CPU float32/float64 tensor: the dtypes the CPU kernels are compiled for.
+// A CPU float32/float64/bfloat16 tensor: the dtypes the CPU kernels take (bf16 through its float32 kernel,
+// csrc/cpu/bf16.h).
 inline void check_cpu_float(const char* op, const char* name, const at::Tensor& t) {
   FASTQA_CHECK(t.device().is_cpu(), op, name, " must be a CPU tensor, got ", t.device());
-  FASTQA_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, op, name,
-               " must be float32 or float64, got ", t.scalar_type());
+  FASTQA_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble || t.scalar_type() == at::kBFloat16,
+               op, name, " must be float32, float64 or bfloat16, got ", t.scalar_type());
 }
 
 }  // namespace fastqa

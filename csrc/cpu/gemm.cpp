@@ -248,6 +248,29 @@ std::pair<double, double> probe(const at::Tensor& a, const at::Tensor& w, bool w
 
 }  // namespace
 
+namespace {
+
+thread_local bool bf16_products_on = false;
+
+at::Tensor to_bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 ? t : t.to(at::kBFloat16); }
+
+// Whether a @ b is taken in bf16 (see gemm.h): bf16 operands, or float32 ones in a Bf16Products scope.
+bool in_bf16(const at::Tensor& a) {
+  return a.scalar_type() == at::kBFloat16 || (a.scalar_type() == at::kFloat && bf16_products_on);
+}
+
+// a @ b on bf16 operands, rounded to bf16, in a's dtype (bf16, or float32 widened from it).
+at::Tensor bf16_mm(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor y = at::mm(to_bf16(a), to_bf16(b));
+  return a.scalar_type() == at::kBFloat16 ? y : y.to(a.scalar_type());
+}
+
+}  // namespace
+
+Bf16Products::Bf16Products(bool enable) : previous_(bf16_products_on) { bf16_products_on = previous_ || enable; }
+Bf16Products::~Bf16Products() { bf16_products_on = previous_; }
+bool bf16_products() { return bf16_products_on; }
+
 Engine process_engine() {
   const int restored = restored_process_engine.load(std::memory_order_relaxed);
   return restored >= 0 ? static_cast<Engine>(restored) : choice().engine;
@@ -309,6 +332,11 @@ Engine engine_for(const at::Tensor& a, const at::Tensor& w, bool with_bias, bool
 }
 
 void mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
+  if (in_bf16(a)) {
+    const at::Tensor y = bf16_mm(a, b);
+    accumulate ? out.add_(y) : out.copy_(y);
+    return;
+  }
   if (a.numel() > 0 && b.numel() > 0 && engine_for(a, b.t(), false, accumulate) == Engine::kOneDnn) {
     out.copy_(accumulate ? onednn_linear_add(a, out, b.t()) : onednn_linear(a, b.t(), c10::nullopt));
     return;
@@ -322,6 +350,10 @@ void mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, boo
 }
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& acc) {
+  if (in_bf16(a)) {
+    const at::Tensor y = bf16_mm(a, b);
+    return acc.defined() ? acc.add_(y) : y;
+  }
   if (a.numel() > 0 && b.numel() > 0 && engine_for(a, b.t(), false, acc.defined()) == Engine::kOneDnn) {
     return acc.defined() ? onednn_linear_add(a, acc, b.t()) : onednn_linear(a, b.t(), c10::nullopt);
   }
@@ -331,6 +363,11 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& acc) {
 
 at::Tensor linear(const at::Tensor& a, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
   const bool has_bias = bias.has_value() && bias->defined();
+  if (in_bf16(a)) {
+    // The bias added in a's dtype after the product, as F.linear in bf16 does.
+    const at::Tensor y = bf16_mm(a, w.t());
+    return has_bias ? y.add_(*bias) : y;
+  }
   if (a.numel() > 0 && w.numel() > 0 && engine_for(a, w, has_bias, false) == Engine::kOneDnn) {
     return onednn_linear(a, w, has_bias ? bias : c10::nullopt);
   }

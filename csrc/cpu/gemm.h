@@ -23,6 +23,11 @@
 //
 // Call gemm::prepare() at the top of an op, outside any parallel region: the first call measures
 // (with all threads). A GEMM issued inside at::parallel_for runs single-threaded in either engine.
+//
+// bfloat16: a product of bf16 operands, or of float32 ones inside a Bf16Products scope (a bf16 op running
+// its float32 kernel, csrc/cpu/bf16.h), runs at::mm on bf16 operands -- torch's bf16 GEMM, which is oneDNN's
+// (AMX tiles or AVX512-BF16 dot products where the processor has them) -- and is rounded to bf16; a float32
+// caller gets that result widened back. The choice between engines above is float32's only.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -67,6 +72,21 @@ bool onednn_available();
 
 // Makes the choice if not made yet. Call at the top of each op (outside parallel regions).
 inline void prepare() { (void)choice(); }
+
+// While one is alive on a thread, that thread's float32 products are taken in bf16 (see above). Scopes nest;
+// `Bf16Products scope(false)` leaves the thread's setting as it is.
+class Bf16Products {
+ public:
+  explicit Bf16Products(bool enable = true);
+  ~Bf16Products();
+  Bf16Products(const Bf16Products&) = delete;
+  Bf16Products& operator=(const Bf16Products&) = delete;
+
+ private:
+  bool previous_;
+};
+// Whether this thread's float32 products are taken in bf16 now.
+bool bf16_products();
 
 // The engine for this dtype: float32 -> process_engine(); float64 -> BLAS.
 Engine engine_for(at::ScalarType dtype);

@@ -7,6 +7,7 @@
 // QANet's feed-forward layers) go through here; gemm::linear measures each shape once and keeps the faster.
 //
 // Shapes: x [..., K] (any leading dimensions, any strides), weight [N, K], bias [N] or None -> y [..., N].
+// dtypes: float32, float64 or bfloat16 (the products on the bf16 engine, see csrc/cpu/bf16.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -16,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cpu/bf16.h"
 #include "cpu/common.h"
 #include "cpu/gemm.h"
 
@@ -124,7 +126,8 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& weight, const c1
   int64_t lowest_allowed = 0;
   while (excluded.count(lowest_allowed) != 0) ++lowest_allowed;
   gemm::prepare();
-  const at::Tensor y = gemm::linear(x.reshape({-1, k}), weight, bias);  // [M, n], contiguous
+  // [M, n], contiguous; a bf16 product's logits are compared in float32 (the rounding is the product's).
+  const at::Tensor y = bf16::widen(gemm::linear(x.reshape({-1, k}), weight, bias));
   const int64_t m = y.size(0);
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.pop_back();

@@ -10,7 +10,7 @@ from fastqa import reference
 from fastqa._backend import cpu_available, cpu_gemm_info, triton_usable_here
 from fastqa.layers import Linear
 
-from helpers import check_against_reference, device_of, ran_ops
+from helpers import check_against_reference, check_bf16_against_float64, device_of, ran_ops
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="the kernel is C++ only: needs fastqa._C")
 
@@ -297,3 +297,21 @@ def test_argmax_triton_backend_is_the_gpu_path():
         assert torch.equal(fastqa.linear_argmax(*args, exclude, backend="triton"),
                            reference.linear_argmax(*args, exclude))
     assert not ran_ops(lambda: fastqa.linear_argmax(*args, [1], backend="triton"))
+
+
+@pytest.mark.parametrize("shape", REAL + EDGE, ids=str)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_bfloat16_matches_float64_reference(shape, bias):
+    """bf16 in and out, the products on the bf16 engine: forward and every gradient against float64."""
+    x, weight, b = make_inputs(*shape, bias=bias)
+    check_bf16_against_float64(fused, reference.linear, (x, weight, b), names=NAMES)
+
+
+@pytest.mark.parametrize("shape", REAL[:1] + EDGE, ids=str)
+def test_bfloat16_argmax_is_the_argmax_of_the_bf16_logits(shape):
+    x, weight, b = (t.to(torch.bfloat16) for t in make_inputs(*shape))
+    got = fastqa.linear_argmax(x, weight, b, backend="cpu")
+    logits = fastqa.linear(x, weight, b, backend="cpu").float()
+    # The id it picks holds the largest of the op's bf16 logits (ties between rounded logits may pick either).
+    picked = logits.gather(-1, got.unsqueeze(-1)).squeeze(-1)
+    assert torch.equal(picked, logits.max(-1).values)

@@ -1,0 +1,41 @@
+// bfloat16 in the CPU kernels: the storage dtype of activations and weights under `--precision bf16` or
+// torch.autocast("cpu", dtype=torch.bfloat16).
+//
+// The rule every op follows (as torch's bf16 CPU kernels and CUDA autocast do): bf16 in and out, float32
+// inside -- accumulation, softmax and LayerNorm statistics, the values an op saves for its backward that are
+// statistics (a log-sum-exp, a mean and a reciprocal deviation) -- and the products on the machine's bf16
+// matrix engine: a GEMM multiplies bf16 operands and rounds its result to bf16 (what torch.mm does in bf16
+// and what eager PyTorch under autocast does), so a bf16 op is never less exact than the eager layers it
+// replaces.
+//
+// How: an op's entry widens its bf16 tensors to float32 and runs its float32 kernel inside a
+// `gemm::Bf16Products` scope, in which every product of the GEMM entry point (csrc/cpu/gemm.h) is taken in
+// bf16; it narrows its results back to bf16. GEMMs issued inside at::parallel_for run on other threads: an
+// op that issues them there captures `gemm::bf16_products()` before the region and opens a scope inside it.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <c10/util/Optional.h>
+
+#include "cpu/gemm.h"
+
+namespace fastqa {
+namespace bf16 {
+
+inline bool is_bf16(const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kBFloat16; }
+
+// A float32 copy of a bf16 tensor; any other tensor (float32, float64, integer, undefined) as it is.
+inline at::Tensor widen(const at::Tensor& t) { return is_bf16(t) ? t.to(at::kFloat) : t; }
+inline c10::optional<at::Tensor> widen(const c10::optional<at::Tensor>& t) {
+  return t.has_value() ? c10::optional<at::Tensor>(widen(*t)) : c10::nullopt;
+}
+
+// A float tensor rounded to bf16 (round to nearest even, as Tensor.to does); an undefined or empty
+// placeholder stays as it is.
+inline at::Tensor narrow(const at::Tensor& t) {
+  return t.defined() && t.scalar_type() == at::kFloat ? t.to(at::kBFloat16) : t;
+}
+
+}  // namespace bf16
+}  // namespace fastqa

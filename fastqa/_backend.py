@@ -263,3 +263,16 @@ def cpu_bf16_support(cpuinfo: str | None = None) -> str | None:
     if flags is None:
         return None
     return next((name for name in ("amx_bf16", "avx512_bf16") if name in flags), "none")
+
+
+def cpu_bf16_refusal(what: str) -> str | None:
+    """Why bfloat16 must not be used for ``what`` ("--precision bf16") on this CPU, or None where the processor
+    multiplies bf16 natively (``cpu_bf16_support``: AMX or AVX512-BF16). Elsewhere torch emulates bf16 products
+    in float32 arithmetic, slower than float32 itself, so a bf16 run would only lose accuracy."""
+    support = cpu_bf16_support()
+    if support in ("amx_bf16", "avx512_bf16"):
+        return None
+    found = "its flags cannot be read" if support is None else "it has neither"
+    return (f"{what} on the CPU needs a processor that multiplies bfloat16 natively (amx_bf16 or avx512_bf16 in "
+            f"/proc/cpuinfo): {found}; use fp32")
+

@@ -70,12 +70,21 @@ def test_run_folder_problems_are_reported_before_any_data_is_read(capsys, tmp_pa
     assert_user_error(capsys, [command, *data, "--out", tmp_path / "run" / "checkpoint.pt"], "is a file")
 
 
-def test_half_precision_on_the_cpu_is_refused_not_ignored(capsys, tmp_path):
-    if torch.cuda.is_available():
-        pytest.skip("the CPU-only refusal needs a machine without CUDA")
+def test_cpu_precision_needs_native_bf16_and_fp16_a_gpu(capsys, tmp_path, monkeypatch):
+    """bf16 on the CPU runs where the processor multiplies it natively and is one line and exit 2 elsewhere, for
+    training and for the inference commands; fp16 on the CPU is always refused."""
+    from fastqa import _backend
+
     missing = str(tmp_path / "missing.json")
-    assert_user_error(capsys, ["qa-train", "--train", missing, "--dev", missing, "--out", tmp_path / "run",
-                               "--precision", "bf16"], "--precision bf16 needs a CUDA device")
+    train = ["qa-train", "--train", missing, "--dev", missing, "--out", tmp_path / "run", "--device", "cpu"]
+    assert_user_error(capsys, [*train, "--precision", "fp16"], "--precision fp16 needs a CUDA device")
+    monkeypatch.setattr(_backend, "cpu_bf16_support", lambda: "none")
+    assert_user_error(capsys, [*train, "--precision", "bf16"], "needs a processor that multiplies bfloat16 natively")
+    assert_user_error(capsys, ["ask", "--precision", "bf16", "--device", "cpu", "--context", "A b.", "--question", "Who?"],
+                      "precision='bf16' on the CPU needs a processor")
+    monkeypatch.setattr(_backend, "cpu_bf16_support", lambda: "avx512_bf16")
+    # With native bf16 the flags pass and the run gets as far as reading the (missing) data.
+    assert_user_error(capsys, [*train, "--precision", "bf16"], "missing.json")
 
 
 @pytest.mark.parametrize("command,extra,pattern", [

@@ -399,9 +399,10 @@ def app_from_environment() -> "FastAPI":
     qa = translation = None
     if settings.get("qa_model") is not None:
         from ..tasks.qa import QAModel
-        qa = QAModel.load(settings["qa_model"], device=settings.get("device"))
+        qa = QAModel.load(settings["qa_model"], device=settings.get("device"), precision=settings.get("precision"))
     if settings.get("mt_model") is not None:
         from ..tasks.translation import Translator
-        translation = Translator.load(settings["mt_model"], device=settings.get("device"))
+        translation = Translator.load(settings["mt_model"], device=settings.get("device"),
+                                      precision=settings.get("precision"))
     return create_app(qa=qa, translation=translation, limits=ServeLimits(**settings.get("limits", {})),
                       qa_path=settings.get("qa_model"), mt_path=settings.get("mt_model"))

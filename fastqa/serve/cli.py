@@ -118,7 +118,8 @@ def run_serve(args: argparse.Namespace) -> int:
                          timeout_s=args.timeout_s)
     settings = {"qa_model": None if args.qa_model is None else str(args.qa_model),
                 "mt_model": None if args.mt_model is None else str(args.mt_model),
-                "device": resolve_device(args.device), "threads": args.threads, "limits": limits.to_dict()}
+                "device": resolve_device(args.device), "threads": args.threads, "precision": args.precision,
+                "limits": limits.to_dict()}
     # One description of the app for this process and every worker process (they read it from the environment).
     os.environ[SETTINGS_ENV] = json.dumps(settings)
     # Bind before loading: a port in use is reported before the models spend seconds loading.

@@ -8,7 +8,7 @@ import json
 import os
 from typing import Callable, Iterator, Sequence
 
-__all__ = ["positive_int", "nonnegative_int", "positive_float", "field_value", "PRECISIONS", "add_runtime_flags", "add_training_flags",
+__all__ = ["positive_int", "nonnegative_int", "positive_float", "field_value", "PRECISIONS", "INFERENCE_PRECISIONS", "add_runtime_flags", "add_training_flags",
            "check_training_flags", "amp_of", "resolve_device", "threads"]
 
 
@@ -78,12 +78,20 @@ def device_arg(text: str) -> str:
     return text.strip()
 
 
-def add_runtime_flags(p: argparse.ArgumentParser) -> None:
-    """``--device`` and ``--threads``: every subcommand that runs a model takes them, with these defaults."""
+INFERENCE_PRECISIONS = ("fp32", "bf16")
+
+
+def add_runtime_flags(p: argparse.ArgumentParser, *, precision: bool = True) -> None:
+    """``--device`` and ``--threads``: every subcommand that runs a model takes them, with these defaults; and
+    for the commands that only run one (``precision``), ``--precision`` (the train commands have their own)."""
     p.add_argument("--device", type=device_arg, default=None, metavar="DEV",
                    help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="CPU threads for torch (default: torch's; on a busy machine 1 can be much faster)")
+    if precision:
+        p.add_argument("--precision", choices=INFERENCE_PRECISIONS, default=None,
+                       help="the dtype the model computes in: bf16 casts its weights to bfloat16 (on the CPU: "
+                       "processors with AMX or AVX512-BF16 only); default fp32 (a reader on a GPU: bf16 autocast)")
 
 
 def add_training_flags(p: argparse.ArgumentParser, *, clip: float, eval_every: int, batch_size: int,
@@ -108,11 +116,12 @@ def add_training_flags(p: argparse.ArgumentParser, *, clip: float, eval_every: i
                    help="also checkpoint this often, at a step boundary (default 10; 0: only at evaluations and "
                    "the end); Ctrl-C and SIGTERM always checkpoint before exiting")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="autocast dtype of the forward and backward (default: bf16 on a GPU, fp32 on the CPU)")
+                   help="autocast dtype of the forward and backward (default: bf16 on a GPU, fp32 on the CPU; "
+                   "bf16 on the CPU needs a processor with AMX or AVX512-BF16, fp16 a GPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    add_runtime_flags(p)
+    add_runtime_flags(p, precision=False)
 
 
 def check_training_flags(args: argparse.Namespace) -> None:
@@ -143,10 +152,15 @@ def amp_of(precision: str | None, device: str) -> str | None:
     if precision is None:
         precision = "bf16" if device.startswith("cuda") else "fp32"
     if precision != "fp32" and not device.startswith("cuda"):
+        from .._backend import cpu_bf16_refusal
         from ..errors import UserError
 
-        # The CPU kernels compute in float32 (float64 for checks); a silent fp32 run would mislabel the result.
-        raise UserError(f"--precision {precision} needs a CUDA device; on the CPU training runs in fp32")
+        # fp16 needs loss scaling and the CPU kernels have no fp16; bf16 only where the processor multiplies it.
+        if precision == "fp16":
+            raise UserError("--precision fp16 needs a CUDA device; on the CPU use bf16 or fp32")
+        refusal = cpu_bf16_refusal(f"--precision {precision}")
+        if refusal is not None:
+            raise UserError(refusal)
     return None if precision == "fp32" else precision
 
 

@@ -5,10 +5,11 @@ what it needs to read text, loaded the same way from a shipped model's name, a r
 
     QAModel.load()                                   # the task's shipped model
     Translator.load("runs/convs2s", device="cuda", layers="reference", threads=2)
+    QAModel.load(precision="bf16")                   # weights and activations in bfloat16
 
 ``open_model`` reads the payload and checks its kind; ``unreadable_meta`` and ``load_weights`` turn what can go
 wrong with a checkpoint into one ``UserError`` format naming the file; ``default_device`` is the one device rule
-(a CUDA GPU when there is one, else the CPU).
+(a CUDA GPU when there is one, else the CPU); ``inference_dtype`` the one precision rule.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["Predictor", "default_device", "open_model", "unreadable_meta", "load_weights", "set_threads"]
+__all__ = ["Predictor", "default_device", "inference_dtype", "open_model", "unreadable_meta", "load_weights",
+           "set_threads"]
 
 P = TypeVar("P", bound="Predictor")
 
@@ -36,10 +38,10 @@ class Predictor(Protocol):
 
     @classmethod
     def load(cls: type[P], name_or_path: str | os.PathLike | None = None, *, device: "str | torch.device | None" = None,
-             layers: str | None = None, threads: int | None = None) -> P:
+             layers: str | None = None, threads: int | None = None, precision: str | None = None) -> P:
         """The model ``name_or_path`` names (None: the task's shipped model) on ``device`` (None:
-        ``default_device()``), with ``layers`` (the model's layer set; None: its fast layers) and ``threads``
-        CPU threads (None: PyTorch's default)."""
+        ``default_device()``), with ``layers`` (the model's layer set; None: its fast layers), ``threads``
+        CPU threads (None: PyTorch's default) and ``precision`` (``inference_dtype``)."""
         ...
 
 
@@ -50,6 +52,27 @@ def default_device(device: "str | torch.device | None" = None) -> "torch.device"
     if device is not None:
         return torch.device(device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def inference_dtype(precision: str | None, device: "torch.device") -> "torch.dtype | None":
+    """The dtype a model's weights are cast to for ``precision`` on ``device``: None for None (the weights as
+    saved, in float32, and the task's own default: a reader on a GPU runs under bf16 autocast); float32 for
+    "fp32"; bfloat16 for "bf16" (on a CPU only where the processor multiplies bf16 natively: elsewhere a
+    ``UserError`` says so)."""
+    import torch
+
+    from .._backend import cpu_bf16_refusal
+
+    if precision is None:
+        return None
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be 'fp32', 'bf16' or None, got {precision!r}")
+    if precision == "fp32":
+        return torch.float32
+    refusal = cpu_bf16_refusal("precision='bf16'") if device.type == "cpu" else None
+    if refusal is not None:
+        raise UserError(refusal)
+    return torch.bfloat16
 
 
 def set_threads(threads: int | None) -> None:

@@ -82,7 +82,7 @@ class TrainSettings:
     eval_each_epoch: bool = True
     log_every: int = 50                # steps between train-loss rows in metrics.jsonl
     seed: int = 0
-    amp: str | None = None             # "bf16" / "fp16": torch.autocast on CUDA (ignored on the CPU)
+    amp: str | None = None             # "bf16" / "fp16": torch.autocast (fp16: CUDA only)
     resume: bool = False
     progress: bool = True
     max_minutes: float | None = None   # wall-clock budget, the final evaluation and checkpoint included
@@ -268,7 +268,7 @@ def _train_step(task: Task, model: nn.Module, optimizer, scheduler, batch_global
     reads the losses only when it logs, checkpoints or evaluates (``_LossWindow``)."""
     batch = task.collate(batch_local, env.device)
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.amp or "")
-    with torch.autocast(env.device.type, dtype=amp_dtype, enabled=amp_dtype is not None and env.device.type == "cuda"):
+    with torch.autocast(env.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
         loss = task.loss(model, batch)
     # DDP averages gradients over ranks; weighting by the shard's share makes that the global-batch mean
     # even when the shards differ in size.
@@ -386,6 +386,8 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
     started = time.monotonic()  # the time budget's clock: everything ``fit`` does is in it
     out = Path(settings.out_dir)
     ckpt_path = out / CHECKPOINT_NAME
+    if settings.amp == "fp16" and env.device.type != "cuda":
+        raise UserError("amp='fp16' needs a CUDA device (loss scaling, and no fp16 CPU kernels); on the CPU use 'bf16'")
     model = task.model.to(env.device)
     optimizer, scheduler = task.configure_optimizer(model)
     scaler = torch.amp.GradScaler(env.device.type, enabled=settings.amp == "fp16" and env.device.type == "cuda")

@@ -253,7 +253,8 @@ def _run_predict(args) -> int:
     from ...errors import UserError
     from .predictor import QAModel
 
-    qa = QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device))
+    qa = QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device),
+                      precision=args.precision)
     if args.na_prob_out and not qa.config.no_answer:
         raise UserError(f"--na-prob-out: the model in {args.model} has no no-answer option (trained on SQuAD v1.1)")
     qa.windows(args.max_context, args.stride)  # a bad --stride is reported before the data is read
@@ -292,7 +293,8 @@ def _run_calibrate(args) -> int:
     out = Path(args.out) if args.out else model / CALIBRATION_NAME
     if args.plot:
         figure_format(args.plot, "--plot")  # before minutes of reading
-    qa = QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device))
+    qa = QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device),
+                      precision=args.precision)
     qa.calibration = None  # fitted on the raw scores, whatever the folder held before
     qa.windows(args.max_context, args.stride)
     data, pred = qa.predict_file(args.data, articles=args.articles, batch_size=args.batch_size,
@@ -456,7 +458,8 @@ def _run_ask(args) -> int:
 def _load_reader(args):
     from .predictor import QAModel
 
-    return QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device))
+    return QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device),
+                      precision=args.precision)
 
 
 def read_questions(path: str, *, skip_bad: bool = False) -> tuple[list[dict], list[str]]:

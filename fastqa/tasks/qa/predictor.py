@@ -23,7 +23,7 @@ from torch import nn
 from ..._checks import check_int, check_number
 from ...data.vocab import Vocab
 from ...errors import UserError
-from ..loading import default_device, load_weights, open_model, set_threads, unreadable_meta
+from ..loading import default_device, inference_dtype, load_weights, open_model, set_threads, unreadable_meta
 from .calibration import Calibration
 from .readers import MODELS, answer_len, build_model, config_type
 from .encoding import EncodedPair, encode_pairs
@@ -82,9 +82,12 @@ class QAModel:
 
     def __init__(self, model: nn.Module, words: Vocab, chars: Vocab, *, max_answer_len: int = 30,
                  limits: Limits = Limits(), device: torch.device | str | None = None,
-                 calibration: Calibration | None = None) -> None:
+                 calibration: Calibration | None = None, dtype: torch.dtype | None = None) -> None:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
-        self.model = model.to(self.device).eval()
+        #: the weights' dtype when one was asked for (``Predictor.load``'s precision); None: as saved, and on a
+        #: GPU under bf16 autocast
+        self.dtype = dtype
+        self.model = model.to(self.device, dtype).eval()
         self.config = model.config
         self.words, self.chars = words, chars
         self.max_answer_len = max_answer_len
@@ -94,13 +97,16 @@ class QAModel:
 
     @classmethod
     def load(cls, name_or_path: str | os.PathLike | None = None, *, device: str | torch.device | None = None,
-             layers: str | None = None, threads: int | None = None) -> "QAModel":
+             layers: str | None = None, threads: int | None = None, precision: str | None = None) -> "QAModel":
         """The reader ``name_or_path`` names: a run folder (or its checkpoint.pt), a slim export (``fastqa
         export``), or a shipped model's name (``fastqa.pretrained.NAMES``); None loads the shipped reader,
         "qanet-small-squad". Config, vocabularies and calibration come with the weights (the EMA's when the run
         kept them). The ``Predictor`` contract (``fastqa.tasks.loading``): device None picks a CUDA GPU when
-        there is one; layers: QANet's "fast" (default), "reference", "naive"; threads: CPU threads."""
+        there is one; layers: QANet's "fast" (default), "reference", "naive"; threads: CPU threads; precision:
+        "fp32", "bf16" or None (``fastqa.tasks.loading.inference_dtype``)."""
         set_threads(threads)
+        device = default_device(device)
+        dtype = inference_dtype(precision, device)
         payload, where, meta = open_model(name_or_path, "qa", MODELS, "a reader's")
         kind = payload["kind"]
         if layers is not None and kind != "qanet":
@@ -119,8 +125,8 @@ class QAModel:
                             f"match its config {sizes}")
         model = build_model(config)
         load_weights(model, payload, where)
-        return cls(model, words, chars, max_answer_len=max_answer_len, limits=limits, device=default_device(device),
-                   calibration=calibration)
+        return cls(model, words, chars, max_answer_len=max_answer_len, limits=limits, device=device,
+                   calibration=calibration, dtype=dtype)
 
     @property
     def char_limit(self) -> int:
@@ -152,6 +158,7 @@ class QAModel:
                             [(p.question_words, p.question_chars, index[id(p.context_words)]) for p in pairs], k=k,
                             max_answer_len=mal, max_context=window, stride=overlap, batch_size=batch_size,
                             word_pad=self.words.pad_id, char_pad=self.chars.pad_id, device=self.device,
+                            autocast=self.dtype is None,
                             terms=([lexical_terms(p.context_tokens) for p in unique],
                                    [lexical_terms(p.question_tokens) for p in pairs]),
                             breaks=None if texts is None else [paragraph_starts(texts[i], pairs[i].offsets)

@@ -62,9 +62,10 @@ _STOPWORDS = frozenset(
     "her him i you we our your not no into onto about after before over under".split())
 
 
-def inference_autocast(device: torch.device):
-    """Autocast for evaluation and prediction: bf16 on a GPU, as the recipe trains there; fp32 on the CPU."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+def inference_autocast(device: torch.device, enabled: bool = True):
+    """Autocast for evaluation and prediction: bf16 on a GPU, as the recipe trains there; fp32 on the CPU (a
+    reader loaded with a precision computes in its weights' dtype: ``enabled`` False)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled and device.type == "cuda")
 
 
 def window_settings(max_context: int | None, stride: int | None, default_context: int) -> tuple[int, int]:
@@ -190,7 +191,7 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
                  questions: Sequence[tuple[torch.Tensor, torch.Tensor, int]], *, k: int = 1,
                  max_answer_len: int = 30, max_context: int | None = None, stride: int = DEFAULT_STRIDE,
                  batch_size: int = 32, word_pad: int = 0, char_pad: int = 0,
-                 device: torch.device | str | None = None, on_batch: BatchHook | None = None,
+                 device: torch.device | str | None = None, autocast: bool = True, on_batch: BatchHook | None = None,
                  progress: Callable[[int], None] | None = None,
                  terms: tuple[Sequence[Sequence[str | None]], Sequence[Sequence[str | None]]] | None = None,
                  breaks: Sequence[Sequence[int]] | None = None) -> list[Reading]:
@@ -199,7 +200,7 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
     contexts: (word ids [n], char ids [n, W]) per context; questions: (word ids [m], char ids [m, W'],
     context index) per question. max_context None reads every context whole (training-time evaluation).
     on_batch: called for every batch (e.g. to add up a loss); progress: called with the number of
-    questions whose last window was just read; terms: (per context, per question) the ``lexical_terms`` of
+    questions whose last window was just read; autocast: bf16 autocast on a GPU (``inference_autocast``); terms: (per context, per question) the ``lexical_terms`` of
     their tokens, for the windows' relevance to the question (module docstring); breaks: per context the tokens
     that start a paragraph (``plan_windows``). The model is put in eval mode and back.
     """
@@ -242,7 +243,7 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
                       pad([questions[qi][0].tolist() for qi, _ in picked], word_pad),
                       pad_chars([questions[qi][1] for qi, _ in picked], char_pad))
             inputs = tuple(t.to(device, non_blocking=True) for t in inputs)
-            with inference_autocast(device):
+            with inference_autocast(device, autocast):
                 s1, s2 = model(*inputs, logits=True) if logits else model(*inputs)
             s1, s2 = s1.float(), s2.float()
             lp1, lp2 = (F.log_softmax(s1, dim=1), F.log_softmax(s2, dim=1)) if logits else (s1, s2)

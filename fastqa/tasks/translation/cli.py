@@ -194,7 +194,7 @@ def _load(args: argparse.Namespace):
     from .translator import Translator
 
     return Translator.load(args.model, layers=args.layers or "fast", device=resolve_device(args.device),
-                           restore_case=not args.keep_case)
+                           precision=args.precision, restore_case=not args.keep_case)
 
 
 def _decode_kwargs(args: argparse.Namespace, *, progress: bool = True) -> dict:

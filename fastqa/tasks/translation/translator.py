@@ -26,7 +26,7 @@ from ...data.batching import pad
 from ...data.vocab import EOS, SOS, Vocab
 from ...errors import UserError
 from ...models.convs2s import ConvS2S, ConvS2SConfig, Hypothesis, beam_search
-from ..loading import default_device, load_weights, open_model, set_threads, unreadable_meta
+from ..loading import default_device, inference_dtype, load_weights, open_model, set_threads, unreadable_meta
 from .parallel import TextCodec, encode_source
 from .task import KIND
 
@@ -155,14 +155,17 @@ class Translator:
 
     @classmethod
     def load(cls, name_or_path: str | os.PathLike | None = None, *, device: str | torch.device | None = None,
-             layers: str | None = None, threads: int | None = None, restore_case: bool = True) -> "Translator":
+             layers: str | None = None, threads: int | None = None, precision: str | None = None,
+             restore_case: bool = True) -> "Translator":
         """The translator ``name_or_path`` names: a run folder (its ``checkpoint.pt``; the EMA weights if the
         run kept them), a slim export (``fastqa export``), or a shipped model's name; None: the shipped
         translator (``fastqa.pretrained.DEFAULTS["translation"]``). The ``Predictor`` contract
         (``fastqa.tasks.loading``): device None picks a CUDA GPU when there is one; layers: "fast" (default) or
-        "reference"; threads: CPU threads. ``restore_case``: see the attribute."""
+        "reference"; threads: CPU threads; precision: "fp32", "bf16" or None (float32;
+        ``fastqa.tasks.loading.inference_dtype``). ``restore_case``: see the attribute."""
         set_threads(threads)
         device = default_device(device)
+        dtype = inference_dtype(precision, device)
         layers = layers or "fast"
         payload, path, meta = open_model(name_or_path, "translation", (KIND,), "a translation model",
                                          map_location=device)
@@ -187,7 +190,7 @@ class Translator:
         load_weights(model, payload, path)
         with unreadable_meta(path):
             floor = ConfidenceFloor.from_dict(meta["confidence"]) if meta.get("confidence") is not None else None
-        model.to(device)
+        model.to(device, dtype)
         translator = cls(model, src_vocab, tgt_vocab, codec=codec, restore_case=restore_case)
         translator.confidence_floor = floor
         return translator

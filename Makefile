@@ -19,7 +19,7 @@ GPU_COMPILE_ARGS ?=
 LINT_PATHS := fastqa triton_kernels benchmarks tests scripts setup.py
 EXT_SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') CMakeLists.txt setup.py pyproject.toml
 
-.PHONY: test lint wheel-check bench bench-models gpu-check gpu-compile triton-pin install clean
+.PHONY: test lint wheel-check bench bench-models bench-bf16 gpu-check gpu-compile triton-pin install clean
 
 $(PY):
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -60,6 +60,10 @@ bench: install
 # The model cases (QANet train step / inference, ConvS2S translation and train step): tens of minutes.
 bench-models: install
 	$(PY) -m benchmarks --models --ops qanet qa_readers convs2s_translate convs2s_train_step $(BENCH_ARGS)
+
+# bf16 against fp32 on the CPU, interleaved in one process: every fused op's cases and the model cases.
+bench-bf16: install
+	$(PY) -m benchmarks.cpu_bf16 --models --threads 2 --out bench-results/cpu-bf16.json $(BENCH_ARGS)
 
 # The GPU path end to end on a CUDA machine whose python3 has torch and Triton (a GPU image): no venv, no
 # network, no extension build; at most --budget-s (default 400 s) of phases. $(OUT)/ gets summary.txt,

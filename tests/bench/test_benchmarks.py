@@ -8,6 +8,7 @@ import torch
 
 from benchmarks import __main__ as cli
 from benchmarks import compare, measure, registry, report, runner
+from fastqa._backend import cpu_available
 from benchmarks.cases import (cqa_case, decode_attention_case, dwsep_case, glu_case, glu_step_case, linear_argmax_case,
                               ln_dwsep_case)
 
@@ -118,3 +119,21 @@ def test_compare_flags_only_real_regressions(tmp_path, capsys, slowdown, flagged
     out = capsys.readouterr().out
     assert ("REGRESSION" in out) == flagged
     assert "only in OLD" in out and "gone" in out and "added" in out
+
+
+@pytest.mark.skipif(not cpu_available(), reason="compares the C++ kernels in two dtypes")
+def test_bf16_benchmark_writes_rows_with_speedups_and_errors(tmp_path):
+    """benchmarks.cpu_bf16 on one quick op: a row per mode with the three implementations timed, the bf16 result's
+    error against float64 at bf16's size, and the JSON and markdown written."""
+    from benchmarks import cpu_bf16
+
+    out = tmp_path / "bf16.json"
+    assert cpu_bf16.main(["--quick", "--ops", "linear", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert rows and {r["case"].split()[-1] for r in rows} == {"fwd", "fwd+bwd"}
+    for r in rows:
+        assert set(r["ms"]) == {"fp32", "bf16", "autocast"} and all(v > 0 for v in r["ms"].values())
+        assert 0 < r["bf16_relative_error"] < 3e-2
+        assert r["bf16_speedup"] == pytest.approx(r["ms"]["fp32"] / r["ms"]["bf16"])
+    assert "| linear/" in out.with_suffix(".md").read_text()

@@ -28,11 +28,18 @@
 // any thread count (ATen's layer_norm backward, used here before, reduces per thread).
 // mask [B, L] bool (optional): rows where it is false (padding) are zero in h, so they enter the depthwise
 // conv as its zero padding does and real rows never see them; their dL/dh is dropped (grad_x rows 0).
+//
+// dtypes: float32, float64, or bfloat16 (csrc/cpu/bf16.h) with every floating tensor of a call bf16. A bf16 call
+// widens x, the depthwise and LayerNorm parameters, the biases, the residual and grad_y to float32 and runs the
+// float32 kernels inside a gemm::Bf16Products scope, opened again on the pool's threads where the tiles' GEMMs
+// run; pw_weight, which feeds only GEMMs, stays bf16. y and the dwsep grad_x are rounded to bf16 tile by tile,
+// the other gradients once reduced; ln_stats stays float32 (what it is computed in) and the ReLU mask bool.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "cpu/bf16.h"
 #include "cpu/common.h"
 #include "cpu/gemm.h"
 
@@ -410,23 +417,30 @@ at::Tensor pointwise_2d(const at::Tensor& pw_weight) {
   return pw_weight.reshape({pw_weight.size(0), pw_weight.size(1)}).contiguous();
 }
 
-std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x_in, const at::Tensor& dw_weight,
-                                                    const c10::optional<at::Tensor>& dw_bias_in,
-                                                    const at::Tensor& pw_weight,
-                                                    const c10::optional<at::Tensor>& pw_bias_in,
-                                                    const c10::optional<at::Tensor>& residual_in, int64_t pad_left,
-                                                    bool relu) {
-  const Shapes s = check_args("dwsep_conv1d_fwd", x_in, dw_weight, dw_bias_in, pw_weight, pw_bias_in, pad_left);
+// The optional residual, checked against x, contiguous.
+c10::optional<at::Tensor> checked_residual(const char* op, const c10::optional<at::Tensor>& residual,
+                                           const Shapes& s, const at::Tensor& x) {
+  if (!residual) return c10::nullopt;
+  TORCH_CHECK(residual->sizes() == at::IntArrayRef({s.B, s.L, s.C_out}), op, ": residual must be [B, L, C_out]=[",
+              s.B, ", ", s.L, ", ", s.C_out, "], got ", residual->sizes());
+  TORCH_CHECK(residual->device() == x.device() && residual->scalar_type() == x.scalar_type(), op,
+              ": residual must match x in dtype and device");
+  return residual->contiguous();
+}
+
+// The forward on checked arguments (check_args, checked_residual): x, dw_weight and the biases float32 or
+// float64. pw_weight feeds the GEMMs only: x's dtype, or bf16 inside a Bf16Products scope (a bf16 operand
+// is taken as it is, where a float32 one would be rounded to bf16 on every tile). bf16_out (float32 x): y is
+// bf16, each tile computed in a float32 buffer and rounded while in cache, instead of a float32 y [B, L, C_out]
+// allocated, written and read again by a separate rounding pass.
+std::tuple<at::Tensor, at::Tensor> dwsep_forward(const Shapes& s, const at::Tensor& x_in, const at::Tensor& dw_weight,
+                                                 const c10::optional<at::Tensor>& dw_bias_in,
+                                                 const at::Tensor& pw_weight,
+                                                 const c10::optional<at::Tensor>& pw_bias_in,
+                                                 const c10::optional<at::Tensor>& residual, int64_t pad_left,
+                                                 bool relu, bool bf16_out = false) {
   gemm::prepare();
-  c10::optional<at::Tensor> residual, dw_bias, pw_bias;
-  if (residual_in) {
-    TORCH_CHECK(residual_in->sizes() == at::IntArrayRef({s.B, s.L, s.C_out}),
-                "dwsep_conv1d_fwd: residual must be [B, L, C_out]=[", s.B, ", ", s.L, ", ", s.C_out, "], got ",
-                residual_in->sizes());
-    TORCH_CHECK(residual_in->device() == x_in.device() && residual_in->scalar_type() == x_in.scalar_type(),
-                "dwsep_conv1d_fwd: residual must match x in dtype and device");
-    residual = residual_in->contiguous();
-  }
+  c10::optional<at::Tensor> dw_bias, pw_bias;
   if (dw_bias_in) dw_bias = dw_bias_in->contiguous();
   if (pw_bias_in) pw_bias = pw_bias_in->contiguous();
   // Channels-first data viewed as [B, L, C] (or any other layout) is copied to channels-last once.
@@ -436,11 +450,13 @@ std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x_in, cons
   // to 1.8x slower here); oneDNN: a transposed view of [C_out, C_in], its own weight layout.
   const bool onednn = gemm::engine_for(x.scalar_type()) == gemm::Engine::kOneDnn;
   const at::Tensor w_t = onednn ? pointwise_2d(pw_weight).t() : pointwise_2d(pw_weight).t().contiguous();
-  at::Tensor y = at::empty({s.B, s.L, s.C_out}, x.options());
+  at::Tensor y = at::empty({s.B, s.L, s.C_out}, bf16_out ? x.options().dtype(at::kBFloat16) : x.options());
   at::Tensor aux = relu ? at::empty({s.B, s.L, s.C_out}, x.options().dtype(at::kBool))
                         : at::empty({0}, x.options().dtype(at::kBool));
   at::Tensor y2d = y.view({s.B * s.L, s.C_out});
   const Tiling tiles(s.B, s.L, s.C_in, s.C_out, s.K, at::get_num_threads());
+  // The tiles' GEMMs run on the pool's threads: they take their products in bf16 when the caller does.
+  const bool b16 = gemm::bf16_products();
 
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dwsep_conv1d_fwd", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
@@ -451,39 +467,77 @@ std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x_in, cons
     bool* mp = relu ? aux.data_ptr<bool>() : nullptr;
     at::parallel_for(0, tiles.count, tiles.grain, [&](int64_t t0, int64_t t1) {
       const BelowAutograd below_autograd;
+      const gemm::Bf16Products bf16_scope(b16);
       at::Tensor h = at::empty({tiles.chunk, s.C_in}, x.options());
+      at::Tensor y_buf = bf16_out ? at::empty({tiles.chunk, s.C_out}, x.options()) : at::Tensor();
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t b = tiles.seq(t), l0 = tiles.begin(t), l1 = tiles.end(t), rows = l1 - l0;
         const int64_t row0 = b * s.L + l0;  // first row of the tile in the flattened [B*L, C] views
         at::Tensor h_tile = h.narrow(0, 0, rows);
         depthwise_rows(xp + b * s.L * s.C_in, wtp, dbp, h_tile.data_ptr<scalar_t>(), s.L, s.C_in, s.K, pad_left,
                        l0, l1);
-        at::Tensor y_tile = y2d.narrow(0, row0, rows);
+        at::Tensor y_tile = bf16_out ? y_buf.narrow(0, 0, rows) : y2d.narrow(0, row0, rows);
         // The bias, when there is one, is the GEMM's starting value (fill_rows): the epilogue has one
         // pass less.
         if (pbp) fill_rows(y_tile.data_ptr<scalar_t>(), s.C_out, pbp, s.C_out, rows);
         gemm::mm_out(y_tile, h_tile, w_t, /*accumulate=*/pbp != nullptr);
         epilogue_rows(y_tile.data_ptr<scalar_t>(), rp ? rp + row0 * s.C_out : nullptr,
                       mp ? mp + row0 * s.C_out : nullptr, rows, s.C_out, relu);
+        if (bf16_out) y2d.narrow(0, row0, rows).copy_(y_tile);
       }
     });
   });
   return {y, aux};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_conv1d_bwd(
-    const at::Tensor& grad_y_in, const at::Tensor& x_in, const at::Tensor& dw_weight,
+// The float32 copy of a bf16 residual (`given`, and `checked` its checked_residual) for the float32 kernel: the
+// widened x itself where the residual is x (QANet's sublayers add their own input back), which saves a second
+// conversion of the same data.
+c10::optional<at::Tensor> widened_residual(const c10::optional<at::Tensor>& given,
+                                           const c10::optional<at::Tensor>& checked, const at::Tensor& x,
+                                           const at::Tensor& wide_x) {
+  if (!checked) return c10::nullopt;
+  return given->is_same(x) ? wide_x : bf16::widen(*checked);
+}
+
+std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x, const at::Tensor& dw_weight,
+                                                    const c10::optional<at::Tensor>& dw_bias,
+                                                    const at::Tensor& pw_weight,
+                                                    const c10::optional<at::Tensor>& pw_bias,
+                                                    const c10::optional<at::Tensor>& residual_in, int64_t pad_left,
+                                                    bool relu) {
+  constexpr const char* op = "dwsep_conv1d_fwd";
+  const Shapes s = check_args(op, x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left);
+  const c10::optional<at::Tensor> residual = checked_residual(op, residual_in, s, x);
+  if (!bf16::is_bf16(x)) return dwsep_forward(s, x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu);
+  // bf16 (csrc/cpu/bf16.h): the float32 kernel on widened copies, its products in bf16; y rounded once, at the end
+  // of its tile.
+  const gemm::Bf16Products bf16_scope;
+  const at::Tensor wide_x = bf16::widen(x.contiguous());
+  return dwsep_forward(s, wide_x, bf16::widen(dw_weight), bf16::widen(dw_bias), pw_weight, bf16::widen(pw_bias),
+                       widened_residual(residual_in, residual, x, wide_x), pad_left, relu, /*bf16_out=*/true);
+}
+
+// The backward's checks of grad_y and aux (the rest is check_args').
+void check_grad_and_aux(const char* op, const Shapes& s, const at::Tensor& grad_y, const at::Tensor& x,
+                        const at::Tensor& aux, bool relu) {
+  TORCH_CHECK(grad_y.sizes() == at::IntArrayRef({s.B, s.L, s.C_out}) && grad_y.scalar_type() == x.scalar_type() &&
+                  grad_y.device() == x.device(),
+              op, ": grad_y must be a [B, L, C_out]=[", s.B, ", ", s.L, ", ", s.C_out, "] ", x.scalar_type(),
+              " tensor like x, got ", grad_y.sizes(), " ", grad_y.scalar_type());
+  TORCH_CHECK(!relu || (aux.scalar_type() == at::kBool && aux.sizes() == grad_y.sizes()), op,
+              ": with relu, aux must be the forward's bool mask [B, L, C_out], got ", aux.sizes(), " ",
+              aux.scalar_type());
+}
+
+// The backward on checked arguments (check_args, check_grad_and_aux); the dtypes as dwsep_forward's, grad_y x's.
+// bf16_out (float32 x): grad_x is bf16, rounded tile by tile from a float32 buffer, as dwsep_forward's y.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_backward(
+    const Shapes& s, const at::Tensor& grad_y_in, const at::Tensor& x_in, const at::Tensor& dw_weight,
     const c10::optional<at::Tensor>& dw_bias_in, const at::Tensor& pw_weight,
-    const c10::optional<at::Tensor>& pw_bias, const at::Tensor& aux_in, int64_t pad_left, bool relu) {
-  const Shapes s = check_args("dwsep_conv1d_bwd", x_in, dw_weight, dw_bias_in, pw_weight, pw_bias, pad_left);
+    const c10::optional<at::Tensor>& pw_bias, const at::Tensor& aux_in, int64_t pad_left, bool relu,
+    bool bf16_out = false) {
   gemm::prepare();
-  TORCH_CHECK(grad_y_in.sizes() == at::IntArrayRef({s.B, s.L, s.C_out}) &&
-                  grad_y_in.scalar_type() == x_in.scalar_type() && grad_y_in.device() == x_in.device(),
-              "dwsep_conv1d_bwd: grad_y must be a [B, L, C_out]=[", s.B, ", ", s.L, ", ", s.C_out, "] ",
-              x_in.scalar_type(), " tensor like x, got ", grad_y_in.sizes(), " ", grad_y_in.scalar_type());
-  TORCH_CHECK(!relu || (aux_in.scalar_type() == at::kBool && aux_in.sizes() == grad_y_in.sizes()),
-              "dwsep_conv1d_bwd: with relu, aux must be the forward's bool mask [B, L, C_out], got ",
-              aux_in.sizes(), " ", aux_in.scalar_type());
   const at::Tensor grad_y = grad_y_in.contiguous();
   const at::Tensor x = x_in.contiguous();
   const at::Tensor aux = relu ? aux_in.contiguous() : aux_in;
@@ -497,12 +551,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_con
   const Tiling tiles(s.B, s.L, s.C_in, s.C_out, s.K, kBackwardThreads);
   const int64_t groups = tiles.blocks();
   const auto opts = x.options();
-  at::Tensor grad_x = at::empty({s.B, s.L, s.C_in}, opts);
+  at::Tensor grad_x = at::empty({s.B, s.L, s.C_in}, bf16_out ? opts.dtype(at::kBFloat16) : opts);
   // Per-block partials, zero-initialised so blocks accumulate into them directly.
   at::Tensor part_pw = at::zeros({groups, s.C_out, s.C_in}, opts);
   at::Tensor part_pb = at::zeros({groups, pw_bias ? s.C_out : 0}, opts);
   at::Tensor part_dw = at::zeros({groups, s.K, s.C_in}, opts);
   at::Tensor part_db = at::zeros({groups, dw_bias ? s.C_in : 0}, opts);
+  const bool b16 = gemm::bf16_products();  // as in the forward: the blocks' GEMMs run on the pool's threads
 
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dwsep_conv1d_bwd", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
@@ -517,10 +572,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_con
       g1 = std::min(g1, groups);
       if (g0 >= g1) return;
       const BelowAutograd below_autograd;
+      const gemm::Bf16Products bf16_scope(b16);
       const int64_t halo_rows = tiles.chunk + s.K - 1;
       at::Tensor h = at::empty({tiles.chunk, s.C_in}, opts);
       at::Tensor gh = at::empty({halo_rows, s.C_in}, opts);
       at::Tensor gz = relu ? at::empty({halo_rows, s.C_out}, opts) : at::Tensor();
+      at::Tensor gx_buf = bf16_out ? at::empty({tiles.chunk, s.C_in}, opts) : at::Tensor();
       for (int64_t g = g0; g < g1; ++g) {
         at::Tensor pw_acc = part_pw[g];
         scalar_t* pb_acc = pw_bias ? part_pb[g].data_ptr<scalar_t>() : nullptr;
@@ -550,9 +607,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_con
           at::Tensor gh_ext = gh.narrow(0, 0, ext);
           gemm::mm_out(gh_ext, gz_ext, w2d);
           const scalar_t* ghp = gh_ext.data_ptr<scalar_t>();
-          depthwise_backward_rows(ghp, e0, xp + b * s.L * s.C_in, wtp,
-                                  grad_x.data_ptr<scalar_t>() + (b * s.L + l0) * s.C_in, dw_acc, db_acc, s.L,
-                                  s.C_in, s.K, pad_left, l0, l1);
+          const int64_t row0 = b * s.L + l0;
+          scalar_t* gxp = bf16_out ? gx_buf.data_ptr<scalar_t>() : grad_x.data_ptr<scalar_t>() + row0 * s.C_in;
+          depthwise_backward_rows(ghp, e0, xp + b * s.L * s.C_in, wtp, gxp, dw_acc, db_acc, s.L, s.C_in, s.K,
+                                  pad_left, l0, l1);
+          if (bf16_out) grad_x.view({s.B * s.L, s.C_in}).narrow(0, row0, rows).copy_(gx_buf.narrow(0, 0, rows));
         }
       }
     });
@@ -563,6 +622,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_con
   at::Tensor grad_pw_bias = pw_bias ? reduce_partials(part_pb) : at::empty({0}, opts);
   at::Tensor grad_dw_bias = dw_bias ? reduce_partials(part_db) : at::empty({0}, opts);
   return {grad_x, grad_dw_weight, grad_dw_bias, grad_pw_weight, grad_pw_bias};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_conv1d_bwd(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& dw_weight,
+    const c10::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
+    const c10::optional<at::Tensor>& pw_bias, const at::Tensor& aux, int64_t pad_left, bool relu) {
+  constexpr const char* op = "dwsep_conv1d_bwd";
+  const Shapes s = check_args(op, x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left);
+  check_grad_and_aux(op, s, grad_y, x, aux, relu);
+  if (!bf16::is_bf16(x)) {
+    return dwsep_backward(s, grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu);
+  }
+  const gemm::Bf16Products bf16_scope;
+  auto [gx, gdw, gdb, gpw, gpb] =
+      dwsep_backward(s, bf16::widen(grad_y.contiguous()), bf16::widen(x.contiguous()), bf16::widen(dw_weight),
+                     bf16::widen(dw_bias), pw_weight, pw_bias, aux, pad_left, relu, /*bf16_out=*/true);
+  return {gx, bf16::narrow(gdw), bf16::narrow(gdb), bf16::narrow(gpw), bf16::narrow(gpb)};
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -671,17 +747,18 @@ void layer_norm_rows(const T* x, const T* w, const T* b, const T* stats, const b
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_dwsep_conv1d_fwd(
-    const at::Tensor& x_in, const at::Tensor& ln_weight_in, const at::Tensor& ln_bias_in, double eps,
+// The dtype of the saved row statistics: float32 for bf16 x (bf16.h), x's otherwise.
+at::ScalarType stats_dtype(const at::Tensor& x) { return bf16::is_bf16(x) ? at::kFloat : x.scalar_type(); }
+
+// The forward on checked arguments (check_args, check_ln_args, checked_residual, checked_row_mask); the dtypes
+// as dwsep_forward's, the LayerNorm parameters x's.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_forward(
+    const Shapes& s, const at::Tensor& x_in, const at::Tensor& ln_weight_in, const at::Tensor& ln_bias_in, double eps,
     const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
-    const c10::optional<at::Tensor>& pw_bias, const c10::optional<at::Tensor>& residual,
-    const c10::optional<at::Tensor>& mask_in, int64_t pad_left, bool relu) {
+    const c10::optional<at::Tensor>& pw_bias, const c10::optional<at::Tensor>& residual, const at::Tensor& mask,
+    int64_t pad_left, bool relu, bool bf16_out = false) {
   constexpr const char* op = "ln_dwsep_conv1d_fwd";
-  const Shapes s = check_args(op, x_in, dw_weight, dw_bias, pw_weight, pw_bias, pad_left);
-  check_ln_args(op, x_in, ln_weight_in, ln_bias_in);
-  TORCH_CHECK(eps > 0, op, ": eps must be positive, got ", eps);
   const at::Tensor x = x_in.contiguous(), ln_weight = ln_weight_in.contiguous(), ln_bias = ln_bias_in.contiguous();
-  const at::Tensor mask = checked_row_mask(op, mask_in, x_in);
   at::Tensor h = at::empty({s.B, s.L, s.C_in}, x.options());
   at::Tensor stats = at::empty({s.B, 2, s.L}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), op, [&] {
@@ -699,25 +776,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_dwsep_conv1d_fwd(
       layer_norm_rows(xp, wp, bp, sp, mp, hp, r0, r1, s.L, s.C_in);
     });
   });
-  auto [y, aux] = dwsep_conv1d_fwd(h, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu);
+  auto [y, aux] = dwsep_forward(s, h, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu, bf16_out);
   return {y, aux, stats};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ln_dwsep_conv1d_bwd(
-    const at::Tensor& grad_y, const at::Tensor& x_in, const at::Tensor& ln_weight_in, const at::Tensor& ln_bias_in,
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_dwsep_conv1d_fwd(
+    const at::Tensor& x, const at::Tensor& ln_weight, const at::Tensor& ln_bias, double eps,
     const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
-    const c10::optional<at::Tensor>& pw_bias, const at::Tensor& aux, const at::Tensor& ln_stats_in,
+    const c10::optional<at::Tensor>& pw_bias, const c10::optional<at::Tensor>& residual_in,
     const c10::optional<at::Tensor>& mask_in, int64_t pad_left, bool relu) {
+  constexpr const char* op = "ln_dwsep_conv1d_fwd";
+  const Shapes s = check_args(op, x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left);
+  check_ln_args(op, x, ln_weight, ln_bias);
+  TORCH_CHECK(eps > 0, op, ": eps must be positive, got ", eps);
+  const at::Tensor mask = checked_row_mask(op, mask_in, x);
+  const c10::optional<at::Tensor> residual = checked_residual(op, residual_in, s, x);
+  if (!bf16::is_bf16(x)) {
+    return ln_forward(s, x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, residual, mask,
+                      pad_left, relu);
+  }
+  // bf16: as dwsep_conv1d_fwd; the statistics are saved in float32, the dtype they are computed in.
+  const gemm::Bf16Products bf16_scope;
+  const at::Tensor wide_x = bf16::widen(x.contiguous());
+  return ln_forward(s, wide_x, bf16::widen(ln_weight), bf16::widen(ln_bias), eps, bf16::widen(dw_weight),
+                    bf16::widen(dw_bias), pw_weight, bf16::widen(pw_bias),
+                    widened_residual(residual_in, residual, x, wide_x), mask, pad_left, relu, /*bf16_out=*/true);
+}
+
+// The backward on checked arguments (check_args, check_ln_args, check_grad_and_aux, the ln_stats check,
+// checked_row_mask); the dtypes as ln_forward's, grad_y and ln_stats x's.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ln_backward(
+    const Shapes& s, const at::Tensor& grad_y, const at::Tensor& x_in, const at::Tensor& ln_weight_in,
+    const at::Tensor& ln_bias_in, const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias,
+    const at::Tensor& pw_weight, const c10::optional<at::Tensor>& pw_bias, const at::Tensor& aux,
+    const at::Tensor& ln_stats_in, const at::Tensor& mask, int64_t pad_left, bool relu) {
   constexpr const char* op = "ln_dwsep_conv1d_bwd";
-  const Shapes s = check_args(op, x_in, dw_weight, dw_bias, pw_weight, pw_bias, pad_left);
-  check_ln_args(op, x_in, ln_weight_in, ln_bias_in);
-  TORCH_CHECK(ln_stats_in.sizes() == at::IntArrayRef({s.B, 2, s.L}) && ln_stats_in.scalar_type() == x_in.scalar_type()
-                  && ln_stats_in.device() == x_in.device(),
-              op, ": ln_stats must be the forward's [B, 2, L]=[", s.B, ", 2, ", s.L, "] ", x_in.scalar_type(),
-              " tensor, got ", ln_stats_in.sizes(), " ", ln_stats_in.scalar_type());
   const at::Tensor x = x_in.contiguous(), ln_weight = ln_weight_in.contiguous(), ln_bias = ln_bias_in.contiguous();
   const at::Tensor stats = ln_stats_in.contiguous();
-  const at::Tensor mask = checked_row_mask(op, mask_in, x_in);
   const bool* mp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
   const int64_t rows = s.B * s.L, C = s.C_in;
   const int64_t row_grain = std::max<int64_t>(1, kMinTaskWork / (4 * C));
@@ -733,7 +828,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     });
   });
   auto [grad_h, grad_dw_weight, grad_dw_bias, grad_pw_weight, grad_pw_bias] =
-      dwsep_conv1d_bwd(grad_y, h, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu);
+      dwsep_backward(s, grad_y, h, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu);
   h.reset();
   // LayerNorm backward, with g = dL/dh and xhat = (x - mean) * rstd per row:
   //   grad_x = rstd * (g∘w - mean(g∘w) - xhat * mean(g∘w∘xhat)), grad_w = Σ_rows g∘xhat, grad_b = Σ_rows g.
@@ -761,6 +856,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor grad_ln = reduce_partials(part);  // [2, C], blocks summed in order
   return {grad_x, grad_ln[0].clone(), grad_ln[1].clone(), grad_dw_weight, grad_dw_bias, grad_pw_weight,
           grad_pw_bias};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ln_dwsep_conv1d_bwd(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& ln_weight, const at::Tensor& ln_bias,
+    const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
+    const c10::optional<at::Tensor>& pw_bias, const at::Tensor& aux, const at::Tensor& ln_stats,
+    const c10::optional<at::Tensor>& mask_in, int64_t pad_left, bool relu) {
+  constexpr const char* op = "ln_dwsep_conv1d_bwd";
+  const Shapes s = check_args(op, x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left);
+  check_ln_args(op, x, ln_weight, ln_bias);
+  check_grad_and_aux(op, s, grad_y, x, aux, relu);
+  TORCH_CHECK(ln_stats.sizes() == at::IntArrayRef({s.B, 2, s.L}) && ln_stats.scalar_type() == stats_dtype(x) &&
+                  ln_stats.device() == x.device(),
+              op, ": ln_stats must be the forward's [B, 2, L]=[", s.B, ", 2, ", s.L, "] ", stats_dtype(x),
+              " tensor, got ", ln_stats.sizes(), " ", ln_stats.scalar_type());
+  const at::Tensor mask = checked_row_mask(op, mask_in, x);
+  if (!bf16::is_bf16(x)) {
+    return ln_backward(s, grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats, mask,
+                       pad_left, relu);
+  }
+  const gemm::Bf16Products bf16_scope;
+  auto [gx, glw, glb, gdw, gdb, gpw, gpb] =
+      ln_backward(s, bf16::widen(grad_y.contiguous()), bf16::widen(x.contiguous()), bf16::widen(ln_weight),
+                  bf16::widen(ln_bias), bf16::widen(dw_weight), bf16::widen(dw_bias), pw_weight, pw_bias, aux,
+                  ln_stats, mask, pad_left, relu);
+  return {bf16::narrow(gx), bf16::narrow(glw), bf16::narrow(glb), bf16::narrow(gdw), bf16::narrow(gdb),
+          bf16::narrow(gpw), bf16::narrow(gpb)};
 }
 
 }  // namespace

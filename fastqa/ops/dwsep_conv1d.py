@@ -316,7 +316,9 @@ if cpu_available():
     def _ln_dwsep_conv1d_fwd_fake(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, residual,
                                   mask, pad_left, relu):
         y, aux = _dwsep_conv1d_fwd_fake(x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu)
-        return y, aux, x.new_empty(x.shape[0], 2, x.shape[1])  # ln_stats: row mean, 1/std, in x's dtype
+        # ln_stats: row mean, 1/std, in the dtype the kernel computes them in (float32 for bf16 x)
+        stats_dtype = torch.float32 if x.dtype == torch.bfloat16 else x.dtype
+        return y, aux, x.new_empty(x.shape[0], 2, x.shape[1], dtype=stats_dtype)
 
     @torch.library.register_fake("fastqa::ln_dwsep_conv1d_bwd")
     def _ln_dwsep_conv1d_bwd_fake(grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux,

@@ -10,7 +10,8 @@ import fastqa
 from fastqa import reference
 from fastqa._backend import cpu_available
 from fastqa.reference.dwsep_conv1d import conv_padding
-from helpers import as_leaves, assert_close, check_against_reference, compiled_backends, padding_mask
+from helpers import (as_leaves, assert_close, check_against_reference, check_bf16_against_float64, compiled_backends,
+                     padding_mask)
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="fastqa._C is not built")
 
@@ -250,6 +251,100 @@ def test_layer_backends(backend):
     assert f"backend={backend!r}" in repr(layer)
 
 
+# --- bfloat16 (the CPU kernel: float32 inside, the pointwise products on the bf16 GEMM) --------------------------
+
+def ref_under_kernel_mask(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, *, padding="same", activation=None):
+    """The float64 reference with its ReLU taken where the bf16 kernel's own forward kept the value: a
+    pre-activation within bf16 rounding of 0 may land on either side of it, and its gradient (grad_y or 0)
+    with it, which no tolerance on the gradients could absorb."""
+    y = ref(x, dw_weight, pw_weight, pw_bias, dw_bias, None, padding=padding)
+    if activation == "relu":
+        low = [None if t is None else t.detach().to(torch.bfloat16) for t in (x, dw_weight, dw_bias, pw_weight,
+                                                                              pw_bias)]
+        pad_left, _ = conv_padding(dw_weight.shape[-1], padding)
+        _, kept = torch.ops.fastqa.dwsep_conv1d_fwd(*low, None, pad_left, True)
+        y = torch.where(kept, y, 0.0)
+    return y if residual is None else y + residual
+
+
+BF16_MODEL_SHAPES = [(2, 400, 128, 128, 7), (2, 400, 128, 128, 5), (2, 400, 500, 128, 5)]
+
+
+@pytest.mark.parametrize("B, L, c_in, c_out, K", BF16_MODEL_SHAPES + SMALL_EDGE_SHAPES + TILED_EDGE_SHAPES, ids=str)
+@pytest.mark.parametrize("padding, activation, optionals", [("same", "relu", True), ("causal", None, False)],
+                         ids=["same-relu-optionals", "causal-plain"])
+def test_bfloat16_matches_float64_reference(B, L, c_in, c_out, K, padding, activation, optionals):
+    """bf16 in and out: forward and every gradient against float64 (ReLU under the kernel's mask)."""
+    args = make_inputs(B, L, c_in, c_out, K, dw_bias=optionals, pw_bias=optionals, residual=optionals)
+    check_bf16_against_float64(fused("cpu"), ref_under_kernel_mask, args, {"padding": padding, "activation": activation},
+                               names=NAMES, grad_args=[a is not None for a in args])
+
+
+def test_bfloat16_relu_forward_matches_float64_reference():
+    """The ReLU forward needs no mask: it is continuous, a flip near 0 moves y by a rounding error."""
+    args = make_inputs(2, 400, 128, 128, 7, dw_bias=True, residual=True)
+    check_bf16_against_float64(fused("cpu"), ref, args, {"activation": "relu"}, names=NAMES,
+                               grad_args=[False] * len(args))
+
+
+def test_bfloat16_noncontiguous_inputs_mask_and_residual_is_x():
+    """Channels-first bf16 data as a transposed view, strided weights, a padding mask, and x as its own
+    residual (the kernel widens it once for both uses)."""
+    B, L, c_in, c_out, K = 2, 33, 24, 16, 5
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(B, c_in, L, generator=g).transpose(1, 2)
+    dw_weight = torch.randn(c_in, 1, 2 * K, generator=g)[..., ::2] * K ** -0.5
+    pw_weight = torch.randn(c_in, c_out, 1, generator=g).transpose(0, 1) * c_in ** -0.5
+    pw_bias, dw_bias = torch.randn(2 * c_out, generator=g)[::2], torch.randn(c_in, generator=g)
+    residual = torch.randn(B, c_out, L, generator=g).transpose(1, 2)
+    args = [x, dw_weight, pw_weight, pw_bias, dw_bias, residual]
+    check_bf16_against_float64(fused("cpu"), ref_under_kernel_mask, args, {"padding": "causal"}, names=NAMES)
+    mask = padding_mask(B, L)
+    check_bf16_against_float64(fused("cpu"), ref, args, {"mask": mask}, names=NAMES)
+    square = [x, dw_weight, torch.randn(c_in, c_in, 1, generator=g) * c_in ** -0.5, None, dw_bias]
+
+    def with_x_as_residual(fn):
+        return lambda x, dw_weight, pw_weight, pw_bias, dw_bias, **kw: fn(x, dw_weight, pw_weight, pw_bias, dw_bias,
+                                                                           x, **kw)
+
+    check_bf16_against_float64(with_x_as_residual(fused("cpu")), with_x_as_residual(ref_under_kernel_mask), square,
+                               {"activation": "relu"}, names=NAMES[:5], grad_args=[True, True, True, False, True])
+
+
+@pytest.mark.parametrize("shape", [(2, 300, 96, 128, 7), (1, 2000, 32, 48, 5)], ids=["batch", "long_sequence"])
+def test_bfloat16_backward_bit_identical_across_thread_counts(shape):
+    """The bf16 backward keeps the float32 kernel's fixed tiling and block order: the same bits on 1 thread
+    as on all (its GEMMs run inside the parallel region on any thread count)."""
+    B, L, c_in, c_out, K = shape
+    x, dw_weight, pw_weight, pw_bias, dw_bias, _ = (
+        None if t is None else t.to(torch.bfloat16) for t in make_inputs(*shape, dw_bias=True))
+    grad_y = torch.randn(B, L, c_out, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    _, aux = torch.ops.fastqa.dwsep_conv1d_fwd(x, dw_weight, dw_bias, pw_weight, pw_bias, None, K // 2, True)
+    runs = []
+    previous = torch.get_num_threads()
+    for threads in (1, max(2, previous)):
+        torch.set_num_threads(threads)
+        try:
+            runs.append(torch.ops.fastqa.dwsep_conv1d_bwd(grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux,
+                                                          K // 2, True))
+        finally:
+            torch.set_num_threads(previous)
+    for name, a, b in zip(["x", "dw_weight", "dw_bias", "pw_weight", "pw_bias"], *runs):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b), f"grad of {name} depends on the thread count"
+
+
+def test_bfloat16_opcheck():
+    """The fake kernels give the bf16 outputs' dtypes (the bool mask stays bool)."""
+    x, dw_weight, pw_weight, pw_bias, dw_bias, residual = (
+        t.to(torch.bfloat16) for t in make_inputs(2, 9, 6, 5, 3, dw_bias=True, residual=True))
+    fwd_args = (x, dw_weight, dw_bias, pw_weight, pw_bias, residual, 1, True)
+    torch.library.opcheck(torch.ops.fastqa.dwsep_conv1d_fwd, fwd_args)
+    _, aux = torch.ops.fastqa.dwsep_conv1d_fwd(*fwd_args)
+    grad_y = torch.randn(2, 9, 5).to(torch.bfloat16)
+    torch.library.opcheck(torch.ops.fastqa.dwsep_conv1d_bwd,
+                          (grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, 1, True))
+
+
 # --- dispatch ------------------------------------------------------------------------------------------------
 
 def test_backend_reference_and_env_forcing(monkeypatch):
@@ -281,11 +376,11 @@ def test_forcing_triton_on_cpu_without_interpreter_raises(monkeypatch):
 
 
 def test_unsupported_dtype_falls_back_with_warning():
-    args = make_inputs(1, 6, 4, 4, 3, dtype=torch.bfloat16)
+    args = make_inputs(1, 6, 4, 4, 3, dtype=torch.float16)
     with pytest.warns(RuntimeWarning, match="reference"):
         y = fused("auto")(*args)
     assert torch.equal(y, ref(*args))
-    with pytest.raises(RuntimeError, match="float32 or float64"):
+    with pytest.raises(RuntimeError, match="float32, float64 or bfloat16, got torch.float16"):
         fused("cpu")(*args)
 
 
@@ -355,6 +450,15 @@ def test_cpp_checks_name_arguments():
     with pytest.raises(RuntimeError, match="aux"):
         torch.ops.fastqa.dwsep_conv1d_bwd(torch.randn(1, 5, 4), x, dw, None, pw, pb,
                                           torch.empty(0, dtype=torch.bool), 1, True)
+    # bf16 x with float32 parameters (or the reverse) is refused, as any mix of dtypes is.
+    low = x.to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="dw_weight"):
+        torch.ops.fastqa.dwsep_conv1d_fwd(low, dw, None, pw.to(torch.bfloat16), None, None, 1, False)
+    with pytest.raises(RuntimeError, match="pw_weight"):
+        torch.ops.fastqa.dwsep_conv1d_fwd(low, dw.to(torch.bfloat16), None, pw, None, None, 1, False)
+    with pytest.raises(RuntimeError, match="grad_y"):
+        torch.ops.fastqa.dwsep_conv1d_bwd(torch.randn(1, 5, 4), low, dw.to(torch.bfloat16), None,
+                                          pw.to(torch.bfloat16), None, torch.empty(0, dtype=torch.bool), 1, False)
 
 
 def test_conv_padding_values():

@@ -12,7 +12,9 @@ import torch
 import fastqa
 from fastqa import reference
 from fastqa._backend import cpu_available
-from helpers import as_leaves, assert_close, check_against_reference, compiled_backends, padding_mask
+from fastqa.reference.dwsep_conv1d import conv_padding
+from helpers import (as_leaves, assert_close, check_against_reference, check_bf16_against_float64, compiled_backends,
+                     padding_mask)
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="fastqa._C is not built")
 
@@ -209,6 +211,105 @@ def test_autocast(backend):
         got = fused(backend)(*args, activation="relu")
     assert got.dtype == torch.bfloat16, "autocast ignored"
     assert_close(got.float(), want, name="autocast", atol=0.15, rtol=0.05)
+
+
+# --- bfloat16 (the CPU kernel: float32 inside, statistics saved in float32, products on the bf16 GEMM) ---------
+
+def ref_under_kernel_mask(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual, *, padding="same",
+                          activation=None, eps=1e-5, mask=None):
+    """The float64 reference with its ReLU taken where the bf16 kernel's own forward kept the value (a
+    pre-activation within bf16 rounding of 0 may land on either side, and its gradient with it)."""
+    y = ref(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, None, padding=padding, eps=eps, mask=mask)
+    if activation == "relu":
+        low = [None if t is None else t.detach().to(torch.bfloat16)
+               for t in (x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias)]
+        pad_left, _ = conv_padding(dw_weight.shape[-1], padding)
+        _, kept, _ = torch.ops.fastqa.ln_dwsep_conv1d_fwd(*low[:3], eps, *low[3:], None, mask, pad_left, True)
+        y = torch.where(kept, y, 0.0)
+    return y if residual is None else y + residual
+
+
+@pytest.mark.parametrize("B, L, c_in, c_out, K", [
+    (2, 400, 128, 128, 7),   # QANet's encoder conv sublayer, context side
+    (2, 50, 128, 128, 7),    # question side
+    (2, 33, 24, 20, 5),
+    (1, 3, 5, 6, 7),         # length < K
+    (2, 9, 12, 7, 1),        # K = 1
+    (1, 8, 6, 6, 4),         # even K
+    (1, 300, 600, 40, 7),    # wide channels: sequences split into tiles
+], ids=str)
+@pytest.mark.parametrize("padding, activation, optionals", [("same", "relu", True), ("causal", None, False)],
+                         ids=["same-relu-optionals", "causal-plain"])
+def test_bfloat16_matches_float64_reference(B, L, c_in, c_out, K, padding, activation, optionals):
+    """bf16 in and out: forward and every gradient (LayerNorm's included) against float64."""
+    args = make_inputs(B, L, c_in, c_out, K, dw_bias=optionals, pw_bias=optionals, residual=optionals)
+    check_bf16_against_float64(fused("cpu"), ref_under_kernel_mask, args, {"padding": padding, "activation": activation},
+                               names=NAMES, grad_args=[a is not None for a in args])
+
+
+@pytest.mark.parametrize("activation", ["relu", None])
+def test_bfloat16_sublayer_with_mask(activation):
+    """QANet's use: channels-first data as a view, residual = x, a padding mask (eps as the model's)."""
+    B, L, C, K = 2, 45, 16, 7
+    _, lnw, lnb, dw, _, _, db, _ = make_inputs(B, L, C, C, K)
+    g = torch.Generator().manual_seed(4)
+    pw, pb = torch.randn(C, C, 1, generator=g) * C ** -0.5, torch.randn(C, generator=g)
+    x = torch.randn(B, C, L, generator=g).transpose(1, 2)
+    mask = padding_mask(B, L)
+
+    def sublayer(fn):
+        return lambda x, lnw, lnb, dw, pw, pb, db, **kw: fn(x, lnw, lnb, dw, pw, pb, db, x, **kw)
+
+    check_bf16_against_float64(sublayer(fused("cpu")), sublayer(ref_under_kernel_mask), [x, lnw, lnb, dw, pw, pb, db],
+                               {"activation": activation, "mask": mask, "eps": 1e-6}, names=NAMES[:7])
+
+
+def test_bfloat16_statistics_stay_float32():
+    """The saved row statistics are float32 (what they are computed in); a bf16 copy of them is refused, as
+    are bf16 x with float32 LayerNorm parameters."""
+    x, lnw, lnb, dw, pw, pb, db, res = (t.to(torch.bfloat16) for t in make_inputs(2, 8, 6, 4, 3))
+    y, aux, stats = torch.ops.fastqa.ln_dwsep_conv1d_fwd(x, lnw, lnb, 1e-5, dw, db, pw, pb, res, None, 1, True)
+    assert y.dtype == torch.bfloat16 and aux.dtype == torch.bool and stats.dtype == torch.float32
+    mean = x.float().mean(-1)
+    assert_close(stats[:, 0], mean, name="row means", atol=1e-6, rtol=1e-6)
+    grad_y = torch.randn(2, 8, 4).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="ln_stats"):
+        torch.ops.fastqa.ln_dwsep_conv1d_bwd(grad_y, x, lnw, lnb, dw, db, pw, pb, aux, stats.to(torch.bfloat16),
+                                             None, 1, True)
+    with pytest.raises(RuntimeError, match="ln_weight"):
+        torch.ops.fastqa.ln_dwsep_conv1d_fwd(x, lnw.float(), lnb, 1e-5, dw, db, pw, pb, res, None, 1, True)
+
+
+def test_bfloat16_opcheck():
+    """The fake kernels give the bf16 outputs' dtypes: y bf16, the mask bool, ln_stats float32."""
+    x, lnw, lnb, dw, pw, pb, db, res = (t.to(torch.bfloat16) for t in make_inputs(2, 9, 6, 5, 3))
+    mask = padding_mask(2, 9)
+    fwd_args = (x, lnw, lnb, 1e-5, dw, db, pw, pb, res, mask, 1, True)
+    torch.library.opcheck(torch.ops.fastqa.ln_dwsep_conv1d_fwd, fwd_args)
+    _, aux, stats = torch.ops.fastqa.ln_dwsep_conv1d_fwd(*fwd_args)
+    grad_y = torch.randn(2, 9, 5).to(torch.bfloat16)
+    torch.library.opcheck(torch.ops.fastqa.ln_dwsep_conv1d_bwd,
+                          (grad_y, x, lnw, lnb, dw, db, pw, pb, aux, stats, mask, 1, True))
+
+
+def test_bfloat16_backward_bit_identical_across_thread_counts():
+    """The LayerNorm parameter gradients too are reduced in fixed row blocks in bf16's float32 kernel."""
+    B, L, c_in, c_out, K = 2, 300, 96, 128, 7
+    x, lnw, lnb, dw, pw, pb, db, _ = (
+        None if t is None else t.to(torch.bfloat16) for t in make_inputs(B, L, c_in, c_out, K, residual=False))
+    grad_y = torch.randn(B, L, c_out, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    _, aux, stats = torch.ops.fastqa.ln_dwsep_conv1d_fwd(x, lnw, lnb, 1e-5, dw, db, pw, pb, None, None, 3, True)
+    runs = []
+    previous = torch.get_num_threads()
+    for threads in (1, max(2, previous)):
+        torch.set_num_threads(threads)
+        try:
+            runs.append(torch.ops.fastqa.ln_dwsep_conv1d_bwd(grad_y, x, lnw, lnb, dw, db, pw, pb, aux, stats, None, 3,
+                                                             True))
+        finally:
+            torch.set_num_threads(previous)
+    for i, (a, b) in enumerate(zip(*runs)):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b), f"gradient {i} depends on the thread count"
 
 
 # --- layer, compile ----------------------------------------------------------------------------------------

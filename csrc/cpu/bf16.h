@@ -31,8 +31,9 @@ inline c10::optional<at::Tensor> widen(const c10::optional<at::Tensor>& t) {
   return t.has_value() ? c10::optional<at::Tensor>(widen(*t)) : c10::nullopt;
 }
 
-// A float tensor rounded to bf16 (round to nearest even, as Tensor.to does); an undefined or empty
-// placeholder stays as it is.
+// A float32 tensor rounded to bf16 (round to nearest even, as Tensor.to does), an empty float32 placeholder
+// included (a bf16 op's absent-bias gradient is an empty bf16 tensor); an undefined tensor or another dtype
+// stays as it is.
 inline at::Tensor narrow(const at::Tensor& t) {
   return t.defined() && t.scalar_type() == at::kFloat ? t.to(at::kBFloat16) : t;
 }

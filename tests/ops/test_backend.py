@@ -17,16 +17,17 @@ def test_auto_picks_cpu_extension_for_float_cpu_tensors(monkeypatch):
     monkeypatch.delenv("FASTQA_BACKEND", raising=False)
     assert resolve_backend("auto", "op", CPU, torch.float32) == "cpu"
     assert resolve_backend(None, "op", CPU, torch.float64) == "cpu"
+    assert resolve_backend(None, "op", CPU, torch.bfloat16) == "cpu"
 
 
 def test_auto_falls_back_to_reference_with_one_warning(monkeypatch):
     monkeypatch.delenv("FASTQA_BACKEND", raising=False)
     monkeypatch.setattr(_backend, "_WARNED", set())
     with pytest.warns(RuntimeWarning, match="falling back to the reference"):
-        assert resolve_backend("auto", "fallback_op", CPU, torch.bfloat16) == "reference"
+        assert resolve_backend("auto", "fallback_op", CPU, torch.float16) == "reference"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second fallback for the same reason stays quiet
-        assert resolve_backend("auto", "fallback_op", CPU, torch.bfloat16) == "reference"
+        assert resolve_backend("auto", "fallback_op", CPU, torch.float16) == "reference"
 
 
 def test_environment_forces_a_backend(monkeypatch):
@@ -47,7 +48,7 @@ def test_forcing_an_unusable_backend_raises(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         resolve_backend("triton", "op", CPU, torch.float32)
-    with pytest.raises(RuntimeError, match="float32 or float64"):
+    with pytest.raises(RuntimeError, match="float32, float64 or bfloat16"):
         resolve_backend("cpu", "op", CPU, torch.float16)
 
 

@@ -16,11 +16,18 @@
 // For 2 <= K <= 7 the contractions (forward, grad_x, grad_weight) run through Winograd's F(9-K, K) on the
 // same row space instead of the K tap GEMMs (winograd.h; FASTQA_CPU_GLU_CONV chooses): the GEMMs are the
 // op's time, and F(6, 3) does 8 of them with a sixth of the rows each, 2.25x fewer multiply-adds.
+//
+// bfloat16 (csrc/cpu/bf16.h): the entries widen bf16 tensors to float32 and run the float32 kernel inside a
+// gemm::Bf16Products scope; y, the gradients, aux and the step's new state come back in bf16 (aux is the
+// pre-activation, an activation and not a statistic: bf16, as eager autocast saves its conv's output). A bf16
+// call always takes the direct taps: Winograd's transforms of bf16-rounded operands add errors of the order of
+// a tile's largest value to every output of the tile, far beyond one bf16 rounding of each tap's product.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "cpu/bf16.h"
 #include "cpu/common.h"
 #include "cpu/gemm.h"
 #include "cpu/winograd.h"
@@ -387,12 +394,19 @@ at::Tensor winograd_backward(const at::Tensor& grad_pre, at::Tensor xp, const at
   return grad_taps.permute({1, 2, 0}).contiguous();
 }
 
-std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at::Tensor& weight,
-                                                  const std::optional<at::Tensor>& bias,
-                                                  const std::optional<at::Tensor>& mask, int64_t pad_left,
-                                                  bool residual, double scale) {
+// The bf16 operand of a GEMM: a float32 tensor rounded to bf16 once where a bf16 call (a Bf16Products scope)
+// multiplies it several times -- the GEMM entry point would round it again for every product -- and the tensor
+// as it is otherwise. The values are the same either way (see gemm.h).
+at::Tensor gemm_operand(const at::Tensor& t, bool b16) { return b16 ? t.to(at::kBFloat16) : t; }
+
+// The float32 / float64 forward; a bf16 call runs it on widened tensors inside a Bf16Products scope (see
+// glu_conv1d_fwd), which it reads to take the taps and multiply bf16 operands.
+std::tuple<at::Tensor, at::Tensor> fwd_kernel(const at::Tensor& x, const at::Tensor& weight,
+                                              const std::optional<at::Tensor>& bias,
+                                              const std::optional<at::Tensor>& mask, int64_t pad_left,
+                                              bool residual, double scale) {
   constexpr const char* op = "fastqa::glu_conv1d_fwd";
-  gemm::prepare();
+  const bool b16 = gemm::bf16_products();
   const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
   check_bias(op, bias, x, g.H);
   at::Tensor mask_holder;
@@ -404,7 +418,7 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
     transformable = fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>(), row_max.data()) &&
                     moderate_range(std::move(row_max));
   });
-  if (winograd_requested(g.K) && transformable && all_finite(weight)) {
+  if (winograd_requested(g.K) && !b16 && transformable && all_finite(weight)) {
     at::Tensor pre, y;  // allocated once the products are done (a lower peak)
     const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd_winograd", [&] {
@@ -419,11 +433,17 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
   // adopted as it comes (no copy into a preallocated buffer).
   at::Tensor pre;
   {
-    const at::Tensor w = weight_taps(weight);
+    const at::Tensor src = gemm_operand(xp, b16);
+    const at::Tensor w = weight_taps(gemm_operand(weight, b16));
     const c10::optional<at::Tensor> bias_c = bias.has_value() ? c10::optional<at::Tensor>(bias->contiguous())
                                                               : c10::nullopt;
-    pre = gemm::linear(xp.narrow(0, 0, g.N), w[0], bias_c);
-    for (int64_t k = 1; k < g.K; ++k) pre = gemm::mm(xp.narrow(0, k, g.N), w[k].t(), pre);
+    if (b16) {  // the first tap's bf16 product widened, the bias added in float32 (as the float32 GEMM's)
+      pre = gemm::mm(src.narrow(0, 0, g.N), w[0].t()).to(at::kFloat);
+      if (bias_c.has_value()) pre.add_(*bias_c);
+    } else {
+      pre = gemm::linear(xp.narrow(0, 0, g.N), w[0], bias_c);
+    }
+    for (int64_t k = 1; k < g.K; ++k) pre = gemm::mm(src.narrow(0, k, g.N), w[k].t(), pre);
   }
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd_epilogue", [&] {
     const scalar_t* xpd = xp.data_ptr<scalar_t>();
@@ -443,19 +463,26 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
   return {y, pre};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& grad_y_in, const at::Tensor& x,
-                                                              const at::Tensor& weight,
-                                                              const std::optional<at::Tensor>& mask,
-                                                              const at::Tensor& aux, int64_t pad_left, bool residual,
-                                                              double scale, bool has_bias) {
+Geometry check_bwd_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+                        const std::optional<at::Tensor>& mask, const at::Tensor& aux, int64_t pad_left) {
   constexpr const char* op = "fastqa::glu_conv1d_bwd";
-  gemm::prepare();
   const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
-  FASTQA_CHECK(grad_y_in.sizes() == x.sizes() && grad_y_in.scalar_type() == x.scalar_type(),
-              op, "grad_y must match x (", x.sizes(), "), got ", grad_y_in.sizes());
+  FASTQA_CHECK(grad_y.sizes() == x.sizes() && grad_y.scalar_type() == x.scalar_type(),
+              op, "grad_y must match x (", x.sizes(), "), got ", grad_y.sizes());
   FASTQA_CHECK(aux.dim() == 2 && aux.size(0) == g.N && aux.size(1) == 2 * g.H && aux.scalar_type() == x.scalar_type(),
               op, "aux must be the forward's pre-activation [", g.N, ", ", 2 * g.H, "], got ",
               aux.sizes());
+  return g;
+}
+
+// The float32 / float64 backward; a bf16 call runs it as fwd_kernel (see glu_conv1d_bwd).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_kernel(const at::Tensor& grad_y_in, const at::Tensor& x,
+                                                          const at::Tensor& weight,
+                                                          const std::optional<at::Tensor>& mask,
+                                                          const at::Tensor& aux, int64_t pad_left, bool residual,
+                                                          double scale, bool has_bias) {
+  const bool b16 = gemm::bf16_products();
+  const Geometry g = check_bwd_args(grad_y_in, x, weight, mask, aux, pad_left);
   at::Tensor mask_holder;
   const bool* m = mask_data(mask, mask_holder);
   const at::Tensor grad_y = grad_y_in.contiguous();
@@ -513,7 +540,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
     }
   });
   const bool grad_pre_finite = std::all_of(block_finite.begin(), block_finite.end(), [](char f) { return f != 0; });
-  if (winograd_requested(g.K) && transformable && grad_pre_finite && grad_pre_moderate && all_finite(weight)) {
+  if (winograd_requested(g.K) && !b16 && transformable && grad_pre_finite && grad_pre_moderate &&
+      all_finite(weight)) {
     at::Tensor grad_x = at::empty({g.B, g.T, g.H}, x.options());
     at::Tensor grad_weight;
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_winograd", [&] {
@@ -525,12 +553,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
   // grad W_k = grad_pre^T @ xp[k : k+N], as taps [K, 2H, H], then once into the Conv1d layout.
   // oneDNN multiplies a row-major left operand: grad_pre^T is made contiguous once, not per tap
   // (BLAS reads the transposed view as it is).
+  // bf16: grad_pre and xp are each rounded once for all their products (gemm_operand); grad_pre's float32
+  // copy is not needed after that.
   const bool onednn = gemm::engine_for(x.scalar_type()) == gemm::Engine::kOneDnn;
+  if (b16) grad_pre = gemm_operand(grad_pre, b16);
   at::Tensor grad_weight;
   {
-    const at::Tensor grad_pre_t = onednn ? grad_pre.t().contiguous() : grad_pre.t();
+    const at::Tensor grad_pre_t = onednn || b16 ? grad_pre.t().contiguous() : grad_pre.t();
+    const at::Tensor src = gemm_operand(xp, b16);
     at::Tensor grad_taps = at::empty({g.K, 2 * g.H, g.H}, x.options());
-    for (int64_t k = 0; k < g.K; ++k) gemm::mm_out(grad_taps[k], grad_pre_t, xp.narrow(0, k, g.N));
+    for (int64_t k = 0; k < g.K; ++k) gemm::mm_out(grad_taps[k], grad_pre_t, src.narrow(0, k, g.N));
     grad_weight = grad_taps.permute({1, 2, 0}).contiguous();
   }
   // grad xp[k : k+N] += grad_pre @ W_k, written over xp (no longer needed) to save a buffer. The
@@ -539,7 +571,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
   at::Tensor grad_xp = xp;
   grad_xp.narrow(0, g.N, g.K - 1).zero_();
   {
-    const at::Tensor w_t = weight.permute({2, 1, 0}).contiguous();  // [K, H, 2H]: W_k^T
+    const at::Tensor w_t = gemm_operand(weight, b16).permute({2, 1, 0}).contiguous();  // [K, H, 2H]: W_k^T
     gemm::mm_out(grad_xp.narrow(0, 0, g.N), grad_pre, w_t[0].t());
     for (int64_t k = 1; k < g.K; ++k) gemm::mm_out(grad_xp.narrow(0, k, g.N), grad_pre, w_t[k].t(), true);
   }
@@ -564,6 +596,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
   return {grad_x, grad_weight, grad_bias};
 }
 
+// The op entries: float32 / float64 run the kernels as they are; bf16 (every floating tensor bf16: the dtypes
+// are compared before anything is widened) runs them on float32 copies inside a Bf16Products scope and
+// narrows what they return.
+std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at::Tensor& weight,
+                                                  const std::optional<at::Tensor>& bias,
+                                                  const std::optional<at::Tensor>& mask, int64_t pad_left,
+                                                  bool residual, double scale) {
+  gemm::prepare();
+  if (!bf16::is_bf16(x)) return fwd_kernel(x, weight, bias, mask, pad_left, residual, scale);
+  constexpr const char* op = "fastqa::glu_conv1d_fwd";
+  const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
+  check_bias(op, bias, x, g.H);
+  const gemm::Bf16Products scope;
+  const auto [y, pre] =
+      fwd_kernel(bf16::widen(x), bf16::widen(weight), bf16::widen(bias), mask, pad_left, residual, scale);
+  return {bf16::narrow(y), bf16::narrow(pre)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& grad_y, const at::Tensor& x,
+                                                              const at::Tensor& weight,
+                                                              const std::optional<at::Tensor>& mask,
+                                                              const at::Tensor& aux, int64_t pad_left, bool residual,
+                                                              double scale, bool has_bias) {
+  gemm::prepare();
+  if (!bf16::is_bf16(x)) return bwd_kernel(grad_y, x, weight, mask, aux, pad_left, residual, scale, has_bias);
+  check_bwd_args(grad_y, x, weight, mask, aux, pad_left);
+  const gemm::Bf16Products scope;
+  const auto [grad_x, grad_weight, grad_bias] = bwd_kernel(bf16::widen(grad_y), bf16::widen(x), bf16::widen(weight),
+                                                           mask, bf16::widen(aux), pad_left, residual, scale, has_bias);
+  return {bf16::narrow(grad_x), bf16::narrow(grad_weight), bf16::narrow(grad_bias)};
+}
+
 // GLU channels per work item of the decode step's product (see glu_conv1d_step).
 constexpr int64_t kStepChannels = 128;
 
@@ -586,17 +650,23 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
               op, "x_t, state and weight must share a dtype");
   check_bias(op, bias, x_t, H);
 
+  // bf16: the gather (copies) runs on the bf16 values as they are, so the window is the product's bf16 operand
+  // and the new state bf16 without a conversion; the bias, the products' sums and the GLU are float32 (the
+  // epilogue's dtype), and y is narrowed at the end.
+  const bool b16 = bf16::is_bf16(x_t);
+  const at::TensorOptions epilogue = x_t.options().dtype(b16 ? at::kFloat : x_t.scalar_type());
   at::Tensor new_state = at::empty({B, K - 1, H}, x_t.options());
   at::Tensor window_t = at::empty({B, H, K}, x_t.options());  // [b, h, k]: matches weight.view(2H, H*K)
-  at::Tensor y = at::empty({B, H}, x_t.options());
-  const at::Tensor x_c = x_t.contiguous();  // also the residual rows
+  at::Tensor y = at::empty({B, H}, epilogue);
+  const at::Tensor x_c = x_t.contiguous();
+  const at::Tensor x_res = bf16::widen(x_c);  // the residual rows
   const at::Tensor state_c = state.contiguous();
   const at::Tensor w2 = weight.contiguous().view({2 * H, H * K});
-  const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+  const at::Tensor bias_c = bias.has_value() ? bf16::widen(bias->contiguous()) : at::Tensor();
   // Rows per work item of the gather: small batches stay on one thread (the fork/join would cost more
   // than the copy), large ones split so the gather does not serialise the step.
   const int64_t grain = std::max<int64_t>(1, 16384 / (H * K));
-  AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x_t.scalar_type(), "glu_conv1d_step", [&] {
     const scalar_t* xd = x_c.data_ptr<scalar_t>();
     const scalar_t* sd = state_c.data_ptr<scalar_t>();
     scalar_t* ns = new_state.data_ptr<scalar_t>();
@@ -626,14 +696,16 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
   // product is best split by its columns. The chunk boundaries do not depend on the thread count.
   const at::Tensor window2d = window_t.view({B, H * K});
   const int64_t chunks = ceil_div(H, kStepChannels);
-  AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step_glu", [&] {
+  const bool b16_products = b16 || gemm::bf16_products();  // a thread-local setting: carried into the pool
+  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "glu_conv1d_step_glu", [&] {
     const scalar_t* bd = bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr;
-    const scalar_t* xd = x_c.data_ptr<scalar_t>();
+    const scalar_t* xd = x_res.data_ptr<scalar_t>();
     scalar_t* yd = y.data_ptr<scalar_t>();
     at::parallel_for(0, chunks, 1, [&](int64_t j0, int64_t j1) {
       const at::AutoDispatchBelowADInplaceOrView below_autograd;  // plain GEMMs on the pool's threads
+      const gemm::Bf16Products scope(b16_products);
       // One buffer per task for its chunks' products, each viewed as a contiguous [B, 2 * width].
-      at::Tensor buffer = at::empty({B * 2 * std::min(kStepChannels, H)}, x_t.options());
+      at::Tensor buffer = at::empty({B * 2 * std::min(kStepChannels, H)}, epilogue);
       for (int64_t j = j0; j < j1; ++j) {
         const int64_t h0 = j * kStepChannels, width = std::min(kStepChannels, H - h0);
         at::Tensor pre = buffer.narrow(0, 0, B * 2 * width).view({B, 2 * width});
@@ -652,7 +724,7 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
       }
     });
   });
-  return {y, new_state};
+  return {b16 ? bf16::narrow(y) : y, new_state};
 }
 
 }  // namespace

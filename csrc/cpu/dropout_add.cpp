@@ -19,6 +19,7 @@
 // computed in float32 and rounded to nearest even when stored. The mask is the same for every dtype: it
 // depends on the seed and the element index only.
 #include "common.h"
+#include "cpu/bf16_rows.h"
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -42,23 +43,18 @@ inline uint32_t mix32(uint32_t x) {
   return x;
 }
 
-// bf16 storage as its raw bits: a plain integer type, so the loops below load and store it in vector
-// registers (c10::BFloat16's conversions branch on NaN, which keeps GCC from vectorising them).
+// bf16 storage as its raw bits (bf16_rows.h): a plain integer type, loaded and stored in vector registers.
 using Bf16Bits = uint16_t;
 
-// The float a bf16 holds (exact: its bits are a float's high half).
-inline float value_of(Bf16Bits bits) { return __builtin_bit_cast(float, static_cast<uint32_t>(bits) << 16); }
+inline float value_of(Bf16Bits bits) { return bf16::to_float(bits); }
 inline float value_of(float v) { return v; }
 inline double value_of(double v) { return v; }
 
-// A value as the storage type S holds it: itself for float and double; for bf16 rounded to nearest even, a NaN
-// as c10::BFloat16 stores it (0x7FC0), written with a select rather than a branch so the loop vectorises.
+// A value as the storage type S holds it: itself for float and double, rounded to nearest even for bf16.
 template <typename S, typename T>
 inline S stored(T v) {
   if constexpr (std::is_same_v<S, Bf16Bits>) {
-    const uint32_t u = __builtin_bit_cast(uint32_t, v);
-    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    return static_cast<Bf16Bits>(v != v ? 0x7FC0u : rounded);
+    return bf16::round_bits(v);
   } else {
     return v;
   }

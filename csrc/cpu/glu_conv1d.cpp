@@ -17,17 +17,19 @@
 // same row space instead of the K tap GEMMs (winograd.h; FASTQA_CPU_GLU_CONV chooses): the GEMMs are the
 // op's time, and F(6, 3) does 8 of them with a sixth of the rows each, 2.25x fewer multiply-adds.
 //
-// bfloat16 (csrc/cpu/bf16.h): the entries widen bf16 tensors to float32 and run the float32 kernel inside a
-// gemm::Bf16Products scope; y, the gradients, aux and the step's new state come back in bf16 (aux is the
-// pre-activation, an activation and not a statistic: bf16, as eager autocast saves its conv's output). A bf16
-// call always takes the direct taps: Winograd's transforms of bf16-rounded operands add errors of the order of
-// a tile's largest value to every output of the tile, far beyond one bf16 rounding of each tap's product.
+// bfloat16 (csrc/cpu/bf16.h): bf16 in and out -- y, the gradients, aux and the step's new state (aux is the
+// pre-activation, an activation and not a statistic: bf16, as eager autocast saves its conv's output) --, the
+// taps' products on the bf16 GEMM, their sums, the bias, the GLU and its derivative in float32 (fwd_bf16,
+// bwd_bf16). A bf16 call always takes the direct taps: Winograd's transforms of bf16-rounded operands add
+// errors of the order of a tile's largest value to every output of the tile, far beyond one bf16 rounding of
+// each tap's product.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include "cpu/bf16.h"
+#include "cpu/bf16_rows.h"
 #include "cpu/common.h"
 #include "cpu/gemm.h"
 #include "cpu/winograd.h"
@@ -394,19 +396,12 @@ at::Tensor winograd_backward(const at::Tensor& grad_pre, at::Tensor xp, const at
   return grad_taps.permute({1, 2, 0}).contiguous();
 }
 
-// The bf16 operand of a GEMM: a float32 tensor rounded to bf16 once where a bf16 call (a Bf16Products scope)
-// multiplies it several times -- the GEMM entry point would round it again for every product -- and the tensor
-// as it is otherwise. The values are the same either way (see gemm.h).
-at::Tensor gemm_operand(const at::Tensor& t, bool b16) { return b16 ? t.to(at::kBFloat16) : t; }
-
-// The float32 / float64 forward; a bf16 call runs it on widened tensors inside a Bf16Products scope (see
-// glu_conv1d_fwd), which it reads to take the taps and multiply bf16 operands.
+// The float32 / float64 forward (bf16: fwd_bf16).
 std::tuple<at::Tensor, at::Tensor> fwd_kernel(const at::Tensor& x, const at::Tensor& weight,
                                               const std::optional<at::Tensor>& bias,
                                               const std::optional<at::Tensor>& mask, int64_t pad_left,
                                               bool residual, double scale) {
   constexpr const char* op = "fastqa::glu_conv1d_fwd";
-  const bool b16 = gemm::bf16_products();
   const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
   check_bias(op, bias, x, g.H);
   at::Tensor mask_holder;
@@ -418,7 +413,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_kernel(const at::Tensor& x, const at::Ten
     transformable = fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>(), row_max.data()) &&
                     moderate_range(std::move(row_max));
   });
-  if (winograd_requested(g.K) && !b16 && transformable && all_finite(weight)) {
+  if (winograd_requested(g.K) && transformable && all_finite(weight)) {
     at::Tensor pre, y;  // allocated once the products are done (a lower peak)
     const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd_winograd", [&] {
@@ -433,17 +428,11 @@ std::tuple<at::Tensor, at::Tensor> fwd_kernel(const at::Tensor& x, const at::Ten
   // adopted as it comes (no copy into a preallocated buffer).
   at::Tensor pre;
   {
-    const at::Tensor src = gemm_operand(xp, b16);
-    const at::Tensor w = weight_taps(gemm_operand(weight, b16));
+    const at::Tensor w = weight_taps(weight);
     const c10::optional<at::Tensor> bias_c = bias.has_value() ? c10::optional<at::Tensor>(bias->contiguous())
                                                               : c10::nullopt;
-    if (b16) {  // the first tap's bf16 product widened, the bias added in float32 (as the float32 GEMM's)
-      pre = gemm::mm(src.narrow(0, 0, g.N), w[0].t()).to(at::kFloat);
-      if (bias_c.has_value()) pre.add_(*bias_c);
-    } else {
-      pre = gemm::linear(xp.narrow(0, 0, g.N), w[0], bias_c);
-    }
-    for (int64_t k = 1; k < g.K; ++k) pre = gemm::mm(src.narrow(0, k, g.N), w[k].t(), pre);
+    pre = gemm::linear(xp.narrow(0, 0, g.N), w[0], bias_c);
+    for (int64_t k = 1; k < g.K; ++k) pre = gemm::mm(xp.narrow(0, k, g.N), w[k].t(), pre);
   }
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd_epilogue", [&] {
     const scalar_t* xpd = xp.data_ptr<scalar_t>();
@@ -475,13 +464,12 @@ Geometry check_bwd_args(const at::Tensor& grad_y, const at::Tensor& x, const at:
   return g;
 }
 
-// The float32 / float64 backward; a bf16 call runs it as fwd_kernel (see glu_conv1d_bwd).
+// The float32 / float64 backward (bf16: bwd_bf16).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_kernel(const at::Tensor& grad_y_in, const at::Tensor& x,
                                                           const at::Tensor& weight,
                                                           const std::optional<at::Tensor>& mask,
                                                           const at::Tensor& aux, int64_t pad_left, bool residual,
                                                           double scale, bool has_bias) {
-  const bool b16 = gemm::bf16_products();
   const Geometry g = check_bwd_args(grad_y_in, x, weight, mask, aux, pad_left);
   at::Tensor mask_holder;
   const bool* m = mask_data(mask, mask_holder);
@@ -540,8 +528,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_kernel(const at::Tensor& grad
     }
   });
   const bool grad_pre_finite = std::all_of(block_finite.begin(), block_finite.end(), [](char f) { return f != 0; });
-  if (winograd_requested(g.K) && !b16 && transformable && grad_pre_finite && grad_pre_moderate &&
-      all_finite(weight)) {
+  if (winograd_requested(g.K) && transformable && grad_pre_finite && grad_pre_moderate && all_finite(weight)) {
     at::Tensor grad_x = at::empty({g.B, g.T, g.H}, x.options());
     at::Tensor grad_weight;
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_winograd", [&] {
@@ -553,16 +540,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_kernel(const at::Tensor& grad
   // grad W_k = grad_pre^T @ xp[k : k+N], as taps [K, 2H, H], then once into the Conv1d layout.
   // oneDNN multiplies a row-major left operand: grad_pre^T is made contiguous once, not per tap
   // (BLAS reads the transposed view as it is).
-  // bf16: grad_pre and xp are each rounded once for all their products (gemm_operand); grad_pre's float32
-  // copy is not needed after that.
   const bool onednn = gemm::engine_for(x.scalar_type()) == gemm::Engine::kOneDnn;
-  if (b16) grad_pre = gemm_operand(grad_pre, b16);
   at::Tensor grad_weight;
   {
-    const at::Tensor grad_pre_t = onednn || b16 ? grad_pre.t().contiguous() : grad_pre.t();
-    const at::Tensor src = gemm_operand(xp, b16);
+    const at::Tensor grad_pre_t = onednn ? grad_pre.t().contiguous() : grad_pre.t();
     at::Tensor grad_taps = at::empty({g.K, 2 * g.H, g.H}, x.options());
-    for (int64_t k = 0; k < g.K; ++k) gemm::mm_out(grad_taps[k], grad_pre_t, src.narrow(0, k, g.N));
+    for (int64_t k = 0; k < g.K; ++k) gemm::mm_out(grad_taps[k], grad_pre_t, xp.narrow(0, k, g.N));
     grad_weight = grad_taps.permute({1, 2, 0}).contiguous();
   }
   // grad xp[k : k+N] += grad_pre @ W_k, written over xp (no longer needed) to save a buffer. The
@@ -571,7 +554,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_kernel(const at::Tensor& grad
   at::Tensor grad_xp = xp;
   grad_xp.narrow(0, g.N, g.K - 1).zero_();
   {
-    const at::Tensor w_t = gemm_operand(weight, b16).permute({2, 1, 0}).contiguous();  // [K, H, 2H]: W_k^T
+    const at::Tensor w_t = weight.permute({2, 1, 0}).contiguous();  // [K, H, 2H]: W_k^T
     gemm::mm_out(grad_xp.narrow(0, 0, g.N), grad_pre, w_t[0].t());
     for (int64_t k = 1; k < g.K; ++k) gemm::mm_out(grad_xp.narrow(0, k, g.N), grad_pre, w_t[k].t(), true);
   }
@@ -596,22 +579,204 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_kernel(const at::Tensor& grad
   return {grad_x, grad_weight, grad_bias};
 }
 
-// The op entries: float32 / float64 run the kernels as they are; bf16 (every floating tensor bf16: the dtypes
-// are compared before anything is widened) runs them on float32 copies inside a Bf16Products scope and
-// narrows what they return.
+// ------------------------------------------------------------------------------------------ bfloat16
+// A bf16 call (fwd_bf16, bwd_bf16) runs the float32 kernels' steps on bf16 storage: xp, the taps' products,
+// aux and grad_pre are bf16 tensors -- the bf16 GEMM's operands and results as it takes and gives them -- and
+// the epilogues widen each row into float32 scratch rows, sum the taps' products there, add the bias, run the
+// float32 kernels' row functions and round each result as they store it. Widening the op's tensors and running
+// the float32 kernel in a gemm::Bf16Products scope gives the same values, but its conversions and float32
+// accumulations (passes over [N, 2H] tensors, several of them mixed-dtype copies) left the bf16 op hardly
+// faster than the float32 one.
+
+// xp for a bf16 call: fill_padded's rows, copied as they are (bf16), without the statistics Winograd needs.
+void fill_padded_bf16(const at::Tensor& x, const bool* mask, const Geometry& g, at::BFloat16* xp) {
+  const at::BFloat16* xd = x.data_ptr<at::BFloat16>();
+  const int64_t sb = x.stride(0), st = x.stride(1), sc = x.stride(2);
+  at::parallel_for(0, g.B * g.Tp, kRowBlock, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / g.Tp, t = row % g.Tp - g.pad_left;
+      at::BFloat16* dst = xp + row * g.H;
+      if (t < 0 || t >= g.T || (mask != nullptr && !mask[b * g.T + t])) {
+        std::memset(static_cast<void*>(dst), 0, g.H * sizeof(at::BFloat16));  // +0.0
+      } else if (sc == 1) {
+        std::memcpy(static_cast<void*>(dst), xd + b * sb + t * st, g.H * sizeof(at::BFloat16));
+      } else {
+        for (int64_t c = 0; c < g.H; ++c) dst[c] = xd[b * sb + t * st + c * sc];
+      }
+    }
+  });
+}
+
+// One bf16 row of the forward's epilogue (pre: the float32 sums, with the bias; res: the widened residual row
+// or null) and of the backward's GLU derivative, each a function of its own whose callees are all inlined: in
+// the parallel regions' bodies GCC called vec_exp per element instead, and the GLU loops ran scalar.
+[[gnu::flatten]] void glu_row_bf16(float* pre, const float* res, float scale, int64_t H, float* out,
+                                   at::BFloat16* y) {
+  glu_row<float>(pre, nullptr, res, scale, H, out);
+  bf16::narrow_row(out, H, y);
+}
+[[gnu::flatten]] void glu_backward_row_bf16(const at::BFloat16* pre_b, const at::BFloat16* gy_b, float scale,
+                                            int64_t H, float* pre, float* gy, float* grad_pre) {
+  bf16::widen_row(pre_b, 2 * H, pre);
+  bf16::widen_row(gy_b, H, gy);
+  glu_backward_row<float>(pre, gy, scale, H, grad_pre);
+}
+
+std::vector<const at::BFloat16*> bf16_pointers(const std::vector<at::Tensor>& mats) {
+  std::vector<const at::BFloat16*> ptrs;
+  for (const auto& t : mats) ptrs.push_back(t.data_ptr<at::BFloat16>());
+  return ptrs;
+}
+
+// pre = bias + sum_k xp[k : k+N] @ W_k^T: the K products in bf16, summed per row in float32 in the float32
+// kernel's order (first tap, bias, later taps); aux is pre rounded, every row of it (the junk rows too: an
+// output holds no uninitialised memory).
+std::tuple<at::Tensor, at::Tensor> fwd_bf16(const at::Tensor& x, const at::Tensor& weight,
+                                            const std::optional<at::Tensor>& bias,
+                                            const std::optional<at::Tensor>& mask, int64_t pad_left, bool residual,
+                                            double scale) {
+  constexpr const char* op = "fastqa::glu_conv1d_fwd";
+  const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
+  check_bias(op, bias, x, g.H);
+  at::Tensor mask_holder;
+  const bool* m = mask_data(mask, mask_holder);
+  at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
+  fill_padded_bf16(x, m, g, xp.data_ptr<at::BFloat16>());
+  std::vector<at::Tensor> products;  // [N, 2H] bf16 each
+  {
+    const at::Tensor w = weight_taps(weight);
+    for (int64_t k = 0; k < g.K; ++k) products.push_back(gemm::mm(xp.narrow(0, k, g.N), w[k].t()));
+  }
+  const std::vector<const at::BFloat16*> pp = bf16_pointers(products);
+  const at::Tensor bias_f = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  const float* bd = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
+  at::Tensor aux = at::empty({g.N, 2 * g.H}, x.options());
+  at::Tensor y = at::empty({g.B, g.T, g.H}, x.options());
+  const at::BFloat16* xpd = xp.data_ptr<at::BFloat16>();
+  at::BFloat16* ad = aux.data_ptr<at::BFloat16>();
+  at::BFloat16* yd = y.data_ptr<at::BFloat16>();
+  const int64_t H = g.H;
+  const float s = static_cast<float>(scale);
+  at::parallel_for(0, g.N, kRowBlock, [&](int64_t begin, int64_t end) {
+    std::vector<float> pre(2 * H), res(residual ? H : 0), out(H);
+    std::vector<at::BFloat16> tmp(m != nullptr && residual ? H : 0);
+    for (int64_t r = begin; r < end; ++r) {
+      bf16::widen_row(pp[0] + r * 2 * H, 2 * H, pre.data());
+      if (bd != nullptr) add_row<float>(bd, 2 * H, pre.data());
+      for (int64_t k = 1; k < g.K; ++k) bf16::add_row(pp[k] + r * 2 * H, 2 * H, pre.data());
+      bf16::narrow_row(pre.data(), 2 * H, ad + r * 2 * H);
+      const int64_t b = r / g.Tp, t = r % g.Tp;
+      if (t >= g.T) continue;  // a junk row between two sequences: no output reads it
+      if (residual) bf16::widen_row(residual_row<at::BFloat16>(x, m, g, xpd, b, t, tmp.data()), H, res.data());
+      glu_row_bf16(pre.data(), residual ? res.data() : nullptr, s, H, out.data(), yd + (b * g.T + t) * H);
+    }
+  });
+  return {y, aux};
+}
+
+// bwd_kernel's steps on bf16 storage: grad_pre computed per row in float32 from the widened aux and grad_y
+// (the bias gradient summed there, in float32), stored in bf16 as the GEMMs' operand; the K products
+// grad_pre @ W_k in bf16, summed per row of grad_x in float32 in bwd_kernel's order (tap 0, then taps 1..K-1).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16(const at::Tensor& grad_y_in, const at::Tensor& x,
+                                                        const at::Tensor& weight,
+                                                        const std::optional<at::Tensor>& mask, const at::Tensor& aux_in,
+                                                        int64_t pad_left, bool residual, double scale, bool has_bias) {
+  const Geometry g = check_bwd_args(grad_y_in, x, weight, mask, aux_in, pad_left);
+  at::Tensor mask_holder;
+  const bool* m = mask_data(mask, mask_holder);
+  const at::Tensor grad_y = grad_y_in.contiguous();
+  const at::Tensor aux = aux_in.contiguous();
+  const int64_t H = g.H;
+  const int64_t n_blocks = (g.B * g.T + kRowBlock - 1) / kRowBlock;
+  const float s = static_cast<float>(scale);
+  at::Tensor grad_pre = at::empty({g.N, 2 * H}, x.options());
+  at::Tensor bias_partials = at::empty({has_bias ? n_blocks : 0, 2 * H}, x.options().dtype(at::kFloat));
+  {
+    const at::BFloat16* ad = aux.data_ptr<at::BFloat16>();
+    const at::BFloat16* gyd = grad_y.data_ptr<at::BFloat16>();
+    at::BFloat16* gpd = grad_pre.data_ptr<at::BFloat16>();
+    float* partials = has_bias ? bias_partials.data_ptr<float>() : nullptr;
+    at::parallel_for(0, n_blocks, 1, [&](int64_t block_begin, int64_t block_end) {
+      std::vector<float> pre(2 * H), gy(H), gp(2 * H);
+      for (int64_t blk = block_begin; blk < block_end; ++blk) {
+        float* part = partials != nullptr ? partials + blk * 2 * H : nullptr;
+        if (part != nullptr) std::fill(part, part + 2 * H, 0.0f);
+        const int64_t row_end = std::min(g.B * g.T, (blk + 1) * kRowBlock);
+        for (int64_t i = blk * kRowBlock; i < row_end; ++i) {
+          const int64_t r = (i / g.T) * g.Tp + i % g.T;
+          glu_backward_row_bf16(ad + r * 2 * H, gyd + i * H, s, H, pre.data(), gy.data(), gp.data());
+          if (part != nullptr) add_row<float>(gp.data(), 2 * H, part);
+          bf16::narrow_row(gp.data(), 2 * H, gpd + r * 2 * H);
+        }
+      }
+    });
+    for (int64_t b = 0; b + 1 < g.B; ++b) {  // the K-1 junk rows after each sequence but the last
+      std::memset(static_cast<void*>(gpd + (b * g.Tp + g.T) * 2 * H), 0, (g.K - 1) * 2 * H * sizeof(at::BFloat16));
+    }
+  }
+  at::Tensor grad_bias = at::empty({0}, x.options());
+  if (has_bias) {  // fixed-order sum of the per-block partials, in float32
+    at::Tensor sum = at::zeros({2 * H}, bias_partials.options());
+    float* gbd = sum.data_ptr<float>();
+    const float* partials = bias_partials.data_ptr<float>();
+    for (int64_t blk = 0; blk < n_blocks; ++blk) add_row<float>(partials + blk * 2 * H, 2 * H, gbd);
+    grad_bias = sum.to(at::kBFloat16);
+  }
+  at::Tensor xp = at::empty({g.B * g.Tp, H}, x.options());
+  fill_padded_bf16(x, m, g, xp.data_ptr<at::BFloat16>());
+  // grad W_k = grad_pre^T @ xp[k : k+N] ([2H, H] each, bf16), stacked into the Conv1d layout [2H, H, K].
+  at::Tensor grad_weight;
+  {
+    const at::Tensor grad_pre_t = grad_pre.t().contiguous();
+    std::vector<at::Tensor> taps;
+    for (int64_t k = 0; k < g.K; ++k) taps.push_back(gemm::mm(grad_pre_t, xp.narrow(0, k, g.N)));
+    grad_weight = at::stack(taps, 2);
+  }
+  xp.reset();
+  // grad xp[s] = sum_k grad_pre[s - k] @ W_k: the K products [N, H], tap k's row s - k read for row s.
+  std::vector<at::Tensor> products;
+  {
+    const at::Tensor w_t = weight.permute({2, 1, 0}).contiguous();  // [K, H, 2H]: W_k^T
+    for (int64_t k = 0; k < g.K; ++k) products.push_back(gemm::mm(grad_pre, w_t[k].t()));
+  }
+  grad_pre.reset();
+  const std::vector<const at::BFloat16*> pp = bf16_pointers(products);
+  at::Tensor grad_x = at::empty({g.B, g.T, H}, x.options());
+  const at::BFloat16* gyd = grad_y.data_ptr<at::BFloat16>();
+  at::BFloat16* gxd = grad_x.data_ptr<at::BFloat16>();
+  at::parallel_for(0, g.B * g.T, kRowBlock, [&](int64_t begin, int64_t end) {
+    std::vector<float> conv(H), gy(H), out(H);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / g.T, t = i % g.T;
+      const bool kept = m == nullptr || m[i];
+      if (kept) {
+        const int64_t row = b * g.Tp + g.pad_left + t;  // in xp's row space
+        if (row < g.N) {
+          bf16::widen_row(pp[0] + row * H, H, conv.data());
+        } else {
+          std::fill(conv.begin(), conv.end(), 0.0f);
+        }
+        for (int64_t k = 1; k < g.K; ++k) {
+          if (row - k >= 0 && row - k < g.N) bf16::add_row(pp[k] + (row - k) * H, H, conv.data());
+        }
+      }
+      bf16::widen_row(gyd + i * H, H, gy.data());
+      grad_x_row<float>(kept ? conv.data() : nullptr, residual ? s : 0.0f, gy.data(), H, out.data());
+      bf16::narrow_row(out.data(), H, gxd + i * H);
+    }
+  });
+  return {grad_x, grad_weight, grad_bias};
+}
+
+// The op entries: float32 / float64 run the kernels above, bf16 the bf16 ones (mixed dtypes are refused by
+// the argument checks, as float32 with float64 is).
 std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at::Tensor& weight,
                                                   const std::optional<at::Tensor>& bias,
                                                   const std::optional<at::Tensor>& mask, int64_t pad_left,
                                                   bool residual, double scale) {
   gemm::prepare();
-  if (!bf16::is_bf16(x)) return fwd_kernel(x, weight, bias, mask, pad_left, residual, scale);
-  constexpr const char* op = "fastqa::glu_conv1d_fwd";
-  const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
-  check_bias(op, bias, x, g.H);
-  const gemm::Bf16Products scope;
-  const auto [y, pre] =
-      fwd_kernel(bf16::widen(x), bf16::widen(weight), bf16::widen(bias), mask, pad_left, residual, scale);
-  return {bf16::narrow(y), bf16::narrow(pre)};
+  return bf16::is_bf16(x) ? fwd_bf16(x, weight, bias, mask, pad_left, residual, scale)
+                          : fwd_kernel(x, weight, bias, mask, pad_left, residual, scale);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& grad_y, const at::Tensor& x,
@@ -620,12 +785,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
                                                               const at::Tensor& aux, int64_t pad_left, bool residual,
                                                               double scale, bool has_bias) {
   gemm::prepare();
-  if (!bf16::is_bf16(x)) return bwd_kernel(grad_y, x, weight, mask, aux, pad_left, residual, scale, has_bias);
-  check_bwd_args(grad_y, x, weight, mask, aux, pad_left);
-  const gemm::Bf16Products scope;
-  const auto [grad_x, grad_weight, grad_bias] = bwd_kernel(bf16::widen(grad_y), bf16::widen(x), bf16::widen(weight),
-                                                           mask, bf16::widen(aux), pad_left, residual, scale, has_bias);
-  return {bf16::narrow(grad_x), bf16::narrow(grad_weight), bf16::narrow(grad_bias)};
+  return bf16::is_bf16(x) ? bwd_bf16(grad_y, x, weight, mask, aux, pad_left, residual, scale, has_bias)
+                          : bwd_kernel(grad_y, x, weight, mask, aux, pad_left, residual, scale, has_bias);
 }
 
 // GLU channels per work item of the decode step's product (see glu_conv1d_step).
@@ -696,7 +857,9 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
   // product is best split by its columns. The chunk boundaries do not depend on the thread count.
   const at::Tensor window2d = window_t.view({B, H * K});
   const int64_t chunks = ceil_div(H, kStepChannels);
-  const bool b16_products = b16 || gemm::bf16_products();  // a thread-local setting: carried into the pool
+  // The caller's Bf16Products setting, thread-local, carried into the pool (bf16 operands are multiplied in
+  // bf16 whatever it is).
+  const bool b16_products = gemm::bf16_products();
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "glu_conv1d_step_glu", [&] {
     const scalar_t* bd = bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr;
     const scalar_t* xd = x_res.data_ptr<scalar_t>();

@@ -14,7 +14,12 @@
 // 0x21f0aaad, 0x735a2d97, both below 2^31 so that the reference's int64 products never overflow). Element
 // 2j reads h's low 16 bits, element 2j + 1 its high 16 bits: u16; it is kept when u16 >= drop =
 // round(p * 65536), so p' = drop / 65536 (p quantised to 1/65536).
+//
+// bfloat16: read and written as it is (an elementwise op gains nothing from a widened copy), each element
+// computed in float32 and rounded to nearest even when stored. The mask is the same for every dtype: it
+// depends on the seed and the element index only.
 #include "common.h"
+#include "cpu/bf16_rows.h"
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -22,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace fastqa {
 namespace {
@@ -37,12 +43,30 @@ inline uint32_t mix32(uint32_t x) {
   return x;
 }
 
+// bf16 storage as its raw bits (bf16_rows.h): a plain integer type, loaded and stored in vector registers.
+using Bf16Bits = uint16_t;
+
+inline float value_of(Bf16Bits bits) { return bf16::to_float(bits); }
+inline float value_of(float v) { return v; }
+inline double value_of(double v) { return v; }
+
+// A value as the storage type S holds it: itself for float and double, rounded to nearest even for bf16.
+template <typename S, typename T>
+inline S stored(T v) {
+  if constexpr (std::is_same_v<S, Bf16Bits>) {
+    return bf16::round_bits(v);
+  } else {
+    return v;
+  }
+}
+
 // Element pairs per inner chunk: their hashes (a plain loop GCC vectorises) fit in L1 next to the data.
 constexpr int64_t kPairs = 512;
 
 // No multiply-add contraction: residual + product rounds twice, as the reference (two torch ops) does.
-template <typename T>
-__attribute__((optimize("fp-contract=off"))) void dropout_add_range(const T* branch, const T* residual, const T* example_scale, T* out, int64_t begin,
+// S: the storage type (float, double or Bf16Bits); T: the type each element is computed in (S, or float).
+template <typename S, typename T>
+__attribute__((optimize("fp-contract=off"))) void dropout_add_range(const S* branch, const S* residual, const S* example_scale, S* out, int64_t begin,
                        int64_t end, int64_t inner, uint32_t drop, T keep_scale, uint32_t s0, uint32_t s1) {
   alignas(64) uint32_t hashes[kPairs];
   alignas(64) T factor[2 * kPairs];
@@ -64,16 +88,16 @@ __attribute__((optimize("fp-contract=off"))) void dropout_add_range(const T* bra
     for (int64_t e0 = c0; e0 < c1;) {
       const int64_t b = e0 / inner;
       const int64_t e1 = std::min(c1, (b + 1) * inner);
-      const T s = example_scale == nullptr ? T(1) : example_scale[b];
+      const T s = example_scale == nullptr ? T(1) : value_of(example_scale[b]);
       const T* f = factor + (e0 - c0);
-      const T* br = branch + e0;
-      T* o = out + e0;
+      const S* br = branch + e0;
+      S* o = out + e0;
       const int64_t len = e1 - e0;
       if (residual == nullptr) {
-        for (int64_t t = 0; t < len; ++t) o[t] = br[t] * (f[t] * s);
+        for (int64_t t = 0; t < len; ++t) o[t] = stored<S>(value_of(br[t]) * (f[t] * s));
       } else {
-        const T* r = residual + e0;
-        for (int64_t t = 0; t < len; ++t) o[t] = r[t] + br[t] * (f[t] * s);
+        const S* r = residual + e0;
+        for (int64_t t = 0; t < len; ++t) o[t] = stored<S>(value_of(r[t]) + value_of(br[t]) * (f[t] * s));
       }
       e0 = e1;
     }
@@ -107,20 +131,28 @@ at::Tensor dropout_add(const at::Tensor& branch, const c10::optional<at::Tensor>
   const uint32_t drop = static_cast<uint32_t>(std::nearbyint(p * 65536.0));
   const uint32_t s0 = static_cast<uint32_t>(static_cast<uint64_t>(seed)),
                  s1 = static_cast<uint32_t>(static_cast<uint64_t>(seed) >> 32);
-  AT_DISPATCH_FLOATING_TYPES(br.scalar_type(), "dropout_add", [&] {
+  // S: how the dtype is stored (bf16 as its raw bits); T: what each element is computed in.
+  const auto run = [&](auto storage, auto compute) {
+    using S = decltype(storage);
+    using T = decltype(compute);
     // drop = 65536 (p = 1) keeps nothing: the factor is never used, so no division by zero matters.
-    const scalar_t keep_scale = drop >= 65536u ? scalar_t(0) : scalar_t(65536.0 / (65536.0 - drop));
-    const scalar_t* bd = br.data_ptr<scalar_t>();
-    const scalar_t* rd = res.defined() ? res.data_ptr<scalar_t>() : nullptr;
-    const scalar_t* sd = scale.defined() ? scale.data_ptr<scalar_t>() : nullptr;
-    scalar_t* od = out.data_ptr<scalar_t>();
+    const T keep_scale = drop >= 65536u ? T(0) : T(65536.0 / (65536.0 - drop));
+    const auto data = [](const at::Tensor& t) { return t.defined() ? static_cast<S*>(t.data_ptr()) : nullptr; };
+    const S* bd = data(br);
+    const S* rd = data(res);
+    const S* sd = data(scale);
+    S* od = data(out);
     // Work items of whole even-aligned chunks (a pair's two elements in one item).
     const int64_t chunk = 2 * kPairs;
     at::parallel_for(0, ceil_div(numel, chunk), 16, [&](int64_t a, int64_t b) {
-      dropout_add_range<scalar_t>(bd, rd, sd, od, a * chunk, std::min(numel, b * chunk), inner, drop, keep_scale, s0,
-                                  s1);
+      dropout_add_range<S, T>(bd, rd, sd, od, a * chunk, std::min(numel, b * chunk), inner, drop, keep_scale, s0, s1);
     });
-  });
+  };
+  if (br.scalar_type() == at::kBFloat16) {
+    run(Bf16Bits{}, float{});
+  } else {
+    AT_DISPATCH_FLOATING_TYPES(br.scalar_type(), "dropout_add", [&] { run(scalar_t{}, scalar_t{}); });
+  }
   return out;
 }
 

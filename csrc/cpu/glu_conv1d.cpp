@@ -16,11 +16,20 @@
 // For 2 <= K <= 7 the contractions (forward, grad_x, grad_weight) run through Winograd's F(9-K, K) on the
 // same row space instead of the K tap GEMMs (winograd.h; FASTQA_CPU_GLU_CONV chooses): the GEMMs are the
 // op's time, and F(6, 3) does 8 of them with a sixth of the rows each, 2.25x fewer multiply-adds.
+//
+// bfloat16 (csrc/cpu/bf16.h): bf16 in and out -- y, the gradients, aux and the step's new state (aux is the
+// pre-activation, an activation and not a statistic: bf16, as eager autocast saves its conv's output) --, the
+// taps' products on the bf16 GEMM, their sums, the bias, the GLU and its derivative in float32 (fwd_bf16,
+// bwd_bf16). A bf16 call always takes the direct taps: Winograd's transforms of bf16-rounded operands add
+// errors of the order of a tile's largest value to every output of the tile, far beyond one bf16 rounding of
+// each tap's product.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "cpu/bf16.h"
+#include "cpu/bf16_rows.h"
 #include "cpu/common.h"
 #include "cpu/gemm.h"
 #include "cpu/winograd.h"
@@ -387,12 +396,12 @@ at::Tensor winograd_backward(const at::Tensor& grad_pre, at::Tensor xp, const at
   return grad_taps.permute({1, 2, 0}).contiguous();
 }
 
-std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at::Tensor& weight,
-                                                  const std::optional<at::Tensor>& bias,
-                                                  const std::optional<at::Tensor>& mask, int64_t pad_left,
-                                                  bool residual, double scale) {
+// The float32 / float64 forward (bf16: fwd_bf16).
+std::tuple<at::Tensor, at::Tensor> fwd_kernel(const at::Tensor& x, const at::Tensor& weight,
+                                              const std::optional<at::Tensor>& bias,
+                                              const std::optional<at::Tensor>& mask, int64_t pad_left,
+                                              bool residual, double scale) {
   constexpr const char* op = "fastqa::glu_conv1d_fwd";
-  gemm::prepare();
   const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
   check_bias(op, bias, x, g.H);
   at::Tensor mask_holder;
@@ -443,19 +452,25 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
   return {y, pre};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& grad_y_in, const at::Tensor& x,
-                                                              const at::Tensor& weight,
-                                                              const std::optional<at::Tensor>& mask,
-                                                              const at::Tensor& aux, int64_t pad_left, bool residual,
-                                                              double scale, bool has_bias) {
+Geometry check_bwd_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+                        const std::optional<at::Tensor>& mask, const at::Tensor& aux, int64_t pad_left) {
   constexpr const char* op = "fastqa::glu_conv1d_bwd";
-  gemm::prepare();
   const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
-  FASTQA_CHECK(grad_y_in.sizes() == x.sizes() && grad_y_in.scalar_type() == x.scalar_type(),
-              op, "grad_y must match x (", x.sizes(), "), got ", grad_y_in.sizes());
+  FASTQA_CHECK(grad_y.sizes() == x.sizes() && grad_y.scalar_type() == x.scalar_type(),
+              op, "grad_y must match x (", x.sizes(), "), got ", grad_y.sizes());
   FASTQA_CHECK(aux.dim() == 2 && aux.size(0) == g.N && aux.size(1) == 2 * g.H && aux.scalar_type() == x.scalar_type(),
               op, "aux must be the forward's pre-activation [", g.N, ", ", 2 * g.H, "], got ",
               aux.sizes());
+  return g;
+}
+
+// The float32 / float64 backward (bf16: bwd_bf16).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_kernel(const at::Tensor& grad_y_in, const at::Tensor& x,
+                                                          const at::Tensor& weight,
+                                                          const std::optional<at::Tensor>& mask,
+                                                          const at::Tensor& aux, int64_t pad_left, bool residual,
+                                                          double scale, bool has_bias) {
+  const Geometry g = check_bwd_args(grad_y_in, x, weight, mask, aux, pad_left);
   at::Tensor mask_holder;
   const bool* m = mask_data(mask, mask_holder);
   const at::Tensor grad_y = grad_y_in.contiguous();
@@ -564,6 +579,216 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
   return {grad_x, grad_weight, grad_bias};
 }
 
+// ------------------------------------------------------------------------------------------ bfloat16
+// A bf16 call (fwd_bf16, bwd_bf16) runs the float32 kernels' steps on bf16 storage: xp, the taps' products,
+// aux and grad_pre are bf16 tensors -- the bf16 GEMM's operands and results as it takes and gives them -- and
+// the epilogues widen each row into float32 scratch rows, sum the taps' products there, add the bias, run the
+// float32 kernels' row functions and round each result as they store it. Widening the op's tensors and running
+// the float32 kernel in a gemm::Bf16Products scope gives the same values, but its conversions and float32
+// accumulations (passes over [N, 2H] tensors, several of them mixed-dtype copies) left the bf16 op hardly
+// faster than the float32 one.
+
+// xp for a bf16 call: fill_padded's rows, copied as they are (bf16), without the statistics Winograd needs.
+void fill_padded_bf16(const at::Tensor& x, const bool* mask, const Geometry& g, at::BFloat16* xp) {
+  const at::BFloat16* xd = x.data_ptr<at::BFloat16>();
+  const int64_t sb = x.stride(0), st = x.stride(1), sc = x.stride(2);
+  at::parallel_for(0, g.B * g.Tp, kRowBlock, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / g.Tp, t = row % g.Tp - g.pad_left;
+      at::BFloat16* dst = xp + row * g.H;
+      if (t < 0 || t >= g.T || (mask != nullptr && !mask[b * g.T + t])) {
+        std::memset(static_cast<void*>(dst), 0, g.H * sizeof(at::BFloat16));  // +0.0
+      } else if (sc == 1) {
+        std::memcpy(static_cast<void*>(dst), xd + b * sb + t * st, g.H * sizeof(at::BFloat16));
+      } else {
+        for (int64_t c = 0; c < g.H; ++c) dst[c] = xd[b * sb + t * st + c * sc];
+      }
+    }
+  });
+}
+
+// One bf16 row of the forward's epilogue (pre: the float32 sums, with the bias; res: the widened residual row
+// or null) and of the backward's GLU derivative, each a function of its own whose callees are all inlined: in
+// the parallel regions' bodies GCC called vec_exp per element instead, and the GLU loops ran scalar.
+[[gnu::flatten]] void glu_row_bf16(float* pre, const float* res, float scale, int64_t H, float* out,
+                                   at::BFloat16* y) {
+  glu_row<float>(pre, nullptr, res, scale, H, out);
+  bf16::narrow_row(out, H, y);
+}
+[[gnu::flatten]] void glu_backward_row_bf16(const at::BFloat16* pre_b, const at::BFloat16* gy_b, float scale,
+                                            int64_t H, float* pre, float* gy, float* grad_pre) {
+  bf16::widen_row(pre_b, 2 * H, pre);
+  bf16::widen_row(gy_b, H, gy);
+  glu_backward_row<float>(pre, gy, scale, H, grad_pre);
+}
+
+std::vector<const at::BFloat16*> bf16_pointers(const std::vector<at::Tensor>& mats) {
+  std::vector<const at::BFloat16*> ptrs;
+  for (const auto& t : mats) ptrs.push_back(t.data_ptr<at::BFloat16>());
+  return ptrs;
+}
+
+// pre = bias + sum_k xp[k : k+N] @ W_k^T: the K products in bf16, summed per row in float32 in the float32
+// kernel's order (first tap, bias, later taps); aux is pre rounded, every row of it (the junk rows too: an
+// output holds no uninitialised memory).
+std::tuple<at::Tensor, at::Tensor> fwd_bf16(const at::Tensor& x, const at::Tensor& weight,
+                                            const std::optional<at::Tensor>& bias,
+                                            const std::optional<at::Tensor>& mask, int64_t pad_left, bool residual,
+                                            double scale) {
+  constexpr const char* op = "fastqa::glu_conv1d_fwd";
+  const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
+  check_bias(op, bias, x, g.H);
+  at::Tensor mask_holder;
+  const bool* m = mask_data(mask, mask_holder);
+  at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
+  fill_padded_bf16(x, m, g, xp.data_ptr<at::BFloat16>());
+  std::vector<at::Tensor> products;  // [N, 2H] bf16 each
+  {
+    const at::Tensor w = weight_taps(weight);
+    for (int64_t k = 0; k < g.K; ++k) products.push_back(gemm::mm(xp.narrow(0, k, g.N), w[k].t()));
+  }
+  const std::vector<const at::BFloat16*> pp = bf16_pointers(products);
+  const at::Tensor bias_f = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  const float* bd = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
+  at::Tensor aux = at::empty({g.N, 2 * g.H}, x.options());
+  at::Tensor y = at::empty({g.B, g.T, g.H}, x.options());
+  const at::BFloat16* xpd = xp.data_ptr<at::BFloat16>();
+  at::BFloat16* ad = aux.data_ptr<at::BFloat16>();
+  at::BFloat16* yd = y.data_ptr<at::BFloat16>();
+  const int64_t H = g.H;
+  const float s = static_cast<float>(scale);
+  at::parallel_for(0, g.N, kRowBlock, [&](int64_t begin, int64_t end) {
+    std::vector<float> pre(2 * H), res(residual ? H : 0), out(H);
+    std::vector<at::BFloat16> tmp(m != nullptr && residual ? H : 0);
+    for (int64_t r = begin; r < end; ++r) {
+      bf16::widen_row(pp[0] + r * 2 * H, 2 * H, pre.data());
+      if (bd != nullptr) add_row<float>(bd, 2 * H, pre.data());
+      for (int64_t k = 1; k < g.K; ++k) bf16::add_row(pp[k] + r * 2 * H, 2 * H, pre.data());
+      bf16::narrow_row(pre.data(), 2 * H, ad + r * 2 * H);
+      const int64_t b = r / g.Tp, t = r % g.Tp;
+      if (t >= g.T) continue;  // a junk row between two sequences: no output reads it
+      if (residual) bf16::widen_row(residual_row<at::BFloat16>(x, m, g, xpd, b, t, tmp.data()), H, res.data());
+      glu_row_bf16(pre.data(), residual ? res.data() : nullptr, s, H, out.data(), yd + (b * g.T + t) * H);
+    }
+  });
+  return {y, aux};
+}
+
+// bwd_kernel's steps on bf16 storage: grad_pre computed per row in float32 from the widened aux and grad_y
+// (the bias gradient summed there, in float32), stored in bf16 as the GEMMs' operand; the K products
+// grad_pre @ W_k in bf16, summed per row of grad_x in float32 in bwd_kernel's order (tap 0, then taps 1..K-1).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16(const at::Tensor& grad_y_in, const at::Tensor& x,
+                                                        const at::Tensor& weight,
+                                                        const std::optional<at::Tensor>& mask, const at::Tensor& aux_in,
+                                                        int64_t pad_left, bool residual, double scale, bool has_bias) {
+  const Geometry g = check_bwd_args(grad_y_in, x, weight, mask, aux_in, pad_left);
+  at::Tensor mask_holder;
+  const bool* m = mask_data(mask, mask_holder);
+  const at::Tensor grad_y = grad_y_in.contiguous();
+  const at::Tensor aux = aux_in.contiguous();
+  const int64_t H = g.H;
+  const int64_t n_blocks = (g.B * g.T + kRowBlock - 1) / kRowBlock;
+  const float s = static_cast<float>(scale);
+  at::Tensor grad_pre = at::empty({g.N, 2 * H}, x.options());
+  at::Tensor bias_partials = at::empty({has_bias ? n_blocks : 0, 2 * H}, x.options().dtype(at::kFloat));
+  {
+    const at::BFloat16* ad = aux.data_ptr<at::BFloat16>();
+    const at::BFloat16* gyd = grad_y.data_ptr<at::BFloat16>();
+    at::BFloat16* gpd = grad_pre.data_ptr<at::BFloat16>();
+    float* partials = has_bias ? bias_partials.data_ptr<float>() : nullptr;
+    at::parallel_for(0, n_blocks, 1, [&](int64_t block_begin, int64_t block_end) {
+      std::vector<float> pre(2 * H), gy(H), gp(2 * H);
+      for (int64_t blk = block_begin; blk < block_end; ++blk) {
+        float* part = partials != nullptr ? partials + blk * 2 * H : nullptr;
+        if (part != nullptr) std::fill(part, part + 2 * H, 0.0f);
+        const int64_t row_end = std::min(g.B * g.T, (blk + 1) * kRowBlock);
+        for (int64_t i = blk * kRowBlock; i < row_end; ++i) {
+          const int64_t r = (i / g.T) * g.Tp + i % g.T;
+          glu_backward_row_bf16(ad + r * 2 * H, gyd + i * H, s, H, pre.data(), gy.data(), gp.data());
+          if (part != nullptr) add_row<float>(gp.data(), 2 * H, part);
+          bf16::narrow_row(gp.data(), 2 * H, gpd + r * 2 * H);
+        }
+      }
+    });
+    for (int64_t b = 0; b + 1 < g.B; ++b) {  // the K-1 junk rows after each sequence but the last
+      std::memset(static_cast<void*>(gpd + (b * g.Tp + g.T) * 2 * H), 0, (g.K - 1) * 2 * H * sizeof(at::BFloat16));
+    }
+  }
+  at::Tensor grad_bias = at::empty({0}, x.options());
+  if (has_bias) {  // fixed-order sum of the per-block partials, in float32
+    at::Tensor sum = at::zeros({2 * H}, bias_partials.options());
+    float* gbd = sum.data_ptr<float>();
+    const float* partials = bias_partials.data_ptr<float>();
+    for (int64_t blk = 0; blk < n_blocks; ++blk) add_row<float>(partials + blk * 2 * H, 2 * H, gbd);
+    grad_bias = sum.to(at::kBFloat16);
+  }
+  at::Tensor xp = at::empty({g.B * g.Tp, H}, x.options());
+  fill_padded_bf16(x, m, g, xp.data_ptr<at::BFloat16>());
+  // grad W_k = grad_pre^T @ xp[k : k+N] ([2H, H] each, bf16), stacked into the Conv1d layout [2H, H, K].
+  at::Tensor grad_weight;
+  {
+    const at::Tensor grad_pre_t = grad_pre.t().contiguous();
+    std::vector<at::Tensor> taps;
+    for (int64_t k = 0; k < g.K; ++k) taps.push_back(gemm::mm(grad_pre_t, xp.narrow(0, k, g.N)));
+    grad_weight = at::stack(taps, 2);
+  }
+  xp.reset();
+  // grad xp[s] = sum_k grad_pre[s - k] @ W_k: the K products [N, H], tap k's row s - k read for row s.
+  std::vector<at::Tensor> products;
+  {
+    const at::Tensor w_t = weight.permute({2, 1, 0}).contiguous();  // [K, H, 2H]: W_k^T
+    for (int64_t k = 0; k < g.K; ++k) products.push_back(gemm::mm(grad_pre, w_t[k].t()));
+  }
+  grad_pre.reset();
+  const std::vector<const at::BFloat16*> pp = bf16_pointers(products);
+  at::Tensor grad_x = at::empty({g.B, g.T, H}, x.options());
+  const at::BFloat16* gyd = grad_y.data_ptr<at::BFloat16>();
+  at::BFloat16* gxd = grad_x.data_ptr<at::BFloat16>();
+  at::parallel_for(0, g.B * g.T, kRowBlock, [&](int64_t begin, int64_t end) {
+    std::vector<float> conv(H), gy(H), out(H);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / g.T, t = i % g.T;
+      const bool kept = m == nullptr || m[i];
+      if (kept) {
+        const int64_t row = b * g.Tp + g.pad_left + t;  // in xp's row space
+        if (row < g.N) {
+          bf16::widen_row(pp[0] + row * H, H, conv.data());
+        } else {
+          std::fill(conv.begin(), conv.end(), 0.0f);
+        }
+        for (int64_t k = 1; k < g.K; ++k) {
+          if (row - k >= 0 && row - k < g.N) bf16::add_row(pp[k] + (row - k) * H, H, conv.data());
+        }
+      }
+      bf16::widen_row(gyd + i * H, H, gy.data());
+      grad_x_row<float>(kept ? conv.data() : nullptr, residual ? s : 0.0f, gy.data(), H, out.data());
+      bf16::narrow_row(out.data(), H, gxd + i * H);
+    }
+  });
+  return {grad_x, grad_weight, grad_bias};
+}
+
+// The op entries: float32 / float64 run the kernels above, bf16 the bf16 ones (mixed dtypes are refused by
+// the argument checks, as float32 with float64 is).
+std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at::Tensor& weight,
+                                                  const std::optional<at::Tensor>& bias,
+                                                  const std::optional<at::Tensor>& mask, int64_t pad_left,
+                                                  bool residual, double scale) {
+  gemm::prepare();
+  return bf16::is_bf16(x) ? fwd_bf16(x, weight, bias, mask, pad_left, residual, scale)
+                          : fwd_kernel(x, weight, bias, mask, pad_left, residual, scale);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& grad_y, const at::Tensor& x,
+                                                              const at::Tensor& weight,
+                                                              const std::optional<at::Tensor>& mask,
+                                                              const at::Tensor& aux, int64_t pad_left, bool residual,
+                                                              double scale, bool has_bias) {
+  gemm::prepare();
+  return bf16::is_bf16(x) ? bwd_bf16(grad_y, x, weight, mask, aux, pad_left, residual, scale, has_bias)
+                          : bwd_kernel(grad_y, x, weight, mask, aux, pad_left, residual, scale, has_bias);
+}
+
 // GLU channels per work item of the decode step's product (see glu_conv1d_step).
 constexpr int64_t kStepChannels = 128;
 
@@ -586,17 +811,23 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
               op, "x_t, state and weight must share a dtype");
   check_bias(op, bias, x_t, H);
 
+  // bf16: the gather (copies) runs on the bf16 values as they are, so the window is the product's bf16 operand
+  // and the new state bf16 without a conversion; the bias, the products' sums and the GLU are float32 (the
+  // epilogue's dtype), and y is narrowed at the end.
+  const bool b16 = bf16::is_bf16(x_t);
+  const at::TensorOptions epilogue = x_t.options().dtype(b16 ? at::kFloat : x_t.scalar_type());
   at::Tensor new_state = at::empty({B, K - 1, H}, x_t.options());
   at::Tensor window_t = at::empty({B, H, K}, x_t.options());  // [b, h, k]: matches weight.view(2H, H*K)
-  at::Tensor y = at::empty({B, H}, x_t.options());
-  const at::Tensor x_c = x_t.contiguous();  // also the residual rows
+  at::Tensor y = at::empty({B, H}, epilogue);
+  const at::Tensor x_c = x_t.contiguous();
+  const at::Tensor x_res = bf16::widen(x_c);  // the residual rows
   const at::Tensor state_c = state.contiguous();
   const at::Tensor w2 = weight.contiguous().view({2 * H, H * K});
-  const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+  const at::Tensor bias_c = bias.has_value() ? bf16::widen(bias->contiguous()) : at::Tensor();
   // Rows per work item of the gather: small batches stay on one thread (the fork/join would cost more
   // than the copy), large ones split so the gather does not serialise the step.
   const int64_t grain = std::max<int64_t>(1, 16384 / (H * K));
-  AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x_t.scalar_type(), "glu_conv1d_step", [&] {
     const scalar_t* xd = x_c.data_ptr<scalar_t>();
     const scalar_t* sd = state_c.data_ptr<scalar_t>();
     scalar_t* ns = new_state.data_ptr<scalar_t>();
@@ -626,14 +857,18 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
   // product is best split by its columns. The chunk boundaries do not depend on the thread count.
   const at::Tensor window2d = window_t.view({B, H * K});
   const int64_t chunks = ceil_div(H, kStepChannels);
-  AT_DISPATCH_FLOATING_TYPES(x_t.scalar_type(), "glu_conv1d_step_glu", [&] {
+  // The caller's Bf16Products setting, thread-local, carried into the pool (bf16 operands are multiplied in
+  // bf16 whatever it is).
+  const bool b16_products = gemm::bf16_products();
+  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "glu_conv1d_step_glu", [&] {
     const scalar_t* bd = bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr;
-    const scalar_t* xd = x_c.data_ptr<scalar_t>();
+    const scalar_t* xd = x_res.data_ptr<scalar_t>();
     scalar_t* yd = y.data_ptr<scalar_t>();
     at::parallel_for(0, chunks, 1, [&](int64_t j0, int64_t j1) {
       const at::AutoDispatchBelowADInplaceOrView below_autograd;  // plain GEMMs on the pool's threads
+      const gemm::Bf16Products scope(b16_products);
       // One buffer per task for its chunks' products, each viewed as a contiguous [B, 2 * width].
-      at::Tensor buffer = at::empty({B * 2 * std::min(kStepChannels, H)}, x_t.options());
+      at::Tensor buffer = at::empty({B * 2 * std::min(kStepChannels, H)}, epilogue);
       for (int64_t j = j0; j < j1; ++j) {
         const int64_t h0 = j * kStepChannels, width = std::min(kStepChannels, H - h0);
         at::Tensor pre = buffer.narrow(0, 0, B * 2 * width).view({B, 2 * width});
@@ -652,7 +887,7 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
       }
     });
   });
-  return {y, new_state};
+  return {b16 ? bf16::narrow(y) : y, new_state};
 }
 
 }  // namespace

@@ -12,7 +12,7 @@ from fastqa._backend import cpu_available
 from fastqa.layers import DropoutAdd
 from fastqa.reference.dropout_add import keep_mask
 
-from helpers import check_against_reference, ran_ops
+from helpers import check_against_reference, check_bf16_against_float64, ran_ops
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="the kernel is C++ only: needs fastqa._C")
 
@@ -124,10 +124,67 @@ def test_layer_matches_reference_layer_and_is_identity_in_eval():
     assert "p=0.2" in repr(fast)
 
 
+@pytest.mark.parametrize("shape", REAL + EDGE, ids=str)
+def test_bfloat16_matches_float64_reference(shape):
+    """bf16 in and out, float32 per element: the output and both gradients against float64 on the same values."""
+    branch, residual, scale = make_inputs(shape, seed=5)
+    check_bf16_against_float64(lambda b, r, s: fastqa.dropout_add(b, 0.25, 77, r, s, backend="cpu"),
+                               lambda b, r, s: reference.dropout_add(b, 0.25, 77, r, s),
+                               (branch, residual, scale), names=("branch", "residual", "example_scale"),
+                               grad_args=(True, True, False))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16)
+
+
+@pytest.mark.parametrize("shape", [REAL[1], *EDGE], ids=str)
+@pytest.mark.parametrize("with_residual, with_scale", [(True, True), (False, False)])
+def test_bfloat16_is_the_float32_kernel_rounded(shape, with_residual, with_scale):
+    """The bf16 kernel computes each element as the float32 kernel does on the widened values and rounds it to
+    nearest even: bit for bit that result rounded (overflow to inf and NaN included), so its keep mask is the
+    float32 one for every seed and p."""
+    branch, residual, scale = (t.to(torch.bfloat16) for t in make_inputs(shape, seed=6))
+    flat = branch.view(-1)
+    specials = torch.tensor([float("inf"), float("-inf"), float("nan"), 3.3e38, -3.3e38], dtype=torch.bfloat16)
+    flat[:specials.numel()] = specials[:flat.numel()]
+    residual = residual if with_residual else None
+    scale = scale if with_scale else None
+    for p in (0.0, 0.1, 0.5, 1.0):
+        for seed in SEEDS:
+            got = fastqa.dropout_add(branch, p, seed, residual, scale, backend="cpu")
+            want = fastqa.dropout_add(branch.float(), p, seed, None if residual is None else residual.float(),
+                                      None if scale is None else scale.float(), backend="cpu").to(torch.bfloat16)
+            assert got.dtype == torch.bfloat16 and got.shape == branch.shape
+            nan = want.isnan()
+            assert torch.equal(got.isnan(), nan), f"p={p} seed={seed}"
+            assert torch.equal(_bits(got)[~nan], _bits(want)[~nan]), f"p={p} seed={seed}"
+
+
+def test_bfloat16_rounding_overflow_and_ties():
+    """A float32 sum above bf16's largest value rounds to inf; an exact tie goes to the even neighbour."""
+    top = torch.tensor([[3.3895e38, -3.3895e38, 1.0, 1.0078125]], dtype=torch.bfloat16)
+    bump = torch.tensor([[2e36, -2e36, 2.0 ** -8, 2.0 ** -8]], dtype=torch.bfloat16)
+    got = fastqa.dropout_add(top, 0.0, 1, bump, backend="cpu")
+    assert got.dtype == torch.bfloat16
+    assert got.float().tolist() == [[float("inf"), float("-inf"), 1.0, 1.015625]]
+
+
+def test_bfloat16_keep_mask_equals_float32():
+    ones = torch.ones(64, 27, 256)
+    for seed in SEEDS:
+        kept32 = fastqa.dropout_add(ones, 0.25, seed, backend="cpu") != 0
+        kept16 = fastqa.dropout_add(ones.to(torch.bfloat16), 0.25, seed, backend="cpu") != 0
+        assert torch.equal(kept16, kept32)
+        assert torch.equal(kept16, keep_mask(ones.shape, 0.25, seed))
+
+
 def test_opcheck():
     branch, residual, scale = make_inputs((3, 5, 4))
     torch.library.opcheck(torch.ops.fastqa.dropout_add.default, (branch, residual, scale, 0.3, 17))
     torch.library.opcheck(torch.ops.fastqa.dropout_add.default, (branch, None, None, 0.0, -1))
+    low = [t.to(torch.bfloat16) for t in (branch, residual, scale)]
+    torch.library.opcheck(torch.ops.fastqa.dropout_add.default, (*low, 0.3, 17))
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

@@ -6,8 +6,8 @@ import warnings
 
 import pytest
 import torch
-from helpers import (TOLERANCES, assert_close, check_against_reference, compiled_backends, device_of, interpreted,
-                     kernel_ops, ran_kernels)
+from helpers import (TOLERANCES, assert_close, check_against_reference, check_bf16_against_float64, compiled_backends,
+                     device_of, interpreted, kernel_ops, ran_kernels)
 
 import fastqa
 from fastqa import reference
@@ -361,6 +361,109 @@ def test_step_with_grad_uses_autograd_path():
     y_ref, _ = reference.glu_conv1d_step(x[:, 2], x[:, :2], w, b)
     (gw_ref,) = torch.autograd.grad(y_ref.sum(), w)
     assert_close(gw, gw_ref, name="grad of weight through step")
+
+
+# ------------------------------------------------------------------------------------ bfloat16
+needs_cpu = pytest.mark.skipif("cpu" not in BACKENDS, reason="fastqa._C is not built")
+
+
+@needs_cpu
+@pytest.mark.parametrize("shape", REAL + EDGE, ids=str)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("masked", [False, True])
+def test_cpu_bfloat16_matches_float64_reference(shape, causal, masked):
+    """bf16 in and out (y and every gradient), float32 inside, the products on the bf16 engine."""
+    x, w, b = make(*shape)
+    mask = random_mask(*shape[:2]) if masked else None
+    kwargs = dict(causal=causal, mask=mask)
+    check_bf16_against_float64(functools.partial(fastqa.glu_conv1d, backend="cpu"), reference.glu_conv1d, (x, w, b),
+                               kwargs, names=["x", "weight", "bias"])
+
+
+@needs_cpu
+@pytest.mark.parametrize("residual,scale", [(False, 1.0), (True, 0.25)])
+def test_cpu_bfloat16_no_bias_residual_scale(residual, scale):
+    x, w, _ = make(3, 11, 24, 3, bias=False)
+    kwargs = dict(causal=True, residual=residual, scale=scale, mask=random_mask(3, 11))
+    check_bf16_against_float64(functools.partial(fastqa.glu_conv1d, backend="cpu"), reference.glu_conv1d, (x, w),
+                               kwargs, names=["x", "weight"])
+
+
+@needs_cpu
+def test_cpu_bfloat16_takes_the_taps(monkeypatch):
+    """Winograd's transforms of bf16 operands would lose far more than a rounding: a bf16 call multiplies
+    through the direct taps whatever FASTQA_CPU_GLU_CONV asks (forward and gradients the same either way)."""
+    x, w, b = (t.to(torch.bfloat16) for t in make(2, 40, 64, 3))
+    grad_y = torch.randn(x.shape, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    runs = {}
+    for algo in ("winograd", "taps"):
+        monkeypatch.setenv("FASTQA_CPU_GLU_CONV", algo)
+        runs[algo] = _glu_and_grads(x, w, b, grad_y, "cpu", causal=True)
+    for name, a, c in zip(["y", "grad x", "grad weight", "grad bias"], runs["winograd"], runs["taps"]):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, c), name
+
+
+@needs_cpu
+@pytest.mark.parametrize("k, channels, bias", [(3, 24, True), (3, 300, False), (1, 24, True), (2, 512, True)],
+                         ids=str)
+def test_cpu_bfloat16_step_matches_float64_reference(k, channels, bias):
+    """The decode step on strided bf16 x_t / state: y_t and the new state bf16 (the state is the model's
+    rolling buffer, kept in its activations' dtype), y_t within bf16's tolerance, the state exact."""
+    x, w, b = make(4, k + 2, channels, k, bias=bias)
+    state = x[:, 1:k].transpose(1, 2).contiguous().transpose(1, 2)  # non-contiguous [B, K-1, H]
+    args, names = (x[:, 0], state, w, b), ["x_t", "state", "weight", "bias"]
+    if not bias:
+        args, names = args[:3], names[:3]
+    step = functools.partial(fastqa.glu_conv1d_step, backend="cpu")
+    check_bf16_against_float64(step, reference.glu_conv1d_step, args, names=names, grad_args=[False] * len(args),
+                               outputs=2)
+    low = [t.to(torch.bfloat16) for t in args]
+    assert torch.equal(step(*low)[1], torch.cat([low[1], low[0][:, None]], 1)[:, 1:])  # the window's newest K-1
+
+
+@needs_cpu
+def test_cpu_bfloat16_step_sequence_equals_causal():
+    """Stepping a bf16 sequence through the decode kernel gives the causal op's bf16 output position by position
+    (both round the same float32 sums; products rounded per tap here, per GLU chunk there)."""
+    torch.manual_seed(0)
+    layer = GLUConv1d(64, 3, causal=True, backend="cpu").to(torch.bfloat16)
+    x = torch.randn(5, 8, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        full = layer(x)
+        state = layer.initial_state(5)  # the weight's dtype: bf16
+        steps = []
+        for t in range(x.shape[1]):
+            y_t, state = layer.step(x[:, t], state)
+            assert y_t.dtype == state.dtype == torch.bfloat16
+            steps.append(y_t)
+    assert_close(torch.stack(steps, 1).float(), full.float(), name="stepped vs causal (bf16)", atol=2e-2, rtol=2e-2)
+    assert torch.equal(state, x[:, -2:])
+
+
+@needs_cpu
+def test_cpu_bfloat16_opcheck_and_mixed_dtypes():
+    """The schemas' fake tensors match the bf16 kernels (aux included, bf16 like x); a bf16 tensor mixed with a
+    float32 one is refused, as float32 with float64 is."""
+    x, w, b = (t.to(torch.bfloat16) for t in make(2, 6, 8, 3))
+    mask = random_mask(2, 6)
+    ops = torch.ops.fastqa
+    torch.library.opcheck(ops.glu_conv1d_fwd, (x, w, b, mask, 1, True, 0.7))
+    _, aux = ops.glu_conv1d_fwd(x, w, b, mask, 1, True, 0.7)
+    assert aux.dtype == torch.bfloat16
+    torch.library.opcheck(ops.glu_conv1d_bwd, (torch.randn_like(x), x, w, mask, aux, 1, True, 0.7, True))
+    torch.library.opcheck(ops.glu_conv1d_step, (x[:, 0], x[:, 1:3], w, b, True, 0.7))
+    with pytest.raises(RuntimeError, match="dtype"):
+        ops.glu_conv1d_fwd(x, w.float(), b, mask, 1, True, 0.7)
+    with pytest.raises(RuntimeError, match="dtype"):
+        ops.glu_conv1d_fwd(x, w, b.float(), mask, 1, True, 0.7)
+    with pytest.raises(RuntimeError, match="grad_y must match x"):
+        ops.glu_conv1d_bwd(torch.randn_like(x).float(), x, w, mask, aux, 1, True, 0.7, True)
+    with pytest.raises(RuntimeError, match="aux must be"):
+        ops.glu_conv1d_bwd(torch.randn_like(x), x, w, mask, aux.float(), 1, True, 0.7, True)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        ops.glu_conv1d_step(x[:, 0], x[:, 1:3].float(), w, b, True, 0.7)
+    with pytest.raises(RuntimeError, match="dtype"):
+        ops.glu_conv1d_step(x[:, 0], x[:, 1:3], w, b.float(), True, 0.7)
 
 
 # --------------------------------------------------------------------------------- bad input

@@ -217,7 +217,8 @@ def cpu_gemm_info() -> dict[str, Any] | None:
 
 def cpu_glu_conv() -> str:
     """How the CPU ``glu_conv1d`` runs its K taps (``FASTQA_CPU_GLU_CONV``): "auto" (Winograd F(9-K, K) for
-    2 <= K <= 7, the taps otherwise), "winograd" (the same) or "taps"; the kernel reads it at every call."""
+    2 <= K <= 7, the taps otherwise), "winograd" (the same) or "taps"; the kernel reads it at every call. bfloat16
+    inputs always take the taps."""
     return os.environ.get("FASTQA_CPU_GLU_CONV") or "auto"
 
 

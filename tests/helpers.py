@@ -177,6 +177,14 @@ def check_bf16_against_float64(fn: Callable, ref: Callable, args: Sequence, kwar
         close(g, w, f"grad of {n}")
 
 
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| over max(1, max |want|), in float64: a low-precision model's distance from its float64
+    twin, comparable between implementations."""
+    want = want.detach().double()
+    scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
+    return float((got.detach().double() - want).abs().max()) / scale if want.numel() else 0.0
+
+
 def _gradient_atol(want: torch.Tensor, atol: float | None) -> float:
     """A gradient's absolute tolerance: the dtype's, or 1/20 of its rtol times the largest |want| when that is
     larger. A weight gradient sums B * L terms; an entry that cancels to near 0 keeps an error of the size of

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import TOLERANCES, assert_close
+from helpers import TOLERANCES, assert_close, relative_error
 
 from fastqa.models.convs2s import ConvS2S, ConvS2SConfig
 
@@ -114,6 +114,38 @@ def test_fast_equals_reference_outputs_and_gradients(dtype):
     for k in gr:
         assert_close(gf[k], gr[k], name=f"grad {k}", atol=10 * atol, rtol=10 * rtol)
     assert gf["encoder.convs.0.conv.parametrizations.weight.original1"].abs().sum() > 0
+
+
+def test_cpu_bf16_fast_tracks_the_float64_model_as_the_reference_does():
+    """On the CPU in bf16 -- training under autocast with float32 weights, and inference with bf16 weights (what
+    translate --precision bf16 runs) -- the fast layers stay as close to the float64 model as the reference
+    layers in the same precision."""
+    cfg = tiny_config(dropout=0.0)
+    torch.manual_seed(1)
+    truth = ConvS2S(cfg, layers="reference").double()
+    src, tgt = batch(torch.Generator().manual_seed(2))
+    grad_out = torch.randn(src.shape[0], tgt.shape[1], cfg.tgt_vocab_size, dtype=torch.float64)
+
+    def run(model, autocast: bool) -> list[torch.Tensor]:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits, attn = model.train()(src, tgt)
+        (logits.double() * grad_out).sum().backward()
+        return [logits, attn] + [p.grad for p in model.parameters()]
+
+    want = run(truth, False)
+    with torch.no_grad():
+        want_eval = truth.eval()(src, tgt)
+    errors = {}
+    for layers in ("fast", "reference"):
+        model = ConvS2S(cfg, layers=layers)
+        model.load_state_dict(truth.state_dict())
+        errors[layers] = max(relative_error(g, w) for g, w in zip(run(model, True), want))
+        with torch.no_grad():
+            got_eval = model.to(torch.bfloat16).eval()(src, tgt)
+        assert got_eval[0].dtype == torch.bfloat16
+        errors[layers + " bf16 weights"] = max(relative_error(g, w) for g, w in zip(got_eval, want_eval))
+    assert errors["fast"] <= 2 * errors["reference"] + 1e-2, errors
+    assert errors["fast bf16 weights"] <= 2 * errors["reference bf16 weights"] + 1e-2, errors
 
 
 def test_state_dict_loads_across_layers():

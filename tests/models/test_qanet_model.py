@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 
 import pytest
 import torch
-from helpers import TOLERANCES, assert_close
+from helpers import TOLERANCES, assert_close, relative_error
 
 from fastqa.models.common import PackedBatch, masked_log_softmax, timing_signal
 from fastqa.models.qanet import QANet, QANetConfig
@@ -140,6 +141,30 @@ def test_fast_reference_naive_same_outputs_and_gradients(no_answer, word_match):
             assert_close(got, want, name=f"{impl} output {i}", atol=atol, rtol=rtol)
         for name, want in grads["reference"].items():
             assert_close(grads[impl][name], want, name=f"{impl} grad of {name}", atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("no_answer", [False, True])
+def test_cpu_bf16_autocast_fast_tracks_the_float64_model_as_the_reference_does(no_answer):
+    """--precision bf16 on the CPU: float32 weights under torch.autocast("cpu", bf16). The fast layers (the C++
+    kernels in bf16, no fallback) stay as close to the float64 model, outputs and every parameter's gradient, as
+    the reference layers under the same autocast."""
+    cfg = tiny_config(no_answer=no_answer, dropout=0.0, char_dropout=0.0, layer_dropout=0.0)
+    gen = torch.Generator().manual_seed(4)
+    batch = make_batch(gen, c_lens=[17, 11, 14], q_lens=[6, 2, 5])
+    weights = torch.rand(2, 3, 17 + no_answer, generator=gen, dtype=torch.float64)
+    truth = built(cfg, "reference", seed=5, dtype=torch.float64)
+    results = {}
+    for impl, model in (("truth", truth), *((i, built(cfg, i, seed=5)) for i in ("fast", "reference"))):
+        model.load_state_dict(truth.state_dict())
+        with warnings.catch_warnings(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=impl != "truth"):
+            warnings.simplefilter("error", RuntimeWarning)  # a fallback to the reference would warn
+            log_s, log_e = model.train()(*batch)
+            loss = (weights[0] * log_s.exp()).sum() + (weights[1] * log_e.exp()).sum() - log_s[:, 3].sum()
+        loss.backward()
+        results[impl] = [log_s, log_e] + [p.grad for p in model.parameters() if p.requires_grad]
+    errors = {impl: max(relative_error(g, w) for g, w in zip(results[impl], results["truth"]))
+              for impl in ("fast", "reference")}
+    assert errors["fast"] <= 2 * errors["reference"] + 1e-2, errors
 
 
 def test_packed_batch_rows_gaps_segments_and_round_trip():

@@ -77,6 +77,11 @@ class _Engine(abc.ABC):
         """One result (or the exception it raised) per item, in order: what the batcher hands its callers."""
 
 
+def _dtype_name(model: Any) -> str:
+    """The dtype of a model's weights, as ``--precision`` names it in torch: "float32", "bfloat16"."""
+    return str(next(model.parameters()).dtype).replace("torch.", "")
+
+
 class QAEngine(_Engine):
     """A ``QAModel`` behind the server: each request's answers (``list[Answer]``, best first)."""
 
@@ -85,7 +90,7 @@ class QAEngine(_Engine):
     def describe(self) -> dict[str, Any]:
         """What ``/health`` says about this model."""
         return {"path": self.path, "model": type(self.model.model).__name__, "device": str(self.model.device),
-                "no_answer": bool(self.model.config.no_answer), "max_answer_len": int(self.model.max_answer_len),
+                "dtype": _dtype_name(self.model.model), "no_answer": bool(self.model.config.no_answer), "max_answer_len": int(self.model.max_answer_len),
                 "calibrated": self.model.calibration is not None}
 
     def _run(self, items: list[AnswerItem]) -> list[Any]:
@@ -104,7 +109,8 @@ class TranslationEngine(_Engine):
 
     def describe(self) -> dict[str, Any]:
         """What ``/health`` says about this model."""
-        return {"path": self.path, "device": str(self.model.device), "vocab": self.model.vocab_kind,
+        return {"path": self.path, "device": str(self.model.device), "dtype": _dtype_name(self.model.model),
+                "vocab": self.model.vocab_kind,
                 "max_positions": self.model.config.max_positions}
 
     def _run(self, items: list[TranslateItem]) -> list[Any]:

@@ -51,6 +51,7 @@ def test_health_names_the_loaded_models_and_the_queues(server, serve_models):
     assert status == 200 and body["status"] == "ok"
     assert body["models"]["qa"]["path"] == str(serve_models["qa"]) and body["models"]["qa"]["model"] == "QANet"
     assert body["models"]["qa"]["calibrated"] is False
+    assert body["models"]["qa"]["dtype"] == body["models"]["translation"]["dtype"] == "float32"
     assert body["models"]["translation"]["path"] == str(serve_models["mt"])
     assert body["models"]["translation"]["vocab"] == "word"
     assert body["limits"] == ServeLimits().to_dict()

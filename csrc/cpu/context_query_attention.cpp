@@ -1,4 +1,4 @@
-// Trilinear similarity and QANet context-query attention: CPU kernels (float32, float64).
+// Trilinear similarity and QANet context-query attention: CPU kernels (float32, float64, bfloat16).
 //
 //   S  = (c∘w_cq)·qᵀ + c·w_c + (q·w_q)ᵀ + b                       [B, n, m]
 //   S̄  = softmax of S over the real question words (rows),  S̿ = over the real context words (columns)
@@ -16,10 +16,17 @@
 // aux_row = S̄ [B, n, m]; aux_col [B, n + d, m] = S̿ in rows [0, n) and (S̿ᵀc)ᵀ in rows [n, n + d): the
 // backward needs both probability matrices and S̿ᵀc, which it would otherwise recompute (one of the ten
 // [n, m, d] products of the backward) for the cost of storing m·d values per batch element.
+//
+// bfloat16 (csrc/cpu/bf16.h): each entry widens its bf16 tensors and runs the float32 kernel with every
+// GEMM above (the bilinear term, S̿ᵀc, [A, B] and the backward's products) on the bf16 engine; the
+// softmaxes, the epilogue and the weight-gradient sums are the kernel's own float32 loops. out and the
+// gradients come back in bf16; aux_row and aux_col stay float32: they are the softmax probabilities the
+// backward differentiates through, and rounding them to bf16 would add an error the forward never made.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "cpu/bf16.h"
 #include "cpu/common.h"
 #include "cpu/gemm.h"
 
@@ -60,6 +67,12 @@ Tensor empty_large(at::IntArrayRef sizes, const at::TensorOptions& opts) {
   return t;
 }
 
+// A contiguous copy of t in dtype, in empty_large memory: the bf16 entries' float32 copies of c, grad_out
+// and out and their bf16 results are as large as the kernel's own results, and would be faulted in as often.
+Tensor convert_large(const Tensor& t, at::ScalarType dtype) {
+  return empty_large(t.sizes(), t.options().dtype(dtype)).copy_(t);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Argument checks (the Python entry points raise friendlier errors first; these guard direct calls)
 // ------------------------------------------------------------------------------------------------
@@ -73,8 +86,8 @@ void check_similarity_args(const char* op, const Tensor& c, const Tensor& q, con
               ": q must be [B, m, d] with the B and d of c ", c.sizes(), ", got ", q.sizes());
   TORCH_CHECK(c.size(0) > 0 && c.size(1) > 0 && q.size(1) > 0 && c.size(2) > 0, op,
               ": c and q must be non-empty, got ", c.sizes(), " and ", q.sizes());
-  TORCH_CHECK(c.scalar_type() == at::kFloat || c.scalar_type() == at::kDouble, op,
-              ": c must be float32 or float64, got ", c.scalar_type());
+  TORCH_CHECK(c.scalar_type() == at::kFloat || c.scalar_type() == at::kDouble || c.scalar_type() == at::kBFloat16,
+              op, ": c must be float32, float64 or bfloat16, got ", c.scalar_type());
   TORCH_CHECK(q.scalar_type() == c.scalar_type() && weight.scalar_type() == c.scalar_type(), op,
               ": c, q and weight must share a dtype, got ", c.scalar_type(), ", ", q.scalar_type(), ", ",
               weight.scalar_type());
@@ -96,10 +109,9 @@ void check_mask(const char* op, const char* name, const Tensor& mask, int64_t ba
 }
 
 void check_same_shape(const char* op, const char* name, const Tensor& t, at::IntArrayRef shape,
-                      const Tensor& like) {
-  TORCH_CHECK(t.sizes() == shape && t.scalar_type() == like.scalar_type() && t.device().is_cpu(), op, ": ",
-              name, " must be ", shape, " ", like.scalar_type(), " on cpu, got ", t.sizes(), " ",
-              t.scalar_type(), " on ", t.device());
+                      at::ScalarType dtype) {
+  TORCH_CHECK(t.sizes() == shape && t.scalar_type() == dtype && t.device().is_cpu(), op, ": ", name, " must be ",
+              shape, " ", dtype, " on cpu, got ", t.sizes(), " ", t.scalar_type(), " on ", t.device());
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -260,8 +272,10 @@ std::pair<Tensor, Tensor> backward_over_batch(const Tensor& c, const Tensor& wei
   const int64_t batch = c.size(0), d = c.size(2);
   Tensor partial = at::empty({batch, 3 * d + 1}, c.options());
   const auto w = unpack_weights<T>(weight, bias);
+  const bool b16 = gemm::bf16_products();  // the caller's bf16 products, for the GEMMs the workers issue
   at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
     at::AutoDispatchBelowADInplaceOrView guard;
+    gemm::Bf16Products scope(b16);
     body(w, b0, b1, ptr<T>(partial));
   });
   return reduce_weight_grads<T>(partial, weight, bias);
@@ -276,13 +290,20 @@ Tensor trilinear_similarity_fwd(const Tensor& c_in, const Tensor& q_in, const Te
   constexpr const char* op = "fastqa::trilinear_similarity_fwd";
   gemm::prepare();
   check_similarity_args(op, c_in, q_in, weight_in, bias);
+  if (bf16::is_bf16(c_in)) {  // the float32 kernel, its GEMMs in bf16 (see the top of the file)
+    gemm::Bf16Products scope;
+    return bf16::narrow(trilinear_similarity_fwd(bf16::widen(c_in), bf16::widen(q_in), bf16::widen(weight_in),
+                                                 bf16::widen(bias)));
+  }
   const Tensor c = c_in.contiguous(), q = q_in.contiguous(), weight = weight_in.contiguous();
   const int64_t batch = c.size(0), n = c.size(1), m = q.size(1), d = c.size(2);
   Tensor s = at::empty({batch, n, m}, c.options());
   AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), op, [&] {
     const auto w = unpack_weights<scalar_t>(weight, bias);
+    const bool b16 = gemm::bf16_products();  // the caller's bf16 products, for the GEMMs the workers issue
     at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
       at::AutoDispatchBelowADInplaceOrView guard;  // plain kernels inside: skip the autograd layers
+      gemm::Bf16Products scope(b16);
       SimilarityScratch<scalar_t> scratch(m, d, c.options());
       for (int64_t b = b0; b < b1; ++b) {
         const Tensor c_b = c[b], s_b = s[b];
@@ -303,7 +324,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> trilinear_similarity_bwd(const Tensor
   gemm::prepare();
   check_similarity_args(op, c_in, q_in, weight_in, bias);
   const int64_t batch = c_in.size(0), n = c_in.size(1), m = q_in.size(1), d = c_in.size(2);
-  check_same_shape(op, "grad_s", grad_s, {batch, n, m}, c_in);
+  check_same_shape(op, "grad_s", grad_s, {batch, n, m}, c_in.scalar_type());
+  if (bf16::is_bf16(c_in)) {
+    gemm::Bf16Products scope;
+    auto [gc, gq, gw, gb] = trilinear_similarity_bwd(bf16::widen(grad_s), bf16::widen(c_in), bf16::widen(q_in),
+                                                     bf16::widen(weight_in), bf16::widen(bias));
+    return {bf16::narrow(gc), bf16::narrow(gq), bf16::narrow(gw), bf16::narrow(gb)};
+  }
   const Tensor g = grad_s.contiguous(), c = c_in.contiguous(), q = q_in.contiguous(),
                weight = weight_in.contiguous();
   Tensor grad_c = at::empty_like(c), grad_q = at::empty_like(q);
@@ -560,6 +587,12 @@ std::tuple<Tensor, Tensor, Tensor> context_query_attention_fwd(const Tensor& c_i
   constexpr const char* op = "fastqa::context_query_attention_fwd";
   gemm::prepare();
   check_attention_args(op, c_in, q_in, c_mask_in, q_mask_in, weight_in, bias);
+  if (bf16::is_bf16(c_in)) {  // out in bf16; the probabilities (aux) stay float32
+    gemm::Bf16Products scope;
+    auto [o, row, col] = context_query_attention_fwd(convert_large(c_in, at::kFloat), bf16::widen(q_in), c_mask_in,
+                                                     q_mask_in, bf16::widen(weight_in), bf16::widen(bias));
+    return {convert_large(o, at::kBFloat16), row, col};
+  }
   const Tensor c = c_in.contiguous(), q = q_in.contiguous(), weight = weight_in.contiguous();
   const Tensor c_mask = c_mask_in.contiguous(), q_mask = q_mask_in.contiguous();
   const int64_t batch = c.size(0), n = c.size(1), m = q.size(1), d = c.size(2);
@@ -568,8 +601,10 @@ std::tuple<Tensor, Tensor, Tensor> context_query_attention_fwd(const Tensor& c_i
   Tensor p_col = empty_large({batch, n + d, m}, c.options());
   AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), op, [&] {
     const auto w = unpack_weights<scalar_t>(weight, bias);
+    const bool b16 = gemm::bf16_products();  // the caller's bf16 products, for the GEMMs the workers issue
     at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
       at::AutoDispatchBelowADInplaceOrView guard;
+      gemm::Bf16Products scope(b16);
       SimilarityScratch<scalar_t> sim(m, d, c.options());
       Tensor qt = at::empty({m, 2 * d}, c.options());  // [q, S̿ᵀc]: the right factors of A and B
       Tensor ab = at::empty({n, 2 * d}, c.options());  // [A, B]
@@ -602,10 +637,22 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
   gemm::prepare();
   check_attention_args(op, c_in, q_in, c_mask, q_mask, weight_in, bias);
   const int64_t batch = c_in.size(0), n = c_in.size(1), m = q_in.size(1), d = c_in.size(2);
-  check_same_shape(op, "grad_out", grad_out, {batch, n, 4 * d}, c_in);
-  check_same_shape(op, "out", out_in, {batch, n, 4 * d}, c_in);
-  check_same_shape(op, "aux_row", aux_row, {batch, n, m}, c_in);
-  check_same_shape(op, "aux_col", aux_col, {batch, n + d, m}, c_in);
+  check_same_shape(op, "grad_out", grad_out, {batch, n, 4 * d}, c_in.scalar_type());
+  check_same_shape(op, "out", out_in, {batch, n, 4 * d}, c_in.scalar_type());
+  const at::ScalarType aux_type = bf16::is_bf16(c_in) ? at::kFloat : c_in.scalar_type();  // as the forward saved
+  check_same_shape(op, "aux_row", aux_row, {batch, n, m}, aux_type);
+  check_same_shape(op, "aux_col", aux_col, {batch, n + d, m}, aux_type);
+  if (bf16::is_bf16(c_in)) {
+    gemm::Bf16Products scope;
+    // The kernel reads only A = out[..., d:2d] of out (attention_output_backward): that quarter alone is
+    // widened, the rest of the float32 copy is never read.
+    Tensor out_a = empty_large(out_in.sizes(), out_in.options().dtype(at::kFloat));
+    out_a.narrow(2, d, d).copy_(out_in.narrow(2, d, d));
+    auto [gc, gq, gw, gb] = context_query_attention_bwd(
+        convert_large(grad_out, at::kFloat), convert_large(c_in, at::kFloat), bf16::widen(q_in), c_mask, q_mask,
+        bf16::widen(weight_in), bf16::widen(bias), out_a, aux_row, aux_col);
+    return {convert_large(gc, at::kBFloat16), bf16::narrow(gq), bf16::narrow(gw), bf16::narrow(gb)};
+  }
   const Tensor g = grad_out.contiguous(), c = c_in.contiguous(), q = q_in.contiguous(),
                weight = weight_in.contiguous(), out = out_in.contiguous(), p_row = aux_row.contiguous(),
                p_col = aux_col.contiguous();

@@ -9,6 +9,10 @@
 // [R x E] x [E x S] products and three passes over [B, R, S], all of them over the padding too. Here each
 // sentence is one work item: its scores, softmax and weighted sum of values in one pass over the keys and
 // values of its real positions only (a sentence's 2 S E floats stay in cache between the two).
+//
+// bfloat16 (csrc/cpu/bf16.h): the float32 kernel on widened copies, out and weights back in bf16. Its
+// products are its own float32 loops (one query row at a time: no GEMM to hand to the bf16 engine).
+#include "bf16.h"
 #include "common.h"
 
 #include <ATen/Parallel.h>
@@ -95,6 +99,12 @@ std::tuple<at::Tensor, at::Tensor> decode_attention(const at::Tensor& q, const a
                  kOp, "mask must be a [B, S] = [", B, ", ", S, "] bool CPU tensor, got ", mask->sizes(), " ",
                  mask->scalar_type());
     mask_c = mask->contiguous();
+  }
+  if (bf16::is_bf16(q)) {
+    gemm::Bf16Products scope;  // no GEMM here today; a product routed through gemm:: would take it
+    auto [o, w] = decode_attention(bf16::widen(q), bf16::widen(keys), bf16::widen(values), bf16::widen(bias), mask,
+                                   scale);
+    return {bf16::narrow(o), bf16::narrow(w)};
   }
   const at::Tensor q_c = q.contiguous(), keys_c = keys.contiguous(), values_c = values.contiguous();
   at::Tensor out = at::empty({B, R, Ev}, q.options());

@@ -23,11 +23,18 @@
 // The backward recomputes the probabilities from lse, and accumulates dK and dV of its (sequence,
 // head) in local buffers: each task writes a disjoint slice of grad_qkv, so the result does not
 // depend on the thread count (bit-identical for any number of threads).
+//
+// bfloat16 (csrc/cpu/bf16.h): each entry widens its bf16 tensors and runs the float32 kernel; out and
+// grad_qkv come back in bf16, lse stays float32 (a softmax statistic). Every product here is one of the
+// kernel's own register-blocked float32 loops, none goes through the GEMM entry point (a head of 16 channels
+// is too narrow a GEMM, see above): bf16 changes what the model stores, not the kernel's arithmetic, and
+// the widening and narrowing passes are its only extra cost.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "cpu/bf16.h"
 #include "cpu/common.h"
 
 #include <algorithm>
@@ -394,6 +401,11 @@ void softmax_rows(T* scores, int64_t Lp, int64_t n, T* lse, T* inv_sum) {
 std::tuple<at::Tensor, at::Tensor> self_attention_fwd(const at::Tensor& qkv_in, const at::Tensor& mask_in,
                                                       int64_t heads, at::OptionalIntArrayRef segments) {
   const Geometry g = check_args(kFwd, qkv_in, mask_in, heads);
+  if (bf16::is_bf16(qkv_in)) {
+    gemm::Bf16Products scope;  // no GEMM here today; a product routed through gemm:: would take it
+    auto [o, l] = self_attention_fwd(bf16::widen(qkv_in), mask_in, heads, segments);
+    return {bf16::narrow(o), l};
+  }
   const std::vector<Sequence> seqs = sequences_of(kFwd, g, segments);
   const TaskSizes ts = task_sizes(seqs);
   const int64_t S = static_cast<int64_t>(seqs.size());
@@ -452,9 +464,15 @@ at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& q
                    grad_out_in.scalar_type() == qkv_in.scalar_type() && out_in.scalar_type() == qkv_in.scalar_type(),
                kBwd, "grad_out and out must be [B, L, C] = [", g.B, ", ", g.L, ", ", g.C, "] like qkv, got ",
                grad_out_in.sizes(), " and ", out_in.sizes());
-  FASTQA_CHECK(lse_in.sizes() == at::IntArrayRef({g.B, g.H, g.L}) && lse_in.scalar_type() == qkv_in.scalar_type(),
-               kBwd, "lse must be the forward's [B, heads, L] = [", g.B, ", ", g.H, ", ", g.L, "], got ",
-               lse_in.sizes());
+  const at::ScalarType lse_type = bf16::is_bf16(qkv_in) ? at::kFloat : qkv_in.scalar_type();  // as the forward's
+  FASTQA_CHECK(lse_in.sizes() == at::IntArrayRef({g.B, g.H, g.L}) && lse_in.scalar_type() == lse_type,
+               kBwd, "lse must be the forward's [B, heads, L] = [", g.B, ", ", g.H, ", ", g.L, "] ", lse_type,
+               ", got ", lse_in.sizes(), " ", lse_in.scalar_type());
+  if (bf16::is_bf16(qkv_in)) {
+    gemm::Bf16Products scope;
+    return bf16::narrow(self_attention_bwd(bf16::widen(grad_out_in), bf16::widen(qkv_in), mask_in,
+                                           bf16::widen(out_in), lse_in, heads, segments));
+  }
   const at::Tensor qkv = qkv_in.contiguous(), mask = mask_in.contiguous();
   const at::Tensor grad_out = grad_out_in.contiguous(), out = out_in.contiguous(), lse = lse_in.contiguous();
   at::Tensor grad_qkv = at::empty_like(qkv);

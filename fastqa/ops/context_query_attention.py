@@ -164,7 +164,10 @@ if cpu_available():
     @torch.library.register_fake("fastqa::context_query_attention_fwd")
     def _context_query_attention_fwd_fake(c, q, c_mask, q_mask, weight, bias):
         (batch, n, d), m = c.shape, q.shape[1]
-        return c.new_empty(batch, n, 4 * d), c.new_empty(batch, n, m), c.new_empty(batch, n + d, m)
+        # A bf16 forward keeps its probabilities (aux) in float32, the softmax's own precision.
+        aux = torch.float32 if c.dtype == torch.bfloat16 else c.dtype
+        return (c.new_empty(batch, n, 4 * d), c.new_empty(batch, n, m, dtype=aux),
+                c.new_empty(batch, n + d, m, dtype=aux))
 
     @torch.library.register_fake("fastqa::context_query_attention_bwd")
     def _context_query_attention_bwd_fake(grad_out, c, q, c_mask, q_mask, weight, bias, out, aux_row, aux_col):

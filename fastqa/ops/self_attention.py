@@ -6,7 +6,8 @@ Kernels (the C++ CPU backend)::
     fastqa::self_attention_bwd(grad_out, qkv, mask, out, lse, heads, segments?) -> grad_qkv
 
 ``lse`` [B, heads, L] (each query row's log-sum-exp) is what the backward needs besides the inputs and the
-output; the Function saves it and hands it back unread.
+output; the Function saves it and hands it back unread. It is float32 for a bfloat16 qkv (a softmax statistic
+keeps the precision it was computed in).
 
 The GPU backend ("triton": CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``) has no kernel of its
 own: ``packed_attention`` runs torch's fused scaled-dot-product attention (flash / memory-efficient kernels)
@@ -163,7 +164,8 @@ if cpu_available():
     @torch.library.register_fake("fastqa::self_attention_fwd")
     def _fwd_fake(qkv, mask, heads, segments=None):
         b, length, c3 = qkv.shape
-        return qkv.new_empty((b, length, c3 // 3)), qkv.new_empty((b, heads, length))
+        lse = torch.float32 if qkv.dtype == torch.bfloat16 else qkv.dtype  # a bf16 forward's lse stays float32
+        return qkv.new_empty((b, length, c3 // 3)), qkv.new_empty((b, heads, length), dtype=lse)
 
     @torch.library.register_fake("fastqa::self_attention_bwd")
     def _bwd_fake(grad_out, qkv, mask, out, lse, heads, segments=None):

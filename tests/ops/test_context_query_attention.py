@@ -11,7 +11,8 @@ from fastqa import reference
 from fastqa.layers import ContextQueryAttention, TrilinearSimilarity
 from fastqa.ops import context_query_attention, trilinear_similarity
 
-from helpers import check_against_reference, compiled_backends, kernel_ops, ran_kernels
+from helpers import (check_against_reference, check_bf16_against_float64, compiled_backends, kernel_ops, ran_kernels,
+                     ran_ops)
 
 BACKENDS = compiled_backends()
 
@@ -217,6 +218,84 @@ def test_backward_is_deterministic(backend):
         runs.append(torch.autograd.grad(out, xs, grad))
     for g1, g2 in zip(*runs):
         assert torch.equal(g1, g2)
+
+
+# ------------------------------------------------------------------ bfloat16 (the CPU kernels)
+
+def _padded_inputs():
+    """Padding everywhere: a slice with no real question word, one with no real context word, one with
+    neither, and padded tails (the bf16 path through every masked branch)."""
+    c, q, c_mask, q_mask, w, b = make_inputs(4, 12, 6, 8)
+    q_mask[1] = False
+    c_mask[2] = False
+    q_mask[3] = False
+    c_mask[3] = False
+    c_mask[0, 5:] = False
+    q_mask[0, 3:] = False
+    return c, q, c_mask, q_mask, w, b
+
+
+# The model's shape with its bias (the most time), the edges with and without.
+BF16_CASES = [(REAL, True)] + [(shape, bias) for shape in EDGE_SHAPES for bias in (True, False)]
+
+
+@pytest.mark.parametrize("shape, bias", BF16_CASES, ids=str)
+def test_bfloat16_matches_float64_reference(shape, bias):
+    """bf16 in and out (the GEMMs on the bf16 engine, softmaxes in float32): forward and every gradient of both
+    ops against float64 on the same rounded values."""
+    c, q, c_mask, q_mask, w, b = make_inputs(*shape, bias=bias)
+    check_bf16_against_float64(cqa("cpu"), reference.context_query_attention, (c, q, c_mask, q_mask, w, b),
+                               names=CQA_NAMES)
+    check_bf16_against_float64(sim("cpu"), reference.trilinear_similarity, (c, q, w, b), names=SIM_NAMES)
+
+
+def test_bfloat16_with_padding_and_empty_slices():
+    args = _padded_inputs()
+    check_bf16_against_float64(cqa("cpu"), reference.context_query_attention, args, names=CQA_NAMES)
+    c, q, c_mask, q_mask, w, b = (t.to(torch.bfloat16) if t.is_floating_point() else t for t in args)
+    out = context_query_attention(c, q, c_mask, q_mask, w, b, backend="cpu")
+    d = c.shape[2]
+    assert torch.isfinite(out).all()
+    assert not out[1, :, d:].any() and not out[3, :, d:].any() and not out[2, :, 3 * d:].any()
+    assert ran_ops(lambda: context_query_attention(c, q, c_mask, q_mask, w, b, backend="cpu")) == {
+        "fastqa::context_query_attention_fwd"}
+
+
+def test_bfloat16_kernels_keep_the_probabilities_in_float32_and_match_their_fakes():
+    """out and every gradient in bf16, aux_row / aux_col (the softmaxes the backward differentiates) in float32;
+    the fake kernels say the same (opcheck)."""
+    c, q, c_mask, q_mask, w, b = (t.to(torch.bfloat16) if t.is_floating_point() else t
+                                  for t in make_inputs(2, 9, 5, 6))
+    ops = torch.ops.fastqa
+    out, aux_row, aux_col = ops.context_query_attention_fwd(c, q, c_mask, q_mask, w, b)
+    assert (out.dtype, aux_row.dtype, aux_col.dtype) == (torch.bfloat16, torch.float32, torch.float32)
+    g_out = torch.randn(out.shape).to(torch.bfloat16)
+    grads = ops.context_query_attention_bwd(g_out, c, q, c_mask, q_mask, w, b, out, aux_row, aux_col)
+    assert [g.dtype for g in grads] == [torch.bfloat16] * 4
+    torch.library.opcheck(ops.context_query_attention_fwd, (c, q, c_mask, q_mask, w, b))
+    torch.library.opcheck(ops.context_query_attention_bwd, (g_out, c, q, c_mask, q_mask, w, b, out, aux_row, aux_col))
+    torch.library.opcheck(ops.trilinear_similarity_fwd, (c, q, w, None))
+    g_s = torch.randn(2, 9, 5).to(torch.bfloat16)
+    torch.library.opcheck(ops.trilinear_similarity_bwd, (g_s, c, q, w, None))
+
+
+def test_bfloat16_mixed_dtypes_are_refused():
+    c, q, c_mask, q_mask, w, b = make_inputs(2, 6, 4, 5)
+    c16, q16, w16, b16 = (t.to(torch.bfloat16) for t in (c, q, w, b))
+    with pytest.raises(TypeError, match="q"):
+        context_query_attention(c16, q, c_mask, q_mask, w16, b16, backend="cpu")
+    ops = torch.ops.fastqa
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        ops.context_query_attention_fwd(c16, q, c_mask, q_mask, w16, b16)
+    with pytest.raises(RuntimeError, match="bias"):
+        ops.trilinear_similarity_fwd(c16, q16, w16, b)
+    out, aux_row, aux_col = ops.context_query_attention_fwd(c16, q16, c_mask, q_mask, w16, b16)
+    with pytest.raises(RuntimeError, match="aux_row"):   # the probabilities of a bf16 forward are float32
+        ops.context_query_attention_bwd(torch.zeros_like(out), c16, q16, c_mask, q_mask, w16, b16, out,
+                                        aux_row.to(torch.bfloat16), aux_col)
+    with pytest.raises(RuntimeError, match="grad_out"):
+        ops.context_query_attention_bwd(torch.zeros(out.shape), c16, q16, c_mask, q_mask, w16, b16, out, aux_row,
+                                        aux_col)
 
 
 # ------------------------------------------------------------------ layers

@@ -12,7 +12,7 @@ from fastqa import reference
 from fastqa._backend import cpu_available, triton_usable_here
 from fastqa.layers import DecodeAttention
 
-from helpers import TOLERANCES, assert_close, device_of, padding_mask, ran_ops
+from helpers import TOLERANCES, assert_close, check_bf16_against_float64, device_of, padding_mask, ran_ops
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="the kernel is C++ only: needs fastqa._C")
 
@@ -136,3 +136,33 @@ def test_triton_backend_is_the_gpu_path():
     want = reference.decode_attention(*args, scale=0.7)
     assert all(torch.equal(g, w) for g, w in zip(got, want))
     assert not ran_ops(lambda: fastqa.decode_attention(*args, backend="triton"))
+
+
+@pytest.mark.parametrize("shape", REAL + EDGE, ids=str)
+@pytest.mark.parametrize("bias, mask", [(None, True), ("shared", True), ("per_row", False)])
+def test_bfloat16_matches_float64_reference(shape, bias, mask):
+    """bf16 in, out and weights in bf16 (the kernel's float32 loops inside), against float64 on the same rounded
+    values; forward only, as the kernel."""
+    rows = {None: None, "shared": 1, "per_row": shape[1]}[bias]
+    args = make_inputs(*shape, bias=rows, mask=mask)
+    x = [t.to(torch.bfloat16) if t is not None and t.is_floating_point() else t for t in args]
+    with torch.no_grad():
+        assert ran_ops(lambda: fastqa.decode_attention(*x, scale=0.7, backend="cpu")) == {"fastqa::decode_attention"}
+    check_bf16_against_float64(lambda *a: fastqa.decode_attention(*a, scale=0.7, backend="cpu"),
+                               lambda *a: reference.decode_attention(*a, scale=0.7), args,
+                               names=["q", "keys", "values", "bias", "mask"], grad_args=[False] * 5, outputs=2)
+
+
+def test_bfloat16_empty_row_opcheck_and_mixed_dtypes():
+    q, keys, values, bias, mask = (t.to(torch.bfloat16) if t.is_floating_point() else t
+                                   for t in make_inputs(3, 2, 6, 8, 4, bias=1))
+    mask[2] = False
+    with torch.no_grad():
+        out, weights = fastqa.decode_attention(q, keys, values, bias, mask, backend="cpu")
+    assert out.dtype == weights.dtype == torch.bfloat16
+    assert not out[2].any() and not weights[2].any()
+    torch.library.opcheck(torch.ops.fastqa.decode_attention, (q, keys, values, bias, mask, 0.3))
+    with pytest.raises(RuntimeError, match="values must have q's dtype"):
+        torch.ops.fastqa.decode_attention(q, keys, values.float(), bias, mask, 1.0)
+    with pytest.raises(RuntimeError, match="bias must have q's dtype"):
+        torch.ops.fastqa.decode_attention(q, keys, values, bias.float(), mask, 1.0)

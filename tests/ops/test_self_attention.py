@@ -13,7 +13,7 @@ from fastqa import reference
 from fastqa._backend import cpu_available, triton_usable_here
 from fastqa.layers import SelfAttention
 
-from helpers import check_against_reference, device_of, ran_ops
+from helpers import check_against_reference, check_bf16_against_float64, device_of, ran_ops
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="the kernel is C++ only: needs fastqa._C")
 
@@ -207,3 +207,42 @@ def test_double_backward_raises_the_shared_error():
     g, = torch.autograd.grad(fused(x, mask, 2).pow(2).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match=r"fastqa\.self_attention: double backward .* backend='reference'"):
         g.pow(2).sum().backward()
+
+
+# ------------------------------------------------------------------ bfloat16
+
+@pytest.mark.parametrize("shape", REAL + EDGE, ids=str)
+def test_bfloat16_matches_float64_reference(shape):
+    """bf16 qkv in, bf16 out and gradient (the kernel's float32 loops inside): against float64 on the same
+    rounded values, padding included (make_inputs masks about 30% of the positions)."""
+    b, length, heads, d = shape
+    qkv, mask = make_inputs(b, length, heads, d)
+    check_bf16_against_float64(fused, reference.self_attention, (qkv, mask, heads), names=NAMES)
+
+
+def test_bfloat16_all_padding_and_segments():
+    """A row with no real position, a padded tail, and a packed row whose middle segment is all padding."""
+    qkv, mask = make_inputs(3, 20, 2, 8)
+    mask[1] = False
+    mask[2] = torch.arange(20) < 10
+    check_bf16_against_float64(fused, reference.self_attention, (qkv, mask, 2), names=NAMES)
+    mask[0, 7:13] = False
+    check_bf16_against_float64(lambda q, m, h: fastqa.self_attention(q, m, h, segments=[7, 6, 7], backend="cpu"),
+                               lambda q, m, h: reference.self_attention(q, m, h, [7, 6, 7]), (qkv, mask, 2),
+                               names=NAMES)
+    out = fused(qkv.to(torch.bfloat16), mask, 2)
+    assert not out[1].any() and not out[2, 10:].any() and not out[0, 7:13].any()
+
+
+def test_bfloat16_kernel_keeps_lse_in_float32_and_refuses_mixed_dtypes():
+    qkv, mask = make_inputs(2, 9, 2, 4)
+    x = qkv.to(torch.bfloat16)
+    ops = torch.ops.fastqa
+    out, lse = ops.self_attention_fwd(x, mask, 2)
+    assert (out.dtype, lse.dtype) == (torch.bfloat16, torch.float32)
+    assert ops.self_attention_bwd(torch.ones_like(out), x, mask, out, lse, 2).dtype == torch.bfloat16
+    torch.library.opcheck(ops.self_attention_fwd.default, (x.clone().requires_grad_(), mask, 2, None))
+    with pytest.raises(RuntimeError, match="grad_out and out"):
+        ops.self_attention_bwd(torch.ones(out.shape), x, mask, out, lse, 2)
+    with pytest.raises(RuntimeError, match="lse"):
+        ops.self_attention_bwd(torch.ones_like(out), x, mask, out, lse.to(torch.bfloat16), 2)

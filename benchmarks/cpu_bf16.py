@@ -11,7 +11,8 @@ three implementations are timed round-robin:
 with the bf16 result's largest error against the float64 reference (relative to the reference's largest
 magnitude) and each dtype's lower bound from the machine's measured GEMM rate and bandwidth in that dtype
 (``measure.machine_peaks``). Then the model cases (``--models``): the QANet ``paper`` B32 training step and
-inference, fp32 against bf16 autocast (fp32 weights: what ``--precision bf16`` trains with), and ConvS2S
+inference, fp32 against bf16 autocast (fp32 weights: what ``--precision bf16`` trains with), its inference with
+bfloat16 weights (what ``ask --precision bf16`` runs), and ConvS2S
 ``tutorial``'s training step likewise, and its beam-5 translation of 200 sentences with float32 against
 bfloat16 weights (what ``translate --precision bf16`` runs).
 
@@ -108,6 +109,10 @@ def model_rows(settings: measure.Settings, log: Callable[[str], None], *, quick:
         ms = _time(fns, settings)
         rows.append(_row(f"qanet paper B{B} n400 m50 {mode} (bf16: autocast, fp32 weights)", ms))
         log(_line(rows[-1]))
+    bf16_model = qa.build_models(cfg, ["fast"], CPU, torch.bfloat16)["fast"]
+    ms = _time({"fp32": qa.inference_runner(model, batch), "bf16": qa.inference_runner(bf16_model, batch)}, settings)
+    rows.append(_row(f"qanet paper B{B} n400 m50 inference (bf16: bf16 weights)", ms))
+    log(_line(rows[-1]))
 
     models = mt._models("tutorial", {}, CPU, torch.float32, train=True)
     fast = models["fast"]

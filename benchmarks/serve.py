@@ -103,10 +103,11 @@ def batch_sizes(metrics: str, model: str) -> dict[str, float]:
 
 
 def serve_load(route: str, bodies: list[dict], *, max_batch: int, threads: int, model_flags: list[str],
-               warm: dict) -> dict:
-    """``fastqa serve --max-batch max_batch`` under ``len(bodies)`` concurrent requests to ``route``."""
+               warm: dict, precision: str = "fp32") -> dict:
+    """``fastqa serve --max-batch max_batch --precision precision`` under ``len(bodies)`` concurrent requests to
+    ``route``."""
     cmd = [sys.executable, "-m", "fastqa", "serve", "--port", "0", "--threads", str(threads), "--device", "cpu",
-           "--max-batch", str(max_batch), "--log-level", "warning", *model_flags]
+           "--max-batch", str(max_batch), "--precision", precision, "--log-level", "warning", *model_flags]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = _wait_for_url(proc)
@@ -131,7 +132,7 @@ def serve_load(route: str, bodies: list[dict], *, max_batch: int, threads: int, 
     latencies = [ms for status, ms in results if status == 200]
     batches = after["batches"] - before["batches"]
     return {"route": route, "requests": len(bodies), "concurrent": len(bodies), "max_batch": max_batch,
-            "threads": threads, "errors": sum(status != 200 for status, _ in results),
+            "precision": precision, "threads": threads, "errors": sum(status != 200 for status, _ in results),
             "p50_ms": _percentile(latencies, 0.5) if latencies else None,
             "p99_ms": _percentile(latencies, 0.99) if latencies else None,
             "requests_per_s": len(latencies) / wall, "batches": batches,
@@ -160,6 +161,7 @@ def _wait_for_url(proc: subprocess.Popen) -> str:
 
 def _line(r: dict) -> str:
     how = "one at a time" if r["max_batch"] == 1 else f"batches of at most {r['max_batch']}"
+    how += f", {r['precision']}"
     return (f"fastqa serve {r['route']}, {r['concurrent']} concurrent requests, {how}: {r['errors']} errors, "
             f"p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, {r['requests_per_s']:.1f} requests/s, "
             f"{r['batches']:.0f} model calls (mean batch {r['mean_batch'] or 0:.1f})")
@@ -173,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=100, help="concurrent requests per measurement (default 100)")
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="the batched runs' --precision (the one-at-a-time baseline is fp32)")
     p.add_argument("--skip", choices=("answer", "translate"), action="append", default=[])
     p.add_argument("--out", type=Path, default=Path("bench-results") / "serve.json")
     args = p.parse_args(argv)
@@ -192,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     for route, flags, bodies in loads:
         for max_batch in (1, args.max_batch):  # one at a time, then batched: the same run, the same machine
             r = serve_load(route, bodies, max_batch=max_batch, threads=args.threads, model_flags=flags,
-                           warm=bodies[0])
+                           warm=bodies[0], precision="fp32" if max_batch == 1 else args.precision)
             result["serve"].append(r)
             print(_line(r), flush=True)
     for route in ("/answer", "/translate"):

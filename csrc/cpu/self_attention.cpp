@@ -571,18 +571,19 @@ void rows_times(const uint16_t* pb, int64_t Lk, const uint32_t* mw, int64_t L, i
   }
 }
 
-// acc[j][:] += sum_{r < kRows} p[r][j] * m[r][:] for j < L: pw [kRows / 2][Lk] words of pairs of rows of p
-// (pair_rows), mw [kRows / 2][Dp] words of pairs of rows of m, acc [L][Dp] float32.
+// acc[j][:] += sum_{r < 2K} p[r][j] * m[r][:] for j < L: pw [K][Lk] words of pairs of rows of p (pair_rows),
+// mw [K][Dp] words of pairs of rows of m, acc [L][Dp] float32. The backward takes two blocks of kRows query
+// rows (K = kRows) per pass where it can: each acc row loaded and stored once for twice the dot products
+// (this loop waits on its loads and stores, not on the dot products).
+template <int64_t K>
 void accumulate_t_times(const uint32_t* pw, int64_t Lk, const uint32_t* mw, int64_t L, int64_t Dp, float* acc) {
-  constexpr int64_t K = kRows / 2;
   for (int64_t d = 0; d < Dp; d += 16) {
     __m512i m[K];
     for (int64_t k = 0; k < K; ++k) m[k] = _mm512_loadu_si512(mw + k * Dp + d);
     for (int64_t j = 0; j < L; ++j) {
       V sum = NativeBlock<float>::load(acc + j * Dp + d);
       for (int64_t k = 0; k < K; ++k) {
-        sum = (V)_mm512_dpbf16_ps((__m512)sum, broadcast_pair(pw + k * Lk + j),
-                                  (__m512bh)m[k]);
+        sum = (V)_mm512_dpbf16_ps((__m512)sum, broadcast_pair(pw + k * Lk + j), (__m512bh)m[k]);
       }
       NativeBlock<float>::store(acc + j * Dp + d, sum);
     }
@@ -723,7 +724,7 @@ at::Tensor bwd(const at::Tensor& grad_out_in, const at::Tensor& qkv_in, const at
     std::vector<float> bias(ts.Lp), dk(ts.L * g.Dp), dv(ts.L * g.Dp), p(kRows * ts.Lp), dp(kRows * ts.Lp),
         dq(kRows * g.Dp);
     std::vector<uint32_t> kc(Dh * ts.Lp), vc(Dh * ts.Lp), vr(ts.Lp / 2 * g.Dp), kr(ts.Lp / 2 * g.Dp),
-        qw(kRows * Dh), gw(kRows * Dh), qpair(K * g.Dp), gpair(K * g.Dp), ppair(K * ts.Lp), dspair(K * ts.Lp);
+        qw(kRows * Dh), gw(kRows * Dh), qpair(2 * K * g.Dp), gpair(2 * K * g.Dp), ppair(2 * K * ts.Lp), dspair(2 * K * ts.Lp);
     std::vector<uint16_t> dsb(kRows * ts.Lp);
     std::vector<int64_t> keys(ts.L);
     for (int64_t t = t0; t < t1; ++t) {
@@ -751,9 +752,11 @@ at::Tensor bwd(const at::Tensor& grad_out_in, const at::Tensor& qkv_in, const at
             std::fill(gw.data() + r * Dh, gw.data() + (r + 1) * Dh, 0u);
           }
         }
+        // This block's pairs of rows for dK and dV: the first or the second half of a pass of two blocks.
+        const int64_t half = (i0 / kRows) % 2;
         for (int64_t k = 0; k < K; ++k) {
-          interleave_rows(q_r[2 * k], q_r[2 * k + 1], g.D, qpair.data() + k * g.Dp, g.Dp);
-          interleave_rows(go_r[2 * k], go_r[2 * k + 1], g.D, gpair.data() + k * g.Dp, g.Dp);
+          interleave_rows(q_r[2 * k], q_r[2 * k + 1], g.D, qpair.data() + (half * K + k) * g.Dp, g.Dp);
+          interleave_rows(go_r[2 * k], go_r[2 * k + 1], g.D, gpair.data() + (half * K + k) * g.Dp, g.Dp);
         }
         // P = exp(S - lse): the forward's probabilities (before its P was rounded); dP = dO Vᵀ.
         scores(qw.data(), Dh, kc.data(), Lk, scale, bias.data(), p.data());
@@ -774,10 +777,15 @@ at::Tensor bwd(const at::Tensor& grad_out_in, const at::Tensor& qkv_in, const at
         // dQ = scale * dS K; dK += scale * dSᵀ Q; dV += Pᵀ dO (scale applied when dK is written)
         round_rows(dp.data(), Lk, dsb.data());
         rows_times(dsb.data(), Lk, kr.data(), nk, g.Dp, dq.data());
-        pair_rows(dp.data(), Lk, dspair.data());
-        pair_rows(p.data(), Lk, ppair.data());
-        accumulate_t_times(dspair.data(), Lk, qpair.data(), nk, g.Dp, dk.data());
-        accumulate_t_times(ppair.data(), Lk, gpair.data(), nk, g.Dp, dv.data());
+        pair_rows(dp.data(), Lk, dspair.data() + half * K * Lk);
+        pair_rows(p.data(), Lk, ppair.data() + half * K * Lk);
+        if (half == 1) {
+          accumulate_t_times<2 * K>(dspair.data(), Lk, qpair.data(), nk, g.Dp, dk.data());
+          accumulate_t_times<2 * K>(ppair.data(), Lk, gpair.data(), nk, g.Dp, dv.data());
+        } else if (i0 + kRows >= nk) {  // the task's last block, alone
+          accumulate_t_times<K>(dspair.data(), Lk, qpair.data(), nk, g.Dp, dk.data());
+          accumulate_t_times<K>(ppair.data(), Lk, gpair.data(), nk, g.Dp, dv.data());
+        }
         for (int64_t r = 0; r < n; ++r) {
           uint16_t* dst = gp + (first + rows[r]) * 3 * g.C + h * g.D;
           for (int64_t c = 0; c < g.D; ++c) dst[c] = bf16::round_bits(dq[r * g.Dp + c] * scale);

@@ -522,29 +522,6 @@ void softmax_round_rows(const float* s, int64_t Lk, int64_t n, const V* rmax, ui
   }
 }
 
-// pb[r][j] = s[r][j] rounded to bf16 (nearest even) for r < kRows, j < Lk (a multiple of 16).
-void round_rows(const float* s, int64_t Lk, uint16_t* pb) {
-  for (int64_t i = 0; i < kRows * Lk; i += 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + i)));
-  }
-}
-
-// pw[k][j] = (s[2k][j], s[2k+1][j]) rounded to bf16, for k < kRows / 2, j < Lk (a multiple of 16): pairs of
-// rows, the operand of a product that reduces over the query rows.
-void pair_rows(const float* s, int64_t Lk, uint32_t* pw) {
-  // cvtne2ps_pbh(hi, lo) holds lo's 16 values then hi's; this interleaves them.
-  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  for (int64_t k = 0; k < kRows / 2; ++k) {
-    const float* lo = s + 2 * k * Lk;
-    const float* hi = lo + Lk;
-    for (int64_t j = 0; j < Lk; j += 16) {
-      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(hi + j), _mm512_loadu_ps(lo + j));
-      _mm512_storeu_si512(pw + k * Lk + j, _mm512_permutexvar_epi16(idx, both));
-    }
-  }
-}
-
 // out[r][:] = sum_{j < L} pb[r][j] * m[j][:] for r < kRows: pb [kRows][Lk] bf16 rows (pairs of keys are
 // adjacent), mw [Lk / 2][Dp] words of the rows of keys 2i and 2i+1, out [kRows][Dp]. Two sets of
 // accumulators (even and odd pairs of keys) keep twice as many dot products in flight; they are added
@@ -571,7 +548,35 @@ void rows_times(const uint16_t* pb, int64_t Lk, const uint32_t* mw, int64_t L, i
   }
 }
 
-// acc[j][:] += sum_{r < 2K} p[r][j] * m[r][:] for j < L: pw [K][Lk] words of pairs of rows of p (pair_rows),
+// The backward's probabilities and dS, straight into the layouts its products read: for rows r < n of the
+// scores s and of dp = dO Vᵀ ([kRows][Lk]), P = exp(s - lse[r]) and dS = P * (dp - delta[r]) (rows past n: 0),
+// stored rounded to bf16 as dS rows dsb [kRows][Lk] (for dS K) and as pairs of rows pw, dsw [kRows / 2][Lk]
+// (for Pᵀ dO and dSᵀ Q); no float32 P or dS is stored and read back.
+void probs_and_grads(const float* s, const float* dp, int64_t Lk, int64_t n, const float* lse, const float* delta,
+                     uint16_t* dsb, uint32_t* pw, uint32_t* dsw) {
+  // cvtne2ps_pbh(hi, lo) holds lo's 16 values then hi's; idx interleaves them into pairs.
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t k = 0; k < kRows / 2; ++k) {
+    for (int64_t j = 0; j < Lk; j += 16) {
+      V p[2] = {}, ds[2] = {};
+      for (int64_t i = 0; i < 2; ++i) {
+        const int64_t r = 2 * k + i;
+        if (r < n) {
+          p[i] = exp_nonpositive(NativeBlock<float>::load(s + r * Lk + j) - lse[r]);
+          ds[i] = p[i] * (NativeBlock<float>::load(dp + r * Lk + j) - delta[r]);
+        }
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb + r * Lk + j), (__m256i)_mm512_cvtneps_pbh((__m512)ds[i]));
+      }
+      _mm512_storeu_si512(pw + k * Lk + j,
+                          _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh((__m512)p[1], (__m512)p[0])));
+      _mm512_storeu_si512(dsw + k * Lk + j,
+                          _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh((__m512)ds[1], (__m512)ds[0])));
+    }
+  }
+}
+
+// acc[j][:] += sum_{r < 2K} p[r][j] * m[r][:] for j < L: pw [K][Lk] words of pairs of rows of p (probs_and_grads),
 // mw [K][Dp] words of pairs of rows of m, acc [L][Dp] float32. The backward takes two blocks of kRows query
 // rows (K = kRows) per pass where it can: each acc row loaded and stored once for twice the dot products
 // (this loop waits on its loads and stores, not on the dot products).
@@ -724,7 +729,8 @@ at::Tensor bwd(const at::Tensor& grad_out_in, const at::Tensor& qkv_in, const at
     std::vector<float> bias(ts.Lp), dk(ts.L * g.Dp), dv(ts.L * g.Dp), p(kRows * ts.Lp), dp(kRows * ts.Lp),
         dq(kRows * g.Dp);
     std::vector<uint32_t> kc(Dh * ts.Lp), vc(Dh * ts.Lp), vr(ts.Lp / 2 * g.Dp), kr(ts.Lp / 2 * g.Dp),
-        qw(kRows * Dh), gw(kRows * Dh), qpair(2 * K * g.Dp), gpair(2 * K * g.Dp), ppair(2 * K * ts.Lp), dspair(2 * K * ts.Lp);
+        qw(kRows * Dh), gw(kRows * Dh), qpair(2 * K * g.Dp), gpair(2 * K * g.Dp), ppair(2 * K * ts.Lp),
+        dspair(2 * K * ts.Lp);
     std::vector<uint16_t> dsb(kRows * ts.Lp);
     std::vector<int64_t> keys(ts.L);
     for (int64_t t = t0; t < t1; ++t) {
@@ -761,24 +767,17 @@ at::Tensor bwd(const at::Tensor& grad_out_in, const at::Tensor& qkv_in, const at
         // P = exp(S - lse): the forward's probabilities (before its P was rounded); dP = dO Vᵀ.
         scores(qw.data(), Dh, kc.data(), Lk, scale, bias.data(), p.data());
         scores(gw.data(), Dh, vc.data(), Lk, 1.0f, nullptr, dp.data());
-        for (int64_t r = 0; r < kRows; ++r) {
-          float* pr = p.data() + r * Lk;
-          float* dpr = dp.data() + r * Lk;
-          if (r >= n) {
-            std::fill(pr, pr + Lk, 0.0f);
-            std::fill(dpr, dpr + Lk, 0.0f);
-            continue;
-          }
+        float lse_b[kRows] = {}, delta[kRows] = {};
+        for (int64_t r = 0; r < n; ++r) {
           const uint16_t* o_r = op + (first + rows[r]) * g.C + h * g.D;
-          float delta = 0;  // sum_c dO * O = sum_j P * dP
-          for (int64_t c = 0; c < g.D; ++c) delta += bf16::to_float(go_r[r][c]) * bf16::to_float(o_r[c]);
-          probs_and_grad<float>(pr, dpr, Lk, lse_row[rows[r]], delta);
+          for (int64_t c = 0; c < g.D; ++c) delta[r] += bf16::to_float(go_r[r][c]) * bf16::to_float(o_r[c]);
+          lse_b[r] = lse_row[rows[r]];
         }
+        // delta = sum_c dO * O = sum_j P * dP; P = exp(S - lse), dS = P * (dP - delta).
+        probs_and_grads(p.data(), dp.data(), Lk, n, lse_b, delta, dsb.data(), ppair.data() + half * K * Lk,
+                        dspair.data() + half * K * Lk);
         // dQ = scale * dS K; dK += scale * dSᵀ Q; dV += Pᵀ dO (scale applied when dK is written)
-        round_rows(dp.data(), Lk, dsb.data());
         rows_times(dsb.data(), Lk, kr.data(), nk, g.Dp, dq.data());
-        pair_rows(dp.data(), Lk, dspair.data() + half * K * Lk);
-        pair_rows(p.data(), Lk, ppair.data() + half * K * Lk);
         if (half == 1) {
           accumulate_t_times<2 * K>(dspair.data(), Lk, qpair.data(), nk, g.Dp, dk.data());
           accumulate_t_times<2 * K>(ppair.data(), Lk, gpair.data(), nk, g.Dp, dv.data());

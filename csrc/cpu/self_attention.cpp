@@ -426,9 +426,13 @@ namespace sa_bf16 {
 using V = NativeBlock<float>::V;  // 16 float32 lanes
 static_assert(kPad == 16, "the bf16 loops assume AVX512's 16-lane float vectors");
 
-// The 4 bytes at p (a pair of bf16) in every lane: a broadcast load, which takes no shuffle unit (GCC made
-// a 64-bit load, shifts and a register broadcast of the set1 of a memcpy'd word).
-inline __m512bh broadcast_pair(const void* p) { return (__m512bh)_mm512_broadcastd_epi32(_mm_loadu_si32(p)); }
+// The 4 bytes at p (a pair of bf16) in every lane: one broadcast load, which takes no shuffle unit (from
+// two adjacent pairs read together, GCC made a 64-bit load, shifts and register broadcasts).
+inline __m512bh broadcast_pair(const void* p) {
+  int32_t w;
+  std::memcpy(&w, p, sizeof(w));
+  return (__m512bh)_mm512_set1_epi32(w);
+}
 
 // dst[i] = the pair (src[2i], src[2i+1]) for i < ceil(n / 2), a missing odd tail's partner 0; dst[i] = 0
 // up to `words`. (The words are the bf16 values as they lie: a copy.)
@@ -451,9 +455,12 @@ inline __mmask16 lanes_below(int64_t n, int64_t d) {
 inline void interleave_rows(const uint16_t* a, const uint16_t* b, int64_t n, uint32_t* dst, int64_t words) {
   for (int64_t d = 0; d < words; d += 16) {
     const __mmask16 m = lanes_below(n, d);
-    const __m512i lo = a ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a + d)) : _mm512_setzero_si512();
-    const __m512i hi = b ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b + d)) : _mm512_setzero_si512();
-    _mm512_storeu_si512(dst + d, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    // (The maskz forms with every lane: GCC 12's unmasked ones warn of their undefined pass-through operand.)
+    const __mmask16 all = 0xFFFF;
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i lo = a ? _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(m, a + d)) : zero;
+    const __m512i hi = b ? _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(m, b + d)) : zero;
+    _mm512_storeu_si512(dst + d, _mm512_or_si512(lo, _mm512_maskz_slli_epi32(all, hi, 16)));
   }
 }
 

@@ -24,17 +24,24 @@
 // head) in local buffers: each task writes a disjoint slice of grad_qkv, so the result does not
 // depend on the thread count (bit-identical for any number of threads).
 //
-// bfloat16 (csrc/cpu/bf16.h): each entry widens its bf16 tensors and runs the float32 kernel; out and
-// grad_qkv come back in bf16, lse stays float32 (a softmax statistic). Every product here is one of the
-// kernel's own register-blocked float32 loops, none goes through the GEMM entry point (a head of 16 channels
-// is too narrow a GEMM, see above): bf16 changes what the model stores, not the kernel's arithmetic, and
-// the widening and narrowing passes are its only extra cost.
+// bfloat16 (csrc/cpu/bf16.h): out and grad_qkv are bf16, lse stays float32 (a softmax statistic). Where the build
+// targets AVX512-BF16 (__AVX512BF16__: -march=native on such a processor; sa_bf16 below), the kernels read and
+// write bf16 themselves and take every product -- the scores, P V, and in the backward dO Vᵀ, dS K, dSᵀ Q and Pᵀ dO
+// -- on its bf16 pair dot products, with float32 accumulators: their operands are pairs of bf16 values adjacent
+// along the reduced dimension, so each task packs its keys and values once into the layouts its products read. q,
+// k, v and dO are bf16 already; the probabilities and dS are rounded to bf16 before the products that take them (as
+// eager autocast's bmm rounds its operands); the softmax, lse, delta and the scale stay float32. That halves the
+// multiply-adds of the float32 loops and drops the widening and narrowing passes. Elsewhere (AVX2, AVX512 without
+// BF16) each entry widens its bf16 tensors and runs the float32 kernel, narrowing its results: bf16 changes what
+// the model stores there, not the kernel's arithmetic. No product goes through the GEMM entry point either way (a
+// head of 16 channels is too narrow a GEMM, see above).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include "cpu/bf16.h"
+#include "cpu/bf16_rows.h"
 #include "cpu/common.h"
 
 #include <algorithm>
@@ -398,13 +405,427 @@ void softmax_rows(T* scores, int64_t Lp, int64_t n, T* lse, T* inv_sum) {
   }
 }
 
+// The bf16 kernels below: AVX512-BF16's dot products, and AVX512BW/VL's 16-bit masked loads and shuffles (every
+// processor with the first has the others).
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define FASTQA_SA_BF16_DOT 1
+#endif
+
+#if defined(FASTQA_SA_BF16_DOT)
+// ---------------------------------------------------------------- bfloat16 on AVX512-BF16 dot products
+//
+// _mm512_dpbf16_ps adds to each of 16 float32 lanes the sum of a pair of bf16 products, so every operand
+// is held as 32-bit words of two bf16 values adjacent along the reduced dimension: (x[2i], x[2i+1]) with
+// the first in the low half, as they lie in memory. One side of a product is a vector of 16 such words
+// (16 keys, or 16 channels), the other a broadcast word. Accumulation, the softmax and lse are float32;
+// what is rounded to bf16 are the probabilities and dS before the products that take them (as eager
+// autocast's bmm does); q, k, v, dO are bf16 already. The scale 1/sqrt(D) is applied to the float32
+// products, not to a bf16 operand, so it adds no rounding.
+namespace sa_bf16 {
+
+using V = NativeBlock<float>::V;  // 16 float32 lanes
+static_assert(kPad == 16, "the bf16 loops assume AVX512's 16-lane float vectors");
+
+// The 4 bytes at p (a pair of bf16) in every lane: one broadcast load, which takes no shuffle unit (from
+// two adjacent pairs read together, GCC made a 64-bit load, shifts and register broadcasts).
+inline __m512bh broadcast_pair(const void* p) {
+  int32_t w;
+  std::memcpy(&w, p, sizeof(w));
+  return (__m512bh)_mm512_set1_epi32(w);
+}
+
+// dst[i] = the pair (src[2i], src[2i+1]) for i < ceil(n / 2), a missing odd tail's partner 0; dst[i] = 0
+// up to `words`. (The words are the bf16 values as they lie: a copy.)
+inline void pair_words(const uint16_t* src, int64_t n, uint32_t* dst, int64_t words) {
+  std::memcpy(dst, src, n * sizeof(uint16_t));
+  if (n % 2) {
+    const uint16_t zero = 0;
+    std::memcpy(reinterpret_cast<char*>(dst) + n * sizeof(uint16_t), &zero, sizeof(zero));
+  }
+  std::fill(dst + (n + 1) / 2, dst + words, 0u);
+}
+
+// Lanes i < n - d of a 16-lane block starting at d (all, some or none).
+inline __mmask16 lanes_below(int64_t n, int64_t d) {
+  return d + 16 <= n ? static_cast<__mmask16>(0xFFFF) : d < n ? static_cast<__mmask16>((1u << (n - d)) - 1) : 0;
+}
+
+// dst[d] = (a[d], b[d]) for d < n, 0 up to `words` (a multiple of 16); a null row reads as zeros. Masked
+// loads: nothing past a row's n values is read.
+inline void interleave_rows(const uint16_t* a, const uint16_t* b, int64_t n, uint32_t* dst, int64_t words) {
+  for (int64_t d = 0; d < words; d += 16) {
+    const __mmask16 m = lanes_below(n, d);
+    // (The maskz forms with every lane: GCC 12's unmasked ones warn of their undefined pass-through operand.)
+    const __mmask16 all = 0xFFFF;
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i lo = a ? _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(m, a + d)) : zero;
+    const __m512i hi = b ? _mm512_maskz_cvtepu16_epi32(all, _mm256_maskz_loadu_epi16(m, b + d)) : zero;
+    _mm512_storeu_si512(dst + d, _mm512_or_si512(lo, _mm512_maskz_slli_epi32(all, hi, 16)));
+  }
+}
+
+// s[r][j] = scale * sum_i aw[r][i] . bw[i][j] (+ bias[j]) for r < kRows, j < Lk (a multiple of 16):
+// aw [kRows][Dh] words of a query row (or dO row), bw [Dh][Lk] words of the keys (or values), pairs along
+// the head's channels. NJ vectors of keys per pass, as rows_times_t.
+template <int64_t NJ>
+int64_t scores_pass(const uint32_t* aw, int64_t Dh, const uint32_t* bw, int64_t Lk, float scale, const float* bias,
+                    float* s, V* rmax, int64_t j) {
+  for (; j + NJ * 16 <= Lk; j += NJ * 16) {
+    V acc[kRows][NJ];
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t n = 0; n < NJ; ++n) acc[r][n] = V{};
+    }
+    for (int64_t i = 0; i < Dh; ++i) {
+      __m512i b[NJ];
+      for (int64_t n = 0; n < NJ; ++n) b[n] = _mm512_loadu_si512(bw + i * Lk + j + n * 16);
+      for (int64_t r = 0; r < kRows; ++r) {
+        const __m512bh a = broadcast_pair(aw + r * Dh + i);
+        for (int64_t n = 0; n < NJ; ++n) acc[r][n] = (V)_mm512_dpbf16_ps((__m512)acc[r][n], a, (__m512bh)b[n]);
+      }
+    }
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t n = 0; n < NJ; ++n) {
+        V v = acc[r][n] * scale;
+        if (bias) v += NativeBlock<float>::load(bias + j + n * 16);
+        NativeBlock<float>::store(s + r * Lk + j + n * 16, v);
+        if (rmax) rmax[r] = v > rmax[r] ? v : rmax[r];
+      }
+    }
+  }
+  return j;
+}
+
+// rmax (optional): each row's running maximum, lane by lane, for the softmax (no pass of its own).
+void scores(const uint32_t* aw, int64_t Dh, const uint32_t* bw, int64_t Lk, float scale, const float* bias,
+            float* s, V* rmax = nullptr) {
+  const int64_t j = scores_pass<2>(aw, Dh, bw, Lk, scale, bias, s, rmax, 0);
+  scores_pass<1>(aw, Dh, bw, Lk, scale, bias, s, rmax, j);
+}
+
+// softmax_rows for the forward, whose probabilities are only read rounded to bf16: rows r < n of s
+// [kRows][Lk] become pb [kRows][Lk] = bf16(exp(s - max)) (max from rmax), with lse[r] and inv_sum[r] from
+// the float32 exponentials; rows past n are zeros. One pass: no float32 probabilities are stored.
+void softmax_round_rows(const float* s, int64_t Lk, int64_t n, const V* rmax, uint16_t* pb, float* lse,
+                        float* inv_sum) {
+  for (int64_t r = 0; r < kRows; ++r) {
+    uint16_t* p = pb + r * Lk;
+    if (r >= n) {
+      std::fill(p, p + Lk, uint16_t(0));
+      inv_sum[r] = 0;
+      continue;
+    }
+    float m = rmax[r][0];
+    for (int64_t l = 1; l < 16; ++l) m = max_of(m, rmax[r][l]);
+    V acc = {};
+    for (int64_t j = 0; j < Lk; j += 16) {
+      const V e = exp_nonpositive(NativeBlock<float>::load(s + r * Lk + j) - m);
+      acc += e;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh((__m512)e));
+    }
+    float sum = 0;
+    for (int64_t l = 0; l < 16; ++l) sum += acc[l];
+    inv_sum[r] = 1.0f / sum;
+    lse[r] = m + std::log(sum);
+  }
+}
+
+// out[r][:] = sum_{j < L} pb[r][j] * m[j][:] for r < kRows: pb [kRows][Lk] bf16 rows (pairs of keys are
+// adjacent), mw [Lk / 2][Dp] words of the rows of keys 2i and 2i+1, out [kRows][Dp]. Two sets of
+// accumulators (even and odd pairs of keys) keep twice as many dot products in flight; they are added
+// in a fixed order, so the result does not depend on anything but the operands.
+void rows_times(const uint16_t* pb, int64_t Lk, const uint32_t* mw, int64_t L, int64_t Dp, float* out) {
+  const int64_t pairs = (L + 1) / 2;  // a last odd key's partner is padding: probability and row 0
+  for (int64_t d = 0; d < Dp; d += 16) {
+    V acc0[kRows] = {}, acc1[kRows] = {};
+    int64_t i = 0;
+    for (; i + 2 <= pairs; i += 2) {
+      const __m512i b0 = _mm512_loadu_si512(mw + i * Dp + d), b1 = _mm512_loadu_si512(mw + (i + 1) * Dp + d);
+      for (int64_t r = 0; r < kRows; ++r) {
+        acc0[r] = (V)_mm512_dpbf16_ps((__m512)acc0[r], broadcast_pair(pb + r * Lk + 2 * i), (__m512bh)b0);
+        acc1[r] = (V)_mm512_dpbf16_ps((__m512)acc1[r], broadcast_pair(pb + r * Lk + 2 * i + 2), (__m512bh)b1);
+      }
+    }
+    if (i < pairs) {
+      const __m512i b0 = _mm512_loadu_si512(mw + i * Dp + d);
+      for (int64_t r = 0; r < kRows; ++r) {
+        acc0[r] = (V)_mm512_dpbf16_ps((__m512)acc0[r], broadcast_pair(pb + r * Lk + 2 * i), (__m512bh)b0);
+      }
+    }
+    for (int64_t r = 0; r < kRows; ++r) NativeBlock<float>::store(out + r * Dp + d, acc0[r] + acc1[r]);
+  }
+}
+
+// The backward's probabilities and dS, straight into the layouts its products read: for rows r < n of the
+// scores s and of dp = dO Vᵀ ([kRows][Lk]), P = exp(s - lse[r]) and dS = P * (dp - delta[r]) (rows past n: 0),
+// stored rounded to bf16 as dS rows dsb [kRows][Lk] (for dS K) and as pairs of rows pw, dsw [kRows / 2][Lk]
+// (for Pᵀ dO and dSᵀ Q); no float32 P or dS is stored and read back.
+void probs_and_grads(const float* s, const float* dp, int64_t Lk, int64_t n, const float* lse, const float* delta,
+                     uint16_t* dsb, uint32_t* pw, uint32_t* dsw) {
+  // cvtne2ps_pbh(hi, lo) holds lo's 16 values then hi's; idx interleaves them into pairs.
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t k = 0; k < kRows / 2; ++k) {
+    for (int64_t j = 0; j < Lk; j += 16) {
+      V p[2] = {}, ds[2] = {};
+      for (int64_t i = 0; i < 2; ++i) {
+        const int64_t r = 2 * k + i;
+        if (r < n) {
+          p[i] = exp_nonpositive(NativeBlock<float>::load(s + r * Lk + j) - lse[r]);
+          ds[i] = p[i] * (NativeBlock<float>::load(dp + r * Lk + j) - delta[r]);
+        }
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsb + r * Lk + j), (__m256i)_mm512_cvtneps_pbh((__m512)ds[i]));
+      }
+      _mm512_storeu_si512(pw + k * Lk + j,
+                          _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh((__m512)p[1], (__m512)p[0])));
+      _mm512_storeu_si512(dsw + k * Lk + j,
+                          _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh((__m512)ds[1], (__m512)ds[0])));
+    }
+  }
+}
+
+// acc[j][:] += sum_{r < 2K} p[r][j] * m[r][:] for j < L: pw [K][Lk] words of pairs of rows of p (probs_and_grads),
+// mw [K][Dp] words of pairs of rows of m, acc [L][Dp] float32. The backward takes two blocks of kRows query
+// rows (K = kRows) per pass where it can: each acc row loaded and stored once for twice the dot products
+// (this loop waits on its loads and stores, not on the dot products).
+template <int64_t K>
+void accumulate_t_times(const uint32_t* pw, int64_t Lk, const uint32_t* mw, int64_t L, int64_t Dp, float* acc) {
+  for (int64_t d = 0; d < Dp; d += 16) {
+    __m512i m[K];
+    for (int64_t k = 0; k < K; ++k) m[k] = _mm512_loadu_si512(mw + k * Dp + d);
+    for (int64_t j = 0; j < L; ++j) {
+      V sum = NativeBlock<float>::load(acc + j * Dp + d);
+      for (int64_t k = 0; k < K; ++k) {
+        sum = (V)_mm512_dpbf16_ps((__m512)sum, broadcast_pair(pw + k * Lk + j), (__m512bh)m[k]);
+      }
+      NativeBlock<float>::store(acc + j * Dp + d, sum);
+    }
+  }
+}
+
+// A task's keys, as load_keys: keys[0 .. nk) their positions, bias [Lk] (0, -inf on the padding), and the
+// operands as words: kc [Dh][Lk] (keys, pairs of channels: the scores), vr [Lk / 2][Dp] (values, pairs of
+// keys: P V); for the backward vc [Dh][Lk] (values, pairs of channels: dO Vᵀ) and kr [Lk / 2][Dp] (keys,
+// pairs of keys: dS K). All zero-padded. Returns Lk.
+int64_t load_keys(const uint16_t* qkv, const bool* mask, const Geometry& g, const Sequence& seq, int64_t h,
+                  int64_t* keys, int64_t& nk, float* bias, uint32_t* kc, uint32_t* vr, uint32_t* vc, uint32_t* kr) {
+  const bool* mb = mask + seq.first_row(g);
+  nk = 0;
+  for (int64_t j = 0; j < seq.len; ++j) {
+    if (mb[j]) keys[nk++] = j;
+  }
+  const int64_t Lk = round_up(nk, kPad), Dh = (g.D + 1) / 2;
+  for (int64_t j = 0; j < Lk; ++j) bias[j] = j < nk ? 0.0f : -std::numeric_limits<float>::infinity();
+  const int64_t row_stride = 3 * g.C, head = seq.first_row(g) * row_stride + h * g.D;
+  const uint16_t* kb = qkv + head + g.C;  // the sequence's first key row, this head
+  const uint16_t* vb = kb + g.C;
+  if (g.D % 2 == 0 && seq.len * row_stride <= std::numeric_limits<int32_t>::max()) {
+    // The transposed copies, 16 keys per gather of one pair of channels (a 4-byte read within the head);
+    // lanes past nk are zeros, the padding.
+    for (int64_t j = 0; j < Lk; j += 16) {
+      const __mmask16 m = lanes_below(nk, j);
+      int32_t offsets[16] = {};  // each key's offset from kb, in bf16 values
+      for (int64_t l = 0; l < 16 && j + l < nk; ++l) offsets[l] = static_cast<int32_t>(keys[j + l] * row_stride);
+      const __m512i off = _mm512_loadu_si512(offsets);
+      for (int64_t i = 0; i < Dh; ++i) {
+        const __m512i zero = _mm512_setzero_si512();
+        _mm512_storeu_si512(kc + i * Lk + j, _mm512_mask_i32gather_epi32(zero, m, off, kb + 2 * i, 2));
+        if (vc) _mm512_storeu_si512(vc + i * Lk + j, _mm512_mask_i32gather_epi32(zero, m, off, vb + 2 * i, 2));
+      }
+    }
+  } else {
+    // An odd head (the last pair's partner is not the head's, and may lie past the tensor's end), or offsets
+    // too large for a gather's 32-bit indices.
+    for (int64_t j = 0; j < nk; ++j) {
+      const uint16_t* k = kb + keys[j] * row_stride;
+      const uint16_t* v = k + g.C;
+      for (int64_t i = 0; i < Dh; ++i) {
+        kc[i * Lk + j] = k[2 * i] | (2 * i + 1 < g.D ? static_cast<uint32_t>(k[2 * i + 1]) << 16 : 0u);
+        if (vc) vc[i * Lk + j] = v[2 * i] | (2 * i + 1 < g.D ? static_cast<uint32_t>(v[2 * i + 1]) << 16 : 0u);
+      }
+    }
+    for (int64_t i = 0; i < Dh; ++i) {  // the padding keys
+      std::fill(kc + i * Lk + nk, kc + (i + 1) * Lk, 0u);
+      if (vc) std::fill(vc + i * Lk + nk, vc + (i + 1) * Lk, 0u);
+    }
+  }
+  for (int64_t i = 0; i < Lk / 2; ++i) {
+    const uint16_t* a = 2 * i < nk ? kb + keys[2 * i] * row_stride : nullptr;
+    const uint16_t* b = 2 * i + 1 < nk ? kb + keys[2 * i + 1] * row_stride : nullptr;
+    interleave_rows(a ? a + g.C : nullptr, b ? b + g.C : nullptr, g.D, vr + i * g.Dp, g.Dp);
+    if (kr) interleave_rows(a, b, g.D, kr + i * g.Dp, g.Dp);
+  }
+  return Lk;
+}
+
+std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& qkv_in, const at::Tensor& mask_in, const Geometry& g,
+                                       const std::vector<Sequence>& seqs) {
+  const TaskSizes ts = task_sizes(seqs);
+  const int64_t S = static_cast<int64_t>(seqs.size()), Dh = (g.D + 1) / 2;
+  const at::Tensor qkv = qkv_in.contiguous(), mask = mask_in.contiguous();
+  at::Tensor out = at::empty({g.B, g.L, g.C}, qkv.options());
+  at::Tensor lse = at::empty({g.B, g.H, g.L}, qkv.options().dtype(at::kFloat));
+  const uint16_t* qp = bf16::bits(qkv.data_ptr<c10::BFloat16>());
+  const bool* mp = mask.data_ptr<bool>();
+  uint16_t* op = bf16::bits(out.data_ptr<c10::BFloat16>());
+  float* lp = lse.data_ptr<float>();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(g.D));
+  at::parallel_for(0, S * g.H, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> bias(ts.Lp), s(kRows * ts.Lp), o(kRows * g.Dp);
+    std::vector<uint32_t> kc(Dh * ts.Lp), vr(ts.Lp / 2 * g.Dp), qw(kRows * Dh);
+    std::vector<uint16_t> pb(kRows * ts.Lp);
+    std::vector<int64_t> keys(ts.L);
+    float inv_sum[kRows], lse_r[kRows];
+    for (int64_t t = t0; t < t1; ++t) {
+      const Sequence& seq = seqs[t / g.H];
+      const int64_t h = t % g.H, first = seq.first_row(g);
+      int64_t nk = 0;
+      const int64_t Lk = load_keys(qp, mp, g, seq, h, keys.data(), nk, bias.data(), kc.data(), vr.data(), nullptr,
+                                   nullptr);
+      float* lse_row = lp + (seq.b * g.H + h) * g.L + seq.start;
+      zero_padded_rows<uint16_t>(keys.data(), nk, g, seq, h, op, g.C, nullptr);
+      for (int64_t j = 0, kk = 0; j < seq.len; ++j) {  // padded rows' lse: 0
+        if (kk < nk && keys[kk] == j) {
+          ++kk;
+        } else {
+          lse_row[j] = 0.0f;
+        }
+      }
+      for (int64_t i0 = 0; i0 < nk; i0 += kRows) {
+        const int64_t n = std::min(kRows, nk - i0);
+        const int64_t* rows = keys.data() + i0;
+        for (int64_t r = 0; r < kRows; ++r) {
+          if (r < n) {
+            pair_words(qp + (first + rows[r]) * 3 * g.C + h * g.D, g.D, qw.data() + r * Dh, Dh);
+          } else {
+            std::fill(qw.data() + r * Dh, qw.data() + (r + 1) * Dh, 0u);
+          }
+        }
+        V rmax[kRows];
+        for (int64_t r = 0; r < kRows; ++r) rmax[r] = V{} - std::numeric_limits<float>::infinity();
+        scores(qw.data(), Dh, kc.data(), Lk, scale, bias.data(), s.data(), rmax);
+        softmax_round_rows(s.data(), Lk, n, rmax, pb.data(), lse_r, inv_sum);
+        rows_times(pb.data(), Lk, vr.data(), nk, g.Dp, o.data());
+        for (int64_t r = 0; r < n; ++r) {
+          uint16_t* dst = op + (first + rows[r]) * g.C + h * g.D;
+          for (int64_t c = 0; c < g.D; ++c) dst[c] = bf16::round_bits(o[r * g.Dp + c] * inv_sum[r]);
+          lse_row[rows[r]] = lse_r[r];
+        }
+      }
+    }
+  });
+  return {out, lse};
+}
+
+at::Tensor bwd(const at::Tensor& grad_out_in, const at::Tensor& qkv_in, const at::Tensor& mask_in,
+               const at::Tensor& out_in, const at::Tensor& lse_in, const Geometry& g,
+               const std::vector<Sequence>& seqs) {
+  const TaskSizes ts = task_sizes(seqs);
+  const int64_t S = static_cast<int64_t>(seqs.size()), Dh = (g.D + 1) / 2;
+  const at::Tensor qkv = qkv_in.contiguous(), mask = mask_in.contiguous();
+  const at::Tensor grad_out = grad_out_in.contiguous(), out = out_in.contiguous(), lse = lse_in.contiguous();
+  at::Tensor grad_qkv = at::empty_like(qkv);
+  const uint16_t* qp = bf16::bits(qkv.data_ptr<c10::BFloat16>());
+  const bool* mp = mask.data_ptr<bool>();
+  const uint16_t* gop = bf16::bits(grad_out.data_ptr<c10::BFloat16>());
+  const uint16_t* op = bf16::bits(out.data_ptr<c10::BFloat16>());
+  const float* lp = lse.data_ptr<float>();
+  uint16_t* gp = bf16::bits(grad_qkv.data_ptr<c10::BFloat16>());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(g.D));
+  constexpr int64_t K = kRows / 2;
+  at::parallel_for(0, S * g.H, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> bias(ts.Lp), dk(ts.L * g.Dp), dv(ts.L * g.Dp), p(kRows * ts.Lp), dp(kRows * ts.Lp),
+        dq(kRows * g.Dp);
+    std::vector<uint32_t> kc(Dh * ts.Lp), vc(Dh * ts.Lp), vr(ts.Lp / 2 * g.Dp), kr(ts.Lp / 2 * g.Dp),
+        qw(kRows * Dh), gw(kRows * Dh), qpair(2 * K * g.Dp), gpair(2 * K * g.Dp), ppair(2 * K * ts.Lp),
+        dspair(2 * K * ts.Lp);
+    std::vector<uint16_t> dsb(kRows * ts.Lp);
+    std::vector<int64_t> keys(ts.L);
+    for (int64_t t = t0; t < t1; ++t) {
+      const Sequence& seq = seqs[t / g.H];
+      const int64_t h = t % g.H, first = seq.first_row(g);
+      int64_t nk = 0;
+      const int64_t Lk = load_keys(qp, mp, g, seq, h, keys.data(), nk, bias.data(), kc.data(), vr.data(), vc.data(),
+                                   kr.data());
+      std::fill(dk.begin(), dk.begin() + nk * g.Dp, 0.0f);
+      std::fill(dv.begin(), dv.begin() + nk * g.Dp, 0.0f);
+      const float* lse_row = lp + (seq.b * g.H + h) * g.L + seq.start;
+      for (int64_t i0 = 0; i0 < nk; i0 += kRows) {
+        const int64_t n = std::min(kRows, nk - i0);
+        const int64_t* rows = keys.data() + i0;
+        const uint16_t* q_r[kRows];
+        const uint16_t* go_r[kRows];
+        for (int64_t r = 0; r < kRows; ++r) {
+          q_r[r] = r < n ? qp + (first + rows[r]) * 3 * g.C + h * g.D : nullptr;
+          go_r[r] = r < n ? gop + (first + rows[r]) * g.C + h * g.D : nullptr;
+          if (r < n) {
+            pair_words(q_r[r], g.D, qw.data() + r * Dh, Dh);
+            pair_words(go_r[r], g.D, gw.data() + r * Dh, Dh);
+          } else {
+            std::fill(qw.data() + r * Dh, qw.data() + (r + 1) * Dh, 0u);
+            std::fill(gw.data() + r * Dh, gw.data() + (r + 1) * Dh, 0u);
+          }
+        }
+        // This block's pairs of rows for dK and dV: the first or the second half of a pass of two blocks.
+        const int64_t half = (i0 / kRows) % 2;
+        for (int64_t k = 0; k < K; ++k) {
+          interleave_rows(q_r[2 * k], q_r[2 * k + 1], g.D, qpair.data() + (half * K + k) * g.Dp, g.Dp);
+          interleave_rows(go_r[2 * k], go_r[2 * k + 1], g.D, gpair.data() + (half * K + k) * g.Dp, g.Dp);
+        }
+        // P = exp(S - lse): the forward's probabilities (before its P was rounded); dP = dO Vᵀ.
+        scores(qw.data(), Dh, kc.data(), Lk, scale, bias.data(), p.data());
+        scores(gw.data(), Dh, vc.data(), Lk, 1.0f, nullptr, dp.data());
+        float lse_b[kRows] = {}, delta[kRows] = {};
+        for (int64_t r = 0; r < n; ++r) {
+          const uint16_t* o_r = op + (first + rows[r]) * g.C + h * g.D;
+          for (int64_t c = 0; c < g.D; ++c) delta[r] += bf16::to_float(go_r[r][c]) * bf16::to_float(o_r[c]);
+          lse_b[r] = lse_row[rows[r]];
+        }
+        // delta = sum_c dO * O = sum_j P * dP; P = exp(S - lse), dS = P * (dP - delta).
+        probs_and_grads(p.data(), dp.data(), Lk, n, lse_b, delta, dsb.data(), ppair.data() + half * K * Lk,
+                        dspair.data() + half * K * Lk);
+        // dQ = scale * dS K; dK += scale * dSᵀ Q; dV += Pᵀ dO (scale applied when dK is written)
+        rows_times(dsb.data(), Lk, kr.data(), nk, g.Dp, dq.data());
+        if (half == 1) {
+          accumulate_t_times<2 * K>(dspair.data(), Lk, qpair.data(), nk, g.Dp, dk.data());
+          accumulate_t_times<2 * K>(ppair.data(), Lk, gpair.data(), nk, g.Dp, dv.data());
+        } else if (i0 + kRows >= nk) {  // the task's last block, alone
+          accumulate_t_times<K>(dspair.data(), Lk, qpair.data(), nk, g.Dp, dk.data());
+          accumulate_t_times<K>(ppair.data(), Lk, gpair.data(), nk, g.Dp, dv.data());
+        }
+        for (int64_t r = 0; r < n; ++r) {
+          uint16_t* dst = gp + (first + rows[r]) * 3 * g.C + h * g.D;
+          for (int64_t c = 0; c < g.D; ++c) dst[c] = bf16::round_bits(dq[r * g.Dp + c] * scale);
+        }
+      }
+      for (int64_t kk = 0; kk < nk; ++kk) {
+        uint16_t* row = gp + (first + keys[kk]) * 3 * g.C + h * g.D;
+        for (int64_t c = 0; c < g.D; ++c) {
+          row[g.C + c] = bf16::round_bits(dk[kk * g.Dp + c] * scale);
+          row[2 * g.C + c] = bf16::round_bits(dv[kk * g.Dp + c]);
+        }
+      }
+      for (int64_t part = 0; part < 3; ++part) {
+        zero_padded_rows<uint16_t>(keys.data(), nk, g, seq, h, gp + part * g.C, 3 * g.C, nullptr);
+      }
+    }
+  });
+  return grad_qkv;
+}
+
+}  // namespace sa_bf16
+#endif  // FASTQA_SA_BF16_DOT
+
 std::tuple<at::Tensor, at::Tensor> self_attention_fwd(const at::Tensor& qkv_in, const at::Tensor& mask_in,
                                                       int64_t heads, at::OptionalIntArrayRef segments) {
   const Geometry g = check_args(kFwd, qkv_in, mask_in, heads);
   if (bf16::is_bf16(qkv_in)) {
+#if defined(FASTQA_SA_BF16_DOT)
+    return sa_bf16::fwd(qkv_in, mask_in, g, sequences_of(kFwd, g, segments));
+#else
     gemm::Bf16Products scope;  // no GEMM here today; a product routed through gemm:: would take it
     auto [o, l] = self_attention_fwd(bf16::widen(qkv_in), mask_in, heads, segments);
     return {bf16::narrow(o), l};
+#endif
   }
   const std::vector<Sequence> seqs = sequences_of(kFwd, g, segments);
   const TaskSizes ts = task_sizes(seqs);
@@ -469,9 +890,13 @@ at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& q
                kBwd, "lse must be the forward's [B, heads, L] = [", g.B, ", ", g.H, ", ", g.L, "] ", lse_type,
                ", got ", lse_in.sizes(), " ", lse_in.scalar_type());
   if (bf16::is_bf16(qkv_in)) {
+#if defined(FASTQA_SA_BF16_DOT)
+    return sa_bf16::bwd(grad_out_in, qkv_in, mask_in, out_in, lse_in, g, seqs);
+#else
     gemm::Bf16Products scope;
     return bf16::narrow(self_attention_bwd(bf16::widen(grad_out_in), bf16::widen(qkv_in), mask_in,
                                            bf16::widen(out_in), lse_in, heads, segments));
+#endif
   }
   const at::Tensor qkv = qkv_in.contiguous(), mask = mask_in.contiguous();
   const at::Tensor grad_out = grad_out_in.contiguous(), out = out_in.contiguous(), lse = lse_in.contiguous();

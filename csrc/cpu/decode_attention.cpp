@@ -10,9 +10,12 @@
 // sentence is one work item: its scores, softmax and weighted sum of values in one pass over the keys and
 // values of its real positions only (a sentence's 2 S E floats stay in cache between the two).
 //
-// bfloat16 (csrc/cpu/bf16.h): the float32 kernel on widened copies, out and weights back in bf16. Its
-// products are its own float32 loops (one query row at a time: no GEMM to hand to the bf16 engine).
+// bfloat16 (csrc/cpu/bf16.h): each sentence's q, keys, values and bias rows are widened into its thread's
+// float32 scratch, attended there by the float32 routine, and its weights and output rounded into the bf16
+// results -- no widened copy of the whole memory (which cost more than the attention: the memory is read once
+// per step). Its products are its own float32 loops (one query row at a time: no GEMM for a bf16 engine).
 #include "bf16.h"
+#include "bf16_rows.h"
 #include "common.h"
 
 #include <ATen/Parallel.h>
@@ -100,18 +103,44 @@ std::tuple<at::Tensor, at::Tensor> decode_attention(const at::Tensor& q, const a
                  mask->scalar_type());
     mask_c = mask->contiguous();
   }
-  if (bf16::is_bf16(q)) {
-    gemm::Bf16Products scope;  // no GEMM here today; a product routed through gemm:: would take it
-    auto [o, w] = decode_attention(bf16::widen(q), bf16::widen(keys), bf16::widen(values), bf16::widen(bias), mask,
-                                   scale);
-    return {bf16::narrow(o), bf16::narrow(w)};
-  }
   const at::Tensor q_c = q.contiguous(), keys_c = keys.contiguous(), values_c = values.contiguous();
   at::Tensor out = at::empty({B, R, Ev}, q.options());
   at::Tensor weights = at::empty({B, R, S}, q.options());
   if (B == 0 || R == 0 || S == 0) return {out.zero_(), weights};
   // Sentences per work item: enough reading (keys + values) that a thread's fork/join is paid for.
   const int64_t grain = std::max<int64_t>(1, 32768 / (S * (E + Ev)));
+  if (bf16::is_bf16(q)) {
+    using BF = c10::BFloat16;
+    const BF* qd = q_c.data_ptr<BF>();
+    const BF* kd = keys_c.data_ptr<BF>();
+    const BF* vd = values_c.data_ptr<BF>();
+    const BF* bd = bias_c.defined() ? bias_c.data_ptr<BF>() : nullptr;
+    const bool* md = mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr;
+    BF* wd = weights.data_ptr<BF>();
+    BF* od = out.data_ptr<BF>();
+    const int64_t bias_rows = bias_stride == 0 ? 1 : R;
+    at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
+      std::vector<int64_t> positions;
+      positions.reserve(S);
+      // One sentence in float32: q [R, E], keys [S, E], values [S, Ev], bias rows, weights [R, S], out [R, Ev].
+      std::vector<float> fq(R * E), fk(S * E), fv(S * Ev), fb(bias_rows * S), fw(R * S), fo(R * Ev);
+      for (int64_t b = b0; b < b1; ++b) {
+        positions.clear();
+        for (int64_t j = 0; j < S; ++j) {
+          if (md == nullptr || md[b * S + j]) positions.push_back(j);
+        }
+        bf16::widen_row(qd + b * R * E, R * E, fq.data());
+        bf16::widen_row(kd + b * S * E, S * E, fk.data());
+        bf16::widen_row(vd + b * S * Ev, S * Ev, fv.data());
+        if (bd != nullptr) bf16::widen_row(bd + b * bias_rows * S, bias_rows * S, fb.data());
+        attend_sentence<float>(fq.data(), fk.data(), fv.data(), bd == nullptr ? nullptr : fb.data(), bias_stride,
+                               static_cast<float>(scale), positions, R, S, E, Ev, fw.data(), fo.data());
+        bf16::narrow_row(fw.data(), R * S, wd + b * R * S);
+        bf16::narrow_row(fo.data(), R * Ev, od + b * R * Ev);
+      }
+    });
+    return {out, weights};
+  }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "decode_attention", [&] {
     const scalar_t* qd = q_c.data_ptr<scalar_t>();
     const scalar_t* kd = keys_c.data_ptr<scalar_t>();

@@ -276,4 +276,3 @@ def cpu_bf16_refusal(what: str) -> str | None:
     found = "its flags cannot be read" if support is None else "it has neither"
     return (f"{what} on the CPU needs a processor that multiplies bfloat16 natively (amx_bf16 or avx512_bf16 in "
             f"/proc/cpuinfo): {found}; use fp32")
-

@@ -243,3 +243,18 @@ def test_use_errors(model_dir, corpus, tmp_path, capsys):
     _fails(["translate", "--model", str(model_dir), "--input", corpus["test.de"], "--plot-attention", str(bad)],
            capsys, f"--plot-attention {bad}: unknown figure format '.notaformat'; use .png, .pdf, .svg, .eps")
     assert not (tmp_path / "x.notaformat").exists()
+
+
+def test_bf16_precision_translates_like_fp32(model_dir, corpus, monkeypatch):
+    """Translator.load(precision="bf16"): bfloat16 weights, the incremental decoder's state in bf16, the same
+    translations of the copy task as float32 (nearly all: a near-tie may go the other way)."""
+    from fastqa import _backend
+
+    torch.set_num_threads(1)  # restored by the one_thread_for_models fixture
+    monkeypatch.setattr(_backend, "cpu_bf16_support", lambda: "amx_bf16")
+    fp32 = Translator.load(model_dir, precision="fp32").translate(corpus["test"], beam=3)
+    tr = Translator.load(model_dir, precision="bf16", device="cpu")
+    assert {p.dtype for p in tr.model.parameters()} == {torch.bfloat16}
+    bf16 = tr.translate(corpus["test"], beam=3)
+    same = sum(a.tokens == b.tokens for a, b in zip(fp32, bf16)) / len(fp32)
+    assert same >= 0.9, f"{same:.2f} of the translations agree"

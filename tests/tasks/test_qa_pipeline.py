@@ -11,6 +11,7 @@ from squad_fixtures import make_squad, write_json
 
 from fastqa.cli import main
 from fastqa.tasks.qa import QAModel, decode_spans
+from fastqa.errors import UserError
 from fastqa.tasks.qa.predictor import Answer
 
 # A tiny QANet (about 30k trainable parameters) that memorises the generated questions in a few hundred steps.
@@ -421,3 +422,24 @@ def test_qa_resume_reproduces_the_uninterrupted_losses(tmp_path, capsys):
 
     full, part = losses(tmp_path / "full"), losses(tmp_path / "part")
     assert sorted(part) == list(range(1, 9)) and part == full   # bit for bit on the CPU
+
+
+def test_bf16_precision_answers_like_fp32_and_needs_native_bf16(trained, monkeypatch):
+    """precision="bf16" casts the reader's weights to bfloat16 (the C++ kernels in bf16) and answers as the float32
+    reader does on its training paragraph; a CPU without native bf16 refuses it in one sentence."""
+    from fastqa import _backend
+
+    para = trained["train_obj"]["data"][0]["paragraphs"][0]
+    questions = [q["question"] for q in para["qas"]]
+    want = QAModel.load(trained["out"], precision="fp32").answer_many([para["context"]] * len(questions), questions)
+    monkeypatch.setattr(_backend, "cpu_bf16_support", lambda: "avx512_bf16")
+    qa = QAModel.load(trained["out"], precision="bf16", device="cpu")
+    assert {p.dtype for p in qa.model.parameters()} == {torch.bfloat16}
+    got = qa.answer_many([para["context"]] * len(questions), questions)
+    assert sum(g.text == w.text for g, w in zip(got, want)) >= len(questions) - 1
+    assert [g.score for g in got] == pytest.approx([w.score for w in want], abs=0.05)
+    monkeypatch.setattr(_backend, "cpu_bf16_support", lambda: "none")
+    with pytest.raises(UserError, match="multiplies bfloat16 natively"):
+        QAModel.load(trained["out"], precision="bf16", device="cpu")
+    with pytest.raises(ValueError, match="precision must be"):
+        QAModel.load(trained["out"], precision="fp16")

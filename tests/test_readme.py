@@ -43,7 +43,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 import tomllib
 import urllib.error
@@ -53,6 +52,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from cli_helpers import launch_serve
 from copy_corpus import TINY_CONVS2S
 from squad_fixtures import make_squad
 
@@ -622,26 +622,10 @@ def _run_serve(ws: Workspace, cmd: Command, args: list[str]) -> None:
     if port and "--port" not in args:  # the README's port is the default one
         assert cmd.ns.port == int(port.group(1)), f"README line {line.lineno} says :{port.group(1)}, the default is {cmd.ns.port}"
     log = ws.root / f"serve-{line.lineno}.log"
-    with open(log, "w", encoding="utf-8") as err:
-        process = subprocess.Popen([sys.executable, "-m", "fastqa", "serve", *args, "--port", "0"], cwd=ws.root,
-                                   env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
-                                   text=True)
-    first: list[str] = []
-    started = threading.Event()
-
-    def read() -> None:
-        for text in process.stdout:
-            if not started.is_set():
-                first.append(text)
-                started.set()
-        started.set()
-
-    threading.Thread(target=read, daemon=True).start()
+    process, url = launch_serve([*args, "--port", "0"], log, timeout=TIMEOUT_S, cwd=ws.root, env=_env())
     try:
-        started.wait(TIMEOUT_S)
-        assert first and "http://" in first[0], (f"README line {line.lineno}: fastqa serve did not start:\n"
-                                                 f"{_tail(log.read_text(encoding='utf-8'))}")
-        url = first[0].split()[-1].rstrip("/")
+        assert url is not None, (f"README line {line.lineno}: fastqa serve did not start:\n"
+                                 f"{_tail(log.read_text(encoding='utf-8'))}")
         deadline = time.monotonic() + 60
         while True:
             try:

@@ -396,16 +396,10 @@ at::Tensor winograd_backward(const at::Tensor& grad_pre, at::Tensor xp, const at
   return grad_taps.permute({1, 2, 0}).contiguous();
 }
 
-// The float32 / float64 forward (bf16: fwd_bf16).
+// The float32 / float64 forward (bf16: fwd_bf16); g and m (the mask's data or null) from the checked entry.
 std::tuple<at::Tensor, at::Tensor> fwd_kernel(const at::Tensor& x, const at::Tensor& weight,
-                                              const std::optional<at::Tensor>& bias,
-                                              const std::optional<at::Tensor>& mask, int64_t pad_left,
-                                              bool residual, double scale) {
-  constexpr const char* op = "fastqa::glu_conv1d_fwd";
-  const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
-  check_bias(op, bias, x, g.H);
-  at::Tensor mask_holder;
-  const bool* m = mask_data(mask, mask_holder);
+                                              const std::optional<at::Tensor>& bias, const Geometry& g,
+                                              const bool* m, bool residual, double scale) {
   at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
   bool transformable = false;  // finite, of a moderate range (moderate_range)
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_fwd", [&] {
@@ -464,15 +458,11 @@ Geometry check_bwd_args(const at::Tensor& grad_y, const at::Tensor& x, const at:
   return g;
 }
 
-// The float32 / float64 backward (bf16: bwd_bf16).
+// The float32 / float64 backward (bf16: bwd_bf16); g and m from the checked entry.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_kernel(const at::Tensor& grad_y_in, const at::Tensor& x,
-                                                          const at::Tensor& weight,
-                                                          const std::optional<at::Tensor>& mask,
-                                                          const at::Tensor& aux, int64_t pad_left, bool residual,
+                                                          const at::Tensor& weight, const Geometry& g,
+                                                          const bool* m, const at::Tensor& aux, bool residual,
                                                           double scale, bool has_bias) {
-  const Geometry g = check_bwd_args(grad_y_in, x, weight, mask, aux, pad_left);
-  at::Tensor mask_holder;
-  const bool* m = mask_data(mask, mask_holder);
   const at::Tensor grad_y = grad_y_in.contiguous();
   const at::Tensor pre = aux.contiguous();
   const int64_t n_blocks = (g.B * g.T + kRowBlock - 1) / kRowBlock;
@@ -632,14 +622,8 @@ std::vector<const at::BFloat16*> bf16_pointers(const std::vector<at::Tensor>& ma
 // kernel's order (first tap, bias, later taps); aux is pre rounded, every row of it (the junk rows too: an
 // output holds no uninitialised memory).
 std::tuple<at::Tensor, at::Tensor> fwd_bf16(const at::Tensor& x, const at::Tensor& weight,
-                                            const std::optional<at::Tensor>& bias,
-                                            const std::optional<at::Tensor>& mask, int64_t pad_left, bool residual,
-                                            double scale) {
-  constexpr const char* op = "fastqa::glu_conv1d_fwd";
-  const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
-  check_bias(op, bias, x, g.H);
-  at::Tensor mask_holder;
-  const bool* m = mask_data(mask, mask_holder);
+                                            const std::optional<at::Tensor>& bias, const Geometry& g, const bool* m,
+                                            bool residual, double scale) {
   at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
   fill_padded_bf16(x, m, g, xp.data_ptr<at::BFloat16>());
   std::vector<at::Tensor> products;  // [N, 2H] bf16 each
@@ -678,12 +662,9 @@ std::tuple<at::Tensor, at::Tensor> fwd_bf16(const at::Tensor& x, const at::Tenso
 // (the bias gradient summed there, in float32), stored in bf16 as the GEMMs' operand; the K products
 // grad_pre @ W_k in bf16, summed per row of grad_x in float32 in bwd_kernel's order (tap 0, then taps 1..K-1).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16(const at::Tensor& grad_y_in, const at::Tensor& x,
-                                                        const at::Tensor& weight,
-                                                        const std::optional<at::Tensor>& mask, const at::Tensor& aux_in,
-                                                        int64_t pad_left, bool residual, double scale, bool has_bias) {
-  const Geometry g = check_bwd_args(grad_y_in, x, weight, mask, aux_in, pad_left);
-  at::Tensor mask_holder;
-  const bool* m = mask_data(mask, mask_holder);
+                                                        const at::Tensor& weight, const Geometry& g, const bool* m,
+                                                        const at::Tensor& aux_in, bool residual, double scale,
+                                                        bool has_bias) {
   const at::Tensor grad_y = grad_y_in.contiguous();
   const at::Tensor aux = aux_in.contiguous();
   const int64_t H = g.H;
@@ -768,15 +749,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16(const at::Tensor& grad_y
   return {grad_x, grad_weight, grad_bias};
 }
 
-// The op entries: float32 / float64 run the kernels above, bf16 the bf16 ones (mixed dtypes are refused by
-// the argument checks, as float32 with float64 is).
+// The op entries: the argument checks once, then float32 / float64 run the kernels above, bf16 the bf16 ones
+// (mixed dtypes are refused by the checks, as float32 with float64 is).
 std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at::Tensor& weight,
                                                   const std::optional<at::Tensor>& bias,
                                                   const std::optional<at::Tensor>& mask, int64_t pad_left,
                                                   bool residual, double scale) {
+  constexpr const char* op = "fastqa::glu_conv1d_fwd";
   gemm::prepare();
-  return bf16::is_bf16(x) ? fwd_bf16(x, weight, bias, mask, pad_left, residual, scale)
-                          : fwd_kernel(x, weight, bias, mask, pad_left, residual, scale);
+  const Geometry g = check_conv_args(op, x, weight, mask, pad_left);
+  check_bias(op, bias, x, g.H);
+  at::Tensor mask_holder;
+  const bool* m = mask_data(mask, mask_holder);
+  return bf16::is_bf16(x) ? fwd_bf16(x, weight, bias, g, m, residual, scale)
+                          : fwd_kernel(x, weight, bias, g, m, residual, scale);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& grad_y, const at::Tensor& x,
@@ -785,8 +771,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
                                                               const at::Tensor& aux, int64_t pad_left, bool residual,
                                                               double scale, bool has_bias) {
   gemm::prepare();
-  return bf16::is_bf16(x) ? bwd_bf16(grad_y, x, weight, mask, aux, pad_left, residual, scale, has_bias)
-                          : bwd_kernel(grad_y, x, weight, mask, aux, pad_left, residual, scale, has_bias);
+  const Geometry g = check_bwd_args(grad_y, x, weight, mask, aux, pad_left);
+  at::Tensor mask_holder;
+  const bool* m = mask_data(mask, mask_holder);
+  return bf16::is_bf16(x) ? bwd_bf16(grad_y, x, weight, g, m, aux, residual, scale, has_bias)
+                          : bwd_kernel(grad_y, x, weight, g, m, aux, residual, scale, has_bias);
 }
 
 // GLU channels per work item of the decode step's product (see glu_conv1d_step).

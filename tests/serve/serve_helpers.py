@@ -6,13 +6,14 @@ import contextlib
 import json
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
+
+from cli_helpers import launch_serve
 
 # Headless, offline and quiet: no sandbox (root in a container), no GPU, no network of its own, no updates.
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -68,29 +69,13 @@ class Server(Client):
 def start_server(args: list[str], log: Path, timeout: float = 180) -> Server:
     """``python -m fastqa serve ARGS --port 0 ...``; returns once the address line is printed and /health answers."""
     # On the CPU even where there is a GPU: the tests compare the server's answers with the Python API's on the CPU.
-    cmd = [sys.executable, "-m", "fastqa", "serve", *args, "--port", "0", "--device", "cpu", "--threads", "1",
-           "--log-level", "warning"]
-    log_file = open(log, "w", encoding="utf-8")
-    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log_file, text=True)
-    log_file.close()
-    first_line: list[str] = []
-    started = threading.Event()
-
-    def read_stdout() -> None:
-        # The first line is the address; the rest is read and dropped so that a full pipe never blocks the server.
-        for line in process.stdout:
-            if not started.is_set():
-                first_line.append(line)
-                started.set()
-        started.set()
-
-    threading.Thread(target=read_stdout, daemon=True).start()
-    started.wait(timeout)
-    if not first_line or "http://" not in first_line[0]:
+    flags = [*args, "--port", "0", "--device", "cpu", "--threads", "1", "--log-level", "warning"]
+    process, url = launch_serve(flags, log, timeout=timeout)
+    if url is None:
         process.kill()
         process.wait()
-        raise AssertionError(f"fastqa serve did not start ({' '.join(cmd)}):\n{log.read_text()[-3000:]}")
-    server = Server(process, first_line[0].split()[-1], log)
+        raise AssertionError(f"fastqa serve did not start (fastqa serve {' '.join(flags)}):\n{log.read_text()[-3000:]}")
+    server = Server(process, url, log)
     deadline = time.monotonic() + 30
     try:
         while True:

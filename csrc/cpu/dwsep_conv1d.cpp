@@ -4,7 +4,8 @@
 //   x [B, L, C_in], dw_weight [C_in, 1, K], dw_bias [C_in]?, pw_weight [C_out, C_in, 1], pw_bias [C_out]?,
 //   residual [B, L, C_out]?; zero padding: pad_left on the left, K-1-pad_left on the right.
 //
-// Work is split into tiles of (sequence b, rows [l0, l1)) small enough that a tile's depthwise output
+// Work is split into tiles of (sequence b, rows [l0, l1)) -- in the forward, of several whole sequences when they
+// are short -- small enough that a tile's depthwise output
 // stays in cache between the direct depthwise loop (vectorised over channels), the GEMM that consumes
 // it and the epilogue. Each tile runs its own single-threaded GEMM (at::mm_out inside at::parallel_for;
 // MKL does not nest threads), so there is one pass over memory per tensor.
@@ -69,28 +70,40 @@ constexpr int64_t kMinTaskWork = 1 << 18;
 // shared out among the threads there are; a machine with more threads than blocks leaves some idle).
 constexpr int64_t kBackwardThreads = 16;
 
-// Tiles of (sequence, row range); tile t covers sequence t / per_seq, rows [l0, l1). grain: tiles per
-// parallel task, so that small problems run on the calling thread.
+// Tiles of (sequence, row range); tile t covers sequences [seq(t), seq_end(t)), rows [begin(t), end(t)) of each:
+// one sequence split into per_seq pieces, or (group_sequences, sequences short enough) several whole sequences,
+// rows contiguous either way. grain: tiles per parallel task, so that small problems run on the calling thread.
 struct Tiling {
-  int64_t L = 0, chunk = 0, per_seq = 0, count = 0, grain = 1;
+  int64_t B = 0, L = 0, chunk = 0, per_seq = 0, seqs = 1, count = 0, grain = 1;
 
   // threads: how many threads the tiles should feed (the backward passes a constant, so that its tiles
-  // and hence its reduction order do not depend on the thread count).
-  Tiling(int64_t B, int64_t L_, int64_t C_in, int64_t C_out, int64_t K, int64_t threads) : L(L_) {
+  // and hence its reduction order do not depend on the thread count). group_sequences (the forward): short
+  // sequences share a tile, so that a batch of many short sequences runs a few GEMMs of many rows instead of
+  // one small GEMM, and its fixed costs, per sequence.
+  Tiling(int64_t B_, int64_t L_, int64_t C_in, int64_t C_out, int64_t K, int64_t threads, bool group_sequences = false)
+      : B(B_), L(L_) {
     const int64_t max_rows = std::max(kMinTileRows, kTileElems / std::max(C_in, C_out));
     int64_t pieces = ceil_div(L, max_rows);
     // Short batches of long sequences: split sequences so every thread has a tile.
     pieces = std::max(pieces, std::min(L, ceil_div(threads, B)));
     chunk = ceil_div(L, pieces);
     per_seq = ceil_div(L, chunk);
-    count = B * per_seq;
-    grain = ceil_div(kMinTaskWork, chunk * C_in * (K + C_out));
+    if (group_sequences && per_seq == 1) {
+      // As few tiles as hold the rows, a multiple of the thread count so that every thread gets as many rows.
+      const int64_t tiles = ceil_div(ceil_div(B * L, max_rows), threads) * threads;
+      seqs = std::max<int64_t>(1, ceil_div(B, tiles));
+    }
+    count = ceil_div(B, seqs) * per_seq;
+    grain = ceil_div(kMinTaskWork, seqs * chunk * C_in * (K + C_out));
   }
   // How many parallel tasks (each a contiguous range of tiles) the work is worth.
   int64_t tasks() const { return std::max<int64_t>(1, std::min<int64_t>(count / grain, at::get_num_threads())); }
   // The backward's reduction blocks: as tasks() with kBackwardThreads in place of the thread count.
   int64_t blocks() const { return std::max<int64_t>(1, std::min<int64_t>(count / grain, kBackwardThreads)); }
-  int64_t seq(int64_t t) const { return t / per_seq; }
+  // Rows a tile holds at most.
+  int64_t max_rows() const { return seqs * chunk; }
+  int64_t seq(int64_t t) const { return t / per_seq * seqs; }
+  int64_t seq_end(int64_t t) const { return std::min(B, seq(t) + seqs); }
   int64_t begin(int64_t t) const { return (t % per_seq) * chunk; }
   int64_t end(int64_t t) const { return std::min(L, begin(t) + chunk); }
 };
@@ -454,7 +467,7 @@ std::tuple<at::Tensor, at::Tensor> dwsep_forward(const Shapes& s, const at::Tens
   at::Tensor aux = relu ? at::empty({s.B, s.L, s.C_out}, x.options().dtype(at::kBool))
                         : at::empty({0}, x.options().dtype(at::kBool));
   at::Tensor y2d = y.view({s.B * s.L, s.C_out});
-  const Tiling tiles(s.B, s.L, s.C_in, s.C_out, s.K, at::get_num_threads());
+  const Tiling tiles(s.B, s.L, s.C_in, s.C_out, s.K, at::get_num_threads(), /*group_sequences=*/true);
   // The tiles' GEMMs run on the pool's threads: they take their products in bf16 when the caller does.
   const bool b16 = gemm::bf16_products();
 
@@ -468,14 +481,17 @@ std::tuple<at::Tensor, at::Tensor> dwsep_forward(const Shapes& s, const at::Tens
     at::parallel_for(0, tiles.count, tiles.grain, [&](int64_t t0, int64_t t1) {
       const BelowAutograd below_autograd;
       const gemm::Bf16Products bf16_scope(b16);
-      at::Tensor h = at::empty({tiles.chunk, s.C_in}, x.options());
-      at::Tensor y_buf = bf16_out ? at::empty({tiles.chunk, s.C_out}, x.options()) : at::Tensor();
+      at::Tensor h = at::empty({tiles.max_rows(), s.C_in}, x.options());
+      at::Tensor y_buf = bf16_out ? at::empty({tiles.max_rows(), s.C_out}, x.options()) : at::Tensor();
       for (int64_t t = t0; t < t1; ++t) {
-        const int64_t b = tiles.seq(t), l0 = tiles.begin(t), l1 = tiles.end(t), rows = l1 - l0;
-        const int64_t row0 = b * s.L + l0;  // first row of the tile in the flattened [B*L, C] views
+        const int64_t b0 = tiles.seq(t), b1 = tiles.seq_end(t), l0 = tiles.begin(t), l1 = tiles.end(t);
+        const int64_t rows = (b1 - b0) * (l1 - l0);
+        const int64_t row0 = b0 * s.L + l0;  // first row of the tile in the flattened [B*L, C] views
         at::Tensor h_tile = h.narrow(0, 0, rows);
-        depthwise_rows(xp + b * s.L * s.C_in, wtp, dbp, h_tile.data_ptr<scalar_t>(), s.L, s.C_in, s.K, pad_left,
-                       l0, l1);
+        for (int64_t b = b0; b < b1; ++b) {
+          depthwise_rows(xp + b * s.L * s.C_in, wtp, dbp, h_tile.data_ptr<scalar_t>() + (b - b0) * (l1 - l0) * s.C_in,
+                         s.L, s.C_in, s.K, pad_left, l0, l1);
+        }
         at::Tensor y_tile = bf16_out ? y_buf.narrow(0, 0, rows) : y2d.narrow(0, row0, rows);
         // The bias, when there is one, is the GEMM's starting value (fill_rows): the epilogue has one
         // pass less.

@@ -74,6 +74,20 @@ def test_odd_shapes(backend, padding):
     args = make_inputs(3, 37, 13, 21, 4, dw_bias=True)
     compare(backend, args, padding=padding, activation="relu")
 
+@pytest.mark.parametrize("backend", FULL_SIZE_BACKENDS)
+@pytest.mark.parametrize("threads", [1, 3])
+def test_many_short_sequences(backend, threads):
+    """A served batch: many short sequences, several sharing a tile of the CPU forward (one GEMM; how many
+    depends on the thread count), the last tile with fewer."""
+    args = make_inputs(37, 23, 16, 24, 5, dw_bias=True, residual=True)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        compare(backend, args, padding="same", activation="relu")
+    finally:
+        torch.set_num_threads(previous)
+
+
 
 SMALL_EDGE_SHAPES = [
     (2, 1, 8, 8, 7),     # length 1

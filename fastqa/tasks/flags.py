@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 from typing import Callable, Iterator, Sequence
 
-__all__ = ["positive_int", "nonnegative_int", "positive_float", "field_value", "PRECISIONS", "INFERENCE_PRECISIONS", "add_runtime_flags", "add_training_flags",
+__all__ = ["Command", "add_commands", "positive_int", "nonnegative_int", "positive_float", "field_value", "PRECISIONS", "INFERENCE_PRECISIONS", "add_runtime_flags", "add_training_flags",
            "check_training_flags", "amp_of", "resolve_device", "threads"]
 
 
@@ -63,6 +64,22 @@ def field_value(text: str) -> tuple[str, object]:
     except json.JSONDecodeError:
         value = raw
     return key.strip(), value
+
+
+# ------------------------------------------------------------------------------ declaring subcommands
+
+#: A subcommand as data: (name, the function adding its flags, whose docstring is the command's ``--help``
+#: description, the function running it, the one-line help ``fastqa --help`` lists).
+Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
+
+
+def add_commands(subparsers: argparse._SubParsersAction, commands: Sequence[Command]) -> None:
+    """Add each command's parser to ``subparsers``, in order. The description is the flags function's docstring
+    (argparse re-wraps it to the terminal), so a command's text stands once, next to its flags."""
+    for name, add_flags, run, one_line in commands:
+        p = subparsers.add_parser(name, help=one_line, description=inspect.getdoc(add_flags))
+        add_flags(p)
+        p.set_defaults(func=run)
 
 
 # ------------------------------------------------------------------------------ the shared flag vocabulary

@@ -16,11 +16,13 @@ it uses the shipped reader. Contexts longer than ``--max-context`` tokens are re
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 
 from ..flags import (
+    add_commands,
     add_runtime_flags,
     add_training_flags,
     amp_of,
@@ -39,18 +41,21 @@ LAYERS = ("fast", "reference", "naive")
 __all__ = ["register"]
 
 
-def register(subparsers) -> None:
-    _add_qa_train(subparsers)
-    _add_qa_predict(subparsers)
-    _add_qa_calibrate(subparsers)
-    _add_qa_eval(subparsers)
-    _add_ask(subparsers)
+def register(subparsers: argparse._SubParsersAction) -> None:
+    add_commands(subparsers, (
+        ("qa-train", _qa_train_flags, run_train,
+         "train a reader (QANet or a baseline) on SQuAD (also under torchrun)"),
+        ("qa-predict", _qa_predict_flags, run_predict, "answer every question of a SQuAD file"),
+        ("qa-calibrate", _qa_calibrate_flags, run_calibrate,
+         "fit the reader's answer scores to the probability of being right"),
+        ("qa-eval", _qa_eval_flags, run_eval, "official SQuAD v1.1/v2.0 EM/F1 of a predictions file"),
+        ("ask", _ask_flags, run_ask, "answer a question about a context (or a JSON-lines file of them)"),
+    ))
 
 
-def _add_qa_train(subparsers) -> None:
-    p = subparsers.add_parser("qa-train", help="train a reader (QANet or a baseline) on SQuAD (also under torchrun)",
-                              description="Train a reader on a SQuAD v1.1/v2.0 file, evaluating on another with the "
-                              "official EM/F1. Writes OUT/checkpoint.pt, OUT/metrics.jsonl and OUT/curve.png.")
+def _qa_train_flags(p: argparse.ArgumentParser) -> None:
+    """Train a reader on a SQuAD v1.1/v2.0 file, evaluating on another with the official EM/F1. Writes
+    OUT/checkpoint.pt, OUT/metrics.jsonl and OUT/curve.png."""
     p.add_argument("--model", choices=MODELS, default="qanet",
                    help="the reader: qanet (default) or the recurrent baselines lstm, lstm-attention, lstm-pointer")
     p.add_argument("--train", required=True, metavar="F", help="SQuAD JSON (.json or .json.gz) to train on")
@@ -72,12 +77,10 @@ def _add_qa_train(subparsers) -> None:
     add_training_flags(p, clip=5.0, eval_every=1000, batch_size=32, layers=LAYERS,
                        eval_every_help="steps between evaluations (default 1000; 0: at the end)")
     _cache_flags(p)
-    p.set_defaults(func=run_train)
 
 
-def _add_qa_predict(subparsers) -> None:
-    p = subparsers.add_parser("qa-predict", help="answer every question of a SQuAD file",
-                              description="Predictions JSON {question id: answer} in the official format.")
+def _qa_predict_flags(p: argparse.ArgumentParser) -> None:
+    """Predictions JSON {question id: answer} in the official format."""
     p.add_argument("--model", required=True, metavar="DIR",
                    help="a qa-train run folder (or its checkpoint.pt), an export, or a shipped model's name")
     p.add_argument("--data", required=True, metavar="F", help="SQuAD JSON (.json or .json.gz)")
@@ -86,28 +89,23 @@ def _add_qa_predict(subparsers) -> None:
     p.add_argument("--scores-out", metavar="F", help="also write {question id: the answer's score} (the probability "
                    "that it is right when the model is calibrated: qa-calibrate)")
     _predict_flags(p)
-    p.set_defaults(func=run_predict)
 
 
-def _add_qa_calibrate(subparsers) -> None:
-    p = subparsers.add_parser("qa-calibrate", help="fit the reader's answer scores to the probability of being right",
-                              description="Answers every question of --data (articles the model was NOT trained "
-                              "on), fits a Platt scaling of the answers' scores to their exact match, and writes it "
-                              "to MODEL/calibration.json (or --out): from then on the model's scores estimate the "
-                              "probability that an answer is right, and an export carries it. Prints the fit and the "
-                              "expected calibration error before and after, on those questions.")
+def _qa_calibrate_flags(p: argparse.ArgumentParser) -> None:
+    """Answers every question of --data (articles the model was NOT trained on), fits a Platt scaling of the
+    answers' scores to their exact match, and writes it to MODEL/calibration.json (or --out): from then on the
+    model's scores estimate the probability that an answer is right, and an export carries it. Prints the fit and
+    the expected calibration error before and after, on those questions."""
     p.add_argument("--model", required=True, metavar="DIR", help="a qa-train run folder or an export")
     p.add_argument("--data", required=True, metavar="F", help="SQuAD JSON (.json or .json.gz) held out from training")
     p.add_argument("--out", metavar="F", help="where to write the calibration (default: MODEL/calibration.json)")
     p.add_argument("--plot", metavar="OUT.png", help="also draw the reliability diagram after the fit")
     _predict_flags(p)
-    p.set_defaults(func=run_calibrate)
 
 
-def _add_qa_eval(subparsers) -> None:
-    p = subparsers.add_parser("qa-eval", help="official SQuAD v1.1/v2.0 EM/F1 of a predictions file",
-                              description="Prints the official evaluation JSON (v1.1: exact_match, f1; v2.0: exact, "
-                              "f1, total, HasAns_*, NoAns_*, best_* with --na-prob).")
+def _qa_eval_flags(p: argparse.ArgumentParser) -> None:
+    """Prints the official evaluation JSON (v1.1: exact_match, f1; v2.0: exact, f1, total, HasAns_*, NoAns_*,
+    best_* with --na-prob)."""
     p.add_argument("data", metavar="DATA.json", help="SQuAD JSON (.json or .json.gz)")
     p.add_argument("predictions", metavar="PRED.json", help="{question id: answer text}")
     p.add_argument("--na-prob", metavar="F", help="{question id: no-answer probability} (v2.0)")
@@ -123,17 +121,13 @@ def _add_qa_eval(subparsers) -> None:
                    "expected calibration error of the scores (ece, over 10 bins) to the result")
     p.add_argument("--calibration", metavar="PLOT", help="with --scores: draw the reliability diagram here (.png, .pdf, "
                    ".svg, ...)")
-    p.set_defaults(func=run_eval)
 
 
-def _add_ask(subparsers) -> None:
-    p = subparsers.add_parser("ask", help="answer a question about a context (or a JSON-lines file of them)",
-                              description='Prints {"answer": {text, start, end, score, no_answer_prob, abstained}, '
-                              '"answers": [the --top-k best, best first]}: text is context[start:end]; score the '
-                              "probability that the answer is right (a calibrated reader, as the shipped one is). "
-                              "With --input, one such JSON line per question of a JSON-lines file, with its id. "
-                              "One question runs on one CPU thread unless --threads says otherwise (a file of them "
-                              "on torch's default).")
+def _ask_flags(p: argparse.ArgumentParser) -> None:
+    """Prints {"answer": {text, start, end, score, no_answer_prob, abstained}, "answers": [the --top-k best, best
+    first]}: text is context[start:end]; score the probability that the answer is right (a calibrated reader, as
+    the shipped one is). With --input, one such JSON line per question of a JSON-lines file, with its id. One
+    question runs on one CPU thread unless --threads says otherwise (a file of them on torch's default)."""
     p.add_argument("--model", default=None, metavar="DIR",
                    help="a run folder, an export or a shipped model's name (default: the shipped reader, "
                    "qanet-small-squad)")
@@ -159,10 +153,9 @@ def _add_ask(subparsers) -> None:
                    "a value past the context's length allows any span of it)")
     _window_flags(p)
     add_runtime_flags(p)
-    p.set_defaults(func=run_ask)
 
 
-def _predict_flags(p) -> None:
+def _predict_flags(p: argparse.ArgumentParser) -> None:
     """The flags of answering a SQuAD file (qa-predict, qa-calibrate)."""
     p.add_argument("--articles", metavar="A:B", help="only these articles of --data, e.g. 40:48")
     p.add_argument("--layers", choices=LAYERS, default=None)
@@ -173,7 +166,7 @@ def _predict_flags(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _window_flags(p) -> None:
+def _window_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=positive_int, metavar="N",
                    help="context tokens the reader sees at once; a longer context is read in overlapping windows "
                    "(default: the context length the model was trained on, 400 for the shipped reader)")
@@ -181,7 +174,7 @@ def _window_flags(p) -> None:
                    help="tokens of overlap between consecutive windows (default 128, at most half a window)")
 
 
-def _cache_flags(p) -> None:
+def _cache_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", metavar="DIR",
                    help="preprocessed-data cache (default $FASTQA_CACHE_DIR or ~/.cache/fastqa)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the preprocessed-data cache")

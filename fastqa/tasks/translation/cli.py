@@ -12,6 +12,7 @@ import sys
 from typing import Iterator, TextIO
 
 from ..flags import (
+    add_commands,
     add_runtime_flags,
     add_training_flags,
     amp_of,
@@ -55,17 +56,18 @@ def _decoding_args(p: argparse.ArgumentParser, default_beam: int) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    _add_mt_train(subparsers)
-    _add_translate(subparsers)
-    _add_mt_eval(subparsers)
+    add_commands(subparsers, (
+        ("mt-train", _mt_train_flags, run_train, "train a ConvS2S translation model on parallel text"),
+        ("translate", _translate_flags, run_translate, "translate sentences (stdin or --input) with a trained model"),
+        ("mt-eval", _mt_eval_flags, run_eval,
+         "sacreBLEU and chrF of a trained model (or of a translation file) on a test set"),
+    ))
 
 
-def _add_mt_train(subparsers) -> None:
-    p = subparsers.add_parser("mt-train", help="train a ConvS2S translation model on parallel text",
-                              description="Train a ConvS2S model (Gehring et al. 2017) on parallel text, one "
-                              "sentence per line (plain or .gz). By default the model reads and writes the pieces "
-                              "of a SentencePiece model learned on the training text (cased; never <unk>); "
-                              "--vocab word gives the tutorial's lowercased spaCy words. Works under torchrun (DDP).")
+def _mt_train_flags(p: argparse.ArgumentParser) -> None:
+    """Train a ConvS2S model (Gehring et al. 2017) on parallel text, one sentence per line (plain or .gz). By
+    default the model reads and writes the pieces of a SentencePiece model learned on the training text (cased;
+    never <unk>); --vocab word gives the tutorial's lowercased spaCy words. Works under torchrun (DDP)."""
     p.add_argument("--src", required=True, help="training source sentences")
     p.add_argument("--tgt", required=True, help="training target sentences (same line count)")
     p.add_argument("--valid-src", required=True)
@@ -95,18 +97,15 @@ def _add_mt_train(subparsers) -> None:
                    help="also greedy tokenized BLEU on the first N validation pairs at each evaluation")
     add_training_flags(p, clip=0.1, eval_every=0, batch_size=64, layers=LAYERS,
                        eval_every_help="steps between evaluations (default 0: at the end of each epoch)")
-    p.set_defaults(func=run_train)
 
 
-def _add_translate(subparsers) -> None:
-    p = subparsers.add_parser(
-        "translate", help="translate sentences (stdin or --input) with a trained model",
-        description="Read one sentence per line, write one translation per line (empty lines stay empty). "
-        "From a terminal or a pipe each line is answered as soon as it is read; a file (--input, or stdin "
-        "redirected from a file) is translated in batches of --batch-size. --nbest N writes N lines per "
-        "sentence, H-<line><TAB><score><TAB><text> (score: log-probability / length**len-penalty, best first); "
-        "--json writes one JSON object per line: {\"source\", \"hypotheses\": [{\"text\", \"score\", "
-        "\"tokens\", \"log_prob\"}, ...]} (and \"attention\" with --attention).")
+def _translate_flags(p: argparse.ArgumentParser) -> None:
+    """Read one sentence per line, write one translation per line (empty lines stay empty). From a terminal or a
+    pipe each line is answered as soon as it is read; a file (--input, or stdin redirected from a file) is
+    translated in batches of --batch-size. --nbest N writes N lines per sentence,
+    H-<line><TAB><score><TAB><text> (score: log-probability / length**len-penalty, best first); --json writes one
+    JSON object per line: {"source", "hypotheses": [{"text", "score", "tokens", "log_prob"}, ...]} (and
+    "attention" with --attention)."""
     _decoding_args(p, default_beam=5)
     p.add_argument("--input", metavar="F", help="sentences to translate, in batches (default: stdin, line by line)")
     p.add_argument("--skip-bad-lines", action="store_true",
@@ -122,16 +121,12 @@ def _add_translate(subparsers) -> None:
                    help="write the model's tokens separated by spaces instead of detokenized text")
     p.add_argument("--plot-attention", metavar="OUT.png",
                    help="draw the source x target attention map of the first non-empty sentence")
-    p.set_defaults(func=run_translate)
 
 
-def _add_mt_eval(subparsers) -> None:
-    p = subparsers.add_parser(
-        "mt-eval", help="sacreBLEU and chrF of a trained model (or of a translation file) on a test set",
-        description="Translate --src with --model, or take the translations of --hyp, and score them against "
-        "--ref: sacreBLEU and chrF with sacrebleu's default signatures (cased, 13a; --lowercase: "
-        "case-insensitive) on detokenized text, and the tutorial's tokenized BLEU (lowercased spaCy tokens) "
-        "as a secondary figure.")
+def _mt_eval_flags(p: argparse.ArgumentParser) -> None:
+    """Translate --src with --model, or take the translations of --hyp, and score them against --ref: sacreBLEU
+    and chrF with sacrebleu's default signatures (cased, 13a; --lowercase: case-insensitive) on detokenized text,
+    and the tutorial's tokenized BLEU (lowercased spaCy tokens) as a secondary figure."""
     _decoding_args(p, default_beam=5)
     p.add_argument("--src", help="source sentences (with --model)")
     p.add_argument("--ref", required=True, help="reference translations (same line count)")
@@ -148,7 +143,6 @@ def _add_mt_eval(subparsers) -> None:
                    help="--src being a validation set: write MODEL/confidence.json, the score under which the Q "
                    "(default 0.05) least likely of these translations fall; `translate` then warns about a "
                    "sentence scoring under it")
-    p.set_defaults(func=run_eval)
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -111,6 +111,14 @@ def add_runtime_flags(p: argparse.ArgumentParser, *, precision: bool = True) -> 
                        "processors with AMX or AVX512-BF16 only); default fp32 (a reader on a GPU: bf16 autocast)")
 
 
+def add_skip_bad_lines_flag(p: argparse.ArgumentParser, *, what: str) -> None:
+    """``--skip-bad-lines``, for the commands that read a file of lines: ``what`` they do with a line they cannot
+    read instead of stopping there."""
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help=f"{what} (default: stop at the first bad line, naming it); each skipped line is reported on "
+                   "stderr")
+
+
 def add_training_flags(p: argparse.ArgumentParser, *, clip: float, eval_every: int, batch_size: int,
                        layers: Sequence[str], eval_every_help: str) -> None:
     """The flags both train commands share, with the task's defaults where its recipe differs."""

@@ -21,19 +21,9 @@ import json
 import os
 import sys
 
-from ..flags import (
-    add_commands,
-    add_runtime_flags,
-    add_training_flags,
-    amp_of,
-    check_training_flags,
-    nonnegative_int,
-    positive_float,
-    positive_int,
-    probability,
-    resolve_device,
-    threads,
-)
+from ..flags import (add_commands, add_runtime_flags, add_skip_bad_lines_flag, add_training_flags, amp_of,
+                     check_training_flags, nonnegative_int, positive_float, positive_int, probability, resolve_device,
+                     threads)
 from .readers import MODELS
 
 LAYERS = ("fast", "reference", "naive")
@@ -137,9 +127,7 @@ def _ask_flags(p: argparse.ArgumentParser) -> None:
     src.add_argument("--input", metavar="F.jsonl",
                      help='JSON lines, one {"id", "context", "question"} per line ("id" optional: the line number)')
     p.add_argument("--question", metavar="TEXT", help="the question (with --context or --context-file)")
-    p.add_argument("--skip-bad-lines", action="store_true",
-                   help="with --input: report each line that is not a question and answer the others (default: "
-                   "stop at the first, naming it)")
+    add_skip_bad_lines_flag(p, what="with --input: answer the lines that hold a question and skip the others")
     p.add_argument("--output", metavar="F", help="write the JSON (lines) here instead of stdout")
     p.add_argument("--top-k", type=positive_int, metavar="K", help="the K best distinct answers, best first")
     p.add_argument("--min-score", type=probability, metavar="P",

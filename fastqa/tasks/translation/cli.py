@@ -11,18 +11,8 @@ import os
 import sys
 from typing import Iterator, TextIO
 
-from ..flags import (
-    add_commands,
-    add_runtime_flags,
-    add_training_flags,
-    amp_of,
-    check_training_flags,
-    positive_float,
-    positive_int,
-    probability,
-    resolve_device,
-    threads,
-)
+from ..flags import (add_commands, add_runtime_flags, add_skip_bad_lines_flag, add_training_flags, amp_of,
+                     check_training_flags, positive_float, positive_int, probability, resolve_device, threads)
 
 LAYERS = ("fast", "reference")
 
@@ -108,9 +98,7 @@ def _translate_flags(p: argparse.ArgumentParser) -> None:
     "attention" with --attention)."""
     _decoding_args(p, default_beam=5)
     p.add_argument("--input", metavar="F", help="sentences to translate, in batches (default: stdin, line by line)")
-    p.add_argument("--skip-bad-lines", action="store_true",
-                   help="answer a line that is not UTF-8 text with an empty line and go on (default: stop, naming "
-                        "the line); the count and line numbers go to stderr")
+    add_skip_bad_lines_flag(p, what="answer a line that is not UTF-8 text with an empty line and go on")
     p.add_argument("--nbest", type=positive_int, metavar="N",
                    help="write the N (<= --beam) best translations of each sentence with their scores")
     p.add_argument("--json", action="store_true",

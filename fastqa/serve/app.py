@@ -17,6 +17,7 @@ value out of bounds, or text the model cannot read; 503 no such model loaded, to
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import time
@@ -404,5 +405,11 @@ def app_from_environment() -> "FastAPI":
         from ..tasks.translation import Translator
         translation = Translator.load(settings["mt_model"], device=settings.get("device"),
                                       precision=settings.get("precision"))
-    return create_app(qa=qa, translation=translation, limits=ServeLimits(**settings.get("limits", {})),
-                      qa_path=settings.get("qa_model"), mt_path=settings.get("mt_model"))
+    app = create_app(qa=qa, translation=translation, limits=ServeLimits(**settings.get("limits", {})),
+                     qa_path=settings.get("qa_model"), mt_path=settings.get("mt_model"))
+    # What is loaded by now (the models, the tokenizer's vocabulary, the libraries) lives as long as the process:
+    # frozen, it is left out of the collector's full passes, each of which otherwise walks all of it while
+    # holding the GIL -- a pause of every request in flight, a hundred milliseconds and more with spaCy loaded.
+    gc.collect()
+    gc.freeze()
+    return app

@@ -345,3 +345,19 @@ def test_several_worker_processes(serve_models, tmp_path):
         assert _metric(text, "fastqa_requests_total") >= len(pairs)
     finally:
         stop_server(running)
+
+
+def test_the_server_process_freezes_what_it_loaded(serve_models, monkeypatch):
+    """The models and libraries loaded at start-up are left out of the collector's full passes (each walked
+    all of them, pausing every request in flight)."""
+    import gc
+
+    from fastqa.serve.app import SETTINGS_ENV, app_from_environment
+
+    monkeypatch.setenv(SETTINGS_ENV, json.dumps({"qa_model": str(serve_models["qa"]), "device": "cpu"}))
+    gc.unfreeze()
+    try:
+        app_from_environment()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

@@ -269,7 +269,8 @@ def create_app(*, qa: Any = None, translation: Any = None, limits: ServeLimits =
     if qa is None and translation is None:
         raise UserError("fastqa serve needs a model: --qa-model DIR, --mt-model DIR or both")
     metrics = Metrics()
-    batching = {"max_batch": limits.max_batch, "max_wait_ms": limits.max_wait_ms, "max_pending": limits.max_pending}
+    batching = {"max_batch": limits.max_batch, "max_wait_ms": limits.max_wait_ms, "idle_ms": limits.idle_ms,
+                "max_pending": limits.max_pending}
     qa_engine = QAEngine(qa, path=qa_path, on_batch=metrics.on_batch("qa"), **batching) if qa is not None else None
     mt_engine = (TranslationEngine(translation, path=mt_path, on_batch=metrics.on_batch("translation"), **batching)
                  if translation is not None else None)

@@ -3,8 +3,12 @@
 A model call on the CPU costs about the same for one question as for a few (the matrix products are no wider
 than the cores, and the call's fixed costs -- Python, dispatch, threads waking up -- are paid once), so answering
 one request at a time makes every request wait for all the ones before it, each a batch of one. The ``Batcher``
-collects what arrives while the model is busy, and what arrives within ``max_wait_ms`` of the first waiting
-request, up to ``max_batch`` requests, and hands them to ``run_batch`` in one call:
+collects what arrives while the model is busy, and -- the model being idle -- what keeps arriving after the first
+waiting request: the batch goes once it holds ``max_batch`` requests, once no request has joined it for
+``idle_ms`` (a lone request waits no longer than that), or once its first request has waited ``max_wait_ms``
+(requests streaming in without a pause), and ``run_batch`` answers it in one call. Concurrent requests arrive
+one after another, not at once: a batch closed after a fixed few milliseconds would answer the first few of a
+burst and make the rest wait for that call, sharing the cores with their own arrival meanwhile.
 
 * One thread per model runs the batches, so PyTorch's intra-op threads have the cores to themselves and a model
   object is only ever used by one caller (the models are written for that).
@@ -54,13 +58,14 @@ class Batcher(Generic[I, R]):
     thread of its own; ``on_batch(size, seconds)`` is told of each batch run (metrics)."""
 
     def __init__(self, run_batch: Callable[[list[I]], Sequence[R | BaseException]], *, name: str,
-                 max_batch: int = 32, max_wait_ms: float = 5.0, max_pending: int = 256,
+                 max_batch: int = 128, max_wait_ms: float = 50.0, idle_ms: float = 5.0, max_pending: int = 256,
                  on_batch: Callable[[int, float], None] | None = None) -> None:
-        if max_batch < 1 or max_pending < 1 or max_wait_ms < 0:
-            raise ValueError(f"max_batch and max_pending must be >= 1 and max_wait_ms >= 0, got {max_batch}, "
-                             f"{max_pending}, {max_wait_ms}")
+        if max_batch < 1 or max_pending < 1 or max_wait_ms < 0 or idle_ms < 0:
+            raise ValueError(f"max_batch and max_pending must be >= 1, max_wait_ms and idle_ms >= 0, got {max_batch}, "
+                             f"{max_pending}, {max_wait_ms}, {idle_ms}")
         self.run_batch, self.name = run_batch, name
-        self.max_batch, self.max_wait, self.max_pending = max_batch, max_wait_ms / 1e3, max_pending
+        self.max_batch, self.max_pending = max_batch, max_pending
+        self.max_wait, self.idle = max_wait_ms / 1e3, idle_ms / 1e3
         self.on_batch = on_batch
         self._queue: deque[_Request[I]] = deque()
         self._running = 0                # requests in the batch being run
@@ -107,8 +112,8 @@ class Batcher(Generic[I, R]):
 
     # -- the model's thread
     def _next_batch(self) -> list[_Request[I]] | None:
-        """The next batch, once it is full or its first request has waited ``max_wait``; None when closed and
-        drained."""
+        """The next batch, once it is full, no request has joined it for ``idle`` or its first request has waited
+        ``max_wait``; None when closed and drained."""
         with self._cond:
             while True:
                 while not self._queue and not self._closing:
@@ -118,7 +123,7 @@ class Batcher(Generic[I, R]):
                 # Requests that arrived while the model was busy have waited already: they go at once.
                 deadline = self._queue[0].arrived + self.max_wait
                 while len(self._queue) < self.max_batch and not self._closing:
-                    left = deadline - time.monotonic()
+                    left = min(deadline, self._queue[-1].arrived + self.idle) - time.monotonic()
                     if left <= 0:
                         break
                     self._cond.wait(left)

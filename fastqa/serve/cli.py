@@ -57,8 +57,11 @@ def register(subparsers) -> None:
     p.add_argument("--max-batch", type=positive_int, default=defaults.max_batch, metavar="N",
                    help=f"most concurrent requests one model call answers (default {defaults.max_batch})")
     p.add_argument("--max-wait-ms", type=nonnegative_float, default=defaults.max_wait_ms, metavar="MS",
-                   help="how long a request waits for others to join its batch, milliseconds "
+                   help="the longest a request waits for others to join its batch, milliseconds "
                    f"(default {defaults.max_wait_ms:g})")
+    p.add_argument("--idle-ms", type=nonnegative_float, default=defaults.idle_ms, metavar="MS",
+                   help="a batch goes to the model once no request has joined it for MS milliseconds "
+                   f"(default {defaults.idle_ms:g}): a lone request waits no longer")
     p.add_argument("--timeout-s", type=positive_float, default=defaults.timeout_s, metavar="S",
                    help=f"a request not answered within S seconds gets 504 (default {defaults.timeout_s:g})")
     p.add_argument("--workers", type=positive_int, default=1, metavar="N",
@@ -115,6 +118,7 @@ def run_serve(args: argparse.Namespace) -> int:
     limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_context_chars=args.max_context_chars,
                          max_sentence_chars=args.max_sentence_chars, max_sentences=args.max_sentences,
                          max_pending=args.max_pending, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                         idle_ms=args.idle_ms,
                          timeout_s=args.timeout_s)
     settings = {"qa_model": None if args.qa_model is None else str(args.qa_model),
                 "mt_model": None if args.mt_model is None else str(args.mt_model),

@@ -66,11 +66,11 @@ class _Engine(abc.ABC):
 
     name = "model"
 
-    def __init__(self, model: Any, *, path: str | None = None, max_batch: int = 32, max_wait_ms: float = 5.0,
-                 max_pending: int = 256, on_batch: Callable[[int, float], None] | None = None) -> None:
+    def __init__(self, model: Any, *, path: str | None = None, on_batch: Callable[[int, float], None] | None = None,
+                 **batching: Any) -> None:
+        """batching: ``Batcher``'s bounds (max_batch, max_wait_ms, idle_ms, max_pending)."""
         self.model, self.path = model, path
-        self.batcher: Batcher = Batcher(self._run, name=self.name, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                                        max_pending=max_pending, on_batch=on_batch)
+        self.batcher: Batcher = Batcher(self._run, name=self.name, on_batch=on_batch, **batching)
 
     @abc.abstractmethod
     def _run(self, items: list) -> list[Any]:

@@ -12,7 +12,7 @@ from .._checks import check_int, check_number
 
 __all__ = ["ServeLimits"]
 
-_DURATIONS = ("max_wait_ms", "timeout_s")  # the bounds that are durations, not counts
+_DURATIONS = ("max_wait_ms", "idle_ms", "timeout_s")  # the bounds that are durations, not counts
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,11 @@ class ServeLimits:
     #: Requests waiting for one model beyond this get 503 (retry later) instead of queueing without end.
     max_pending: int = 256
     #: Most requests answered by one model call (dynamic batching, ``fastqa.serve.batcher``).
-    max_batch: int = 32
-    #: How long the first request of a batch waits for others to join it, in milliseconds.
-    max_wait_ms: float = 5.0
+    max_batch: int = 128
+    #: The longest the first request of a batch waits for others to join it, in milliseconds.
+    max_wait_ms: float = 50.0
+    #: A batch goes once no request has joined it for this many milliseconds (a lone request waits this long).
+    idle_ms: float = 5.0
     #: A request not answered within this many seconds gets 504 and leaves the queue.
     timeout_s: float = 60.0
 
@@ -43,7 +45,7 @@ class ServeLimits:
         # A ValueError for any bad bound, one of a wrong type too (ServeLimits has always raised only that).
         for name, value in asdict(self).items():
             if name in _DURATIONS:
-                check_number(f"ServeLimits.{name}", value, low=0, low_open=name != "max_wait_ms", error=ValueError)
+                check_number(f"ServeLimits.{name}", value, low=0, low_open=name == "timeout_s", error=ValueError)
             else:
                 check_int(f"ServeLimits.{name}", value, low=1, error=ValueError)
 

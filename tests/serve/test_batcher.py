@@ -75,6 +75,28 @@ def test_max_batch_bounds_a_batch_and_max_wait_bounds_the_wait():
     asyncio.run(main())
 
 
+def test_requests_arriving_one_after_another_join_one_batch_until_a_pause():
+    """With the model idle, a batch keeps taking the requests that follow each other within idle_ms (a burst
+    arrives one request at a time), and goes once none has come for idle_ms -- long before max_wait_ms."""
+    async def main() -> None:
+        run = Recorder()
+        batcher = Batcher(run, name="t", max_batch=32, max_wait_ms=60_000, idle_ms=500)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        burst = []
+        for i in range(5):
+            burst.append(asyncio.ensure_future(batcher.submit(i)))
+            await asyncio.sleep(0.02)
+        assert await asyncio.gather(*burst) == [0, 2, 4, 6, 8]
+        assert run.batches == [[0, 1, 2, 3, 4]]
+        assert loop.time() - t0 < 30                # the pause closed it, not max_wait
+        t0 = loop.time()
+        assert await batcher.submit(7) == 14        # alone: it waits idle_ms for company, then goes
+        assert 0.4 < loop.time() - t0 < 30 and run.batches[-1] == [7]
+        batcher.close()
+    asyncio.run(main())
+
+
 def test_a_full_queue_is_busy_and_an_error_stays_with_its_request():
     async def main() -> None:
         run = Recorder()
@@ -164,8 +186,8 @@ def test_grouped_runs_a_call_per_key_and_isolates_a_bad_item():
 
 
 @pytest.mark.parametrize("bad", [{"max_pending": 0}, {"max_batch": 0}, {"max_top_k": True}, {"timeout_s": 0},
-                                 {"max_wait_ms": -1}, {"max_beam": 2.5}])
+                                 {"max_wait_ms": -1}, {"idle_ms": -0.5}, {"max_beam": 2.5}])
 def test_limits_must_be_positive(bad):
     with pytest.raises(ValueError, match=f"ServeLimits.{next(iter(bad))}"):
         ServeLimits(**bad)
-    assert ServeLimits(max_wait_ms=0, timeout_s=0.5).max_wait_ms == 0
+    assert ServeLimits(max_wait_ms=0, idle_ms=0, timeout_s=0.5).max_wait_ms == 0

@@ -5,10 +5,9 @@
 //   residual [B, L, C_out]?; zero padding: pad_left on the left, K-1-pad_left on the right.
 //
 // Work is split into tiles of (sequence b, rows [l0, l1)) -- in the forward, of several whole sequences when they
-// are short -- small enough that a tile's depthwise output
-// stays in cache between the direct depthwise loop (vectorised over channels), the GEMM that consumes
-// it and the epilogue. Each tile runs its own single-threaded GEMM (at::mm_out inside at::parallel_for;
-// MKL does not nest threads), so there is one pass over memory per tensor.
+// are short -- small enough that a tile's depthwise output stays in cache between the direct depthwise loop
+// (vectorised over channels), the GEMM that consumes it and the epilogue. Each tile runs its own single-threaded
+// GEMM (at::mm_out inside at::parallel_for; MKL does not nest threads), so there is one pass over memory per tensor.
 //
 // aux (what the forward hands its backward): the ReLU mask (bool [B, L, C_out], !(pre-activation <= 0):
 // true for NaN, so a NaN's gradient passes as through torch.relu's threshold_backward) when relu, else

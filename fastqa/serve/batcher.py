@@ -30,7 +30,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
+from .limits import ServeLimits
+
 __all__ = ["Batcher", "Busy", "Closed"]
+
+_DEFAULTS = ServeLimits()  # the server's bounds are the batcher's defaults
 
 I = TypeVar("I")  # noqa: E741 - an item of a request
 R = TypeVar("R")  # its result
@@ -58,7 +62,8 @@ class Batcher(Generic[I, R]):
     thread of its own; ``on_batch(size, seconds)`` is told of each batch run (metrics)."""
 
     def __init__(self, run_batch: Callable[[list[I]], Sequence[R | BaseException]], *, name: str,
-                 max_batch: int = 128, max_wait_ms: float = 50.0, idle_ms: float = 5.0, max_pending: int = 256,
+                 max_batch: int = _DEFAULTS.max_batch, max_wait_ms: float = _DEFAULTS.max_wait_ms,
+                 idle_ms: float = _DEFAULTS.idle_ms, max_pending: int = _DEFAULTS.max_pending,
                  on_batch: Callable[[int, float], None] | None = None) -> None:
         if max_batch < 1 or max_pending < 1 or max_wait_ms < 0 or idle_ms < 0:
             raise ValueError(f"max_batch and max_pending must be >= 1, max_wait_ms and idle_ms >= 0, got {max_batch}, "

@@ -118,8 +118,7 @@ def run_serve(args: argparse.Namespace) -> int:
     limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_context_chars=args.max_context_chars,
                          max_sentence_chars=args.max_sentence_chars, max_sentences=args.max_sentences,
                          max_pending=args.max_pending, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                         idle_ms=args.idle_ms,
-                         timeout_s=args.timeout_s)
+                         idle_ms=args.idle_ms, timeout_s=args.timeout_s)
     settings = {"qa_model": None if args.qa_model is None else str(args.qa_model),
                 "mt_model": None if args.mt_model is None else str(args.mt_model),
                 "device": resolve_device(args.device), "threads": args.threads, "precision": args.precision,

@@ -291,6 +291,7 @@ def create_app(*, qa: Any = None, translation: Any = None, limits: ServeLimits =
 
     app = FastAPI(title="fastqa", version=__version__, lifespan=lifespan,
                   description="Question answering and translation with the models of fastqa.")
+    app.state.engines = engines
 
     async def submit(name: str, item: Any) -> Any:
         engine = engines[name]
@@ -408,6 +409,9 @@ def app_from_environment() -> "FastAPI":
                                       precision=settings.get("precision"))
     app = create_app(qa=qa, translation=translation, limits=ServeLimits(**settings.get("limits", {})),
                      qa_path=settings.get("qa_model"), mt_path=settings.get("mt_model"))
+    for engine in app.state.engines.values():
+        if engine is not None:
+            engine.warm_up()
     # What is loaded by now (the models, the tokenizer's vocabulary, the libraries) lives as long as the process:
     # frozen, it is left out of the collector's full passes, each of which otherwise walks all of it while
     # holding the GIL -- a pause of every request in flight, a hundred milliseconds and more with spaCy loaded.

@@ -76,6 +76,11 @@ class _Engine(abc.ABC):
     def _run(self, items: list) -> list[Any]:
         """One result (or the exception it raised) per item, in order: what the batcher hands its callers."""
 
+    @abc.abstractmethod
+    def warm_up(self) -> None:
+        """Answer one small request: what loads on first use (the tokenizer, the kernels' first calls) is loaded
+        before the server listens, not by its first client."""
+
 
 def _dtype_name(model: Any) -> str:
     """The dtype of a model's weights, as ``--precision`` names it in torch: "float32", "bfloat16"."""
@@ -92,6 +97,9 @@ class QAEngine(_Engine):
         return {"path": self.path, "model": type(self.model.model).__name__, "device": str(self.model.device),
                 "dtype": _dtype_name(self.model.model), "no_answer": bool(self.model.config.no_answer), "max_answer_len": int(self.model.max_answer_len),
                 "calibrated": self.model.calibration is not None}
+
+    def warm_up(self) -> None:
+        self.model.answer("Words to read.", "What is read?")
 
     def _run(self, items: list[AnswerItem]) -> list[Any]:
         def answer(group: list[AnswerItem]) -> list[Any]:
@@ -112,6 +120,9 @@ class TranslationEngine(_Engine):
         return {"path": self.path, "device": str(self.model.device), "dtype": _dtype_name(self.model.model),
                 "vocab": self.model.vocab_kind,
                 "max_positions": self.model.config.max_positions}
+
+    def warm_up(self) -> None:
+        self.model.translate(["words"], beam=1)
 
     def _run(self, items: list[TranslateItem]) -> list[Any]:
         def translate(group: list[TranslateItem]) -> list[Any]:

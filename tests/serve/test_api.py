@@ -347,17 +347,21 @@ def test_several_worker_processes(serve_models, tmp_path):
         stop_server(running)
 
 
-def test_the_server_process_freezes_what_it_loaded(serve_models, monkeypatch):
-    """The models and libraries loaded at start-up are left out of the collector's full passes (each walked
-    all of them, pausing every request in flight)."""
+def test_the_server_process_warms_up_then_freezes_what_it_loaded(serve_models, monkeypatch):
+    """Each model answers once before the server listens (what loads on first use, the tokenizer, loads then),
+    and what is loaded by then is left out of the collector's full passes (each walked all of it, pausing every
+    request in flight)."""
     import gc
 
+    from fastqa.data.tokenize import get_tokenizer
     from fastqa.serve.app import SETTINGS_ENV, app_from_environment
 
     monkeypatch.setenv(SETTINGS_ENV, json.dumps({"qa_model": str(serve_models["qa"]), "device": "cpu"}))
+    get_tokenizer.cache_clear()
     gc.unfreeze()
     try:
         app_from_environment()
+        assert get_tokenizer.cache_info().currsize > 0
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()

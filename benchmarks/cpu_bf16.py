@@ -25,14 +25,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
-import os
 import statistics
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+from fastqa.data.files import atomic_write_json, atomic_write_text
 
 from . import measure
 from .cases import dropout_add_case, trilinear_case
@@ -201,10 +201,8 @@ def main(argv: list[str] | None = None) -> int:
               "peaks": peaks, "rows": rows}
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        for path, text in ((args.out, json.dumps(result, indent=1)), (args.out.with_suffix(".md"), markdown(result))):
-            tmp = path.with_name(path.name + ".partial")
-            tmp.write_text(text)
-            os.replace(tmp, path)
+        atomic_write_json(args.out, result, indent=1)
+        atomic_write_text(args.out.with_suffix(".md"), markdown(result))
         print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
     else:
         print(markdown(result))

@@ -24,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +32,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.measure import device_name
+from fastqa.data.files import atomic_write_json
 from fastqa.serve.limits import ServeLimits
 
 CONTEXT = (
@@ -74,28 +74,17 @@ def answer_latency(model: str | None, calls: int, threads: int) -> dict:
             "median_ms": statistics.median(times), "p90_ms": _percentile(times, 0.9)}
 
 
-def _post(url: str, body: dict) -> tuple[int, float]:
-    data = json.dumps(body).encode("utf-8")
-    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
-    t0 = time.perf_counter()
-    try:
-        with urllib.request.urlopen(req, timeout=120) as response:
-            response.read()
-            status = response.status
-    except urllib.error.HTTPError as e:
-        status = e.code
-    return status, (time.perf_counter() - t0) * 1e3
-
-
-def _post_when(url: str, body: dict, start: threading.Barrier) -> tuple[int, float]:
-    """``body`` posted on a connection opened before ``start`` releases it, as a client that keeps its connection
-    (a browser, a proxy) sends: the latency is from sending the request to reading the whole answer."""
+def _post(url: str, body: dict, start: threading.Barrier | None = None) -> tuple[int, float]:
+    """``body`` posted to ``url``: (the status, milliseconds from sending the request to reading the whole
+    answer). With ``start``, the connection is opened first and the request sent once ``start`` releases it, as
+    a client that keeps its connection (a browser, a proxy) sends."""
     parts = urllib.parse.urlsplit(url)
     data = json.dumps(body).encode("utf-8")
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
     try:
         connection.connect()
-        start.wait()
+        if start is not None:
+            start.wait()
         t0 = time.perf_counter()
         connection.request("POST", parts.path, body=data, headers={"Content-Type": "application/json"})
         response = connection.getresponse()
@@ -169,7 +158,7 @@ def _burst(url: str, bodies: list[dict]) -> tuple[float, list[tuple[int, float]]
     (status, milliseconds)."""
     start = threading.Barrier(len(bodies) + 1)
     with ThreadPoolExecutor(len(bodies)) as pool:
-        sent = [pool.submit(_post_when, url, body, start) for body in bodies]
+        sent = [pool.submit(_post, url, body, start) for body in bodies]
         start.wait()  # every client connected
         t0 = time.perf_counter()
         results = [future.result() for future in sent]
@@ -247,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             result[f"{route.strip('/')}_speedup"] = ratio
             print(f"{route}: batching gives {ratio:.2f}x the throughput of one request at a time", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_json(args.out, result)
     return 0 if all(r["errors"] == 0 for r in result["serve"]) else 1
 
 

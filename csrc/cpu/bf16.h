@@ -25,8 +25,13 @@ namespace bf16 {
 
 inline bool is_bf16(const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kBFloat16; }
 
-// A float32 copy of a bf16 tensor; any other tensor (float32, float64, integer, undefined) as it is.
-inline at::Tensor widen(const at::Tensor& t) { return is_bf16(t) ? t.to(at::kFloat) : t; }
+// A contiguous float32 copy of a bf16 tensor (one copy, whatever its strides: the kernels read it contiguous);
+// any other tensor (float32, float64, integer, undefined) as it is.
+inline at::Tensor widen(const at::Tensor& t) {
+  return is_bf16(t) ? t.to(t.options().dtype(at::kFloat), /*non_blocking=*/false, /*copy=*/false,
+                           at::MemoryFormat::Contiguous)
+                    : t;
+}
 inline c10::optional<at::Tensor> widen(const c10::optional<at::Tensor>& t) {
   return t.has_value() ? c10::optional<at::Tensor>(widen(*t)) : c10::nullopt;
 }
@@ -36,6 +41,13 @@ inline c10::optional<at::Tensor> widen(const c10::optional<at::Tensor>& t) {
 // stays as it is.
 inline at::Tensor narrow(const at::Tensor& t) {
   return t.defined() && t.scalar_type() == at::kFloat ? t.to(at::kBFloat16) : t;
+}
+
+// The dtype of the statistics an op computes from `input` and saves for its backward (a log-sum-exp, softmax
+// probabilities, a mean and reciprocal deviation): float32 for bf16 input, what they are computed in; the input's
+// dtype otherwise.
+inline at::ScalarType statistics_dtype(const at::Tensor& input) {
+  return is_bf16(input) ? at::kFloat : input.scalar_type();
 }
 
 }  // namespace bf16

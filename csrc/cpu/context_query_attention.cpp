@@ -639,9 +639,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
   const int64_t batch = c_in.size(0), n = c_in.size(1), m = q_in.size(1), d = c_in.size(2);
   check_same_shape(op, "grad_out", grad_out, {batch, n, 4 * d}, c_in.scalar_type());
   check_same_shape(op, "out", out_in, {batch, n, 4 * d}, c_in.scalar_type());
-  const at::ScalarType aux_type = bf16::is_bf16(c_in) ? at::kFloat : c_in.scalar_type();  // as the forward saved
-  check_same_shape(op, "aux_row", aux_row, {batch, n, m}, aux_type);
-  check_same_shape(op, "aux_col", aux_col, {batch, n + d, m}, aux_type);
+  check_same_shape(op, "aux_row", aux_row, {batch, n, m}, bf16::statistics_dtype(c_in));
+  check_same_shape(op, "aux_col", aux_col, {batch, n + d, m}, bf16::statistics_dtype(c_in));
   if (bf16::is_bf16(c_in)) {
     gemm::Bf16Products scope;
     // The kernel reads only A = out[..., d:2d] of out (attention_output_backward): that quarter alone is

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace fastqa {
@@ -62,6 +63,34 @@ void attend_sentence(const T* q, const T* keys, const T* values, const T* bias, 
       const T* v = values + s * Ev;
       for (int64_t c = 0; c < Ev; ++c) o[c] += w * v[c];
     }
+  }
+}
+
+// attend_sentence on one sentence as stored: float32 or float64 in place; bf16 (bias_rows bias rows) widened into
+// `scratch` (float32, grown as needed), attended there, its weights and output rounded as they are stored.
+template <typename St>
+void attend_stored(const St* q, const St* keys, const St* values, const St* bias, int64_t bias_stride,
+                   int64_t bias_rows, double scale, const std::vector<int64_t>& positions, int64_t R, int64_t S,
+                   int64_t E, int64_t Ev, St* weights, St* out, std::vector<float>& scratch) {
+  if constexpr (std::is_same_v<St, c10::BFloat16>) {
+    scratch.resize(R * E + S * E + S * Ev + bias_rows * S + R * S + R * Ev);
+    float* fq = scratch.data();
+    float* fk = fq + R * E;
+    float* fv = fk + S * E;
+    float* fb = fv + S * Ev;
+    float* fw = fb + bias_rows * S;
+    float* fo = fw + R * S;
+    bf16::widen_row(q, R * E, fq);
+    bf16::widen_row(keys, S * E, fk);
+    bf16::widen_row(values, S * Ev, fv);
+    if (bias != nullptr) bf16::widen_row(bias, bias_rows * S, fb);
+    attend_sentence<float>(fq, fk, fv, bias == nullptr ? nullptr : fb, bias_stride, static_cast<float>(scale),
+                           positions, R, S, E, Ev, fw, fo);
+    bf16::narrow_row(fw, R * S, weights);
+    bf16::narrow_row(fo, R * Ev, out);
+  } else {
+    attend_sentence<St>(q, keys, values, bias, bias_stride, static_cast<St>(scale), positions, R, S, E, Ev, weights,
+                        out);
   }
 }
 
@@ -109,62 +138,37 @@ std::tuple<at::Tensor, at::Tensor> decode_attention(const at::Tensor& q, const a
   if (B == 0 || R == 0 || S == 0) return {out.zero_(), weights};
   // Sentences per work item: enough reading (keys + values) that a thread's fork/join is paid for.
   const int64_t grain = std::max<int64_t>(1, 32768 / (S * (E + Ev)));
+  const int64_t bias_rows = bias_stride == 0 ? 1 : R;
+  const bool* md = mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr;
+  // St: the dtype as stored (float, double or bf16); the sentences are attended in float32 or float64.
+  const auto run = [&](auto stored) {
+    using St = decltype(stored);
+    const St* qd = q_c.data_ptr<St>();
+    const St* kd = keys_c.data_ptr<St>();
+    const St* vd = values_c.data_ptr<St>();
+    const St* bd = bias_c.defined() ? bias_c.data_ptr<St>() : nullptr;
+    St* wd = weights.data_ptr<St>();
+    St* od = out.data_ptr<St>();
+    at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
+      std::vector<int64_t> positions;
+      positions.reserve(S);
+      std::vector<float> scratch;
+      for (int64_t b = b0; b < b1; ++b) {
+        positions.clear();
+        for (int64_t j = 0; j < S; ++j) {
+          if (md == nullptr || md[b * S + j]) positions.push_back(j);
+        }
+        attend_stored<St>(qd + b * R * E, kd + b * S * E, vd + b * S * Ev,
+                          bd == nullptr ? nullptr : bd + b * bias_rows * S, bias_stride, bias_rows, scale, positions,
+                          R, S, E, Ev, wd + b * R * S, od + b * R * Ev, scratch);
+      }
+    });
+  };
   if (bf16::is_bf16(q)) {
-    using BF = c10::BFloat16;
-    const BF* qd = q_c.data_ptr<BF>();
-    const BF* kd = keys_c.data_ptr<BF>();
-    const BF* vd = values_c.data_ptr<BF>();
-    const BF* bd = bias_c.defined() ? bias_c.data_ptr<BF>() : nullptr;
-    const bool* md = mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr;
-    BF* wd = weights.data_ptr<BF>();
-    BF* od = out.data_ptr<BF>();
-    const int64_t bias_rows = bias_stride == 0 ? 1 : R;
-    at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
-      std::vector<int64_t> positions;
-      positions.reserve(S);
-      // One sentence in float32: q [R, E], keys [S, E], values [S, Ev], bias rows, weights [R, S], out [R, Ev].
-      std::vector<float> fq(R * E), fk(S * E), fv(S * Ev), fb(bias_rows * S), fw(R * S), fo(R * Ev);
-      for (int64_t b = b0; b < b1; ++b) {
-        positions.clear();
-        for (int64_t j = 0; j < S; ++j) {
-          if (md == nullptr || md[b * S + j]) positions.push_back(j);
-        }
-        bf16::widen_row(qd + b * R * E, R * E, fq.data());
-        bf16::widen_row(kd + b * S * E, S * E, fk.data());
-        bf16::widen_row(vd + b * S * Ev, S * Ev, fv.data());
-        if (bd != nullptr) bf16::widen_row(bd + b * bias_rows * S, bias_rows * S, fb.data());
-        attend_sentence<float>(fq.data(), fk.data(), fv.data(), bd == nullptr ? nullptr : fb.data(), bias_stride,
-                               static_cast<float>(scale), positions, R, S, E, Ev, fw.data(), fo.data());
-        bf16::narrow_row(fw.data(), R * S, wd + b * R * S);
-        bf16::narrow_row(fo.data(), R * Ev, od + b * R * Ev);
-      }
-    });
-    return {out, weights};
+    run(c10::BFloat16{});
+  } else {
+    AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "decode_attention", [&] { run(scalar_t{}); });
   }
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "decode_attention", [&] {
-    const scalar_t* qd = q_c.data_ptr<scalar_t>();
-    const scalar_t* kd = keys_c.data_ptr<scalar_t>();
-    const scalar_t* vd = values_c.data_ptr<scalar_t>();
-    const scalar_t* bd = bias_c.defined() ? bias_c.data_ptr<scalar_t>() : nullptr;
-    const bool* md = mask_c.defined() ? mask_c.data_ptr<bool>() : nullptr;
-    scalar_t* wd = weights.data_ptr<scalar_t>();
-    scalar_t* od = out.data_ptr<scalar_t>();
-    const scalar_t s = static_cast<scalar_t>(scale);
-    const int64_t bias_rows = bias_stride == 0 ? 1 : R;
-    at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
-      std::vector<int64_t> positions;
-      positions.reserve(S);
-      for (int64_t b = b0; b < b1; ++b) {
-        positions.clear();
-        for (int64_t j = 0; j < S; ++j) {
-          if (md == nullptr || md[b * S + j]) positions.push_back(j);
-        }
-        attend_sentence<scalar_t>(qd + b * R * E, kd + b * S * E, vd + b * S * Ev,
-                                  bd == nullptr ? nullptr : bd + b * bias_rows * S, bias_stride, s, positions, R, S,
-                                  E, Ev, wd + b * R * S, od + b * R * Ev);
-      }
-    });
-  });
   return {out, weights};
 }
 

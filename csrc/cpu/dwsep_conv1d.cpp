@@ -528,7 +528,7 @@ std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x, const a
   // bf16 (csrc/cpu/bf16.h): the float32 kernel on widened copies, its products in bf16; y rounded once, at the end
   // of its tile.
   const gemm::Bf16Products bf16_scope;
-  const at::Tensor wide_x = bf16::widen(x.contiguous());
+  const at::Tensor wide_x = bf16::widen(x);
   return dwsep_forward(s, wide_x, bf16::widen(dw_weight), bf16::widen(dw_bias), pw_weight, bf16::widen(pw_bias),
                        widened_residual(residual_in, residual, x, wide_x), pad_left, relu, /*bf16_out=*/true);
 }
@@ -651,7 +651,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_con
   }
   const gemm::Bf16Products bf16_scope;
   auto [gx, gdw, gdb, gpw, gpb] =
-      dwsep_backward(s, bf16::widen(grad_y.contiguous()), bf16::widen(x.contiguous()), bf16::widen(dw_weight),
+      dwsep_backward(s, bf16::widen(grad_y), bf16::widen(x), bf16::widen(dw_weight),
                      bf16::widen(dw_bias), pw_weight, pw_bias, aux, pad_left, relu, /*bf16_out=*/true);
   return {gx, bf16::narrow(gdw), bf16::narrow(gdb), bf16::narrow(gpw), bf16::narrow(gpb)};
 }
@@ -762,9 +762,6 @@ void layer_norm_rows(const T* x, const T* w, const T* b, const T* stats, const b
   }
 }
 
-// The dtype of the saved row statistics: float32 for bf16 x (bf16.h), x's otherwise.
-at::ScalarType stats_dtype(const at::Tensor& x) { return bf16::is_bf16(x) ? at::kFloat : x.scalar_type(); }
-
 // The forward on checked arguments (check_args, check_ln_args, checked_residual, checked_row_mask); the dtypes
 // as dwsep_forward's, the LayerNorm parameters x's.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_forward(
@@ -812,7 +809,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_dwsep_conv1d_fwd(
   }
   // bf16: as dwsep_conv1d_fwd; the statistics are saved in float32, the dtype they are computed in.
   const gemm::Bf16Products bf16_scope;
-  const at::Tensor wide_x = bf16::widen(x.contiguous());
+  const at::Tensor wide_x = bf16::widen(x);
   return ln_forward(s, wide_x, bf16::widen(ln_weight), bf16::widen(ln_bias), eps, bf16::widen(dw_weight),
                     bf16::widen(dw_bias), pw_weight, bf16::widen(pw_bias),
                     widened_residual(residual_in, residual, x, wide_x), mask, pad_left, relu, /*bf16_out=*/true);
@@ -882,9 +879,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const Shapes s = check_args(op, x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left);
   check_ln_args(op, x, ln_weight, ln_bias);
   check_grad_and_aux(op, s, grad_y, x, aux, relu);
-  TORCH_CHECK(ln_stats.sizes() == at::IntArrayRef({s.B, 2, s.L}) && ln_stats.scalar_type() == stats_dtype(x) &&
+  TORCH_CHECK(ln_stats.sizes() == at::IntArrayRef({s.B, 2, s.L}) && ln_stats.scalar_type() == bf16::statistics_dtype(x) &&
                   ln_stats.device() == x.device(),
-              op, ": ln_stats must be the forward's [B, 2, L]=[", s.B, ", 2, ", s.L, "] ", stats_dtype(x),
+              op, ": ln_stats must be the forward's [B, 2, L]=[", s.B, ", 2, ", s.L, "] ", bf16::statistics_dtype(x),
               " tensor, got ", ln_stats.sizes(), " ", ln_stats.scalar_type());
   const at::Tensor mask = checked_row_mask(op, mask_in, x);
   if (!bf16::is_bf16(x)) {
@@ -893,7 +890,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   }
   const gemm::Bf16Products bf16_scope;
   auto [gx, glw, glb, gdw, gdb, gpw, gpb] =
-      ln_backward(s, bf16::widen(grad_y.contiguous()), bf16::widen(x.contiguous()), bf16::widen(ln_weight),
+      ln_backward(s, bf16::widen(grad_y), bf16::widen(x), bf16::widen(ln_weight),
                   bf16::widen(ln_bias), bf16::widen(dw_weight), bf16::widen(dw_bias), pw_weight, pw_bias, aux,
                   ln_stats, mask, pad_left, relu);
   return {bf16::narrow(gx), bf16::narrow(glw), bf16::narrow(glb), bf16::narrow(gdw), bf16::narrow(gdb),

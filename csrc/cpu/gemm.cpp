@@ -2,6 +2,8 @@
 // See gemm.h.
 #include "cpu/gemm.h"
 
+#include "cpu/bf16.h"
+
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -252,17 +254,15 @@ namespace {
 
 thread_local bool bf16_products_on = false;
 
-at::Tensor to_bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 ? t : t.to(at::kBFloat16); }
-
 // Whether a @ b is taken in bf16 (see gemm.h): bf16 operands, or float32 ones in a Bf16Products scope.
 bool in_bf16(const at::Tensor& a) {
   return a.scalar_type() == at::kBFloat16 || (a.scalar_type() == at::kFloat && bf16_products_on);
 }
 
-// a @ b on bf16 operands, rounded to bf16, in a's dtype (bf16, or float32 widened from it).
+// a @ b on bf16 operands (float32 ones rounded), rounded to bf16, in a's dtype (bf16, or float32 widened from it).
 at::Tensor bf16_mm(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor y = at::mm(to_bf16(a), to_bf16(b));
-  return a.scalar_type() == at::kBFloat16 ? y : y.to(a.scalar_type());
+  const at::Tensor y = at::mm(bf16::narrow(a), bf16::narrow(b));
+  return bf16::is_bf16(a) ? y : bf16::widen(y);
 }
 
 }  // namespace

@@ -43,6 +43,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -144,9 +145,10 @@ bool moderate_range(std::vector<T> row_max) {
 }
 
 // xp [B*Tp, H]: x with masked positions zeroed, pad_left zero rows before and K-1-pad_left after
-// every sequence. Reads x through its strides (channels-first views included). Writes each row's largest
-// |value| to row_max [B*Tp] (0 for the zero rows). Returns whether every value copied is finite (the
-// Winograd path is only taken then, see winograd_requested, and on a moderate range, see moderate_range).
+// every sequence. Reads x through its strides (channels-first views included). With row_max (float32 and float64:
+// the statistics Winograd needs; a bf16 call takes the taps and passes null), writes each row's largest |value| to
+// row_max [B*Tp] (0 for the zero rows) and returns whether every value copied is finite (the Winograd path is
+// only taken then, see winograd_requested, and on a moderate range, see moderate_range); without, returns true.
 template <typename T>
 bool fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, T* xp, T* row_max) {
   const T* xd = x.data_ptr<T>();
@@ -158,17 +160,21 @@ bool fill_padded(const at::Tensor& x, const bool* mask, const Geometry& g, T* xp
       T* dst = xp + row * H;
       if (t < 0 || t >= g.T || (mask != nullptr && !mask[b * g.T + t])) {
         std::fill(dst, dst + H, T(0));
-        row_max[row] = T(0);
+        if (row_max != nullptr) row_max[row] = T(0);
         continue;
       }
       const T* src = xd + b * sb + t * st;
       if (sc == 1) {
-        std::memcpy(dst, src, H * sizeof(T));
+        std::memcpy(static_cast<void*>(dst), src, H * sizeof(T));
       } else {
         for (int64_t c = 0; c < H; ++c) dst[c] = src[c * sc];
       }
-      finite &= row_finite(dst, H);
-      row_max[row] = row_max_abs(dst, H);
+      if constexpr (!std::is_same_v<T, at::BFloat16>) {
+        if (row_max != nullptr) {
+          finite &= row_finite(dst, H);
+          row_max[row] = row_max_abs(dst, H);
+        }
+      }
     }
     return finite;
   };
@@ -578,25 +584,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_kernel(const at::Tensor& grad
 // accumulations (passes over [N, 2H] tensors, several of them mixed-dtype copies) left the bf16 op hardly
 // faster than the float32 one.
 
-// xp for a bf16 call: fill_padded's rows, copied as they are (bf16), without the statistics Winograd needs.
-void fill_padded_bf16(const at::Tensor& x, const bool* mask, const Geometry& g, at::BFloat16* xp) {
-  const at::BFloat16* xd = x.data_ptr<at::BFloat16>();
-  const int64_t sb = x.stride(0), st = x.stride(1), sc = x.stride(2);
-  at::parallel_for(0, g.B * g.Tp, kRowBlock, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t b = row / g.Tp, t = row % g.Tp - g.pad_left;
-      at::BFloat16* dst = xp + row * g.H;
-      if (t < 0 || t >= g.T || (mask != nullptr && !mask[b * g.T + t])) {
-        std::memset(static_cast<void*>(dst), 0, g.H * sizeof(at::BFloat16));  // +0.0
-      } else if (sc == 1) {
-        std::memcpy(static_cast<void*>(dst), xd + b * sb + t * st, g.H * sizeof(at::BFloat16));
-      } else {
-        for (int64_t c = 0; c < g.H; ++c) dst[c] = xd[b * sb + t * st + c * sc];
-      }
-    }
-  });
-}
-
 // One bf16 row of the forward's epilogue (pre: the float32 sums, with the bias; res: the widened residual row
 // or null) and of the backward's GLU derivative, each a function of its own whose callees are all inlined: in
 // the parallel regions' bodies GCC called vec_exp per element instead, and the GLU loops ran scalar.
@@ -625,7 +612,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_bf16(const at::Tensor& x, const at::Tenso
                                             const std::optional<at::Tensor>& bias, const Geometry& g, const bool* m,
                                             bool residual, double scale) {
   at::Tensor xp = at::empty({g.B * g.Tp, g.H}, x.options());
-  fill_padded_bf16(x, m, g, xp.data_ptr<at::BFloat16>());
+  fill_padded<at::BFloat16>(x, m, g, xp.data_ptr<at::BFloat16>(), nullptr);
   std::vector<at::Tensor> products;  // [N, 2H] bf16 each
   {
     const at::Tensor w = weight_taps(weight);
@@ -704,7 +691,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16(const at::Tensor& grad_y
     grad_bias = sum.to(at::kBFloat16);
   }
   at::Tensor xp = at::empty({g.B * g.Tp, H}, x.options());
-  fill_padded_bf16(x, m, g, xp.data_ptr<at::BFloat16>());
+  fill_padded<at::BFloat16>(x, m, g, xp.data_ptr<at::BFloat16>(), nullptr);
   // grad W_k = grad_pre^T @ xp[k : k+N] ([2H, H] each, bf16), stacked into the Conv1d layout [2H, H, K].
   at::Tensor grad_weight;
   {
@@ -812,7 +799,7 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
   const at::Tensor x_res = bf16::widen(x_c);  // the residual rows
   const at::Tensor state_c = state.contiguous();
   const at::Tensor w2 = weight.contiguous().view({2 * H, H * K});
-  const at::Tensor bias_c = bias.has_value() ? bf16::widen(bias->contiguous()) : at::Tensor();
+  const at::Tensor bias_c = bias.has_value() ? bf16::widen(*bias).contiguous() : at::Tensor();
   // Rows per work item of the gather: small batches stay on one thread (the fork/join would cost more
   // than the copy), large ones split so the gather does not serialise the step.
   const int64_t grain = std::max<int64_t>(1, 16384 / (H * K));

@@ -885,7 +885,7 @@ at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& q
                    grad_out_in.scalar_type() == qkv_in.scalar_type() && out_in.scalar_type() == qkv_in.scalar_type(),
                kBwd, "grad_out and out must be [B, L, C] = [", g.B, ", ", g.L, ", ", g.C, "] like qkv, got ",
                grad_out_in.sizes(), " and ", out_in.sizes());
-  const at::ScalarType lse_type = bf16::is_bf16(qkv_in) ? at::kFloat : qkv_in.scalar_type();  // as the forward's
+  const at::ScalarType lse_type = bf16::statistics_dtype(qkv_in);  // as the forward saved it
   FASTQA_CHECK(lse_in.sizes() == at::IntArrayRef({g.B, g.H, g.L}) && lse_in.scalar_type() == lse_type,
                kBwd, "lse must be the forward's [B, heads, L] = [", g.B, ", ", g.H, ", ", g.L, "] ", lse_type,
                ", got ", lse_in.sizes(), " ", lse_in.scalar_type());

@@ -25,6 +25,13 @@ _NAMESPACES = {"cpu": "fastqa", "triton": "fastqa_triton"}
 _AUTOGRAD_HOOKS: dict[str, list[Callable[[str], None]]] = {}
 
 
+def cpu_statistics_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the statistics a C++ kernel saves for its backward (a log-sum-exp, softmax probabilities, a
+    LayerNorm mean and 1/std), given its input's: float32 for bfloat16, what they are computed in; the input's
+    otherwise. What the fake kernels declare (the kernels' rule: ``bf16::statistics_dtype``, csrc/cpu/bf16.h)."""
+    return torch.float32 if dtype == torch.bfloat16 else dtype
+
+
 def qualified(backend: str, name: str) -> str:
     """The custom op's qualified name, e.g. qualified("cpu", "glu_conv1d_fwd") == "fastqa::glu_conv1d_fwd"."""
     return f"{_NAMESPACES[backend]}::{name}"

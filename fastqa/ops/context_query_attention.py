@@ -12,7 +12,7 @@ from .. import reference
 from .._backend import cpu_available, resolve_backend, warn_cuda_reference
 from .._checks import check_positive, check_tensor, entry_prologue
 from ._function import exporting, has_tangent, input_grads, once_differentiable, register_op_autograd
-from ._registry import exported_op, kernel, qualified, register_autograd_hook
+from ._registry import cpu_statistics_dtype, exported_op, kernel, qualified, register_autograd_hook
 
 __all__ = ["context_query_attention", "trilinear_similarity"]
 
@@ -164,8 +164,7 @@ if cpu_available():
     @torch.library.register_fake("fastqa::context_query_attention_fwd")
     def _context_query_attention_fwd_fake(c, q, c_mask, q_mask, weight, bias):
         (batch, n, d), m = c.shape, q.shape[1]
-        # A bf16 forward keeps its probabilities (aux) in float32, the softmax's own precision.
-        aux = torch.float32 if c.dtype == torch.bfloat16 else c.dtype
+        aux = cpu_statistics_dtype(c.dtype)  # the probabilities
         return (c.new_empty(batch, n, 4 * d), c.new_empty(batch, n, m, dtype=aux),
                 c.new_empty(batch, n + d, m, dtype=aux))
 

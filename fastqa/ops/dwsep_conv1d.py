@@ -29,7 +29,7 @@ from ..reference.dwsep_conv1d import ACTIVATIONS, PADDINGS, conv_padding
 from ..reference.dwsep_conv1d import dwsep_conv1d as dwsep_conv1d_reference
 from ..reference.dwsep_conv1d import ln_dwsep_conv1d as ln_dwsep_conv1d_reference
 from ._function import exporting, has_tangent, input_grads, once_differentiable, register_op_autograd, wants
-from ._registry import exported_op, kernel, qualified, register_autograd_hook
+from ._registry import cpu_statistics_dtype, exported_op, kernel, qualified, register_autograd_hook
 
 _MODULE = "dwsep_conv1d"
 
@@ -316,9 +316,8 @@ if cpu_available():
     def _ln_dwsep_conv1d_fwd_fake(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, residual,
                                   mask, pad_left, relu):
         y, aux = _dwsep_conv1d_fwd_fake(x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu)
-        # ln_stats: row mean, 1/std, in the dtype the kernel computes them in (float32 for bf16 x)
-        stats_dtype = torch.float32 if x.dtype == torch.bfloat16 else x.dtype
-        return y, aux, x.new_empty(x.shape[0], 2, x.shape[1], dtype=stats_dtype)
+        # ln_stats: row mean, 1/std
+        return y, aux, x.new_empty(x.shape[0], 2, x.shape[1], dtype=cpu_statistics_dtype(x.dtype))
 
     @torch.library.register_fake("fastqa::ln_dwsep_conv1d_bwd")
     def _ln_dwsep_conv1d_bwd_fake(grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux,

@@ -26,7 +26,7 @@ from .. import reference
 from .._backend import cpu_available, resolve_backend, warn_cuda_reference
 from .._checks import check_int, check_tensor, entry_prologue
 from ._function import exporting, has_tangent, input_grads, once_differentiable, register_op_autograd
-from ._registry import exported_op, kernel, qualified, register_autograd_hook
+from ._registry import cpu_statistics_dtype, exported_op, kernel, qualified, register_autograd_hook
 
 _MODULE = "self_attention"
 
@@ -164,8 +164,8 @@ if cpu_available():
     @torch.library.register_fake("fastqa::self_attention_fwd")
     def _fwd_fake(qkv, mask, heads, segments=None):
         b, length, c3 = qkv.shape
-        lse = torch.float32 if qkv.dtype == torch.bfloat16 else qkv.dtype  # a bf16 forward's lse stays float32
-        return qkv.new_empty((b, length, c3 // 3)), qkv.new_empty((b, heads, length), dtype=lse)
+        lse = qkv.new_empty((b, heads, length), dtype=cpu_statistics_dtype(qkv.dtype))
+        return qkv.new_empty((b, length, c3 // 3)), lse
 
     @torch.library.register_fake("fastqa::self_attention_bwd")
     def _bwd_fake(grad_out, qkv, mask, out, lse, heads, segments=None):

@@ -95,8 +95,8 @@ class QAEngine(_Engine):
     def describe(self) -> dict[str, Any]:
         """What ``/health`` says about this model."""
         return {"path": self.path, "model": type(self.model.model).__name__, "device": str(self.model.device),
-                "dtype": _dtype_name(self.model.model), "no_answer": bool(self.model.config.no_answer), "max_answer_len": int(self.model.max_answer_len),
-                "calibrated": self.model.calibration is not None}
+                "dtype": _dtype_name(self.model.model), "no_answer": bool(self.model.config.no_answer),
+                "max_answer_len": int(self.model.max_answer_len), "calibrated": self.model.calibration is not None}
 
     def warm_up(self) -> None:
         self.model.answer("Words to read.", "What is read?")

@@ -5,14 +5,17 @@ the server library or torch.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .._checks import check_int, check_number
 
 __all__ = ["ServeLimits"]
 
-_DURATIONS = ("max_wait_ms", "idle_ms", "timeout_s")  # the bounds that are durations, not counts
+
+def _duration(default: float, *, zero_allowed: bool) -> Any:
+    """A bound that is a duration, not a count: any number >= 0 (``zero_allowed``: 0 means "do not wait"), else > 0."""
+    return field(default=default, metadata={"duration": True, "zero_allowed": zero_allowed})
 
 
 @dataclass(frozen=True)
@@ -35,19 +38,20 @@ class ServeLimits:
     #: Most requests answered by one model call (dynamic batching, ``fastqa.serve.batcher``).
     max_batch: int = 128
     #: The longest the first request of a batch waits for others to join it, in milliseconds.
-    max_wait_ms: float = 50.0
+    max_wait_ms: float = _duration(50.0, zero_allowed=True)
     #: A batch goes once no request has joined it for this many milliseconds (a lone request waits this long).
-    idle_ms: float = 5.0
+    idle_ms: float = _duration(5.0, zero_allowed=True)
     #: A request not answered within this many seconds gets 504 and leaves the queue.
-    timeout_s: float = 60.0
+    timeout_s: float = _duration(60.0, zero_allowed=False)
 
     def __post_init__(self) -> None:
         # A ValueError for any bad bound, one of a wrong type too (ServeLimits has always raised only that).
-        for name, value in asdict(self).items():
-            if name in _DURATIONS:
-                check_number(f"ServeLimits.{name}", value, low=0, low_open=name == "timeout_s", error=ValueError)
+        for f in fields(self):
+            name, value = f"ServeLimits.{f.name}", getattr(self, f.name)
+            if f.metadata.get("duration"):
+                check_number(name, value, low=0, low_open=not f.metadata["zero_allowed"], error=ValueError)
             else:
-                check_int(f"ServeLimits.{name}", value, low=1, error=ValueError)
+                check_int(name, value, low=1, error=ValueError)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (``/health`` reports them, and the page reads them to bound its inputs)."""

@@ -232,10 +232,8 @@ def run_predict(args) -> int:
 def _run_predict(args) -> int:
     from ...data.files import atomic_write_json
     from ...errors import UserError
-    from .predictor import QAModel
 
-    qa = QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device),
-                      precision=args.precision)
+    qa = _load_reader(args)
     if args.na_prob_out and not qa.config.no_answer:
         raise UserError(f"--na-prob-out: the model in {args.model} has no no-answer option (trained on SQuAD v1.1)")
     qa.windows(args.max_context, args.stride)  # a bad --stride is reported before the data is read
@@ -266,7 +264,6 @@ def _run_calibrate(args) -> int:
     from ...plots import expected_calibration_error, figure_format, plot_reliability
     from .calibration import CALIBRATION_NAME, fit_platt
     from .metric import exact_matches
-    from .predictor import QAModel
 
     model = Path(args.model)
     if args.out is None and not model.is_dir():
@@ -274,8 +271,7 @@ def _run_calibrate(args) -> int:
     out = Path(args.out) if args.out else model / CALIBRATION_NAME
     if args.plot:
         figure_format(args.plot, "--plot")  # before minutes of reading
-    qa = QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device),
-                      precision=args.precision)
+    qa = _load_reader(args)
     qa.calibration = None  # fitted on the raw scores, whatever the folder held before
     qa.windows(args.max_context, args.stride)
     data, pred = qa.predict_file(args.data, articles=args.articles, batch_size=args.batch_size,
@@ -440,7 +436,7 @@ def _load_reader(args):
     from .predictor import QAModel
 
     return QAModel.load(args.model, layers=args.layers, device=resolve_device(args.device),
-                      precision=args.precision)
+                        precision=args.precision)
 
 
 def read_questions(path: str, *, skip_bad: bool = False) -> tuple[list[dict], list[str]]:

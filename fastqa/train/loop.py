@@ -35,6 +35,7 @@ interrupted atomic write are removed at the start (``run_folder``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import random
@@ -52,7 +53,7 @@ from .._backend import kernel_choices, restore_kernel_choices
 from ..data.batching import shard
 from ..errors import UserError
 from ..plots import plot_learning_curve
-from . import display, distributed
+from . import cuda_graphs, display, distributed
 from .budget import TimeBudget
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .curves import MetricsLog
@@ -88,6 +89,7 @@ class TrainSettings:
     max_minutes: float | None = None   # wall-clock budget, the final evaluation and checkpoint included
     device: str | None = None
     save_every_minutes: float | None = 10.0  # also checkpoint (without evaluating) this often; None or 0: off
+    cuda_graphs: bool | None = None    # the step as CUDA graphs (``cuda_graphs``); None: on CUDA; ``fit`` records what ran
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "epochs"):
@@ -412,6 +414,11 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
     model.train()
 
     first_epoch = task.train_batches(0)
+    # The graphed step (None: the plain one); the settings saved with each checkpoint say which ran.
+    graphed = cuda_graphs.for_run(task, model, optimizer, scheduler, wanted=settings.cuda_graphs, device=env.device,
+                                  distributed=env.distributed, amp=settings.amp, clip_norm=settings.clip_norm,
+                                  batches=first_epoch)
+    settings = dataclasses.replace(settings, cuda_graphs=graphed is not None)
     steps_per_epoch = len(first_epoch)
     total = _total_steps(steps_per_epoch, settings)
     clock = StepClock()
@@ -521,7 +528,10 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
                 evaluate_and_save(f"end of epoch {progress.epoch - 1}")
             reason = boundary()
             continue
-        loss = _train_step(task, ddp_model, optimizer, scheduler, batch_global, batch_local, settings, env, scaler)
+        if graphed is not None:
+            loss = graphed.step(batch_local)
+        else:
+            loss = _train_step(task, ddp_model, optimizer, scheduler, batch_global, batch_local, settings, env, scaler)
         progress.step += 1
         progress.batch_in_epoch += 1
         if ema is not None:
@@ -545,7 +555,7 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
             if env.is_main:
                 elapsed = time.monotonic() - window_start
                 metrics_log.write({"kind": "train", "step": progress.step, "epoch": progress.epoch,
-                                   "loss": mean, "lr": optimizer.param_groups[0]["lr"],
+                                   "loss": mean, "lr": float(optimizer.param_groups[0]["lr"]),
                                    "steps_per_s": window.steps / max(elapsed, 1e-9),
                                    "time": round(time.monotonic() - started, 2)})
             window_start = time.monotonic()

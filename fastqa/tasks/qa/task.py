@@ -8,6 +8,7 @@ tokens' character offsets.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -259,6 +260,24 @@ class QATask:
 
     def collate(self, indices: list[int], device: torch.device):
         return collate(self.train_data, indices).to(device)
+
+    def graph_lengths(self, indices: list[int]) -> tuple[int, int]:
+        """(context, question) lengths of the batch ``collate`` makes of ``indices`` (the graphed step's buckets)."""
+        enc = self.train_data
+        return (max(len(enc.ctx_words[enc.example_ctx[i]]) for i in indices), max(len(enc.q_words[i]) for i in indices))
+
+    def pad_batch(self, batch, lengths: tuple[int, int]):
+        """``batch`` padded to (context, question) ``lengths`` words and ``Limits.chars`` characters per word: the
+        masks keep the padding out of every real position and out of the loss."""
+        from ...train.cuda_graphs import pad_dim
+
+        n, m = lengths
+        enc, w = self.train_data, self.limits.chars
+        return dataclasses.replace(
+            batch, context_words=pad_dim(batch.context_words, 1, n, enc.word_pad),
+            context_chars=pad_dim(pad_dim(batch.context_chars, 1, n, enc.char_pad), 2, w, enc.char_pad),
+            question_words=pad_dim(batch.question_words, 1, m, enc.word_pad),
+            question_chars=pad_dim(pad_dim(batch.question_chars, 1, m, enc.char_pad), 2, w, enc.char_pad))
 
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
         log_p1, log_p2 = model(*batch.inputs())  # ``model`` may be DDP-wrapped; ``self.model`` never is

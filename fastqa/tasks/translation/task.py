@@ -153,6 +153,20 @@ class MTTask:
     def collate(self, indices: list[int], device: torch.device) -> MTBatch:
         return self.train_data.collate(indices).to(device)
 
+    def graph_lengths(self, indices: list[int]) -> tuple[int, int]:
+        """(source, target) lengths of the batch ``collate`` makes of ``indices`` (the graphed step's buckets)."""
+        data = self.train_data
+        return max(len(data.src[i]) for i in indices), max(len(data.tgt[i]) for i in indices) + 1
+
+    def pad_batch(self, batch: MTBatch, lengths: tuple[int, int]) -> MTBatch:
+        """``batch`` padded to (source, target) ``lengths`` with the pad id: the encoder masks it, the decoder is
+        causal and the loss ignores it."""
+        from ...train.cuda_graphs import pad_dim
+
+        s, t, pad_id = *lengths, self.config.pad_id
+        return MTBatch(pad_dim(batch.src, 1, s, pad_id), pad_dim(batch.tgt_in, 1, t, pad_id),
+                       pad_dim(batch.tgt_out, 1, t, pad_id))
+
     def loss(self, model: nn.Module, batch: MTBatch) -> torch.Tensor:
         logits, _ = model(batch.src, batch.tgt_in)
         return F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),

@@ -10,7 +10,7 @@ import os
 from typing import Callable, Iterator, Sequence
 
 __all__ = ["Command", "add_commands", "positive_int", "nonnegative_int", "positive_float", "field_value", "PRECISIONS", "INFERENCE_PRECISIONS", "add_runtime_flags", "add_training_flags",
-           "check_training_flags", "amp_of", "resolve_device", "threads"]
+           "check_training_flags", "amp_of", "cuda_graphs_of", "resolve_device", "threads"]
 
 
 def _int_at_least(text: str, minimum: int, expected: str) -> int:
@@ -146,6 +146,9 @@ def add_training_flags(p: argparse.ArgumentParser, *, clip: float, eval_every: i
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the train step as CUDA graphs, one per length bucket (default: on on a CUDA device; "
+                   "--no-cuda-graphs: the eager step)")
     add_runtime_flags(p, precision=False)
 
 
@@ -187,6 +190,16 @@ def amp_of(precision: str | None, device: str) -> str | None:
         if refusal is not None:
             raise UserError(refusal)
     return None if precision == "fp32" else precision
+
+
+def cuda_graphs_of(wanted: bool | None, device: str) -> bool | None:
+    """The training loop's ``cuda_graphs`` setting for ``--cuda-graphs``/``--no-cuda-graphs`` on ``device``
+    (None: the loop's default, on on CUDA); ``--cuda-graphs`` on the CPU is refused."""
+    if wanted and not device.startswith("cuda"):
+        from ..errors import UserError
+
+        raise UserError(f"--cuda-graphs needs a CUDA device, got --device {device} (the CPU step runs eagerly)")
+    return wanted
 
 
 def resolve_device(text: str | None) -> str:

@@ -222,3 +222,15 @@ def test_loop_with_the_static_buffer_step_gives_the_plain_loops_losses_and_says_
                                             device="cpu"))
     assert load_checkpoint(out / "checkpoint.pt")["settings"]["cuda_graphs"] is False
     assert len(_losses(out)) == 7
+
+
+def test_cuda_graphs_flag_on_the_cpu_is_one_line_error(capsys, tmp_path):
+    from tests.cli_helpers import assert_user_error
+
+    text = tmp_path / "a.txt"
+    text.write_text("a b\n", encoding="utf-8")
+    assert_user_error(capsys, ["mt-train", "--src", text, "--tgt", text, "--valid-src", text, "--valid-tgt", text,
+                               "--out", tmp_path / "run", "--cuda-graphs", "--device", "cpu"],
+                      r"--cuda-graphs needs a CUDA device")
+    assert_user_error(capsys, ["qa-train", "--train", text, "--dev", text, "--out", tmp_path / "run",
+                               "--cuda-graphs", "--device", "cpu"], r"--cuda-graphs needs a CUDA device")

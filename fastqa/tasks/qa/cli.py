@@ -22,6 +22,7 @@ import os
 import sys
 
 from ..flags import (add_commands, add_runtime_flags, add_skip_bad_lines_flag, add_training_flags, amp_of,
+                     cuda_graphs_of,
                      check_training_flags, nonnegative_int, positive_float, positive_int, probability, resolve_device,
                      threads)
 from .readers import MODELS
@@ -190,6 +191,7 @@ def _run_train(args) -> int:
     check_training_flags(args)
     device = resolve_device(args.device)
     amp = amp_of(args.precision, device)
+    graphs = cuda_graphs_of(args.cuda_graphs, device)
     if not 0.0 <= args.ema < 1.0:
         raise UserError(f"--ema must be in [0, 1), got {args.ema}")
     for flag, path in (("--train", args.train), ("--dev", args.dev), ("--vectors", args.vectors)):
@@ -212,7 +214,8 @@ def _run_train(args) -> int:
                              clip_norm=args.clip or None, ema_decay=args.ema or None, eval_every=args.eval_every,
                              eval_each_epoch=args.eval_each_epoch,
                              log_every=args.log_every, seed=args.seed, amp=amp, resume=args.resume,
-                             progress=not args.no_progress, max_minutes=args.max_minutes, save_every_minutes=args.save_every_minutes or None, device=device)
+                             progress=not args.no_progress, max_minutes=args.max_minutes, save_every_minutes=args.save_every_minutes or None, device=device,
+                             cuda_graphs=graphs)
     n_params = sum(p.numel() for p in task.model.parameters() if p.requires_grad)
     if rank0:
         print(f"qa-train: {task.kind}, {len(task.train_data)} training questions, {len(task.dev_data)} dev questions, "

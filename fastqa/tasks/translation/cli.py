@@ -12,6 +12,7 @@ import sys
 from typing import Iterator, TextIO
 
 from ..flags import (add_commands, add_runtime_flags, add_skip_bad_lines_flag, add_training_flags, amp_of,
+                     cuda_graphs_of,
                      check_training_flags, positive_float, positive_int, probability, resolve_device, threads)
 
 LAYERS = ("fast", "reference")
@@ -150,6 +151,7 @@ def _run_train(args: argparse.Namespace) -> int:
         raise UserError("--min-freq sets the words of --vocab word; a subword vocabulary is set by --vocab-size")
     device = resolve_device(args.device)
     amp = amp_of(args.precision, device)
+    graphs = cuda_graphs_of(args.cuda_graphs, device)
     overrides = dict(args.overrides)
     for key in ("src_vocab_size", "tgt_vocab_size"):
         if key in overrides:
@@ -165,7 +167,8 @@ def _run_train(args: argparse.Namespace) -> int:
     settings = TrainSettings(out_dir=args.out, max_steps=args.max_steps, epochs=epochs,
                              clip_norm=args.clip or None, eval_every=args.eval_every, log_every=args.log_every,
                              seed=args.seed, amp=amp, resume=args.resume,
-                             progress=not args.no_progress, max_minutes=args.max_minutes, save_every_minutes=args.save_every_minutes or None, device=device)
+                             progress=not args.no_progress, max_minutes=args.max_minutes, save_every_minutes=args.save_every_minutes or None, device=device,
+                             cuda_graphs=graphs)
     metrics = train_translation(opts, settings)
     if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports
         print(json.dumps(metrics))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
@@ -110,6 +111,8 @@ def check_int(name: str, value: object, *, low: int | None = None, high: int | N
     ``error``: the class to raise for either instead (a caller whose contract is one ValueError, or a
     UserError, for any bad value).
     """
+    if _compiling():
+        return value  # type: ignore[return-value]
     if expected is None:
         expected = "an int" + _bounds(low, high, False, False)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -130,6 +133,8 @@ def check_number(name: str, value: object, *, low: float | None = None, high: fl
     ``expected``, got ...": ``expected`` defaults to "a number", "a number >= low", "a number > low",
     "a number in [low, high)"... ``error``: the class to raise for either instead (see ``check_int``).
     """
+    if _compiling():
+        return value  # type: ignore[return-value]
     if expected is None:
         expected = "a number" + _bounds(low, high, low_open, high_open)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -144,9 +149,20 @@ def check_number(name: str, value: object, *, low: float | None = None, high: fl
 
 def check_bool(name: str, value: object) -> bool:
     """``value``, a bool (not 0 / 1, not a numpy bool)."""
+    if _compiling():
+        return value  # type: ignore[return-value]
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
+
+
+def _compiling() -> bool:
+    """Whether ``torch.compile`` is tracing the caller. The scalar checks then pass their value through: Dynamo
+    traces an int or float argument as a symbol (``dynamic=True``), which ``math.isnan`` and the comparisons
+    cannot take (a compiled caller's scalars go unchecked; the eager call checks them). Without torch
+    loaded nothing can be compiling (the command line checks its flags here before torch loads)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
 
 
 def _bounds(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:

@@ -15,6 +15,17 @@ follows torch's float32 matmul precision, as ``torch.matmul`` does:
   * ROCm: ``"ieee"``.
 
 fp16 / bf16 operands go to tensor cores as they are (the precision argument is moot for them).
+
+Parameters in fp32 (``ACCEPTS_FP32_WEIGHTS``): a kernel module that sets ``ACCEPTS_FP32_WEIGHTS = True``
+accepts, for every op it registers, its parameters (weights, biases, LayerNorm weight and bias: the
+module's docstring lists them) either in the activations' dtype or in float32, each on its own, with
+fp16 / bf16 (or fp32, fp64) activations. The kernels round an fp32 parameter to the activations' dtype
+in registers (``round_to``: round to nearest even, as ``Tensor.to`` does), so the results are bit for
+bit those of the same call with the parameters cast first; a caller need not cast them per call (under
+autocast the fp32 master weights go in as they are). Parameter gradients come back in each parameter's
+own dtype, summed from fp32 partials with no rounding in between (fp32 for fp32 parameters).
+Activations (inputs, residuals, incoming gradients) still share one dtype. ``check_param`` is the
+launchers' check of that contract.
 """
 from __future__ import annotations
 
@@ -29,6 +40,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import triton
 import triton.language as tl
+
+from fastqa._checks import check_tensor
 
 #: True under TRITON_INTERPRET=1 (kernels run in Python on CPU tensors). Read once: triton.jit reads
 #: it when the kernels are decorated, so it cannot change afterwards.
@@ -131,6 +144,38 @@ def restore_autotune_choices(choices: dict[str, dict[str, dict[str, Any]]]) -> N
                 continue
             if config is not None and isinstance(key, tuple):
                 tuner.cache[key] = config
+
+
+def check_param(name: str, t: Optional[torch.Tensor], like: torch.Tensor, shape: Optional[Sequence[Optional[int]]] = None,
+                ) -> Optional[torch.Tensor]:
+    """A parameter of a kernel that accepts fp32 weights (module docstring): a floating tensor of ``shape``
+    (None: any; sizes None: any) on ``like``'s device, in ``like``'s dtype or float32. None passes."""
+    if t is None:
+        return None
+    check_tensor(name, t, shape=shape)
+    if t.device != like.device:
+        raise ValueError(f"{name} must be on {like.device} like the input, got {t.device}")
+    if t.dtype not in (like.dtype, torch.float32):
+        raise TypeError(f"{name} must have dtype {like.dtype} like the input, or torch.float32, got {t.dtype}")
+    return t
+
+
+#: constexpr twin of INTERPRET for jit code.
+_INTERPRETED = tl.constexpr(INTERPRET)
+
+
+@triton.jit
+def round_to(v, DTYPE: tl.constexpr):
+    """``v`` (e.g. an fp32 parameter as loaded) in ``DTYPE``, rounded to nearest even as ``Tensor.to``
+    rounds: the kernels convert fp32 parameters to the activations' dtype with it. In the interpreter,
+    whose fp32 -> bf16 cast truncates, the bf16 rounding is done on the bits (NaN kept)."""
+    if _INTERPRETED and DTYPE == tl.bfloat16 and v.dtype == tl.float32:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        out = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        return tl.where(v != v, v.to(tl.bfloat16), out)
+    else:
+        return v.to(DTYPE)
 
 
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -66,7 +66,10 @@ backward is a row kernel (grad_c) and a column kernel (grad_q and the weight par
 
 Inputs may have any strides (the kernels take strides; nothing is copied except the tiny
 weight and bias, made contiguous). Masks are bool (any nonzero value counts as real). Outputs are
-contiguous, in the input dtype (grad_weight and grad_bias in the parameters' dtype). fp32, fp16
+contiguous, in the input dtype (grad_weight and grad_bias in the parameters' dtype, summed from the
+fp32 partials with no rounding in between for fp32 parameters). weight and bias may be float32 with
+fp16 / bf16 activations (``ACCEPTS_FP32_WEIGHTS``, the contract in ``_common``): the kernels round them
+to the activations' dtype as they load them, so the results are those of the call with them cast first. fp32, fp16
 and bf16 are supported with fp32 accumulation: softmax statistics and accumulators are fp32,
 tl.dot operands are in the input dtype (fp32 dots follow the package-wide policy of
 ``_common.dot_precision``: TF32x3, i.e. near-fp32 accuracy on tensor cores, unless torch's float32
@@ -88,9 +91,13 @@ import torch
 import triton
 import triton.language as tl
 
-from fastqa._checks import check_optional, check_tensor
+from fastqa._checks import check_tensor
 
-from ._common import INTERPRET, configs, dot_operand_dtype, dot_precision, launch, register, tile_range
+from ._common import (INTERPRET, check_param, configs, dot_operand_dtype, dot_precision, launch, register, round_to,
+                      tile_range)
+
+#: Parameters (weight, bias) in float32 with fp16 / bf16 activations: see ``_common``'s docstring.
+ACCEPTS_FP32_WEIGHTS = True
 
 # Autotuning spaces; the first entry of each list is the default configuration (``_common.launch``).
 # What is left of them is what compiles without spilling at the models' shapes (``make gpu-compile``).
@@ -152,14 +159,15 @@ def _real_lse(mask_ptr, lse_ptr, offs, stride, ok):
 
 
 @triton.jit
-def _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS: tl.constexpr):
-    """(w_c, w_q, w_cq) as fp32 [BLOCK_D] vectors, and the bias as an fp32 scalar (0 if absent)."""
-    w_c = tl.load(w_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    w_q = tl.load(w_ptr + d + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    w_cq = tl.load(w_ptr + 2 * d + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+def _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS: tl.constexpr, DTYPE: tl.constexpr):
+    """(w_c, w_q, w_cq) as fp32 [BLOCK_D] vectors, and the bias as an fp32 scalar (0 if absent), each first
+    rounded to the activations' DTYPE (the parameters may be fp32 with 16-bit activations)."""
+    w_c = round_to(tl.load(w_ptr + offs_d, mask=d_ok, other=0.0), DTYPE).to(tl.float32)
+    w_q = round_to(tl.load(w_ptr + d + offs_d, mask=d_ok, other=0.0), DTYPE).to(tl.float32)
+    w_cq = round_to(tl.load(w_ptr + 2 * d + offs_d, mask=d_ok, other=0.0), DTYPE).to(tl.float32)
     bias = 0.0
     if HAS_BIAS:
-        bias = tl.load(bias_ptr).to(tl.float32)
+        bias = round_to(tl.load(bias_ptr), DTYPE).to(tl.float32)
     return w_c, w_q, w_cq, bias
 
 
@@ -285,7 +293,7 @@ def _tri_fwd_kernel(c_ptr, q_ptr, w_ptr, bias_ptr, s_ptr, n, m, d, n_key, m_key,
     offs_n, n_ok = tile_range(tl.program_id(0) * BLOCK_N, BLOCK_N, n)
     offs_m, m_ok = tile_range(tl.program_id(1) * BLOCK_M, BLOCK_M, m)
     offs_d, d_ok = tile_range(0, BLOCK_D, d)
-    w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
+    w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS, c_ptr.dtype.element_ty)
     c = _load_rows(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok)
     q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
     s = _sim(c.to(tl.float32) * w_cq[None, :], q, _lin(c, w_c) + bias, _lin(q, w_q), DOT_DTYPE, DOT_PRECISION)
@@ -300,7 +308,7 @@ def _tri_bwd_row_kernel(g_ptr, q_ptr, w_ptr, dc_ptr, n, m, d, n_key, m_key,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """grad_c_i = (Σ_j g_ij) w_c + w_cq ∘ (g Q)_i, per (n-tile, b)."""
     _, b, offs_n, offs_d, n_ok, d_ok = _program_tile(n, d, BLOCK_N, BLOCK_D)
-    w_c, w_q, w_cq, bias = _load_weights(w_ptr, w_ptr, offs_d, d_ok, d, False)
+    w_c, w_q, w_cq, bias = _load_weights(w_ptr, w_ptr, offs_d, d_ok, d, False, q_ptr.dtype.element_ty)
     rowsum = tl.zeros([BLOCK_N], dtype=tl.float32)
     gq = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     for m0 in range(0, m, BLOCK_M):
@@ -321,7 +329,7 @@ def _tri_bwd_col_kernel(g_ptr, c_ptr, q_ptr, w_ptr, dq_ptr, partial_ptr, n, m, d
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """grad_q and the weight partials of S, per (m-tile, b), sweeping the context."""
     pid_m, b, offs_m, offs_d, m_ok, d_ok = _program_tile(m, d, BLOCK_M, BLOCK_D)
-    w_c, w_q, w_cq, bias = _load_weights(w_ptr, w_ptr, offs_d, d_ok, d, False)
+    w_c, w_q, w_cq, bias = _load_weights(w_ptr, w_ptr, offs_d, d_ok, d, False, q_ptr.dtype.element_ty)
     q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
     # The column sums accumulate as a tile and are reduced once after the loop: Triton 3.6 fails to compile
     # (TritonGPUOptimizeThreadLocality, fp32 operands) a reduction inside this loop whose operand also
@@ -349,7 +357,7 @@ def _cqa_fwd_col_kernel(c_ptr, q_ptr, cmask_ptr, w_ptr, bias_ptr, t_ptr, lse_col
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Column softmax over the context (online, flash-style) and T = Pcᵀ C, per (m-tile, b)."""
     pid_m, b, offs_m, offs_d, m_ok, d_ok = _program_tile(m, d, BLOCK_M, BLOCK_D)
-    w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
+    w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS, c_ptr.dtype.element_ty)
     q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
     q_lin = _lin(q, w_q)
     run_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -376,7 +384,7 @@ def _cqa_fwd_row_kernel(c_ptr, q_ptr, qmask_ptr, w_ptr, bias_ptr, t_ptr, out_ptr
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Row softmax over the question, A = P Q, B = P T and out = [c, A, c∘A, c∘B], per (n-tile, b)."""
     _, b, offs_n, offs_d, n_ok, d_ok = _program_tile(n, d, BLOCK_N, BLOCK_D)
-    w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
+    w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS, c_ptr.dtype.element_ty)
     c, c_lin, cw = _operand_tile(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok, w_c, w_cq, bias)
     cf = c.to(tl.float32)
     run_max = tl.full([BLOCK_N], float("-inf"), dtype=tl.float32)
@@ -452,7 +460,7 @@ def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Per (m-tile, b): T, dT, E, grad_q and the weight partials (two sweeps over the context)."""
     pid_m, b, offs_m, offs_d, m_ok, d_ok = _program_tile(m, d, BLOCK_M, BLOCK_D)
-    w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
+    w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS, c_ptr.dtype.element_ty)
     q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
     q_lin = _lin(q, w_q)
     real_q, lse_c = _real_lse(qmask_ptr + b * s_kqb, lse_col_ptr + b * m, offs_m, s_kqm, m_ok)
@@ -502,7 +510,7 @@ def _cqa_bwd_row_kernel(g_ptr, c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_p
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """grad_c per (n-tile, b): g0 + g2∘A + g3∘B + (Σ_j dS_ij) w_c + w_cq∘(dS Q)_i + (Pc dT)_i."""
     _, b, offs_n, offs_d, n_ok, d_ok = _program_tile(n, d, BLOCK_N, BLOCK_D)
-    w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS)
+    w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS, c_ptr.dtype.element_ty)
     c, c_lin, cw = _operand_tile(c_ptr + b * s_cb, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok, w_c, w_cq, bias)
     real_c, lse_r = _real_lse(cmask_ptr + b * s_kcb, lse_row_ptr + b * n, offs_n, s_kcn, n_ok)
     da = _load_rows(da_ptr + b * n * d, offs_n, offs_d, d, 1, n_ok, d_ok)
@@ -692,10 +700,10 @@ def _check_args(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor, bias: Op
     check_tensor("c", c, ndim=3)
     batch, n, d = c.shape
     check_tensor("q", q, shape=(batch, None, d), like=c)
-    check_tensor("weight", weight, shape=(3 * d,), like=c)
+    check_param("weight", weight, c, shape=(3 * d,))
     if bias is not None and (bias.numel() != 1 or bias.dim() > 1):
         raise ValueError(f"bias must have shape [1] or [], got {tuple(bias.shape)}")
-    check_optional("bias", bias, like=c)
+    check_param("bias", bias, c)
     for name, mask, length in zip(("c_mask", "q_mask"), masks, (n, q.shape[1])):
         check_tensor(name, mask, shape=(batch, length), dtype=torch.bool, floating=False, like=c)
 

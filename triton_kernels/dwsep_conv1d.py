@@ -63,7 +63,13 @@ reproducible backward (as long as the autotuner's choice, cached per key, stays 
 Strides: activations (x, residual, grad_y) are read through their strides, so channels-first and
 other non-contiguous views need no copy; the small parameters (weights, biases) are made contiguous
 in the launcher. Inputs and the incoming gradient are never written. Outputs and gradients are
-contiguous and in the input dtype (fp32 / fp16 / bf16; fp64 also runs, e.g. in the interpreter).
+contiguous; outputs and grad_x in the input dtype (fp32 / fp16 / bf16; fp64 also runs, e.g. in the
+interpreter), each parameter's gradient in that parameter's dtype, straight from the fp32 partial sums.
+
+Parameters in float32 (``ACCEPTS_FP32_WEIGHTS``, the contract in ``_common``): dw_weight, dw_bias,
+pw_weight, pw_bias, ln_weight and ln_bias may each be float32 with fp16 / bf16 activations; the kernels
+round them to the activations' dtype as they load them (``round_to``), so the results are bit for bit
+those of the same call with the parameters cast first, and their gradients come back in fp32.
 
 Precision: fp32 accumulation everywhere (fp64 for fp64 inputs, so gradcheck can run in the
 interpreter). fp16 / bf16 operands go to tensor cores; fp32 dots follow the package-wide
@@ -82,7 +88,12 @@ import triton.language as tl
 
 from fastqa._checks import check_optional, check_tensor
 
-from ._common import accumulator_dtype, bucket, configs, dtype_constants, launch, register, sm_count, tile_range
+from ._common import (accumulator_dtype, bucket, check_param, configs, dtype_constants, launch, register, round_to,
+                      sm_count, tile_range)
+
+#: Parameters (dw/pw weights and biases, LayerNorm weight and bias) in float32 with fp16 / bf16 activations:
+#: see ``_common``'s docstring.
+ACCEPTS_FP32_WEIGHTS = True
 
 _NAMES_LNC = ("BLOCK_L", "BLOCK_N", "BLOCK_C")
 _INTERPRET_LNC = {"BLOCK_L": 32, "BLOCK_N": 16, "BLOCK_C": 16}
@@ -135,8 +146,8 @@ def _load_rows(src, rows, offs_c, c_ok, L, s_l, s_c, stats_b, lnw_ptr, lnb_ptr, 
     if HAS_LN:
         mean = tl.load(stats_b + rows, mask=r_ok, other=0.0)
         rstd = tl.load(stats_b + L + rows, mask=r_ok, other=0.0)
-        gamma = tl.load(lnw_ptr + offs_c, mask=c_ok, other=0.0).to(ACC)
-        beta = tl.load(lnb_ptr + offs_c, mask=c_ok, other=0.0).to(ACC)
+        gamma = round_to(tl.load(lnw_ptr + offs_c, mask=c_ok, other=0.0), src.dtype.element_ty).to(ACC)
+        beta = round_to(tl.load(lnb_ptr + offs_c, mask=c_ok, other=0.0), src.dtype.element_ty).to(ACC)
         v = tl.where(ok, (v - mean[:, None]) * rstd[:, None] * gamma[None, :] + beta[None, :], 0.0)
     return v
 
@@ -144,12 +155,12 @@ def _load_rows(src, rows, offs_c, c_ok, L, s_l, s_c, stats_b, lnw_ptr, lnb_ptr, 
 @triton.jit
 def _depthwise_taps(src, w_ptr, offs_l, offs_c, c_ok, L, s_l, s_c, pad_left, stats_b, lnw_ptr, lnb_ptr, mask_b,
                     K: tl.constexpr, FLIP: tl.constexpr, HAS_LN: tl.constexpr, HAS_MASK: tl.constexpr,
-                    BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr):
+                    BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr, W_DTYPE: tl.constexpr):
     """[BLOCK_L, BLOCK_C] in ACC: sum_k src[l + s_k, c] * w[c, k] (src LayerNorm-ed if HAS_LN), rows
     outside [0, L) reading as zero.
 
     s_k = k - pad_left is the forward depthwise conv; FLIP (s_k = pad_left - k) its transpose.
-    w is the contiguous [C_in, K] depthwise weight.
+    w is the contiguous [C_in, K] depthwise weight, rounded to W_DTYPE (the activations' dtype) as loaded.
     """
     acc = tl.zeros((BLOCK_L, BLOCK_C), dtype=ACC)
     for k in tl.static_range(K):
@@ -158,7 +169,7 @@ def _depthwise_taps(src, w_ptr, offs_l, offs_c, c_ok, L, s_l, s_c, pad_left, sta
         else:
             rows = offs_l + (k - pad_left)
         v = _load_rows(src, rows, offs_c, c_ok, L, s_l, s_c, stats_b, lnw_ptr, lnb_ptr, mask_b, HAS_LN, HAS_MASK, ACC)
-        w = tl.load(w_ptr + offs_c * K + k, mask=c_ok, other=0.0)
+        w = round_to(tl.load(w_ptr + offs_c * K + k, mask=c_ok, other=0.0), W_DTYPE)
         acc += v * w.to(ACC)[None, :]
     return acc
 
@@ -169,9 +180,9 @@ def _depthwise_out(x_b, dww_ptr, dwb_ptr, offs_l, offs_c, c_ok, L, s_xl, s_xc, p
                    BLOCK_L: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr):
     """h = dw(LN?(x), masked rows zero) + dw_bias for one [BLOCK_L, BLOCK_C] tile of batch row x_b, in ACC."""
     h = _depthwise_taps(x_b, dww_ptr, offs_l, offs_c, c_ok, L, s_xl, s_xc, pad_left, stats_b, lnw_ptr, lnb_ptr,
-                        mask_b, K, False, HAS_LN, HAS_MASK, BLOCK_L, BLOCK_C, ACC)
+                        mask_b, K, False, HAS_LN, HAS_MASK, BLOCK_L, BLOCK_C, ACC, x_b.dtype.element_ty)
     if HAS_DW_BIAS:
-        h += tl.load(dwb_ptr + offs_c, mask=c_ok, other=0.0).to(ACC)[None, :]
+        h += round_to(tl.load(dwb_ptr + offs_c, mask=c_ok, other=0.0), x_b.dtype.element_ty).to(ACC)[None, :]
     return h
 
 
@@ -229,6 +240,7 @@ def _fwd_kernel(x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_ptr, dwb_ptr, pww_ptr, p
     offs_n, n_ok = tile_range(pid_n * BLOCK_N, BLOCK_N, C_out)
     x_b = x_ptr + b * s_xb
     stats_b = stats_ptr + b * 2 * L
+    dtype = x_ptr.dtype.element_ty
 
     acc = tl.zeros((BLOCK_L, BLOCK_N), dtype=ACC)
     for c0 in range(0, C_in, BLOCK_C):
@@ -238,10 +250,10 @@ def _fwd_kernel(x_ptr, stats_ptr, lnw_ptr, lnb_ptr, dww_ptr, dwb_ptr, pww_ptr, p
                            BLOCK_L, BLOCK_C, ACC)
         w = tl.load(pww_ptr + offs_n[None, :] * C_in + offs_c[:, None], mask=c_ok[:, None] & n_ok[None, :],
                     other=0.0)  # [BLOCK_C, BLOCK_N] = pw_weight^T slice
-        acc = _dot(h.to(w.dtype), w, acc, DOT_DTYPE, DOT_PRECISION)
+        acc = _dot(h.to(dtype), round_to(w, dtype), acc, DOT_DTYPE, DOT_PRECISION)
 
     if HAS_PW_BIAS:
-        acc += tl.load(pwb_ptr + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
+        acc += round_to(tl.load(pwb_ptr + offs_n, mask=n_ok, other=0.0), dtype).to(ACC)[None, :]
     if RELU:
         # Pack the mask 8 channels per byte: bits are distinct, so the sum is an OR.
         bits = tl.where(acc <= 0, 0, 1) << (tl.arange(0, BLOCK_N) % 8)[None, :]
@@ -282,7 +294,7 @@ def _bwd_dh_kernel(gy_ptr, bits_ptr, x_ptr, stats_ptr, lnw_ptr, lnb_ptr, pww_ptr
             g = _masked_grad(gy_ptr, bits_ptr, b, offs_l, offs_n, L, C_out, s_gb, s_gl, s_gn, RELU)
             w = tl.load(pww_ptr + offs_n[:, None] * C_in + offs_c[None, :],
                         mask=(offs_n < C_out)[:, None] & c_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_C]
-            gh = _dot(g, w, gh, DOT_DTYPE, DOT_PRECISION)
+            gh = _dot(g, round_to(w, x_ptr.dtype.element_ty), gh, DOT_DTYPE, DOT_PRECISION)
         # Rows past L have g = 0, hence gh = 0: they add nothing to the partials below.
         tl.store(gh_ptr + (b * L + offs_l)[:, None] * C_in + offs_c[None, :], gh,
                  mask=(offs_l < L)[:, None] & c_ok[None, :])
@@ -306,7 +318,8 @@ def _bwd_dx_kernel(gh_ptr, dww_ptr, gx_ptr, L, C_in, L_BUCKET, pad_left,
     offs_l, l_ok = tile_range(tl.program_id(0) * BLOCK_L, BLOCK_L, L)
     offs_c, c_ok = tile_range(tl.program_id(1) * BLOCK_C, BLOCK_C, C_in)
     gx = _depthwise_taps(gh_ptr + b * L * C_in, dww_ptr, offs_l, offs_c, c_ok, L, C_in, 1, pad_left,
-                         gh_ptr, gh_ptr, gh_ptr, gh_ptr, K, True, False, False, BLOCK_L, BLOCK_C, ACC)
+                         gh_ptr, gh_ptr, gh_ptr, gh_ptr, K, True, False, False, BLOCK_L, BLOCK_C, ACC,
+                         gx_ptr.dtype.element_ty)
     tl.store(gx_ptr + (b * L + offs_l)[:, None] * C_in + offs_c[None, :], gx.to(gx_ptr.dtype.element_ty),
              mask=l_ok[:, None] & c_ok[None, :])
 
@@ -384,7 +397,7 @@ def _bwd_dx_ln_kernel(gh_ptr, dww_ptr, x_ptr, stats_ptr, lnw_ptr, gx_ptr, plnw_p
     HAS_MASK: masked rows (their LN output was replaced by 0) pass no gradient on."""
     pid_s, n_lt, start, stop = _row_split(B, L, BLOCK_L)
     offs_c, c_ok = tile_range(0, BLOCK_C, C_in)
-    gamma = tl.load(lnw_ptr + offs_c, mask=c_ok, other=0.0).to(ACC)
+    gamma = round_to(tl.load(lnw_ptr + offs_c, mask=c_ok, other=0.0), gx_ptr.dtype.element_ty).to(ACC)
 
     acc_w = tl.zeros((BLOCK_C,), dtype=ACC)
     acc_b = tl.zeros((BLOCK_C,), dtype=ACC)
@@ -394,7 +407,8 @@ def _bwd_dx_ln_kernel(gh_ptr, dww_ptr, x_ptr, stats_ptr, lnw_ptr, gx_ptr, plnw_p
         ok = l_ok[:, None] & c_ok[None, :]
         stats_b = stats_ptr + b * 2 * L
         g_xn = _depthwise_taps(gh_ptr + b * L * C_in, dww_ptr, offs_l, offs_c, c_ok, L, C_in, 1, pad_left,
-                               gh_ptr, gh_ptr, gh_ptr, gh_ptr, K, True, False, False, BLOCK_L, BLOCK_C, ACC)
+                               gh_ptr, gh_ptr, gh_ptr, gh_ptr, K, True, False, False, BLOCK_L, BLOCK_C, ACC,
+                               gx_ptr.dtype.element_ty)
         if HAS_MASK:
             l_ok = l_ok & (tl.load(mask_ptr + b * L + offs_l, mask=l_ok, other=0) != 0)
         g_xn = tl.where(l_ok[:, None] & c_ok[None, :], g_xn, 0.0)  # rows past L (and masked rows): none
@@ -432,10 +446,10 @@ def _check_args(x: torch.Tensor, dw_weight: torch.Tensor, dw_bias: Optional[torc
     """Shapes, dtypes and devices the kernels rely on (they read by these sizes, unchecked)."""
     check_tensor("x", x, ndim=3)
     C_in = x.shape[2]
-    check_tensor("dw_weight", dw_weight, shape=(C_in, 1, None), like=x)
-    check_tensor("pw_weight", pw_weight, shape=(None, C_in, 1), like=x)
-    check_optional("dw_bias", dw_bias, shape=(C_in,), like=x)
-    check_optional("pw_bias", pw_bias, shape=(pw_weight.shape[0],), like=x)
+    check_param("dw_weight", dw_weight, x, shape=(C_in, 1, None))
+    check_param("pw_weight", pw_weight, x, shape=(None, C_in, 1))
+    check_param("dw_bias", dw_bias, x, shape=(C_in,))
+    check_param("pw_bias", pw_bias, x, shape=(pw_weight.shape[0],))
     if C_in == 0 or pw_weight.shape[0] == 0:
         raise ValueError(f"x and pw_weight need at least one channel, got C_in={C_in}, C_out={pw_weight.shape[0]}")
     K = dw_weight.shape[2]
@@ -444,8 +458,8 @@ def _check_args(x: torch.Tensor, dw_weight: torch.Tensor, dw_bias: Optional[torc
 
 
 def _check_ln(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor) -> None:
-    check_tensor("ln_weight", ln_weight, shape=(x.shape[2],), like=x)
-    check_tensor("ln_bias", ln_bias, shape=(x.shape[2],), like=x)
+    check_param("ln_weight", ln_weight, x, shape=(x.shape[2],))
+    check_param("ln_bias", ln_bias, x, shape=(x.shape[2],))
 
 
 def _row_mask(mask: Optional[torch.Tensor], x: torch.Tensor) -> Optional[torch.Tensor]:
@@ -565,13 +579,13 @@ def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Te
         *strides, K=K, HAS_LN=ln is not None, HAS_DW_BIAS=dw_bias is not None, HAS_PW_BIAS=pw_bias is not None,
         RELU=relu, HAS_MASK=mask_u8 is not None, **dtype_args)
 
-    dtype = x.dtype
-    grads = {"x": grad_x, "dw_weight": p_dww.sum(0).to(dtype).view(dw_weight.shape),
-             "dw_bias": p_dwb.sum(0).to(dtype) if dw_bias is not None else absent(),
-             "pw_weight": p_pw.sum(0).to(dtype).view(pw_weight.shape),
-             "pw_bias": p_pwb.sum(0).to(dtype) if pw_bias is not None else absent()}
+    # Each parameter's gradient in its own dtype, straight from the fp32 sums (no rounding for fp32 ones).
+    grads = {"x": grad_x, "dw_weight": p_dww.sum(0).to(dw_weight.dtype).view(dw_weight.shape),
+             "dw_bias": p_dwb.sum(0).to(dw_bias.dtype) if dw_bias is not None else absent(),
+             "pw_weight": p_pw.sum(0).to(pw_weight.dtype).view(pw_weight.shape),
+             "pw_bias": p_pwb.sum(0).to(pw_bias.dtype) if pw_bias is not None else absent()}
     if ln is not None:
-        grads.update(ln_weight=p_lnw.sum(0).to(dtype), ln_bias=p_lnb.sum(0).to(dtype))
+        grads.update(ln_weight=p_lnw.sum(0).to(ln[0].dtype), ln_bias=p_lnb.sum(0).to(ln[1].dtype))
     return grads
 
 
@@ -629,8 +643,10 @@ def _fwd_outputs_fake(x, pw_weight, relu):
 
 def _param_grads_fake(x, dw_weight, dw_bias, pw_weight, pw_bias):
     """Fake (grad_dw_weight, grad_dw_bias, grad_pw_weight, grad_pw_bias); absent biases: empty."""
-    return (x.new_empty(dw_weight.shape), x.new_empty(dw_bias.shape if dw_bias is not None else (0,)),
-            x.new_empty(pw_weight.shape), x.new_empty(pw_bias.shape if pw_bias is not None else (0,)))
+    return (dw_weight.new_empty(dw_weight.shape),
+            x.new_empty((0,)) if dw_bias is None else dw_bias.new_empty(dw_bias.shape),
+            pw_weight.new_empty(pw_weight.shape),
+            x.new_empty((0,)) if pw_bias is None else pw_bias.new_empty(pw_bias.shape))
 
 
 def _dwsep_fwd_fake(x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu):
@@ -650,7 +666,7 @@ def _ln_dwsep_fwd_fake(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight
 
 def _ln_dwsep_bwd_fake(grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats, mask,
                        pad_left, relu):
-    return ((x.new_empty(x.shape), x.new_empty(ln_weight.shape), x.new_empty(ln_bias.shape))
+    return ((x.new_empty(x.shape), ln_weight.new_empty(ln_weight.shape), ln_bias.new_empty(ln_bias.shape))
             + _param_grads_fake(x, dw_weight, dw_bias, pw_weight, pw_bias))
 
 

@@ -26,11 +26,14 @@ Tiling
             with ``tl.dot(d_pre^T, h_shifted)`` into an fp32 partial buffer [S, 2H, H, K] that is
             summed afterwards: no atomics, so backward is deterministic (bitwise repeatable for a
             fixed autotuning choice).
-  step      one program per (batch tile, output-channel tile). The weight is read as its natural
-            [2H, H·K] matrix (row o = weight[o].flatten(), index j = c·K + k, contiguous) and the
-            window (state, x_t) is gathered in the same order, so decoding reads the weight once per
-            batch tile, without a per-step transposed copy; the same program also writes its
-            channel slice of the rolled state (new_state = window[1:]): one launch per step.
+  step      a small GEMM per decoding step, [B, K·H] window x [K·H, 2H] weight: one program per
+            (output-channel tile, batch tile), tiles as narrow as 8 channels and 16 rows, so that B 64,
+            H 512 runs 256 programs (more than the SMs of any GPU) with a short reduction each. K is a
+            constexpr: the taps are unrolled, the newest read from x_t and the older ones from the
+            state (no index arithmetic per element). The packed weight puts a program's a and b
+            columns side by side, so one ``tl.dot`` per (tap, input-channel block) gives both halves,
+            split in registers. The same program writes its slice of the rolled state (new_state =
+            window[1:]): one launch per step.
 
 Saved / recomputed
   aux = the pre-activation [B, T, 2H] = [a; b] (bias included), contiguous, in the input dtype (the
@@ -38,13 +41,21 @@ Saved / recomputed
   fly from x and mask; nothing else is saved.
 
 Layouts: x, x_t, grad_y, mask and state are read through their strides (non-contiguous input,
-e.g. a channels-first [B, H, T] tensor transposed, is not copied). The weight is copied once per
-forward/backward call into [K, H, 2H] so that the tiles the dots read are contiguous along output
-channels (the copy is O(H²K), the conv O(B·T·H²K)); the step uses ``weight.contiguous()`` (a no-op
-for nn.Conv1d weights); bias is made contiguous. Outputs (and aux) are contiguous.
+e.g. a channels-first [B, H, T] tensor transposed, is not copied). Every kernel reads the weight
+packed (``packed_weight``): [K, H (input), H (output), 2 (half)] in the activations' dtype, so that
+the tiles the dots read are contiguous along output channels with the two GLU halves side by side.
+The packed copy is cached on the weight tensor and made again only when the weight changes (its
+version counter): once per model for decoding, once per optimizer step (shared by forward and
+backward) in training. bias is made contiguous. Outputs (and aux) are contiguous.
+
+Parameters: weight and bias may be float32 with fp16 / bf16 activations (``ACCEPTS_FP32_WEIGHTS``,
+the contract in ``_common``): the packed copy is made in the activations' dtype (rounded as
+``Tensor.to`` rounds) and the bias is rounded in registers, so the results are those of the same call
+with the parameters cast first. bias must have the weight's dtype.
 
 Precision: fp32 accumulation for fp32/fp16/bf16 inputs (fp64 in, fp64 accumulation, for gradcheck
-in the interpreter); outputs in the input dtype, grad_weight/grad_bias in the weight's dtype. fp32 dots
+in the interpreter); outputs in the input dtype, grad_weight/grad_bias in the weight's dtype (summed
+from fp32 partials: an fp32 weight gets its gradient without a round trip through the input dtype). fp32 dots
 follow the package-wide policy of ``_common.dot_precision`` (TF32x3 unless torch's float32 matmul
 precision allows TF32). Under ``TRITON_INTERPRET=1`` each kernel has a single small configuration
 (16-wide tiles), since the interpreter would otherwise benchmark every configuration, and bf16 dot
@@ -59,7 +70,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import INTERPRET, accumulator_dtype, configs, dtype_constants, launch, register, sm_count, tile_range
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ._common import (INTERPRET, accumulator_dtype, check_param, configs, dtype_constants, launch, register, round_to,
+                      sm_count, tile_range)
+
+#: Parameters (weight, bias) in float32 with fp16 / bf16 activations: see ``_common``'s docstring.
+ACCEPTS_FP32_WEIGHTS = True
 
 _SCHEMAS = {
     "glu_conv1d_fwd": "(Tensor x, Tensor weight, Tensor? bias, Tensor? mask, int pad_left, bool residual, "
@@ -85,10 +102,11 @@ _DW_CONFIGS = configs(("BLOCK_O", "BLOCK_C", "BLOCK_T"), [
 # (BLOCK_N, warps, stages); BLOCK_T of this kernel is fixed (it sizes the bias partial buffer).
 _DPRE_CONFIGS = configs(("BLOCK_N",), [(64, 2, 1), (128, 4, 1), (256, 8, 1)])
 _DPRE_BLOCK_T = 16 if INTERPRET else 32
-# (BLOCK_B, BLOCK_N, BLOCK_J, warps, stages)
-_STEP_CONFIGS = configs(("BLOCK_B", "BLOCK_N", "BLOCK_J"), [
-    (16, 32, 64, 8, 3), (16, 64, 64, 4, 3), (16, 64, 64, 8, 3), (16, 32, 32, 4, 3),
-    (32, 64, 32, 8, 3), (16, 64, 32, 4, 3)])
+# (BLOCK_B, BLOCK_N, BLOCK_C, warps, stages). Decoding steps are small GEMMs ([B, K·H] x [K·H, 2H]): narrow
+# channel tiles (BLOCK_N = 8: one 16-wide dot covers both halves) give hundreds of programs at B 64, H 512.
+_STEP_CONFIGS = configs(("BLOCK_B", "BLOCK_N", "BLOCK_C"), [
+    (16, 8, 128, 4, 3), (16, 8, 64, 2, 3), (16, 16, 128, 4, 3), (32, 16, 64, 4, 3), (32, 32, 64, 4, 3),
+    (64, 32, 64, 4, 3), (64, 64, 64, 8, 3)], {"BLOCK_B": 16, "BLOCK_N": 8, "BLOCK_C": 16})
 # Smallest row tile of the grad_weight kernel: bounds the number of splits worth launching.
 _DW_MIN_BLOCK_T = min(c.kwargs["BLOCK_T"] for c in _DW_CONFIGS)
 
@@ -121,11 +139,13 @@ def _dot_halves(acc_a, acc_b, h, w_tile, b_offset, w_ok, DOT_DTYPE: tl.constexpr
 
 
 @triton.jit
-def _add_bias_halves(acc_a, acc_b, bias_ptr, offs_n, n_ok, H, HAS_BIAS: tl.constexpr, ACC: tl.constexpr):
-    """The bias [2H] of both GLU halves added to their pre-activations (unchanged without a bias)."""
+def _add_bias_halves(acc_a, acc_b, bias_ptr, offs_n, n_ok, H, HAS_BIAS: tl.constexpr, ACC: tl.constexpr,
+                     DTYPE: tl.constexpr):
+    """The bias [2H] of both GLU halves (rounded to the activations' DTYPE: it may be fp32) added to their
+    pre-activations (unchanged without a bias)."""
     if HAS_BIAS:
-        acc_a += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
-        acc_b += tl.load(bias_ptr + H + offs_n, mask=n_ok, other=0.0).to(ACC)[None, :]
+        acc_a += round_to(tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0), DTYPE).to(ACC)[None, :]
+        acc_b += round_to(tl.load(bias_ptr + H + offs_n, mask=n_ok, other=0.0), DTYPE).to(ACC)[None, :]
     return acc_a, acc_b
 
 
@@ -142,12 +162,13 @@ def _row_keep(mask_ptr, b, rows, T, sm_b, sm_t, HAS_MASK: tl.constexpr):
 def _glu_conv1d_fwd_kernel(
     x_ptr, w_ptr, bias_ptr, mask_ptr, y_ptr, pre_ptr,
     T, H, K, pad_left, scale, ROWS_BUCKET,
-    sx_b, sx_t, sx_h, sw_k, sw_c, sw_o, sm_b, sm_t,
+    sx_b, sx_t, sx_h, sw_k, sw_c, sw_n, sw_half, sm_b, sm_t,
     HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, RESIDUAL: tl.constexpr,
     ACC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """x: [B, T, H] strided; w: [K, H, 2H] (any strides); y: [B, T, H] and pre: [B, T, 2H] contiguous."""
+    """x: [B, T, H] strided; w: [K, H (in), H (out), 2 (half)] (any strides: the packed weight); y: [B, T, H]
+    and pre: [B, T, 2H] contiguous."""
     b, offs_t, t_ok, offs_n, n_ok = _program_tile(T, H, BLOCK_T, BLOCK_N)
     dtype = x_ptr.dtype.element_ty
     acc_a = tl.zeros([BLOCK_T, BLOCK_N], dtype=ACC)
@@ -159,10 +180,10 @@ def _glu_conv1d_fwd_kernel(
             offs_c, c_ok = tile_range(c0, BLOCK_C, H)
             h = tl.load(x_ptr + b * sx_b + rows[:, None] * sx_t + offs_c[None, :] * sx_h,
                         mask=keep[:, None] & c_ok[None, :], other=0.0).to(DOT_DTYPE)
-            w_tile = w_ptr + k * sw_k + offs_c[:, None] * sw_c + offs_n[None, :] * sw_o
-            acc_a, acc_b = _dot_halves(acc_a, acc_b, h, w_tile, H * sw_o, c_ok[:, None] & n_ok[None, :],
+            w_tile = w_ptr + k * sw_k + offs_c[:, None] * sw_c + offs_n[None, :] * sw_n
+            acc_a, acc_b = _dot_halves(acc_a, acc_b, h, w_tile, sw_half, c_ok[:, None] & n_ok[None, :],
                                        DOT_DTYPE, DOT_PRECISION)
-    acc_a, acc_b = _add_bias_halves(acc_a, acc_b, bias_ptr, offs_n, n_ok, H, HAS_BIAS, ACC)
+    acc_a, acc_b = _add_bias_halves(acc_a, acc_b, bias_ptr, offs_n, n_ok, H, HAS_BIAS, ACC, dtype)
     out_ok = t_ok[:, None] & n_ok[None, :]
     row = b * T + offs_t
     pre_tile = pre_ptr + row[:, None] * (2 * H) + offs_n[None, :]
@@ -206,12 +227,13 @@ def _glu_dpre_kernel(
 def _glu_conv1d_dx_kernel(
     dpre_ptr, w_ptr, gy_ptr, mask_ptr, dx_ptr,
     T, H, K, pad_left, scale, ROWS_BUCKET,
-    sw_k, sw_c, sw_o, sg_b, sg_t, sg_h, sm_b, sm_t,
+    sw_k, sw_c, sw_n, sw_half, sg_b, sg_t, sg_h, sm_b, sm_t,
     HAS_MASK: tl.constexpr, RESIDUAL: tl.constexpr,
     ACC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_O: tl.constexpr,
 ):
-    """grad_x[t, c] = mask[t]·sum_{k, o} d_pre[t - k + pad_left, o]·w[k, c, o] (+ scale·grad_y[t, c])."""
+    """grad_x[t, c] = mask[t]·sum_{k, o} d_pre[t - k + pad_left, o]·weight[o, c, k] (+ scale·grad_y[t, c]),
+    the weight read packed (o = half·H + n at w[k, c, n, half])."""
     b, offs_t, t_ok, offs_c, c_ok = _program_tile(T, H, BLOCK_T, BLOCK_C)
     acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=ACC)
     for k in range(K):
@@ -221,7 +243,8 @@ def _glu_conv1d_dx_kernel(
             offs_o, o_ok = tile_range(o0, BLOCK_O, 2 * H)
             d = tl.load(dpre_ptr + (b * T + rows)[:, None] * (2 * H) + offs_o[None, :],
                         mask=r_ok[:, None] & o_ok[None, :], other=0.0).to(DOT_DTYPE)
-            w = tl.load(w_ptr + k * sw_k + offs_o[:, None] * sw_o + offs_c[None, :] * sw_c,
+            w_o = (offs_o % H) * sw_n + (offs_o // H) * sw_half  # output channel o of the packed weight
+            w = tl.load(w_ptr + k * sw_k + w_o[:, None] + offs_c[None, :] * sw_c,
                         mask=o_ok[:, None] & c_ok[None, :], other=0.0).to(DOT_DTYPE)
             acc += tl.dot(d, w, input_precision=DOT_PRECISION)
     if HAS_MASK:  # h = x·mask, so d/dx of the conv path vanishes at padded positions
@@ -267,44 +290,46 @@ def _glu_conv1d_dw_kernel(
 @triton.jit
 def _glu_conv1d_step_kernel(
     x_ptr, state_ptr, w_ptr, bias_ptr, y_ptr, new_state_ptr,
-    B, H, K, scale, B_BUCKET,
+    B, H, scale, B_BUCKET,
     sx_b, sx_h, ss_b, ss_k, ss_h,
-    HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
     ACC: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """y_t = GLU(window · W^T) (+ x_t)·scale with window = (state, x_t) [B, K, H] and W = weight as a
-    contiguous [2H, H·K] matrix; new_state[:, j] = window[:, j + 1] for this program's channels."""
-    offs_b, b_ok = tile_range(tl.program_id(0) * BLOCK_B, BLOCK_B, B)
-    offs_n, n_ok = tile_range(tl.program_id(1) * BLOCK_N, BLOCK_N, H)
+    """y_t = GLU(window · W + bias) (+ x_t)·scale for the window (state, x_t) [B, K, H] and this program's
+    BLOCK_N output channels of BLOCK_B batch rows; w is the packed [K, H, H, 2] weight (``packed_weight``), so
+    the channels' a and b columns are 2·BLOCK_N contiguous elements of each (tap, input channel) row and one
+    dot gives both halves, interleaved. new_state[:, j] = window[:, j + 1] for the program's channels."""
+    offs_n, n_ok = tile_range(tl.program_id(0) * BLOCK_N, BLOCK_N, H)
+    offs_p, p_ok = tile_range(tl.program_id(0) * (2 * BLOCK_N), 2 * BLOCK_N, 2 * H)
+    offs_b, b_ok = tile_range(tl.program_id(1) * BLOCK_B, BLOCK_B, B)
     row_x = offs_b.to(tl.int64) * sx_b
     row_s = offs_b.to(tl.int64) * ss_b
     dtype = x_ptr.dtype.element_ty
-    acc_a = tl.zeros([BLOCK_B, BLOCK_N], dtype=ACC)
-    acc_b = tl.zeros([BLOCK_B, BLOCK_N], dtype=ACC)
-    for j0 in range(0, H * K, BLOCK_J):
-        offs_j, j_ok = tile_range(j0, BLOCK_J, H * K)
-        c = offs_j // K
-        k = offs_j % K
-        # window[b, k, c]: the state for taps k < K-1, x_t for the newest tap.
-        old = b_ok[:, None] & (j_ok & (k < K - 1))[None, :]
-        new = b_ok[:, None] & (j_ok & (k == K - 1))[None, :]
-        win = tl.where(new, tl.load(x_ptr + row_x[:, None] + c[None, :] * sx_h, mask=new, other=0.0),
-                       tl.load(state_ptr + row_s[:, None] + k[None, :] * ss_k + c[None, :] * ss_h, mask=old,
-                               other=0.0)).to(DOT_DTYPE)
-        w_tile = w_ptr + offs_n[None, :] * (H * K) + offs_j[:, None]
-        acc_a, acc_b = _dot_halves(acc_a, acc_b, win, w_tile, H * H * K, j_ok[:, None] & n_ok[None, :],
-                                   DOT_DTYPE, DOT_PRECISION)
-    acc_a, acc_b = _add_bias_halves(acc_a, acc_b, bias_ptr, offs_n, n_ok, H, HAS_BIAS, ACC)
+    acc = tl.zeros([BLOCK_B, 2 * BLOCK_N], dtype=ACC)
+    for k in tl.static_range(K):
+        for c0 in range(0, H, BLOCK_C):
+            offs_c, c_ok = tile_range(c0, BLOCK_C, H)
+            ok = b_ok[:, None] & c_ok[None, :]
+            if k == K - 1:  # the newest tap is x_t, the older ones the state
+                win = tl.load(x_ptr + row_x[:, None] + offs_c[None, :] * sx_h, mask=ok, other=0.0)
+            else:
+                win = tl.load(state_ptr + row_s[:, None] + k * ss_k + offs_c[None, :] * ss_h, mask=ok, other=0.0)
+            rows = (k * H + offs_c).to(tl.int64)
+            w = tl.load(w_ptr + rows[:, None] * (2 * H) + offs_p[None, :], mask=c_ok[:, None] & p_ok[None, :],
+                        other=0.0)
+            acc += tl.dot(win.to(DOT_DTYPE), w.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+    acc_a, acc_b = tl.split(tl.reshape(acc, [BLOCK_B, BLOCK_N, 2]))
+    acc_a, acc_b = _add_bias_halves(acc_a, acc_b, bias_ptr, offs_n, n_ok, H, HAS_BIAS, ACC, dtype)
     ok = b_ok[:, None] & n_ok[None, :]
     x_t = tl.load(x_ptr + row_x[:, None] + offs_n[None, :] * sx_h, mask=ok, other=0.0)
     g = acc_a * _sigmoid(acc_b)
     if RESIDUAL:
         g += x_t.to(ACC)
     tl.store(y_ptr + offs_b[:, None] * H + offs_n[None, :], (g * scale).to(dtype), mask=ok)
-    # Rolling state, this program's channel slice: new_state[:, j] = state[:, j + 1], last = x_t.
+    # Rolling state, this program's slice: new_state[:, j] = state[:, j + 1], the last one x_t.
     new_rows = new_state_ptr + offs_b.to(tl.int64)[:, None] * ((K - 1) * H) + offs_n[None, :]
-    for j in range(K - 2):
+    for j in tl.static_range(K - 2):
         old = tl.load(state_ptr + row_s[:, None] + (j + 1) * ss_k + offs_n[None, :] * ss_h, mask=ok, other=0.0)
         tl.store(new_rows + j * H, old, mask=ok)
     if K > 1:
@@ -356,26 +381,77 @@ def _contiguous_or(t: Optional[Tensor], stand_in: Tensor) -> Tensor:
     return stand_in if t is None else t.contiguous()
 
 
-def _kco_weight(weight: Tensor) -> Tensor:
-    """weight [2H, H, K] as a contiguous [K, H, 2H]: tiles contiguous along output channels."""
-    return weight.permute(2, 1, 0).contiguous()
+# Packed weights by weight tensor (weakly: an entry goes with its tensor), then by dtype: (stamp, packed).
+_PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _stamp(weight: Tensor) -> tuple:
+    """What identifies the values of a weight tensor: its version counter (bumped by every in-place
+    change torch sees), storage, shape and strides."""
+    return weight._version, weight.data_ptr(), tuple(weight.shape), weight.stride()
+
+
+def packed_weight(weight: Tensor, dtype: torch.dtype) -> Tensor:
+    """weight [2H, H, K] (nn.Conv1d layout, any dtype) as every kernel of this module reads it: a contiguous
+    [K, H, H, 2] tensor in ``dtype`` (the activations'), packed[k, c, n, half] = weight[half·H + n, c, k].
+
+    Laid out once per weight tensor and dtype, not per call: the result is cached on the tensor (weakly) and
+    re-laid only when its version counter, storage, shape or strides change, i.e. after an optimizer step or
+    any in-place change torch records (not after one made through ``weight.data``, which torch does not
+    count). Decoding with a parametrized weight (weight norm recomputes it on every access) reuses one
+    packed copy when run inside ``torch.nn.utils.parametrize.cached()``. Inference tensors (created under
+    ``torch.inference_mode``) have no version counter: they are packed on every call."""
+    if weight.is_inference():
+        return _pack(weight, dtype)
+    per_dtype = _PACKED.get(weight)
+    if per_dtype is None:
+        per_dtype = _PACKED[weight] = {}
+    stamp = _stamp(weight)
+    hit = per_dtype.get(dtype)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    packed = _pack(weight, dtype)
+    per_dtype[dtype] = (stamp, packed)
+    return packed
+
+
+def _pack(weight: Tensor, dtype: torch.dtype) -> Tensor:
+    two_h, H, K = weight.shape
+    packed = torch.empty((K, H, H, 2), dtype=dtype, device=weight.device)
+    packed.copy_(weight.detach().view(2, H, H, K).permute(3, 2, 1, 0))  # the copy rounds as Tensor.to does
+    return packed
+
+
+def _packed_strides(w: Tensor) -> tuple[int, int, int, int]:
+    """(tap, input channel, output channel, half) strides of a packed weight."""
+    return w.stride(0), w.stride(1), w.stride(2), w.stride(3)
+
+
+def _check_params(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> None:
+    """weight (and bias) in x's dtype or float32, on x's device; the bias in the weight's dtype (the
+    backward returns grad_bias in it)."""
+    check_param("weight", weight, x)
+    check_param("bias", bias, x)
+    if bias is not None and bias.dtype != weight.dtype:
+        raise TypeError(f"bias must have the weight's dtype {weight.dtype}, got {bias.dtype}")
 
 
 def glu_conv1d_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Optional[Tensor], pad_left: int,
                    residual: bool, scale: float) -> tuple[Tensor, Tensor]:
     """x [B, T, H] -> (y [B, T, H], aux = pre-activation [B, T, 2H]), both contiguous, x's dtype."""
     B, T, H, K = _check_conv_args(x, weight, mask, pad_left)
+    _check_params(x, weight, bias)
     y = torch.empty((B, T, H), dtype=x.dtype, device=x.device)
     pre = torch.empty((B, T, 2 * H), dtype=x.dtype, device=x.device)
     if y.numel() == 0:
         return y, pre
-    w = _kco_weight(weight)
+    w = packed_weight(weight, x.dtype)
     m, sm_b, sm_t = _mask_args(mask, x)
     grid = lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(H, meta["BLOCK_N"]), B)  # noqa: E731
     launch(
         _glu_conv1d_fwd, grid, x, w, _contiguous_or(bias, x), m, y, pre,
         T, H, K, pad_left, float(scale), triton.next_power_of_2(B * T),
-        *x.stride(), *w.stride(), sm_b, sm_t,
+        *x.stride(), *_packed_strides(w), sm_b, sm_t,
         HAS_BIAS=bias is not None, HAS_MASK=mask is not None, RESIDUAL=bool(residual),
         **dtype_constants(x.dtype))
     return y, pre
@@ -386,6 +462,7 @@ def glu_conv1d_bwd(grad_y: Tensor, x: Tensor, weight: Tensor, mask: Optional[Ten
     """-> (grad_x [B, T, H] in x's dtype, grad_weight [2H, H, K] and grad_bias [2H] (empty without a bias)
     in weight's dtype). aux is the forward's pre-activation."""
     B, T, H, K = _check_conv_args(x, weight, mask, pad_left)
+    _check_params(x, weight, None)
     if tuple(aux.shape) != (B, T, 2 * H) or tuple(grad_y.shape) != (B, T, H):
         raise ValueError(f"grad_y must be [B, T, H] and aux [B, T, 2H]; got {tuple(grad_y.shape)}, {tuple(aux.shape)}")
     dev = x.device
@@ -410,10 +487,10 @@ def glu_conv1d_bwd(grad_y: Tensor, x: Tensor, weight: Tensor, mask: Optional[Ten
         grad_bias = dbias_part.sum(0).to(weight.dtype)
 
     # (2) grad_x.
-    w = _kco_weight(weight)
+    w = packed_weight(weight, x.dtype)
     launch(
         _glu_conv1d_dx, lambda meta: (triton.cdiv(T, meta["BLOCK_T"]), triton.cdiv(H, meta["BLOCK_C"]), B), dpre, w, grad_y, m, grad_x, T, H, K, pad_left, float(scale), rows_bucket,
-        *w.stride(), *grad_y.stride(), sm_b, sm_t,
+        *_packed_strides(w), *grad_y.stride(), sm_b, sm_t,
         HAS_MASK=mask is not None, RESIDUAL=bool(residual), **consts)
 
     # (3) grad_weight: per-split fp32 partials, summed in a fixed order.
@@ -429,24 +506,30 @@ def glu_conv1d_bwd(grad_y: Tensor, x: Tensor, weight: Tensor, mask: Optional[Ten
 
 def glu_conv1d_step(x_t: Tensor, state: Tensor, weight: Tensor, bias: Optional[Tensor], residual: bool,
                     scale: float) -> tuple[Tensor, Tensor]:
-    """x_t [B, H], state [B, K-1, H] (oldest first) -> (y_t [B, H], new_state [B, K-1, H]), contiguous."""
+    """x_t [B, H], state [B, K-1, H] (oldest first) -> (y_t [B, H], new_state [B, K-1, H]), contiguous.
+    weight [2H, H, K] and bias [2H] in x_t's dtype or float32 (read through ``packed_weight``)."""
     if x_t.dim() != 2 or weight.dim() != 3:
         raise ValueError(f"x_t must be [B, H] and weight [2H, H, K]; got {tuple(x_t.shape)}, {tuple(weight.shape)}")
     B, H = x_t.shape
     K = weight.shape[2]
-    if tuple(weight.shape[:2]) != (2 * H, H) or tuple(state.shape) != (B, K - 1, H):
-        raise ValueError(f"weight must be [{2 * H}, {H}, K] and state [{B}, K-1, {H}]; got "
+    if tuple(weight.shape[:2]) != (2 * H, H) or K < 1 or tuple(state.shape) != (B, K - 1, H):
+        raise ValueError(f"weight must be [{2 * H}, {H}, K >= 1] and state [{B}, K-1, {H}]; got "
                          f"{tuple(weight.shape)}, {tuple(state.shape)}")
+    if state.dtype != x_t.dtype or state.device != x_t.device:
+        raise TypeError(f"state must have x_t's dtype {x_t.dtype} and device {x_t.device}, got {state.dtype} on "
+                        f"{state.device}")
+    _check_params(x_t, weight, bias)
     y = torch.empty((B, H), dtype=x_t.dtype, device=x_t.device)
     new_state = torch.empty((B, K - 1, H), dtype=state.dtype, device=state.device)
     if y.numel() == 0:
         return y, new_state
-    w = weight.contiguous()  # read as [2H, H·K]
+    w = packed_weight(weight, x_t.dtype)
     launch(
-        _glu_conv1d_step, lambda meta: (triton.cdiv(B, meta["BLOCK_B"]), triton.cdiv(H, meta["BLOCK_N"])), x_t, state, w, _contiguous_or(bias, x_t), y, new_state,
-        B, H, K, float(scale), triton.next_power_of_2(B),
+        _glu_conv1d_step, lambda meta: (triton.cdiv(H, meta["BLOCK_N"]), triton.cdiv(B, meta["BLOCK_B"])),
+        x_t, state, w, _contiguous_or(bias, x_t), y, new_state,
+        B, H, float(scale), triton.next_power_of_2(B),
         *x_t.stride(), *state.stride(),
-        HAS_BIAS=bias is not None, RESIDUAL=bool(residual),
+        K=K, HAS_BIAS=bias is not None, RESIDUAL=bool(residual),
         **dtype_constants(x_t.dtype))
     return y, new_state
 

@@ -19,7 +19,7 @@ GPU_COMPILE_ARGS ?=
 LINT_PATHS := fastqa triton_kernels benchmarks tests scripts setup.py
 EXT_SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') CMakeLists.txt setup.py pyproject.toml
 
-.PHONY: test lint wheel-check bench bench-models bench-bf16 gpu-check gpu-compile triton-pin install clean
+.PHONY: test test-quick lint wheel-check bench bench-models bench-bf16 gpu-check gpu-compile triton-pin install clean
 
 $(PY):
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -53,6 +53,15 @@ wheel-check: install
 
 test: lint triton-pin
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# What a change to one op or one command needs first (about a minute on 2 cores; the whole suite takes 16-26):
+# lint, the layering, the argument checks, the conventions every op shares, backend selection and the command
+# line. TESTS= adds the changed op's or command's own file: make test-quick TESTS=tests/ops/test_glu_conv1d.py
+QUICK_TESTS := tests/test_layering.py tests/test_checks.py tests/ops/test_op_conventions.py tests/ops/test_backend.py \
+  tests/test_cli.py tests/test_setup_env.py
+TESTS ?=
+test-quick: lint
+	$(PY) -m pytest $(QUICK_TESTS) $(TESTS) -q $(PYTEST_ARGS)
 
 bench: install
 	$(PY) -m benchmarks $(BENCH_ARGS)

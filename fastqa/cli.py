@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import sys
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NoReturn, Sequence
 
 from ._version import __version__
 from .serve.cli import register as register_serve
@@ -22,7 +22,10 @@ from .tasks import TASKS
 __all__ = ["parse_args", "main"]
 
 
-_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse reads these as values (negative numbers), not flags
+# Negative numbers, read as values, not flags: argparse's own "-5", "-.5", and also "-1e23", "-inf", "-nan", so that
+# a flag given such a value reports the value against the flag's bound.
+_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+_ARGUMENT = re.compile(r"^argument ([^:]+): (.*)$", re.S)  # how argparse names the argument a message is about
 
 
 def _closest(word: str, candidates: Iterable[str]) -> str | None:
@@ -48,6 +51,10 @@ class _Parser(argparse.ArgumentParser):
     #: check every argument (a subcommand), or only those before the first positional (the top parser, whose
     #: own flags take no value, so that positional is the subcommand)
     _checks_all_args = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _NUMBER
 
     def parse_known_args(self, args: Sequence[str] | None = None,
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -86,6 +93,15 @@ class _Parser(argparse.ArgumentParser):
             close = _closest(s, self._option_string_actions) if s[:1] in self.prefix_chars else None
             described.append(f"{s} (did you mean {close}?)" if close else s)
         self.error(f"unrecognized argument{'s' if len(strings) > 1 else ''} {', '.join(described)}")
+
+    def error(self, message: str) -> NoReturn:
+        """One line on stderr and exit status 2: "fastqa ask: --beam must be ... (got 0): ...; see fastqa ask
+        --help" -- the mistake and where the help is, without argparse's usage block above it."""
+        found = _ARGUMENT.match(message)
+        if found:  # "argument -n/--nbest: must be..." -> "--nbest must be..." (the long flag)
+            name, rest = found.group(1).split("/")[-1], found.group(2)
+            message = f"{name} {rest}" if rest.startswith("must be ") else f"{name}: {rest}"
+        self.exit(2, f"{self.prog}: {' '.join(message.split())}; see {self.prog} --help\n")
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         # An invalid choice (a subcommand, --precision...) names the closest valid one.

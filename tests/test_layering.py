@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The floor of every part of the package, bottom up; a module may import its own floor and those below.
 FLOORS = [
-    ("fastqa._version", "fastqa.errors", "fastqa._checks", "fastqa.reference"),
+    ("fastqa._version", "fastqa.errors", "fastqa._checks", "fastqa.bounds", "fastqa.reference"),
     ("fastqa._C", "fastqa.triton_kernels"),  # the kernels: the C++ extension and the Triton kernels
     ("fastqa._backend", "fastqa.ops"),
     ("fastqa.layers",),

@@ -25,6 +25,7 @@ from importlib import resources
 from typing import Any, AsyncIterator
 
 from .._version import __version__
+from ..bounds import BOUNDS
 from ..errors import UserError
 from .batcher import Busy, Closed
 from .engines import AnswerItem, QAEngine, TranslateItem, TranslationEngine
@@ -120,8 +121,8 @@ def request_schemas(limits: ServeLimits) -> tuple[type, type]:
         model_config = strict
         context: str = Field(max_length=limits.max_context_chars)
         question: str = Field(max_length=limits.max_question_chars)
-        top_k: int = Field(1, ge=1, le=limits.max_top_k)
-        max_answer_len: int | None = Field(None, ge=0, le=limits.max_answer_len)
+        top_k: int = Field(1, ge=BOUNDS["top_k"].low, le=limits.max_top_k)
+        max_answer_len: int | None = Field(None, ge=BOUNDS["max_answer_len"].low, le=limits.max_answer_len)
         min_score: float | None = Field(None, ge=0.0, le=1.0, description="below it: no confident answer")
 
         @field_validator("context", "question")
@@ -133,8 +134,8 @@ def request_schemas(limits: ServeLimits) -> tuple[type, type]:
         model_config = strict
         text: str | None = Field(None, max_length=limits.max_sentence_chars, description="one sentence")
         sentences: list[str] | None = Field(None, min_length=1, max_length=limits.max_sentences)
-        beam: int = Field(5, ge=1, le=limits.max_beam)
-        nbest: int = Field(1, ge=1, le=limits.max_beam)
+        beam: int = Field(5, ge=BOUNDS["beam"].low, le=limits.max_beam)
+        nbest: int = Field(1, ge=BOUNDS["nbest"].low, le=min(limits.max_beam, BOUNDS["nbest"].high))
         attention: bool = False
 
         @field_validator("sentences")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import socket
 
-from ..tasks.flags import add_runtime_flags, nonnegative_float, positive_float, positive_int, resolve_device
+from ..tasks.flags import add_runtime_flags, counted, nonnegative_float, positive_float, resolve_device
 from .limits import ServeLimits
 
 __all__ = ["register", "run_serve"]
@@ -43,18 +43,18 @@ def register(subparsers) -> None:
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
     p.add_argument("--port", type=_port, default=DEFAULT_PORT,
                    help=f"port to listen on (default {DEFAULT_PORT}; 0: a free one, printed at start)")
-    p.add_argument("--max-body-bytes", type=positive_int, default=defaults.max_body_bytes, metavar="N",
+    p.add_argument("--max-body-bytes", type=counted("max_body_bytes"), default=defaults.max_body_bytes, metavar="N",
                    help=f"largest request body; beyond it 413 (default {defaults.max_body_bytes})")
-    p.add_argument("--max-context-chars", type=positive_int, default=defaults.max_context_chars, metavar="N",
+    p.add_argument("--max-context-chars", type=counted("max_context_chars"), default=defaults.max_context_chars, metavar="N",
                    help=f"longest context of /answer; beyond it 422 (default {defaults.max_context_chars})")
-    p.add_argument("--max-sentence-chars", type=positive_int, default=defaults.max_sentence_chars, metavar="N",
+    p.add_argument("--max-sentence-chars", type=counted("max_sentence_chars"), default=defaults.max_sentence_chars, metavar="N",
                    help=f"longest sentence of /translate; beyond it 422 (default {defaults.max_sentence_chars})")
-    p.add_argument("--max-sentences", type=positive_int, default=defaults.max_sentences, metavar="N",
+    p.add_argument("--max-sentences", type=counted("max_sentences"), default=defaults.max_sentences, metavar="N",
                    help=f"most sentences in one /translate request (default {defaults.max_sentences})")
-    p.add_argument("--max-pending", type=positive_int, default=defaults.max_pending, metavar="N",
+    p.add_argument("--max-pending", type=counted("max_pending"), default=defaults.max_pending, metavar="N",
                    help="requests that may wait for one model; beyond it 503 with Retry-After "
                    f"(default {defaults.max_pending})")
-    p.add_argument("--max-batch", type=positive_int, default=defaults.max_batch, metavar="N",
+    p.add_argument("--max-batch", type=counted("max_batch"), default=defaults.max_batch, metavar="N",
                    help=f"most concurrent requests one model call answers (default {defaults.max_batch})")
     p.add_argument("--max-wait-ms", type=nonnegative_float, default=defaults.max_wait_ms, metavar="MS",
                    help="the longest a request waits for others to join its batch, milliseconds "
@@ -64,7 +64,7 @@ def register(subparsers) -> None:
                    f"(default {defaults.idle_ms:g}): a lone request waits no longer")
     p.add_argument("--timeout-s", type=positive_float, default=defaults.timeout_s, metavar="S",
                    help=f"a request not answered within S seconds gets 504 (default {defaults.timeout_s:g})")
-    p.add_argument("--workers", type=positive_int, default=1, metavar="N",
+    p.add_argument("--workers", type=counted("workers"), default=1, metavar="N",
                    help="server processes, each with its own copy of the models (default 1)")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="the server's log level (default info: one line per request)")

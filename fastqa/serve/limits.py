@@ -1,4 +1,5 @@
 """The bounds a request must stay within: one place for the server, its command-line defaults and the page.
+Each count is within its declared bound (``fastqa.bounds``); the request fields' caps default to those bounds.
 
 No dependencies (``fastqa._checks`` loads no torch), so ``fastqa --help`` can show the defaults without loading
 the server library or torch.
@@ -8,7 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from .._checks import check_int, check_number
+from .._checks import check_number
+from ..bounds import BOUNDS
 
 __all__ = ["ServeLimits"]
 
@@ -30,9 +32,10 @@ class ServeLimits:
     max_question_chars: int = 1_000
     max_sentence_chars: int = 2_000
     max_sentences: int = 64
-    max_top_k: int = 20
-    max_beam: int = 16
-    max_answer_len: int = 100
+    #: the request fields' highest values: the declared bounds (``fastqa.bounds``), which a server may lower
+    max_top_k: int = field(default=BOUNDS["top_k"].high, metadata={"bound": "top_k"})
+    max_beam: int = field(default=BOUNDS["beam"].high, metadata={"bound": "beam"})
+    max_answer_len: int = field(default=BOUNDS["max_answer_len"].high, metadata={"bound": "max_answer_len"})
     #: Requests waiting for one model beyond this get 503 (retry later) instead of queueing without end.
     max_pending: int = 256
     #: Most requests answered by one model call (dynamic batching, ``fastqa.serve.batcher``).
@@ -50,8 +53,8 @@ class ServeLimits:
             name, value = f"ServeLimits.{f.name}", getattr(self, f.name)
             if f.metadata.get("duration"):
                 check_number(name, value, low=0, low_open=not f.metadata["zero_allowed"], error=ValueError)
-            else:
-                check_int(name, value, low=1, error=ValueError)
+            else:  # a count: within its declared bound (the field's own name, or the request field it caps)
+                BOUNDS[f.metadata.get("bound", f.name)].check(value, name, error=ValueError)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (``/health`` reports them, and the page reads them to bound its inputs)."""

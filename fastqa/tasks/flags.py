@@ -1,5 +1,6 @@
-"""The flag vocabulary every task command shares: argument types (argparse turns their errors into one usage
-line), the training and runtime flags with one meaning and one default each, and their resolution."""
+"""The flag vocabulary every task command shares: argument types (argparse turns their errors into one line,
+``fastqa.cli``; every count's bound is declared once in ``fastqa.bounds``), the training and runtime flags with
+one meaning and one default each, and their resolution."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,9 @@ import json
 import os
 from typing import Callable, Iterator, Sequence
 
-__all__ = ["Command", "add_commands", "positive_int", "nonnegative_int", "positive_float", "field_value", "PRECISIONS", "INFERENCE_PRECISIONS", "add_runtime_flags", "add_training_flags",
+from ..bounds import bound
+
+__all__ = ["Command", "add_commands", "counted", "positive_int", "nonnegative_int", "positive_float", "field_value", "PRECISIONS", "INFERENCE_PRECISIONS", "add_runtime_flags", "add_training_flags",
            "check_training_flags", "amp_of", "cuda_graphs_of", "resolve_device", "threads"]
 
 
@@ -17,10 +20,15 @@ def _int_at_least(text: str, minimum: int, expected: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be {expected} (got {text!r})") from None
     if value < minimum:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be {expected} (got {value})")
     return value
+
+
+def counted(name: str) -> Callable[[str], object]:
+    """The argparse type of the bounded count (or number) ``name``: its one declaration, ``fastqa.bounds``."""
+    return bound(name).arg()
 
 
 def positive_int(text: str) -> int:
@@ -35,9 +43,9 @@ def _float_where(text: str, ok: Callable[[float], bool], expected: str) -> float
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be {expected} (got {text!r})") from None
     if not ok(value):  # NaN fails every comparison, so it is refused too
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be {expected} (got {text.strip()})")
     return value
 
 
@@ -103,7 +111,7 @@ def add_runtime_flags(p: argparse.ArgumentParser, *, precision: bool = True) -> 
     for the commands that only run one (``precision``), ``--precision`` (the train commands have their own)."""
     p.add_argument("--device", type=device_arg, default=None, metavar="DEV",
                    help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
-    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+    p.add_argument("--threads", type=counted("threads"), default=None, metavar="N",
                    help="CPU threads for torch (default: torch's; on a busy machine 1 can be much faster)")
     if precision:
         p.add_argument("--precision", choices=INFERENCE_PRECISIONS, default=None,
@@ -127,23 +135,23 @@ def add_training_flags(p: argparse.ArgumentParser, *, clip: float, eval_every: i
                    help="layer backend: fast (fastqa's fused kernels, default) or the pure-PyTorch reference")
     p.add_argument("--set", dest="overrides", action="append", type=field_value, default=[], metavar="FIELD=VALUE",
                    help="change a field of the preset's model config (repeatable), e.g. --set dropout=0.2")
-    p.add_argument("--batch-size", type=positive_int, default=batch_size,
+    p.add_argument("--batch-size", type=counted("train_batch_size"), default=batch_size,
                    help=f"global batch size, all ranks together (default {batch_size})")
     p.add_argument("--clip", type=float, default=clip, help=f"max gradient norm (default {clip}; 0: off)")
-    p.add_argument("--max-steps", type=positive_int, metavar="N", help="stop after N optimizer steps in all")
-    p.add_argument("--epochs", type=positive_int, metavar="N", help="stop after N passes over the training data")
+    p.add_argument("--max-steps", type=counted("max_steps"), metavar="N", help="stop after N optimizer steps in all")
+    p.add_argument("--epochs", type=counted("epochs"), metavar="N", help="stop after N passes over the training data")
     p.add_argument("--max-minutes", type=positive_float, metavar="M",
                    help="wall-clock budget, the final evaluation and checkpoint included: training stops "
                    "early enough for them to fit")
-    p.add_argument("--eval-every", type=int, default=eval_every, metavar="N", help=eval_every_help)
-    p.add_argument("--log-every", type=positive_int, default=50, metavar="N", help="steps between logged losses")
+    p.add_argument("--eval-every", type=counted("eval_every"), default=eval_every, metavar="N", help=eval_every_help)
+    p.add_argument("--log-every", type=counted("log_every"), default=50, metavar="N", help="steps between logged losses")
     p.add_argument("--save-every-minutes", type=float, default=10.0, metavar="M",
                    help="also checkpoint this often, at a step boundary (default 10; 0: only at evaluations and "
                    "the end); Ctrl-C and SIGTERM always checkpoint before exiting")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="autocast dtype of the forward and backward (default: bf16 on a GPU, fp32 on the CPU; "
                    "bf16 on the CPU needs a processor with AMX or AVX512-BF16, fp16 a GPU)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=counted("seed"), default=0)
     p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
@@ -156,8 +164,6 @@ def check_training_flags(args: argparse.Namespace) -> None:
     """Value checks argparse's types cannot express, before any data is read."""
     from ..errors import UserError
 
-    if args.eval_every < 0:
-        raise UserError(f"--eval-every must be >= 0, got {args.eval_every}")
     if args.save_every_minutes < 0:
         raise UserError(f"--save-every-minutes must be >= 0, got {args.save_every_minutes}")
     if args.clip < 0:

@@ -23,6 +23,7 @@ import torch
 from cli_helpers import assert_user_error, run_cli
 from squad_fixtures import make_squad, write_json
 
+from fastqa.bounds import BOUNDS
 from fastqa.data.files import read_json, read_text
 from fastqa.errors import UserError
 from fastqa.tasks.qa import QAModel, decode_spans
@@ -259,14 +260,18 @@ def test_huge_max_answer_len_is_capped_at_the_context_length(model_dir, capsys):
     args = ["ask", "--model", model_dir, "--context", context, "--question", "Who played the cello?"]
     rc, default, _ = run_cli(capsys, args)
     assert rc == 0
-    rc, capped, _ = run_cli(capsys, [*args, "--max-answer-len", "100000000"])
+    # The declared bound (fastqa.bounds) lies past any window: the highest value allowed is capped, a larger one refused.
+    high = BOUNDS["max_answer_len"].high
+    rc, capped, _ = run_cli(capsys, [*args, "--max-answer-len", str(high)])
     assert rc == 0
     result = json.loads(capped)
     answer = result["answer"]
     assert context[answer["start"]:answer["end"]] == answer["text"] and result["answers"] == [answer]
     assert json.loads(default) == result                       # 30 tokens already span this context
     qa = QAModel.load(model_dir)
-    assert qa.answer(context, "Who?", max_answer_len=10**15) == qa.answer(context, "Who?", max_answer_len=30)
+    assert qa.answer(context, "Who?", max_answer_len=high) == qa.answer(context, "Who?", max_answer_len=30)
+    with pytest.raises(ValueError, match=r"^max_answer_len must be an int in \[0, \d+\] \(got 1000000000000000\)"):
+        qa.answer(context, "Who?", max_answer_len=10**15)
 
 
 def test_non_utf8_context_and_question_arguments(model_dir, capsys, tmp_path):

@@ -23,8 +23,7 @@ import sys
 
 from ..flags import (add_commands, add_runtime_flags, add_skip_bad_lines_flag, add_training_flags, amp_of,
                      cuda_graphs_of,
-                     check_training_flags, nonnegative_int, positive_float, positive_int, probability, resolve_device,
-                     threads)
+                     check_training_flags, counted, positive_float, probability, resolve_device, threads)
 from .readers import MODELS
 
 LAYERS = ("fast", "reference", "naive")
@@ -60,10 +59,10 @@ def _qa_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dev-articles", metavar="A:B", help="use only these articles of --dev, e.g. 40:48")
     p.add_argument("--no-answer", choices=("auto", "yes", "no"), default="auto",
                    help="SQuAD v2.0 no-answer option (auto: when the training file is v2.0)")
-    p.add_argument("--eval-batch-size", type=positive_int, default=32)
+    p.add_argument("--eval-batch-size", type=counted("batch_size"), default=32)
     p.add_argument("--eval-each-epoch", action="store_true", help="also evaluate at the end of every epoch")
     p.add_argument("--lr", type=positive_float, default=1e-3, help="peak learning rate (default 1e-3)")
-    p.add_argument("--warmup", type=positive_int, default=1000, metavar="N", help="log warm-up steps (default 1000)")
+    p.add_argument("--warmup", type=counted("warmup"), default=1000, metavar="N", help="log warm-up steps (default 1000)")
     p.add_argument("--ema", type=float, default=0.9999, help="EMA decay of the weights for evaluation (0: off)")
     add_training_flags(p, clip=5.0, eval_every=1000, batch_size=32, layers=LAYERS,
                        eval_every_help="steps between evaluations (default 1000; 0: at the end)")
@@ -130,15 +129,17 @@ def _ask_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--question", metavar="TEXT", help="the question (with --context or --context-file)")
     add_skip_bad_lines_flag(p, what="with --input: answer the lines that hold a question and skip the others")
     p.add_argument("--output", metavar="F", help="write the JSON (lines) here instead of stdout")
-    p.add_argument("--top-k", type=positive_int, metavar="K", help="the K best distinct answers, best first")
+    p.add_argument("--top-k", type=counted("top_k"), metavar="K", help="the K best distinct answers, best first")
     p.add_argument("--min-score", type=probability, metavar="P",
                    help="no answer below this score (\"no confident answer\"; the text is empty and \"abstained\" is "
                    "true); a calibrated model's score is the probability that the answer is right")
-    p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="windows per batch (default 32)")
+    p.add_argument("--batch-size", type=counted("batch_size"), default=32, metavar="N",
+                   help="windows per batch (default 32)")
     p.add_argument("--plot", metavar="OUT.png",
                    help="draw the start/end probabilities around the answer (.png, .pdf, .svg, .eps...)")
     p.add_argument("--layers", choices=LAYERS, default=None)
-    p.add_argument("--max-answer-len", type=positive_int, metavar="N", help="longest answer, in tokens - 1 (default 30; "
+    p.add_argument("--max-answer-len", type=counted("max_answer_len"), metavar="N",
+                   help="longest answer, in tokens - 1 (default 30; 0: one-token answers; "
                    "a value past the context's length allows any span of it)")
     _window_flags(p)
     add_runtime_flags(p)
@@ -148,7 +149,7 @@ def _predict_flags(p: argparse.ArgumentParser) -> None:
     """The flags of answering a SQuAD file (qa-predict, qa-calibrate)."""
     p.add_argument("--articles", metavar="A:B", help="only these articles of --data, e.g. 40:48")
     p.add_argument("--layers", choices=LAYERS, default=None)
-    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--batch-size", type=counted("batch_size"), default=32)
     _window_flags(p)
     add_runtime_flags(p)
     _cache_flags(p)
@@ -156,10 +157,10 @@ def _predict_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _window_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-context", type=positive_int, metavar="N",
+    p.add_argument("--max-context", type=counted("max_context"), metavar="N",
                    help="context tokens the reader sees at once; a longer context is read in overlapping windows "
                    "(default: the context length the model was trained on, 400 for the shipped reader)")
-    p.add_argument("--stride", type=nonnegative_int, metavar="S",
+    p.add_argument("--stride", type=counted("stride"), metavar="S",
                    help="tokens of overlap between consecutive windows (default 128, at most half a window)")
 
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..._checks import check_int, check_number
+from ...bounds import check_fits, checked
 from ...data.vocab import Vocab
 from ...errors import UserError
 from ..loading import default_device, inference_dtype, load_weights, open_model, set_threads, unreadable_meta
@@ -104,7 +105,7 @@ class QAModel:
         kept them). The ``Predictor`` contract (``fastqa.tasks.loading``): device None picks a CUDA GPU when
         there is one; layers: QANet's "fast" (default), "reference", "naive"; threads: CPU threads; precision:
         "fp32", "bf16" or None (``fastqa.tasks.loading.inference_dtype``)."""
-        set_threads(threads)
+        set_threads(*checked(threads=threads))
         device = default_device(device)
         dtype = inference_dtype(precision, device)
         payload, where, meta = open_model(name_or_path, "qa", MODELS, "a reader's")
@@ -164,6 +165,19 @@ class QAModel:
                             breaks=None if texts is None else [paragraph_starts(texts[i], pairs[i].offsets)
                                                                for i in first], on_batch=on_batch)
 
+    def _check_memory(self, pairs: Sequence[EncodedPair], batch_size: int, max_context: int | None,
+                      stride: int | None) -> None:
+        """Refuse, with one line, a reading whose batch of windows cannot fit in the free memory: each window
+        row holds its self-attention maps (heads x window^2) and its activations (width x window), for the
+        rows of one batch (at most ``batch_size``, at most the windows there are)."""
+        window, overlap = self.windows(max_context, stride)
+        rows = sum(max(1, -(-(len(p) - overlap) // max(1, window - overlap))) for p in pairs)
+        rows = min(batch_size, rows)
+        heads, width = int(getattr(self.config, "heads", 1)), int(getattr(self.config, "d_model", 128))
+        need = 4 * rows * (3 * heads * window * window + 20 * width * window)
+        check_fits(f"reading {rows} windows of {window} tokens at once (batch_size {batch_size}, max_context "
+                   f"{window})", need, device=self.device, advice="lower batch_size (--batch-size) or max_context")
+
     def _score(self, raw: float) -> float:
         return self.calibration(raw) if self.calibration is not None else raw
 
@@ -213,9 +227,10 @@ class QAModel:
             min_score = check_number("min_score", min_score, low=0, high=1, error=ValueError)
         if len(contexts) != len(questions):
             raise ValueError(f"contexts and questions differ in length ({len(contexts)} vs {len(questions)})")
-        if top_k is not None:
-            top_k = check_int("top_k", top_k, low=1)
+        top_k, batch_size, max_answer_len, max_context, stride = checked(
+            top_k=top_k, batch_size=batch_size, max_answer_len=max_answer_len, max_context=max_context, stride=stride)
         pairs = encode_pairs(contexts, questions, self.words, self.chars, self.char_limit)
+        self._check_memory(pairs, batch_size, max_context, stride)
         # More candidates than answers: the spans that overlap a better one are left out.
         readings = self._read(pairs, k=1 if top_k in (None, 1) else 4 * top_k, batch_size=batch_size,
                               max_answer_len=max_answer_len, max_context=max_context, stride=stride, texts=contexts,
@@ -288,6 +303,7 @@ class QAModel:
         windows overlapping by ``stride`` tokens, as ``answer`` does. Paragraphs with an empty or
         whitespace-only context are skipped with a logged count (see ``fastqa.tasks.qa.squad``): their
         questions get no prediction."""
+        batch_size, max_context, stride = checked(batch_size=batch_size, max_context=max_context, stride=stride)
         window, overlap = self.windows(max_context, stride)
         data = load_squad(path, articles, cache_dir=cache_dir, progress=progress)
         limits = replace(self.limits, chars=self.char_limit)

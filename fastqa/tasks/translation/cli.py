@@ -13,7 +13,7 @@ from typing import Iterator, TextIO
 
 from ..flags import (add_commands, add_runtime_flags, add_skip_bad_lines_flag, add_training_flags, amp_of,
                      cuda_graphs_of,
-                     check_training_flags, positive_float, positive_int, probability, resolve_device, threads)
+                     check_training_flags, counted, positive_float, probability, resolve_device, threads)
 
 LAYERS = ("fast", "reference")
 
@@ -30,14 +30,14 @@ def _decoding_args(p: argparse.ArgumentParser, default_beam: int) -> None:
     p.add_argument("--model", metavar="DIR", default=None,
                    help="a run folder of mt-train, an export of one (fastqa export), or a shipped model's name "
                    "(default: the shipped de->en translator)")
-    p.add_argument("--beam", type=positive_int, default=default_beam,
+    p.add_argument("--beam", type=counted("beam"), default=default_beam,
                    help=f"beam size; 1 decodes greedily (default {default_beam})")
     p.add_argument("--no-incremental", action="store_true",
                    help="re-run the decoder over the whole prefix at every step (slow; for comparison)")
-    p.add_argument("--len-penalty", type=float, default=1.0, help="beam score = log-prob / length**this")
-    p.add_argument("--max-len-a", type=float, default=1.2, help="max output length = a * source length + b")
-    p.add_argument("--max-len-b", type=int, default=10)
-    p.add_argument("--batch-size", type=positive_int, default=64, help="sentences decoded together")
+    p.add_argument("--len-penalty", type=counted("len_penalty"), default=1.0, help="beam score = log-prob / length**this")
+    p.add_argument("--max-len-a", type=counted("max_len_a"), default=1.2, help="max output length = a * source length + b")
+    p.add_argument("--max-len-b", type=counted("max_len_b"), default=10)
+    p.add_argument("--batch-size", type=counted("batch_size"), default=64, help="sentences decoded together")
     p.add_argument("--layers", choices=LAYERS, default=None,
                    help="fastqa's fused layers (fast, default) or the pure-PyTorch reference layers (same weights)")
     p.add_argument("--keep-case", action="store_true",
@@ -68,23 +68,23 @@ def _mt_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab", choices=VOCABS, default=VOCABS[0],
                    help="subword (default): one SentencePiece unigram model learned on source and target together, "
                    "cased; word: spaCy tokens with a vocabulary per side, lowercased (the tutorial's)")
-    p.add_argument("--vocab-size", type=positive_int, default=None, metavar="N",
+    p.add_argument("--vocab-size", type=counted("vocab_size"), default=None, metavar="N",
                    help=f"--vocab subword: at most N pieces (default {DEFAULT_VOCAB_SIZE})")
     case = p.add_mutually_exclusive_group()
     case.add_argument("--lowercase", dest="lowercase", action="store_const", const=True, default=None,
                       help="lowercase the text (the default for --vocab word)")
     case.add_argument("--no-lowercase", dest="lowercase", action="store_const", const=False,
                       help="keep case (the default for --vocab subword)")
-    p.add_argument("--min-freq", type=positive_int, default=None,
+    p.add_argument("--min-freq", type=counted("min_freq"), default=None,
                    help=f"--vocab word: tokens seen at least this often (default {DEFAULT_MIN_FREQ})")
     p.add_argument("--preset", choices=("small", "tutorial"), default="small")
-    p.add_argument("--max-len", type=positive_int,
+    p.add_argument("--max-len", type=counted("max_len"),
                    help="drop training pairs longer than this (tokens or pieces + <eos>)")
     p.add_argument("--optimizer", choices=("adam", "nag"), default="adam",
                    help="adam (the tutorial) or nag: SGD with Nesterov momentum 0.99 (fairseq fconv)")
     p.add_argument("--lr", type=positive_float, help="learning rate (default: adam 1e-3, nag 0.25)")
     p.add_argument("--label-smoothing", type=float, default=0.0)
-    p.add_argument("--valid-bleu", type=int, default=0, metavar="N",
+    p.add_argument("--valid-bleu", type=counted("valid_bleu"), default=0, metavar="N",
                    help="also greedy tokenized BLEU on the first N validation pairs at each evaluation")
     add_training_flags(p, clip=0.1, eval_every=0, batch_size=64, layers=LAYERS,
                        eval_every_help="steps between evaluations (default 0: at the end of each epoch)")
@@ -100,7 +100,7 @@ def _translate_flags(p: argparse.ArgumentParser) -> None:
     _decoding_args(p, default_beam=5)
     p.add_argument("--input", metavar="F", help="sentences to translate, in batches (default: stdin, line by line)")
     add_skip_bad_lines_flag(p, what="answer a line that is not UTF-8 text with an empty line and go on")
-    p.add_argument("--nbest", type=positive_int, metavar="N",
+    p.add_argument("--nbest", type=counted("nbest"), metavar="N",
                    help="write the N (<= --beam) best translations of each sentence with their scores")
     p.add_argument("--json", action="store_true",
                    help="one JSON object per input line: the source and its hypotheses (text, score, tokens)")

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from ..._checks import check_int, check_unicode
+from ...bounds import check_fits, checked
 from ...data.batching import pad
 from ...data.vocab import EOS, SOS, Vocab
 from ...errors import UserError
@@ -163,7 +164,7 @@ class Translator:
         (``fastqa.tasks.loading``): device None picks a CUDA GPU when there is one; layers: "fast" (default) or
         "reference"; threads: CPU threads; precision: "fp32", "bf16" or None (float32;
         ``fastqa.tasks.loading.inference_dtype``). ``restore_case``: see the attribute."""
-        set_threads(threads)
+        set_threads(*checked(threads=threads))
         device = default_device(device)
         dtype = inference_dtype(precision, device)
         layers = layers or "fast"
@@ -261,10 +262,14 @@ class Translator:
         carries its attention map, the one the search computed (``AttentionMap``: target x source weights).
         ``self.last_stats`` records the sentences, output tokens and seconds of the decoding itself;
         ``progress``: a bar over the sentences (stderr)."""
-        nbest = check_int("nbest", nbest, low=1)
+        beam, nbest, batch_size, max_len_a, max_len_b, len_penalty = checked(
+            beam=beam, nbest=nbest, batch_size=batch_size, max_len_a=max_len_a, max_len_b=max_len_b,
+            len_penalty=len_penalty)
         encoded = self._sources(sentences, beam, batch_size)
         if nbest > beam:
             raise ValueError(f"nbest must be <= beam, got nbest={nbest} and beam={beam}")
+        self._check_memory(encoded, beam=beam, batch_size=batch_size, max_len_a=max_len_a, max_len_b=max_len_b,
+                           incremental=incremental)
         out = [Translation(text="", tokens=[], score=0.0, log_prob=0.0) for _ in sentences]
         stats = DecodeStats(sentences=len(encoded))
         t0 = time.perf_counter()
@@ -281,6 +286,26 @@ class Translator:
         stats.seconds = time.perf_counter() - t0
         self.last_stats = stats
         return out
+
+    def _check_memory(self, encoded: list[tuple[int, list[int]]], *, beam: int, batch_size: int, max_len_a: float,
+                      max_len_b: int, incremental: bool) -> None:
+        """Refuse, with one line, a search whose largest batch cannot fit in the free memory. Its biggest
+        tensors, per row (a sentence's beam): the next-token scores (vocabulary), the attention kept for every
+        step over the source (the live rows and 2 x beam + 1 finished slots), the source's encoding, and the
+        decoder's states (every step's, without ``incremental``). ``encoded`` is sorted shortest first."""
+        if not encoded:
+            return
+        cfg = self.config
+        sentences, src = min(batch_size, len(encoded)), len(encoded[-1][1])
+        steps = min(int(max_len_a * src + max_len_b), cfg.max_positions - 1) + 1
+        rows = sentences * beam
+        layers = cfg.decoder_layers * (steps if not incremental else cfg.kernel_size)
+        per_row = (3 * len(self.tgt_vocab) + 2 * steps * src + 2 * src * cfg.embed_dim
+                   + layers * cfg.hidden_dim * 2)
+        need = 4 * (rows * per_row + sentences * (2 * beam + 1) * steps * (src + 2))
+        check_fits(f"translating {sentences} sentences of up to {src} tokens with beam {beam} (batch_size "
+                   f"{batch_size})", need, device=self.device, advice="lower the beam (--beam) or batch_size "
+                   "(--batch-size)")
 
     def _translation(self, hyp: Hypothesis, src_ids: list[int] | None) -> Translation:
         """A search's hypothesis as a Translation; with ``src_ids``, its attention map over those tokens."""

@@ -3,9 +3,11 @@ its own (what torchrun launches, and what the interruption and reproducibility t
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 tests/toy_task.py OUT STEPS
     python tests/toy_task.py OUT STEPS [--resume] [--gemm] [--dropout P] [--delay S] [--gemm-info FILE]
+                                       [--eval-every N]
 
 The script reports a stopped run as the commands do: the one-line message of ``TrainingInterrupted`` and
-its exit status (130 SIGINT, 143 SIGTERM); a ``UserError`` as one line and status 2.
+its exit status (130 SIGINT, 143 SIGTERM); a ``UserError`` or a lost peer rank (``ConnectionError``) as one
+line and status 2.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import time
 import torch
 from torch import nn
 
+from helpers import TRAIN_SEED
+
 from fastqa._backend import cpu_gemm_info
 from fastqa.data.batching import bucket_batches
 from fastqa.errors import UserError
@@ -26,11 +30,12 @@ from fastqa.train import TrainingInterrupted, TrainSettings, fit, log_warmup, se
 
 class ToyTask:
     """y = sin(x·w) regression with an MLP; examples have 'lengths' so the bucketing is exercised.
-    ``delay``: seconds of sleep per training step, so a test can signal a run in the middle."""
+    ``delay``: seconds of sleep per training step, so a test can signal a run in the middle; ``seed``: the initial
+    weights, batch order and dropout (the tests' ``TRAIN_SEED`` unless given)."""
 
     kind = "toy"
 
-    def __init__(self, *, n: int = 96, dim: int = 6, batch_size: int = 8, dropout: float = 0.1, seed: int = 0,
+    def __init__(self, *, n: int = 96, dim: int = 6, batch_size: int = 8, dropout: float = 0.1, seed: int = TRAIN_SEED,
                  hidden: int = 16, delay: float = 0.0) -> None:
         g = torch.Generator().manual_seed(1234)
         self.x = torch.randn(n, dim, generator=g)
@@ -94,17 +99,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--delay", type=float, default=0.0, help="seconds of sleep per step")
     p.add_argument("--gemm-info", help="write fastqa._backend.cpu_gemm_info() to this JSON file at the end")
+    p.add_argument("--eval-every", type=int, default=0, help="evaluate and checkpoint every N steps")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     task = (ToyGemmTask if args.gemm else ToyTask)(dropout=args.dropout, delay=args.delay)
-    settings = TrainSettings(out_dir=args.out, max_steps=args.steps, clip_norm=5.0, ema_decay=0.99, eval_every=0,
+    settings = TrainSettings(out_dir=args.out, max_steps=args.steps, clip_norm=5.0, ema_decay=0.99, eval_every=args.eval_every,
                              log_every=1, progress=False, resume=args.resume)
     try:
         fit(task, settings)
     except TrainingInterrupted as e:
         print(e, file=sys.stderr)
         return e.exit_status
-    except UserError as e:
+    except (UserError, ConnectionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.gemm_info:

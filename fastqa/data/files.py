@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import tempfile
 import zlib
 from contextlib import contextmanager
@@ -15,7 +16,26 @@ from typing import IO, Any, Iterator
 from ..errors import UserError
 
 __all__ = ["user_cache_dir", "read_text", "read_bytes", "decode_lines", "read_json", "atomic_open", "atomic_write_text",
-           "atomic_write_json"]
+           "atomic_write_json", "fault_point", "FAULT_POINT_VARIABLE"]
+
+FAULT_POINT_VARIABLE = "FASTQA_FAULT_POINT"
+_fault_counts: dict[str, int] = {}
+
+
+def fault_point(name: str) -> None:
+    """A named place where the fault tests kill this process: with ``FASTQA_FAULT_POINT=NAME@N`` in the
+    environment the N-th arrival here (``NAME`` alone: the first) sends SIGKILL to the process itself, as a
+    power cut or the out-of-memory killer would; otherwise it does nothing. The names are documented in
+    docs/models.md (Training runs)."""
+    spec = os.environ.get(FAULT_POINT_VARIABLE)
+    if not spec:
+        return
+    target, _, nth = spec.partition("@")
+    if target != name:
+        return
+    _fault_counts[name] = _fault_counts.get(name, 0) + 1
+    if _fault_counts[name] == (int(nth) if nth.isdigit() else 1):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def read_text(path: str | os.PathLike, what: str = "") -> str:
@@ -103,21 +123,42 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
     """Open a temporary file beside ``path``; on success it replaces ``path``, on error it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    fault_point(f"{path.name}:before")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        fault_point(f"{path.name}:created")
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
             f.flush()
+            fault_point(f"{path.name}:written")
             os.fsync(f.fileno())
         # mkstemp creates 0600; give the file the mode an ordinary open() would (0666 less the umask).
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
+        fault_point(f"{path.name}:synced")
         os.replace(tmp, path)
+        fault_point(f"{path.name}:renamed")
+        _sync_folder(path.parent)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _sync_folder(folder: Path) -> None:
+    """Flush ``folder``'s entries to disk, so that a rename survives a power cut as well as a crash (where
+    the file system supports it)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems (and Windows) cannot fsync a folder: the rename is then as durable as they are
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -12,19 +12,27 @@ The comment of a fastqa checkpoint is ``fastqa-sha256:<hex digest>`` of every by
 a damaged one -- a flipped bit on disk, a truncated copy -- is refused with a ``UserError`` naming it
 instead of being loaded with wrong numbers. Checkpoints written before the checksum existed (no comment)
 still load.
+
+Failures while writing: a full disk or a file-size limit (``ulimit -f``) is a ``UserError`` naming the file,
+what it needed and the free space (and the limit), and the previous checkpoint is left as it was. A process
+killed at any point of the write (``fastqa.data.files.fault_point``: ``checkpoint.pt:before``, ``:created``,
+``:half`` -- half of the archive on disk --, ``:written``, ``:synced``, ``:renamed``) leaves the previous
+checkpoint or the new one, never a torn one: the tests kill it at each of them.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..data.files import atomic_open
+from ..data.files import atomic_open, fault_point
 from ..errors import UserError
 
 __all__ = ["FORMAT", "CHECKPOINT_NAME", "save_checkpoint", "load_checkpoint", "inference_weights"]
@@ -78,9 +86,38 @@ def save_checkpoint(out_dir: str | os.PathLike, payload: dict, name: str = CHECK
         warnings.warn(f"{path}: torch.save wrote an archive of a layout fastqa does not know; the checkpoint "
                       "is saved without a checksum", RuntimeWarning, stacklevel=2)
         data = archive
-    with atomic_open(path, "wb") as f:
-        f.write(data)
+    half = len(data) // 2
+    try:
+        with atomic_open(path, "wb") as f:
+            f.write(data[:half])
+            f.flush()
+            fault_point(f"{path.name}:half")
+            f.write(data[half:])
+    except OSError as e:
+        raise UserError(_write_failure(path, len(data), e)) from None
     return path
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _write_failure(path: Path, size: int, e: OSError) -> str:
+    """One line for a checkpoint that could not be written: the file, the reason, what it needed against the
+    free space (and the file-size limit when that was the cause), and what is left on disk."""
+    try:
+        free = f"{_megabytes(shutil.disk_usage(path.parent).free)} free there"
+    except OSError:
+        free = "free space unknown"
+    why = f"it needs {_megabytes(size)}, {free}"
+    if e.errno == errno.EFBIG:
+        import resource  # Unix only, and only needed here
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            why += f", and this process may write files of at most {_megabytes(limit)} (ulimit -f)"
+    kept = "the previous checkpoint is unchanged" if path.is_file() else "no checkpoint was written"
+    return f"{path}: cannot write the checkpoint ({e.strerror or e}): {why}; {kept}"
 
 
 def load_checkpoint(path_or_dir: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:

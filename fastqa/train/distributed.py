@@ -3,10 +3,18 @@
 ``torchrun --nproc_per_node N fastqa qa-train ...`` sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR in
 the environment; ``init_distributed`` joins the process group (NCCL on GPUs, gloo on the CPU). Without
 those variables it is a single process and every helper here is a no-op.
+
+A rank that dies (killed, out of memory) closes its connections, and the next collective of every other rank
+fails at once with gloo's "Connection closed by peer" (NCCL's watchdog reports it likewise). ``fit`` turns that
+into ``RankLost``: one line naming the rank that is gone (``lost_ranks``: a roll call through torchrun's
+store -- a rank that does not answer within a few seconds is the one lost), and the process exits; torchrun's
+agent stops the remaining ranks too. Under ``torchrun --max-restarts N`` the agent then starts every rank
+again (``restart_count`` > 0) and ``fit`` resumes from the run's last checkpoint by itself.
 """
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +23,12 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = ["DistEnv", "init_distributed", "wrap_ddp", "barrier", "all_gather_object", "any_true", "max_each",
-           "shutdown"]
+           "shutdown", "RankLost", "restart_count", "is_peer_failure", "lost_ranks", "rank_lost"]
+
+ROLL_CALL_S = 3.0  # how long a surviving rank waits for the others to answer the roll call
+# What a collective says when a peer's process is gone or stopped answering (gloo, NCCL, the TCP store).
+_PEER_FAILURES = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out",
+                  "socket timeout", "nccl communicator was aborted", "remote process exited")
 
 
 @dataclass(frozen=True)
@@ -95,3 +108,61 @@ def max_each(values: list[float], env: DistEnv) -> list[float]:
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+class RankLost(ConnectionError):
+    """Another rank of this distributed run is gone; ``str()`` is the one line to print (an ``OSError``: the
+    command prints it as one line and exits with a non-zero status)."""
+
+    def __init__(self, message: str, lost: list[int] | None) -> None:
+        super().__init__(message)
+        self.lost = lost
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def restart_count() -> int:
+    """How many times torchrun's agent has restarted this run's ranks (``--max-restarts``); 0 outside torchrun."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """Whether ``error``, raised by a collective, says that another rank is gone or stopped answering."""
+    if isinstance(error, getattr(dist, "DistNetworkError", ())):
+        return True
+    return isinstance(error, RuntimeError) and any(p in str(error).lower() for p in _PEER_FAILURES)
+
+
+def lost_ranks(env: DistEnv, wait_s: float = ROLL_CALL_S) -> list[int] | None:
+    """The ranks that do not answer a roll call through the process group's store within ``wait_s`` seconds
+    (every surviving rank calls this when a collective fails, so the survivors answer each other); None when
+    the store cannot be reached."""
+    if env.world_size == 2:
+        return [1 - env.rank]  # the one other rank: no roll call needed
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        prefix = f"fastqa/roll-call/{restart_count()}/"
+        store.set(f"{prefix}{env.rank}", "here")
+        missing = [r for r in range(env.world_size) if r != env.rank]
+        deadline = time.monotonic() + wait_s
+        while True:
+            missing = [r for r in missing if not store.check([f"{prefix}{r}"])]
+            if not missing or time.monotonic() >= deadline:
+                return missing
+            time.sleep(0.05)
+    except Exception:  # noqa: BLE001 - the store went with the failure: the line says "another rank"
+        return None
+
+
+def rank_lost(env: DistEnv, error: BaseException, out_dir: str) -> RankLost:
+    """The one-line error of a rank whose collective failed because another rank is gone."""
+    lost = lost_ranks(env)
+    who = (f"rank {', '.join(map(str, lost))}" if lost else "another rank") + f" of {env.world_size}"
+    # gloo's message opens with its source location in brackets and ends with advice: keep its first sentence.
+    reason = str(error).strip().split("] ", 1)[-1].split(". ")[0].rstrip(".") or type(error).__name__
+    return RankLost(f"rank {env.rank}: {who} is gone ({reason}); stopping -- {out_dir} keeps the last checkpoint: "
+                    "resume with --resume (torchrun --max-restarts resumes by itself)", lost)

@@ -381,7 +381,12 @@ def fit(task: Task, settings: TrainSettings) -> dict[str, float]:
             stack.enter_context(RunFolderLock(settings.out_dir))  # first: nothing below may touch a busy folder
             remove_stale_temporaries(settings.out_dir)
         signals = stack.enter_context(StopSignals())
-        return _fit(task, settings, env, signals)
+        try:
+            return _fit(task, settings, env, signals)
+        except RuntimeError as e:
+            if env.distributed and distributed.is_peer_failure(e):
+                raise distributed.rank_lost(env, e, settings.out_dir) from None
+            raise
 
 
 def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals) -> dict[str, float]:
@@ -400,7 +405,9 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
     if gemm_plan is not None:
         gemm_plan.restore()
     progress = _Progress()
-    if settings.resume:
+    # Ranks restarted by torchrun (--max-restarts) continue from the last checkpoint, if the run wrote one.
+    resume = settings.resume or (distributed.restart_count() > 0 and ckpt_path.is_file())
+    if resume:
         progress = _restore(task, load_checkpoint(ckpt_path), ckpt_path, optimizer,
                             scheduler, ema, env, scaler)
         log.info("resumed %s at step %d (epoch %d, batch %d)", ckpt_path, progress.step, progress.epoch,
@@ -409,7 +416,7 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
         if env.is_main and ckpt_path.exists():
             raise UserError(f"{ckpt_path} exists: pass --resume to continue that run, or choose another --out")
         torch.manual_seed(settings.seed + env.rank)  # dropout masks differ per rank, as each rank's data does
-    metrics_log = MetricsLog(out, resume_step=progress.step if settings.resume else None) if env.is_main else None
+    metrics_log = MetricsLog(out, resume_step=progress.step if resume else None) if env.is_main else None
     ddp_model = distributed.wrap_ddp(model, env)
     model.train()
 
@@ -476,17 +483,22 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
         nonlocal last_eval, evaluated_at
         t0 = time.monotonic()
         last_eval = _evaluate(task, ema, env)
-        save()
         evaluated_at = progress.step
         if env.is_main:
             row = {"kind": "eval", "step": progress.step, "epoch": progress.epoch,
                    "time": round(time.monotonic() - started, 2), **last_eval}
             metrics_log.write(row)
-            plot_learning_curve(metrics_log.path, out / "curve.png", title=f"{task.kind}: {out.name}")
+            try:
+                plot_learning_curve(metrics_log.path, out / "curve.png", title=f"{task.kind}: {out.name}")
+            except OSError as e:  # a full disk: the checkpoint below matters more, and says why it fails
+                log.warning("%s: cannot write the learning curve (%s)", out / "curve.png", e.strerror or e)
             text = " | ".join(f"{k} {v:.4g}" for k, v in last_eval.items())
             say(f"step {progress.step} ({reason}) | {text}")
             if bar is not None:
                 bar.evaluated(progress.step, last_eval)
+        # The row first, then the checkpoint: a run killed in between resumes from the previous checkpoint
+        # and drops the row; the other order would resume past an evaluation that metrics.jsonl never got.
+        save()
         if budget is not None:  # what the end of the run will take (see ``budget``)
             budget.record_evaluation(time.monotonic() - t0)
 

@@ -144,7 +144,7 @@ class QAModel:
 
     def _read(self, pairs: Sequence[EncodedPair], *, k: int, batch_size: int, max_answer_len: int | None,
               max_context: int | None, stride: int | None, texts: Sequence[str] | None = None,
-              on_batch: BatchHook | None = None) -> list[Reading]:
+              on_batch: BatchHook | None = None, keep_scores: bool = False) -> list[Reading]:
         batch_size = check_int("batch_size", batch_size, low=1)
         window, overlap = self.windows(max_context, stride)
         mal = answer_len(self.config, self.max_answer_len if max_answer_len is None else max_answer_len)
@@ -199,6 +199,22 @@ class QAModel:
                 continue
             taken.append((first, last))
             ranked.append((c.log_score, Answer(context[first:last], first, last, self._score(c.score), na_prob)))
+        return ranked
+
+    def _answers(self, context: str, pair: EncodedPair, reading: Reading, k: int,
+                 min_score: float | None) -> list[Answer]:
+        """The k best distinct answers of ``reading``, best first: each span widened to whole hyphenated words
+        (``whole_words``), and a span that overlaps a better one left out ("13 July 2014" hides "on 13 July
+        2014"). The candidate pool grows (``Reading.widen``) until k spans overlap no better one or the text has
+        no more spans, so k answers come back whenever the text has k. A v2.0 reader's "no answer" is one of
+        them, ranked by its score like the spans (first exactly when it wins: a stable sort keeps it after a span
+        of equal score, as ``is_null`` needs it strictly larger). Below ``min_score`` a span is no confident
+        answer."""
+        na_prob = reading.na_prob if self.config.no_answer else None
+        ranked = self._distinct(context, pair, reading, na_prob)
+        while len(ranked) < k and reading.can_widen:
+            reading.widen(4 * reading.asked)
+            ranked = self._distinct(context, pair, reading, na_prob)
         if self.config.no_answer:
             ranked.append((reading.log_null, Answer("", 0, 0, self._score(reading.null_score), na_prob)))
             ranked.sort(key=lambda a: -a[0])
@@ -231,10 +247,12 @@ class QAModel:
             top_k=top_k, batch_size=batch_size, max_answer_len=max_answer_len, max_context=max_context, stride=stride)
         pairs = encode_pairs(contexts, questions, self.words, self.chars, self.char_limit)
         self._check_memory(pairs, batch_size, max_context, stride)
-        # More candidates than answers: the spans that overlap a better one are left out.
-        readings = self._read(pairs, k=1 if top_k in (None, 1) else 4 * top_k, batch_size=batch_size,
+        # More candidates than answers: the spans that overlap a better one are left out (and the window scores
+        # kept, for a pool that must grow: ``_answers``).
+        several = top_k not in (None, 1)
+        readings = self._read(pairs, k=4 * top_k if several else 1, batch_size=batch_size,
                               max_answer_len=max_answer_len, max_context=max_context, stride=stride, texts=contexts,
-                              on_batch=on_batch)
+                              on_batch=on_batch, keep_scores=several)
         found = [self._answers(c, p, r, top_k or 1, min_score) for c, p, r in zip(contexts, pairs, readings)]
         return found, readings, pairs
 

@@ -1,0 +1,222 @@
+"""Faults injected into training, nothing lost: a kill -9 at every point of a checkpoint write, a full disk
+(a file-size limit) while saving, and a rank of a 2-process torchrun run killed (with and without torchrun's
+restarts).
+
+The kills are exact: ``FASTQA_FAULT_POINT=NAME@N`` makes the N-th arrival at the named point of the write
+(``fastqa.data.files.fault_point``) send SIGKILL to the training process itself."""
+from __future__ import annotations
+
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fastqa.errors import UserError
+from fastqa.train import TrainSettings, fit, load_checkpoint
+from fastqa.train.curves import read_metrics
+from toy_task import ToyTask
+
+TESTS = Path(__file__).resolve().parents[1]
+STEPS, EVERY = 12, 4   # checkpoints at steps 4, 8 and 12; the kills hit the second one (step 8)
+POINTS = ["before", "created", "half", "written", "synced", "renamed"]
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "FASTQA_FAULT_POINT"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
+    return env
+
+
+def _toy(out: Path, steps: int = STEPS, *extra: str) -> list[str]:
+    return [str(TESTS / "toy_task.py"), str(out), str(steps), "--dropout", "0.1", "--eval-every", str(EVERY), *extra]
+
+
+def _settings(out: Path, **kw) -> TrainSettings:
+    # What tests/toy_task.py trains with (--dropout 0.1 --eval-every 4), so in-process runs compare with it.
+    base = dict(out_dir=str(out), max_steps=STEPS, clip_norm=5.0, ema_decay=0.99, eval_every=EVERY, log_every=1,
+                progress=False)
+    base.update(kw)
+    return TrainSettings(**base)
+
+
+def _rows(out: Path) -> list[tuple]:
+    """metrics.jsonl without its clock times: (kind, step, loss or dev_loss)."""
+    return [(r["kind"], r["step"], r.get("loss", r.get("dev_loss"))) for r in read_metrics(out / "metrics.jsonl")]
+
+
+def _temporaries(out: Path) -> list[str]:
+    return sorted(p.name for p in out.iterdir() if p.name.endswith(".tmp"))
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> list[tuple]:
+    out = tmp_path_factory.mktemp("straight")
+    fit(ToyTask(dropout=0.1), _settings(out))
+    rows = _rows(out)
+    assert [s for k, s, _ in rows if k == "eval"] == [4, 8, 12]
+    return rows
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_kill_9_during_a_checkpoint_write_resumes_from_the_last_complete_one(tmp_path, straight, point):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, *_toy(out)], env=_env(FASTQA_FAULT_POINT=f"checkpoint.pt:{point}@2"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    # The second checkpoint (step 8) was being written: before its rename the first one (step 4) is the one
+    # on disk, whole; from the rename on, the new one.
+    kept = 8 if point == "renamed" else 4
+    assert load_checkpoint(out)["step"] == kept
+    assert bool(_temporaries(out)) == (point in ("created", "half", "written", "synced"))
+    # The metrics of the steps after that checkpoint are dropped on resume; the resumed run trains them again
+    # and its whole log equals the uninterrupted run's, loss for loss and evaluation for evaluation.
+    fit(ToyTask(dropout=0.1), _settings(out, resume=True))
+    assert _rows(out) == straight
+    assert load_checkpoint(out)["step"] == STEPS
+    assert _temporaries(out) == []
+
+
+def test_kill_9_while_resuming_rewrites_the_metrics_log(tmp_path, straight):
+    """The resume's own write (metrics.jsonl cut back to the checkpoint's step) killed before its rename."""
+    out = tmp_path / "run"
+    fit(ToyTask(dropout=0.1), _settings(out, max_steps=8))  # ends on an evaluation the straight run has too
+    proc = subprocess.run([sys.executable, *_toy(out, STEPS, "--resume")],
+                          env=_env(FASTQA_FAULT_POINT="metrics.jsonl:synced"), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    fit(ToyTask(dropout=0.1), _settings(out, resume=True))
+    assert _rows(out) == straight
+
+
+def _limit_file_size(limit: int):
+    def preexec() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    return preexec
+
+
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    fit(ToyTask(dropout=0.1), _settings(out, max_steps=EVERY))
+    before = (out / "checkpoint.pt").read_bytes()
+    limit = len(before) // 2   # metrics.jsonl stays far below it, a checkpoint is twice as big
+    proc = subprocess.run([sys.executable, *_toy(out, STEPS, "--resume")], env=_env(), capture_output=True,
+                          text=True, timeout=120, preexec_fn=_limit_file_size(limit))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines[0].startswith(f"error: {out / 'checkpoint.pt'}: cannot write the checkpoint (File too large): "
+                               f"it needs {len(before) / 1e6:.1f} MB, "), lines[0]
+    assert " free there" in lines[0] and f"at most {limit / 1e6:.1f} MB (ulimit -f)" in lines[0]
+    assert lines[0].endswith("; the previous checkpoint is unchanged")
+    assert (out / "checkpoint.pt").read_bytes() == before and _temporaries(out) == []
+    # Room again: the run resumes from that checkpoint.
+    fit(ToyTask(dropout=0.1), _settings(out, resume=True))
+    assert load_checkpoint(out)["step"] == STEPS
+
+
+def test_the_write_failure_names_no_limit_when_there_is_none(tmp_path):
+    """ENOSPC (no limit involved) reads the same, without the ulimit clause; in-process."""
+    from fastqa.train.checkpoint import _write_failure
+
+    line = _write_failure(tmp_path / "checkpoint.pt", 3_000_000, OSError(28, "No space left on device"))
+    assert line.startswith(f"{tmp_path / 'checkpoint.pt'}: cannot write the checkpoint (No space left on device): "
+                           "it needs 3.0 MB, ") and line.endswith("free there; no checkpoint was written")
+    with pytest.raises(UserError, match="no such checkpoint"):
+        load_checkpoint(tmp_path)
+
+
+def _torchrun(out: Path, *flags: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *flags,
+           *_toy(out, STEPS, "--delay", "0.2")]
+    return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _rank_pid(agent: subprocess.Popen, rank: int) -> int:
+    """The pid of the worker of ``rank`` started by torchrun's agent (read from its environment)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == agent.pid and f"RANK={rank}".encode() in environ:
+            return int(entry.name)
+    raise AssertionError(f"torchrun has no worker of rank {rank}")
+
+
+def _kill_rank_after(agent: subprocess.Popen, out: Path, step: int, rank: int = 1) -> float:
+    """SIGKILL the worker of ``rank`` once metrics.jsonl shows ``step``; returns when (time.monotonic())."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert agent.poll() is None, agent.communicate()[1][-3000:]
+        rows = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
+        if any(r["kind"] == "train" and r["step"] >= step for r in rows):
+            os.kill(_rank_pid(agent, rank), signal.SIGKILL)
+            return time.monotonic()
+        time.sleep(0.02)
+    raise AssertionError("the distributed run made no progress")
+
+
+DEAD_RANK_EXIT_S = 30  # the survivor's exit after a rank is killed, bounded (measured: a few seconds)
+
+
+def test_a_killed_rank_stops_the_other_with_one_line_naming_it(tmp_path):
+    out = tmp_path / "run"
+    agent = _torchrun(out)
+    killed = _kill_rank_after(agent, out, 6)   # after the checkpoint of step 4
+    _, err = agent.communicate(timeout=120)
+    took = time.monotonic() - killed
+    assert agent.returncode != 0
+    assert took < DEAD_RANK_EXIT_S, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("error: rank 0:")]
+    assert len(lines) == 1, err[-3000:]
+    # gloo says "Connection closed by peer" or "Read error ...: Connection reset by peer" (which side noticed).
+    assert re.match(r"error: rank 0: rank 1 of 2 is gone \(.*Connection (closed|reset) by peer", lines[0]), lines[0]
+    assert f"{out} keeps the last checkpoint: resume with --resume" in lines[0]
+    print(f"rank 1 killed: rank 0 and torchrun exited {took:.1f} s later")
+    assert load_checkpoint(out)["step"] in (4, 8)
+
+
+def test_torchrun_restarts_resume_from_the_last_checkpoint(tmp_path):
+    straight = _torchrun(tmp_path / "straight")
+    _, err = straight.communicate(timeout=180)
+    assert straight.returncode == 0, err[-3000:]
+    out = tmp_path / "run"
+    agent = _torchrun(out, "--max-restarts", "1")
+    _kill_rank_after(agent, out, 6)
+    _, err = agent.communicate(timeout=180)
+    assert agent.returncode == 0, err[-3000:]
+    assert "resumed" in err or load_checkpoint(out)["step"] == STEPS
+    assert load_checkpoint(out)["step"] == STEPS
+    # The restarted ranks continued from the checkpoint of step 4 (or 8): the log reads as one run, and its
+    # losses are the uninterrupted 2-process run's.
+    assert _rows(out) == _rows(tmp_path / "straight")
+
+
+def test_the_roll_call_names_the_ranks_that_do_not_answer():
+    """Beyond 2 ranks, the survivors learn who is gone by a roll call through the process group's store."""
+    import torch.distributed as dist
+
+    from fastqa.train.distributed import DistEnv, lost_ranks
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set("fastqa/roll-call/0/2", "here")   # rank 2 answered, rank 1 never does
+        t0 = time.monotonic()
+        assert lost_ranks(DistEnv(rank=0, world_size=3), wait_s=0.3) == [1]
+        assert 0.3 <= time.monotonic() - t0 < 5
+        store.set("fastqa/roll-call/0/1", "here")
+        assert lost_ranks(DistEnv(rank=0, world_size=3), wait_s=0.3) == []
+        assert lost_ranks(DistEnv(rank=1, world_size=2)) == [0]
+    finally:
+        dist.destroy_process_group()

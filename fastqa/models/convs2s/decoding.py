@@ -17,6 +17,10 @@ No host read inside the step loop: which sentences are finished, their tokens an
 finished hypotheses are kept on the device, and the host looks at them only every ``sync_every`` steps,
 to stop once every sentence is done and to drop the finished ones from the batch. On a GPU each such read
 waits for the device; on the CPU it costs nothing, so there the default is every step.
+
+On CUDA (``graphs``, by default there) each incremental step runs through static buffers as a CUDA graph
+per row bucket (``graphed``): the host issues one replay per step instead of every layer's launches, and the
+tokens are the same.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import torch
 from torch.nn.utils import parametrize
 
 from ..._checks import check_int, check_number
+from .graphed import StaticDecoding
 from .modeling import ConvS2S
 from .state import DecoderState
 
@@ -49,12 +54,13 @@ class Hypothesis:
 # --- shared plumbing --------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _inference(model: ConvS2S) -> Iterator[None]:
-    """Eval mode (no dropout), no autograd, weight-normalised weights computed once for the whole search."""
+def _inference(model: ConvS2S, cache: bool = True) -> Iterator[None]:
+    """Eval mode (no dropout), no autograd, weight-normalised weights computed once for the whole search
+    (``cache``; not while CUDA graphs are captured: a graph must not read values freed after the search)."""
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), parametrize.cached():
+        with torch.no_grad(), parametrize.cached() if cache else contextlib.nullcontext():
             yield
     finally:
         model.train(was_training)
@@ -85,6 +91,28 @@ def _stepper(model: ConvS2S, incremental: bool
         logits, attn = model.decode(tokens, state.encoder, last_only=True)
         return logits[:, 0], attn[:, 0], dataclasses.replace(state, step=state.step + 1)
     return full
+
+
+def _use_graphs(device: torch.device, incremental: bool, graphs: bool | None) -> bool:
+    """Whether the search steps through static buffers (``graphed``): ``graphs``, by default on CUDA (captured
+    there; on the CPU the same buffers run eagerly). Incremental decoding only."""
+    if graphs is None:
+        return incremental and device.type == "cuda"
+    if graphs and not incremental:
+        raise ValueError("graphs=True needs incremental decoding (incremental=True)")
+    return bool(graphs)
+
+
+def _static_greedy(model: ConvS2S, state: DecoderState, never: tuple[int, ...]):
+    """(the static state, its greedy stepper) for a search starting at ``state``."""
+    static = StaticDecoding.of(model).start(state, argmax_exclude=never)
+    return static, lambda tokens, st: (st.step(tokens[:, -1])[0], st)
+
+
+def _static_stepper(model: ConvS2S, state: DecoderState):
+    """(the static state, its stepper returning logits and attention) for a search starting at ``state``."""
+    static = StaticDecoding.of(model).start(state, argmax_exclude=None)
+    return static, lambda tokens, st: (*st.step(tokens[:, -1]), st)
 
 
 def _check_forbid(model: ConvS2S, forbid: Sequence[int]) -> tuple[int, ...]:
@@ -139,18 +167,20 @@ def _forbid(logits: torch.Tensor, model: ConvS2S, force_eos: torch.Tensor | None
 # --- greedy ------------------------------------------------------------------------------------------------------
 
 def greedy_decode(model: ConvS2S, src: torch.Tensor, *, max_len_a: float = 1.2, max_len_b: float = 10,
-                  incremental: bool = True, forbid: Sequence[int] = (), sync_every: int | None = None
-                  ) -> list[list[int]]:
+                  incremental: bool = True, forbid: Sequence[int] = (), sync_every: int | None = None,
+                  graphs: bool | None = None) -> list[list[int]]:
     """Greedy translation of src [B, S] (padded with pad_id) -> per sentence its output ids without
     sos/eos. incremental=False re-runs the decoder over the whole prefix at each step (slow; for checks).
     ``forbid``: target ids never generated (besides pad and sos). ``sync_every``: steps between the host's
-    looks at which sentences are finished (module docstring)."""
+    looks at which sentences are finished (module docstring). ``graphs``: each step through static buffers,
+    a CUDA graph per row bucket (``graphed``; default: on CUDA), the same tokens."""
     max_len_a = check_number("max_len_a", max_len_a, low=0)
     max_len_b = check_number("max_len_b", max_len_b, low=0)
     forbid = _check_forbid(model, forbid)
     cfg = model.config
     check = _sync_interval(src.device, sync_every)
-    with _inference(model):
+    static = _use_graphs(src.device, incremental, graphs)
+    with _inference(model, cache=not (static and src.device.type == "cuda")):
         enc = model.encode(src)
         batch, device = src.shape[0], src.device
         max_len = _max_lengths(model, src, max_len_a, max_len_b)
@@ -162,6 +192,8 @@ def greedy_decode(model: ConvS2S, src: torch.Tensor, *, max_len_a: float = 1.2, 
         tokens = torch.full((batch, 1), cfg.sos_id, dtype=torch.long, device=device)
         state = model.initial_state(enc, 1, incremental=incremental)
         step = _greedy_stepper(model, incremental, forbid)
+        if static:
+            state, step = _static_greedy(model, state, (cfg.pad_id, cfg.sos_id, *forbid))
         for t in range(steps):
             nxt, state = step(tokens, state)                                                  # [N]
             nxt = torch.where(max_len.eq(t), cfg.eos_id, nxt)     # at its max length a sentence may only end
@@ -184,8 +216,8 @@ def greedy_decode(model: ConvS2S, src: torch.Tensor, *, max_len_a: float = 1.2, 
 
 def beam_search(model: ConvS2S, src: torch.Tensor, *, beam: int = 5, len_penalty: float = 1.0,
                 max_len_a: float = 1.2, max_len_b: float = 10, nbest: int = 1,
-                incremental: bool = True, forbid: Sequence[int] = (), sync_every: int | None = None
-                ) -> list[list[Hypothesis]]:
+                incremental: bool = True, forbid: Sequence[int] = (), sync_every: int | None = None,
+                graphs: bool | None = None) -> list[list[Hypothesis]]:
     """Beam search over src [B, S] (padded with pad_id), all sentences batched.
 
     At each step the 2*beam best continuations of a sentence are taken over all its beams; EOS among the
@@ -193,7 +225,8 @@ def beam_search(model: ConvS2S, src: torch.Tensor, *, beam: int = 5, len_penalty
     it has ``beam`` finished hypotheses (or reached its max length). Returns per sentence its ``nbest``
     best finished hypotheses, best normalised score first. ``forbid``: target ids never generated
     (besides pad and sos). ``sync_every``: steps between the host's looks at which sentences are done
-    (module docstring).
+    (module docstring). ``graphs``: each step through static buffers, a CUDA graph per row bucket
+    (``graphed``; default: on CUDA), the same hypotheses.
     """
     beam = check_int("beam", beam, low=1)
     nbest = check_int("nbest", nbest, low=1)
@@ -206,7 +239,8 @@ def beam_search(model: ConvS2S, src: torch.Tensor, *, beam: int = 5, len_penalty
     cfg = model.config
     k = int(beam)
     check = _sync_interval(src.device, sync_every)
-    with _inference(model):
+    static = _use_graphs(src.device, incremental, graphs)
+    with _inference(model, cache=not (static and src.device.type == "cuda")):
         enc = model.encode(src)
         batch, device, src_len = src.shape[0], src.device, src.shape[1]
         max_len = _max_lengths(model, src, max_len_a, max_len_b)
@@ -221,6 +255,8 @@ def beam_search(model: ConvS2S, src: torch.Tensor, *, beam: int = 5, len_penalty
         scores[:, 0] = 0.0
         state = model.initial_state(enc, k, incremental=incremental)
         step = _stepper(model, incremental)
+        if static:
+            state, step = _static_stepper(model, state)
         beam_offsets = torch.arange(k, device=device)
         for t in range(steps):
             n_live = live.numel()

@@ -163,7 +163,8 @@ class QAModel:
                             terms=([lexical_terms(p.context_tokens) for p in unique],
                                    [lexical_terms(p.question_tokens) for p in pairs]),
                             breaks=None if texts is None else [paragraph_starts(texts[i], pairs[i].offsets)
-                                                               for i in first], on_batch=on_batch)
+                                                               for i in first], on_batch=on_batch,
+                            keep_scores=keep_scores)
 
     def _check_memory(self, pairs: Sequence[EncodedPair], batch_size: int, max_context: int | None,
                       stride: int | None) -> None:
@@ -181,14 +182,9 @@ class QAModel:
     def _score(self, raw: float) -> float:
         return self.calibration(raw) if self.calibration is not None else raw
 
-    def _answers(self, context: str, pair: EncodedPair, reading: Reading, k: int,
-                 min_score: float | None) -> list[Answer]:
-        """The k best distinct answers of ``reading``, best first: each span widened to whole hyphenated words
-        (``whole_words``), and a span that overlaps a better one left out ("13 July 2014" hides "on 13 July
-        2014"). A v2.0 reader's "no answer" is one of them, ranked by its score like the spans (first exactly when
-        it wins: a stable sort keeps it after a span of equal score, as ``is_null`` needs it strictly larger).
-        Below ``min_score`` a span is no confident answer."""
-        na_prob = reading.na_prob if self.config.no_answer else None
+    def _distinct(self, context: str, pair: EncodedPair, reading: Reading, na_prob: float | None
+                  ) -> list[tuple[float, Answer]]:
+        """(log score, answer) of the candidates that overlap no better one, best first."""
         offsets = pair.offsets
         ranked: list[tuple[float, Answer]] = []
         taken: list[tuple[int, int]] = []

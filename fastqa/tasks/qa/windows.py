@@ -8,7 +8,9 @@ without paragraphs, is cut into windows of ``max_context`` tokens that overlap b
 one row of a length-bucketed batch, so memory is bounded by ``batch_size × max_context`` whatever the
 text's length. Each window's k best spans (``decode_top_spans``) are mapped back to the context's token
 indices and merged: a span seen in several windows keeps its best score, and the k best distinct spans over
-all windows are returned.
+all windows are returned. A caller that needs more (``QAModel.answer(top_k=K)`` wants K answers that do not
+overlap, and the k best spans may all overlap the first) reads with ``keep_scores`` and grows the pool with
+``Reading.widen`` until it has them or the text has no more spans: the windows' scores are kept, not read again.
 
 Spans are ranked across windows by an unnormalised score that compares between windows: start logit + end logit
 (``forward(..., logits=True)`` of a reader whose ``SPAN_LOGITS`` is true) plus ``RELEVANCE_WEIGHT`` times the
@@ -31,7 +33,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -129,6 +131,12 @@ class Reading:
     log_null: float = math.inf    # smallest null score over the windows (no-answer readers; +inf otherwise)
     null_window: int = 0
     log_z: float = 0.0            # log of the document's normaliser: every score's denominator (module docstring)
+    asked: int = 0                # the k the candidates were cut to (fewer of them: the text has no more spans)
+    # (window index, its first token, start scores [m], end scores [m], its relevance bonus) per window, on the
+    # CPU: what ``widen`` re-ranks (``read_windows(keep_scores=True)``; empty otherwise). m: the window's length,
+    # plus the null position of a no-answer reader.
+    _rows: list[tuple[int, int, torch.Tensor, torch.Tensor, float]] = field(default_factory=list, repr=False)
+    _decoding: tuple[int, bool] = field(default=(30, False), repr=False)   # (max_answer_len, no_answer)
 
     @property
     def best(self) -> Candidate:
@@ -149,6 +157,55 @@ class Reading:
         if not math.isfinite(self.log_null):
             return 0.0
         return float(torch.sigmoid(torch.tensor(self.log_null - self.best.log_score)))
+
+    @property
+    def can_widen(self) -> bool:
+        """The window scores were kept and the text may hold spans beyond the candidates (``widen``)."""
+        return bool(self._rows) and len(self.candidates) >= self.asked
+
+    def widen(self, k: int) -> None:
+        """Make ``candidates`` the k best distinct spans over all windows, from the kept window scores (no model
+        call), ranked as ``read_windows`` ranks them: a smaller k's scores stay first (among spans of equal score
+        at its cut, which ones a smaller k kept is ``topk``'s choice)."""
+        if not self._rows:
+            raise RuntimeError("widen needs the window scores: read_windows(..., keep_scores=True)")
+        k = check_int("k", k, low=1)
+        max_answer_len, no_answer = self._decoding
+        # One decode over the kept windows, padded to the longest ([W, m]); ``lengths`` masks the padding.
+        extra = 1 if no_answer else 0
+        s1 = nn.utils.rnn.pad_sequence([r[2] for r in self._rows], batch_first=True)
+        s2 = nn.utils.rnn.pad_sequence([r[3] for r in self._rows], batch_first=True)
+        top = decode_top_spans(s1, s2, k, max_answer_len=max_answer_len, no_answer=no_answer,
+                               lengths=torch.tensor([len(r[2]) - extra for r in self._rows]))
+        top = {name: top[name].tolist() for name in ("start", "end", "log_score", "valid")}
+        seen: dict[tuple[int, int], Candidate] = {}
+        for row, (wi, first, _, _, bonus) in enumerate(self._rows):
+            _merge(seen, top, row, first, bonus, wi)
+        _rank(self, seen, k)
+
+
+def _merge(seen: dict[tuple[int, int], Candidate], top: dict[str, Any], row: int, first: int, bonus: float,
+           window: int) -> None:
+    """Add row ``row`` of ``decode_top_spans``'s output (a window starting at token ``first``) to ``seen``: a span
+    seen in several windows keeps its best score. ``top``'s tensors are lists here (one host copy per batch)."""
+    for s, e, ls, ok in zip(top["start"][row], top["end"][row], top["log_score"][row], top["valid"][row]):
+        if not ok:
+            break
+        ls += bonus
+        key = (first + s, first + e)
+        if key not in seen or ls > seen[key].log_score:
+            seen[key] = Candidate(first + s, first + e, 0.0, ls, window)   # its score: once every window is in
+
+
+def _rank(reading: Reading, seen: dict[tuple[int, int], Candidate], k: int) -> None:
+    """``reading.candidates``: the k best of ``seen``, best first, each scored over the whole document."""
+    # Among equal scores the earlier span, so the order does not depend on the batching.
+    reading.candidates = sorted(seen.values(), key=lambda c: (-c.log_score, c.start, c.end))[:k]
+    reading.asked = k
+    for c in reading.candidates:
+        c.score = math.exp(c.log_score - reading.log_z)
+    if not reading.candidates:
+        raise RuntimeError("a window produced no span")  # n >= 1 always has the span (0, 0)
 
 
 def lexical_terms(tokens: Sequence[str]) -> list[str | None]:
@@ -194,7 +251,7 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
                  device: torch.device | str | None = None, autocast: bool = True, on_batch: BatchHook | None = None,
                  progress: Callable[[int], None] | None = None,
                  terms: tuple[Sequence[Sequence[str | None]], Sequence[Sequence[str | None]]] | None = None,
-                 breaks: Sequence[Sequence[int]] | None = None) -> list[Reading]:
+                 breaks: Sequence[Sequence[int]] | None = None, keep_scores: bool = False) -> list[Reading]:
     """Read every question against its context in windows; one ``Reading`` per question, in order.
 
     contexts: (word ids [n], char ids [n, W]) per context; questions: (word ids [m], char ids [m, W'],
@@ -202,7 +259,8 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
     on_batch: called for every batch (e.g. to add up a loss); progress: called with the number of
     questions whose last window was just read; autocast: bf16 autocast on a GPU (``inference_autocast``); terms: (per context, per question) the ``lexical_terms`` of
     their tokens, for the windows' relevance to the question (module docstring); breaks: per context the tokens
-    that start a paragraph (``plan_windows``). The model is put in eval mode and back.
+    that start a paragraph (``plan_windows``); keep_scores: keep every window's scores on the CPU so that
+    ``Reading.widen`` can rank more spans later. The model is put in eval mode and back.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -214,7 +272,7 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
     for qi, (_, _, c) in enumerate(questions):
         if c not in plans:
             plans[c] = plan_windows(len(contexts[c][0]), max_context, stride, breaks[c] if breaks else ())
-        readings.append(Reading(plans[c]))
+        readings.append(Reading(plans[c], _decoding=(max_answer_len, no_answer)))
         units.extend((qi, wi) for wi in range(len(plans[c])))
     # Each (question, window)'s prior: RELEVANCE_WEIGHT x BM25, for readers ranked by logits, where there are
     # several windows and the words are known.
@@ -254,35 +312,27 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
             # Each window's normaliser: the log of the sum of exp(start + end) over its (start, end) pairs.
             window_z = (torch.logsumexp(s1, dim=1) + torch.logsumexp(s2, dim=1)).tolist() if logits else None
             # One copy to the host per batch, then plain Python over k entries per row.
-            starts, ends = top["start"].tolist(), top["end"].tolist()
-            log_scores, valid = top["log_score"].tolist(), top["valid"].tolist()
-            log_null = top["log_null"].tolist()
+            top = {name: top[name].tolist() for name in ("start", "end", "log_score", "valid", "log_null")}
+            kept = (s1.cpu(), s2.cpu()) if keep_scores else None
             for row, (qi, wi) in enumerate(picked):
                 a = spans[row][0]
-                reading, seen = readings[qi], found[qi]
+                reading = readings[qi]
                 bonus = prior.get((qi, wi), 0.0)
                 if logits:
                     log_z[qi] = float(np.logaddexp(log_z[qi], window_z[row] + bonus))
-                if no_answer and log_null[row] + bonus < reading.log_null:
-                    reading.log_null, reading.null_window = log_null[row] + bonus, wi
-                for s, e, ls, ok in zip(starts[row], ends[row], log_scores[row], valid[row]):
-                    if not ok:
-                        break
-                    ls += bonus
-                    key = (a + s, a + e)
-                    if key not in seen or ls > seen[key].log_score:
-                        seen[key] = Candidate(a + s, a + e, 0.0, ls, wi)   # its score: once every window is in
+                null = top["log_null"][row]
+                if no_answer and null + bonus < reading.log_null:
+                    reading.log_null, reading.null_window = null + bonus, wi
+                _merge(found[qi], top, row, a, bonus, wi)
+                if kept is not None:
+                    m = spans[row][1] - a + (1 if no_answer else 0)
+                    reading._rows.append((wi, a, kept[0][row, :m].clone(), kept[1][row, :m].clone(), bonus))
                 left[qi] -= 1
                 if progress is not None and left[qi] == 0:
                     progress(1)
     finally:
         model.train(was_training)
     for reading, seen, z in zip(readings, found, log_z):
-        # Best first; among equal scores the earlier span, so the order does not depend on the batching.
-        reading.candidates = sorted(seen.values(), key=lambda c: (-c.log_score, c.start, c.end))[:k]
         reading.log_z = z
-        for c in reading.candidates:
-            c.score = math.exp(c.log_score - z)
-        if not reading.candidates:
-            raise RuntimeError("a window produced no span")  # n >= 1 always has the span (0, 0)
+        _rank(reading, seen, k)
     return readings

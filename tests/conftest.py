@@ -71,8 +71,9 @@ def one_thread_for_models(request):
 
 
 def _serves_models(item) -> bool:
-    """The ``fastqa serve`` tests that train two tiny models and serve them (tests/serve/test_api.py, test_page.py)."""
-    return item.path.parent.name == "serve" and item.path.name in ("test_api.py", "test_page.py")
+    """The ``fastqa serve`` tests that train two tiny models and serve them (tests/serve/test_api.py, test_page.py,
+    test_bounds_api.py)."""
+    return item.path.parent.name == "serve" and item.path.name in ("test_api.py", "test_page.py", "test_bounds_api.py")
 
 
 def _needs_serve_extra(item) -> bool:

@@ -169,14 +169,16 @@ class QAModel:
     def _check_memory(self, pairs: Sequence[EncodedPair], batch_size: int, max_context: int | None,
                       stride: int | None) -> None:
         """Refuse, with one line, a reading whose batch of windows cannot fit in the free memory: each window
-        row holds its self-attention maps (heads x window^2) and its activations (width x window), for the
-        rows of one batch (at most ``batch_size``, at most the windows there are)."""
+        row holds its self-attention maps (heads x length^2) and its activations (width x length), the length
+        being the longest window (rows are padded to it), for the rows of one batch (at most ``batch_size``, at
+        most the windows there are)."""
         window, overlap = self.windows(max_context, stride)
         rows = sum(max(1, -(-(len(p) - overlap) // max(1, window - overlap))) for p in pairs)
         rows = min(batch_size, rows)
+        length = min(window, max((len(p) for p in pairs), default=1))
         heads, width = int(getattr(self.config, "heads", 1)), int(getattr(self.config, "d_model", 128))
-        need = 4 * rows * (3 * heads * window * window + 20 * width * window)
-        check_fits(f"reading {rows} windows of {window} tokens at once (batch_size {batch_size}, max_context "
+        need = 4 * rows * (3 * heads * length * length + 20 * width * length)
+        check_fits(f"reading {rows} windows of {length} tokens at once (batch_size {batch_size}, max_context "
                    f"{window})", need, device=self.device, advice="lower batch_size (--batch-size) or max_context")
 
     def _score(self, raw: float) -> float:

@@ -83,7 +83,8 @@ class QAModel:
 
     def __init__(self, model: nn.Module, words: Vocab, chars: Vocab, *, max_answer_len: int = 30,
                  limits: Limits = Limits(), device: torch.device | str | None = None,
-                 calibration: Calibration | None = None, dtype: torch.dtype | None = None) -> None:
+                 calibration: Calibration | None = None, dtype: torch.dtype | None = None,
+                 graphs: bool | None = None) -> None:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         #: the weights' dtype when one was asked for (``Predictor.load``'s precision); None: as saved, and on a
         #: GPU under bf16 autocast
@@ -95,6 +96,8 @@ class QAModel:
         self.limits = limits
         #: maps raw scores to probabilities of being right (``fastqa.tasks.qa.calibration``); None: raw scores
         self.calibration = calibration
+        #: a QANet reads through static buffers, a CUDA graph per bucket (``read_windows``' graphs; default: on CUDA)
+        self.graphs = self.device.type == "cuda" if graphs is None else bool(graphs)
 
     @classmethod
     def load(cls, name_or_path: str | os.PathLike | None = None, *, device: str | torch.device | None = None,
@@ -164,7 +167,7 @@ class QAModel:
                                    [lexical_terms(p.question_tokens) for p in pairs]),
                             breaks=None if texts is None else [paragraph_starts(texts[i], pairs[i].offsets)
                                                                for i in first], on_batch=on_batch,
-                            keep_scores=keep_scores)
+                            keep_scores=keep_scores, graphs=self.graphs)
 
     def _check_memory(self, pairs: Sequence[EncodedPair], batch_size: int, max_context: int | None,
                       stride: int | None) -> None:

@@ -43,6 +43,8 @@ from torch import nn
 from ..._checks import check_int
 from ...data.batching import bucket_batches, pad
 from ...errors import UserError
+from ...models.qanet import QANet
+from ...models.qanet.graphed import GraphedReader
 from .decode import decode_top_spans
 from .encoding import pad_chars
 
@@ -251,7 +253,8 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
                  device: torch.device | str | None = None, autocast: bool = True, on_batch: BatchHook | None = None,
                  progress: Callable[[int], None] | None = None,
                  terms: tuple[Sequence[Sequence[str | None]], Sequence[Sequence[str | None]]] | None = None,
-                 breaks: Sequence[Sequence[int]] | None = None, keep_scores: bool = False) -> list[Reading]:
+                 breaks: Sequence[Sequence[int]] | None = None, keep_scores: bool = False,
+                 graphs: bool = False) -> list[Reading]:
     """Read every question against its context in windows; one ``Reading`` per question, in order.
 
     contexts: (word ids [n], char ids [n, W]) per context; questions: (word ids [m], char ids [m, W'],
@@ -260,7 +263,9 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
     questions whose last window was just read; autocast: bf16 autocast on a GPU (``inference_autocast``); terms: (per context, per question) the ``lexical_terms`` of
     their tokens, for the windows' relevance to the question (module docstring); breaks: per context the tokens
     that start a paragraph (``plan_windows``); keep_scores: keep every window's scores on the CPU so that
-    ``Reading.widen`` can rank more spans later. The model is put in eval mode and back.
+    ``Reading.widen`` can rank more spans later; graphs: a QANet reads each batch through a bucket's static
+    buffers, replayed as a CUDA graph on a GPU (``fastqa.models.qanet.graphed``). The model is put in eval mode
+    and back.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -291,6 +296,7 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
     log_z = [-math.inf if logits else 0.0] * len(readings)
     was_training = model.training
     model.eval()
+    forward = GraphedReader.of(model) if graphs and isinstance(model, QANet) else model
     try:
         for rows in bucket_batches(lengths, batch_size, seed=0, shuffle=False):
             picked = [units[r] for r in rows]
@@ -302,7 +308,7 @@ def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.
                       pad_chars([questions[qi][1] for qi, _ in picked], char_pad))
             inputs = tuple(t.to(device, non_blocking=True) for t in inputs)
             with inference_autocast(device, autocast):
-                s1, s2 = model(*inputs, logits=True) if logits else model(*inputs)
+                s1, s2 = forward(*inputs, logits=True) if logits else forward(*inputs)
             s1, s2 = s1.float(), s2.float()
             lp1, lp2 = (F.log_softmax(s1, dim=1), F.log_softmax(s2, dim=1)) if logits else (s1, s2)
             if on_batch is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -14,6 +15,21 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastqa._backend import cpu_available, triton_usable_here
+
+
+def _train_seed() -> int:
+    value = os.environ.get("FASTQA_TEST_SEED", "0")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"FASTQA_TEST_SEED must be an integer, got {value!r}") from None
+
+
+# The seed of the toy models the tests train (initial weights, batch order, dropout): 0, or FASTQA_TEST_SEED.
+# `make test-numerics` runs the model tests again under another, so no expectation rests on one draw.
+TRAIN_SEED = _train_seed()
+# The training commands' flag for it (qa-train, mt-train).
+SEED_ARGS = ["--seed", str(TRAIN_SEED)]
 
 # Per-dtype tolerances (atol, rtol) for kernels vs the float reference computed in the same dtype.
 TOLERANCES = {

@@ -7,6 +7,7 @@ import pytest
 import torch
 from cli_helpers import assert_user_error as _user_error
 from cli_helpers import run_cli as _run
+from helpers import SEED_ARGS
 from squad_fixtures import make_squad, write_json
 
 from fastqa.cli import main
@@ -23,7 +24,8 @@ TINY = ["--set", "d_model=32", "--set", "heads=2", "--set", "char_dim=16", "--se
 def _train_args(train, dev, out, cache, *extra):
     # One thread: a tiny model on a shared 2-core machine runs ~9x faster than with two.
     return ["qa-train", "--train", str(train), "--dev", str(dev), "--out", str(out), "--cache-dir", str(cache),
-            "--no-progress", "--lr", "3e-3", "--warmup", "20", "--batch-size", "16", "--threads", "1", *TINY, *extra]
+            "--no-progress", "--lr", "3e-3", "--warmup", "20", "--batch-size", "16", "--threads", "1", *TINY,
+            *SEED_ARGS, *extra]
 
 
 
@@ -156,7 +158,10 @@ def test_ask_prints_answer_and_plots(trained, capsys):
                                   "--question", qa["question"], "--plot", png])
     printed = json.loads(stdout)
     res = printed["answer"]
-    assert rc == 0 and res["text"] == para["context"][res["start"]:res["end"]] == qa["answers"][0]["text"]
+    # What the reader answers through the Python API (a memorised question's answer, on every CPU it is the
+    # gold one only as far as the memorisation holds: test_memorises_training_questions_and_cli_round_trip).
+    want = QAModel.load(trained["out"]).answer(para["context"], qa["question"])
+    assert rc == 0 and res["text"] == para["context"][res["start"]:res["end"]] and res == want.to_dict()
     assert printed["answers"] == [res] and printed["plot"] == str(png)
     assert res["abstained"] is False and res["no_answer_prob"] is None
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not list(trained["root"].glob(".plot.png.*"))
@@ -347,7 +352,11 @@ def test_calibration_fit_load_export_predict_eval_and_ask(trained, capsys, tmp_p
     rc, stdout, err = _run(capsys, [*ask, "--min-score", "0", "--top-k", "2"])
     printed = json.loads(stdout)
     assert rc == 0 and "no confident answer" not in err
-    assert printed["answer"] == best.to_dict() and len(printed["answers"]) == 2
+    # The reader's own two best distinct answers: one when every other candidate overlaps the best (the spans a
+    # memorising reader ranks next depend on how the CPU rounds), else two.
+    top2 = qa.answer(para["context"], q, top_k=2)
+    assert printed["answer"] == best.to_dict() and printed["answers"] == [a.to_dict() for a in top2]
+    assert 1 <= len(top2) <= 2 and top2[0] == best
     assert not any(a["abstained"] for a in printed["answers"])
     with pytest.raises(SystemExit) as e:
         main([str(a) for a in [*ask, "--min-score", "2"]])

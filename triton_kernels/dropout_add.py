@@ -2,7 +2,7 @@
 
 Registers, on import, ``fastqa_triton::dropout_add`` with the schema of the C++ ``fastqa::dropout_add``:
 
-    dropout_add(branch [B, ...], residual [B, ...]?, example_scale [B]?, p, seed) -> out [B, ...]
+    dropout_add(branch [B, ...], residual [B, ...]?, example_scale [B]?, p, seed [1] int64) -> out [B, ...]
     out = residual + branch * (keep(seed, i) * keep_scale * example_scale[b])     (i: row-major element index)
 
 keep(seed, i) is the counter-based hash that ``csrc/cpu/dropout_add.cpp`` states and
@@ -21,9 +21,9 @@ residual (rounded) -- each step an fp32 operation rounded to the dtype, as torch
 an fma of branch * factor + residual would round once where the reference rounds twice.
 
 One program per BLOCK elements (int64 offsets: tensors past 2^31 elements work); every element hashes its
-own pair (the hash is a few integer operations, cheaper than pairing lanes up). The seed is not
-specialised on (and goes in as two int32 halves, whatever its value), so a new seed per call never
-recompiles.
+own pair (the hash is a few integer operations, cheaper than pairing lanes up). The seed is a one-element
+int64 tensor on the device, loaded by each program: a model draws it there (no host read per call), a new
+seed never recompiles, and a captured CUDA graph reads each replay's fresh seed.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from torch import Tensor
 
 from ._common import INTERPRET, launch, register, tl_dtype
 
-_SCHEMA = "(Tensor branch, Tensor? residual, Tensor? example_scale, float p, int seed) -> Tensor"
+_SCHEMA = "(Tensor branch, Tensor? residual, Tensor? example_scale, float p, Tensor seed) -> Tensor"
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # Elements per program (the interpreter: small, so tests cover several programs and a ragged end).
@@ -56,11 +56,10 @@ def _mix32(x):
 
 
 @triton.jit
-def _keep(offs, seed_lo, seed_hi, drop):
-    """Bool [BLOCK]: element offs (int64) is kept under the seed whose low and high 32 bits are seed_lo and
-    seed_hi (int32 bit patterns) at threshold ``drop``."""
-    s0 = tl.cast(seed_lo, tl.uint32)            # same width: the bits as they are
-    s1 = tl.cast(seed_hi, tl.uint32)
+def _keep(offs, seed, drop):
+    """Bool [BLOCK]: element offs (int64) is kept under the int64 ``seed`` at threshold ``drop``."""
+    s0 = (seed & 0xFFFFFFFF).to(tl.uint32)         # the low word's bits
+    s1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)  # arithmetic shift, then the mask: the high word's bits
     j = offs >> 1                               # the element pair
     h = _mix32(_mix32(j.to(tl.uint32) ^ s0) ^ s1 ^ (j >> 32).to(tl.uint32))
     bits = tl.where((offs & 1) == 0, h & 0xFFFF, h >> 16)
@@ -90,8 +89,8 @@ def _round(v, dtype: tl.constexpr, BF16: tl.constexpr):
         return v.to(dtype)
 
 
-@triton.jit(do_not_specialize=["drop", "seed_lo", "seed_hi"])
-def _dropout_add_kernel(branch_ptr, residual_ptr, scale_ptr, out_ptr, numel, inner, drop, keep_scale, seed_lo, seed_hi,
+@triton.jit(do_not_specialize=["drop"])
+def _dropout_add_kernel(branch_ptr, residual_ptr, scale_ptr, out_ptr, numel, inner, drop, keep_scale, seed_ptr,
                         HAS_RESIDUAL: tl.constexpr, HAS_SCALE: tl.constexpr, DTYPE: tl.constexpr,
                         BF16: tl.constexpr, BLOCK: tl.constexpr):
     """out[i] = residual[i] + branch[i] * ((keep(i) * keep_scale) * example_scale[i // inner]), contiguous."""
@@ -99,7 +98,8 @@ def _dropout_add_kernel(branch_ptr, residual_ptr, scale_ptr, out_ptr, numel, inn
     ok = offs < numel
     x = tl.load(branch_ptr + offs, mask=ok, other=0.0)
     # fp32 arithmetic rounded back to the dtype after each operation, as torch's elementwise ops do.
-    factor = _round(tl.where(_keep(offs, seed_lo, seed_hi, drop), tl.cast(keep_scale, tl.float32), 0.0), DTYPE, BF16)
+    seed = tl.load(seed_ptr).to(tl.int64)
+    factor = _round(tl.where(_keep(offs, seed, drop), tl.cast(keep_scale, tl.float32), 0.0), DTYPE, BF16)
     if HAS_SCALE:
         s = tl.load(scale_ptr + offs // inner, mask=ok, other=0.0)
         factor = _round(_widen(factor, BF16) * _widen(s, BF16), DTYPE, BF16)
@@ -119,15 +119,8 @@ def _keep_scale(drop: int) -> float:
     return struct.unpack("f", struct.pack("f", 65536.0 / (65536 - drop)))[0]
 
 
-def _seed_halves(seed: int) -> tuple[int, int]:
-    """The int64 seed's low and high 32 bits as int32 values (bit patterns): Triton types a Python int
-    argument by its range (int32, uint32 or int64), so both halves are always passed as int32 and each
-    program reads their bits as uint32."""
-    halves = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
-    return tuple(h - (1 << 32) if h >= 1 << 31 else h for h in halves)
-
-
-def _check(branch: Tensor, residual: Optional[Tensor], example_scale: Optional[Tensor], p: float) -> None:
+def _check(branch: Tensor, residual: Optional[Tensor], example_scale: Optional[Tensor], p: float,
+           seed: Tensor) -> None:
     """Cheap checks of a direct call (``fastqa.dropout_add`` validates thoroughly)."""
     if branch.dim() < 1:
         raise ValueError("branch must have a batch dimension, got a 0-d tensor")
@@ -142,12 +135,16 @@ def _check(branch: Tensor, residual: Optional[Tensor], example_scale: Optional[T
                          f"{tuple(example_scale.shape)} {example_scale.dtype}")
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"p must be in [0, 1], got {p}")
+    if seed.dtype != torch.int64 or seed.numel() != 1 or seed.device != branch.device:
+        raise ValueError(f"seed must be a one-element int64 tensor on {branch.device}, got {seed.dtype} "
+                         f"{tuple(seed.shape)} on {seed.device}")
 
 
 def dropout_add(branch: Tensor, residual: Optional[Tensor], example_scale: Optional[Tensor], p: float,
-                seed: int) -> Tensor:
-    """branch, residual: [B, ...]; example_scale: [B] -> out [B, ...] (contiguous, branch's dtype)."""
-    _check(branch, residual, example_scale, p)
+                seed: Tensor) -> Tensor:
+    """branch, residual: [B, ...]; example_scale: [B]; seed: [1] int64 -> out [B, ...] (contiguous, branch's
+    dtype)."""
+    _check(branch, residual, example_scale, p, seed)
     out = torch.empty(branch.shape, dtype=branch.dtype, device=branch.device)
     numel = out.numel()
     if numel == 0:
@@ -157,7 +154,7 @@ def dropout_add(branch: Tensor, residual: Optional[Tensor], example_scale: Optio
     res = x if residual is None else residual.contiguous()
     scale = x if example_scale is None else example_scale.contiguous()
     launch(_dropout_add_kernel, (triton.cdiv(numel, _BLOCK),), x, res, scale, out, numel, numel // branch.shape[0],
-           drop, _keep_scale(drop), *_seed_halves(seed),
+           drop, _keep_scale(drop), seed,
            HAS_RESIDUAL=residual is not None, HAS_SCALE=example_scale is not None,
            DTYPE=tl_dtype(branch.dtype), BF16=branch.dtype == torch.bfloat16, BLOCK=_BLOCK,
            num_warps=_NUM_WARPS, enable_fp_fusion=False)

@@ -1,7 +1,11 @@
 // Dropout of a sublayer's output added to its residual, in one pass, with the mask drawn from a seed:
 //
-//   fastqa::dropout_add(branch [B, ...], residual [B, ...]?, example_scale [B]?, p, seed) -> out [B, ...]
+//   fastqa::dropout_add(branch [B, ...], residual [B, ...]?, example_scale [B]?, p, seed [1]) -> out [B, ...]
 //   out = residual + branch * keep(seed, i) / (1 - p') * example_scale[b]      (i: branch's element index)
+//
+// seed is a one-element int64 tensor, not a scalar argument: a model draws it on its device with the device's
+// generator, so no host read (a GPU sync) happens per call, and a captured or compiled step reads each call's
+// fresh seed rather than a constant baked into the graph.
 //
 // keep(seed, i) is a counter-based hash of (seed, i), so nothing is stored between the forward and the
 // backward: grad_branch is this op on grad_out with the same seed (and no residual), grad_residual is
@@ -105,8 +109,12 @@ __attribute__((optimize("fp-contract=off"))) void dropout_add_range(const S* bra
 }
 
 at::Tensor dropout_add(const at::Tensor& branch, const c10::optional<at::Tensor>& residual,
-                       const c10::optional<at::Tensor>& example_scale, double p, int64_t seed) {
+                       const c10::optional<at::Tensor>& example_scale, double p, const at::Tensor& seed_tensor) {
   check_cpu_float(kOp, "branch", branch);
+  FASTQA_CHECK(seed_tensor.device().is_cpu() && seed_tensor.scalar_type() == at::kLong && seed_tensor.numel() == 1,
+               kOp, "seed must be a one-element int64 CPU tensor, got ", seed_tensor.scalar_type(), " ",
+               seed_tensor.sizes(), " on ", seed_tensor.device());
+  const int64_t seed = *seed_tensor.data_ptr<int64_t>();
   FASTQA_CHECK(branch.dim() >= 1, kOp, "branch must have a batch dimension");
   FASTQA_CHECK(p >= 0.0 && p <= 1.0, kOp, "p must be in [0, 1], got ", p);
   const bool has_residual = residual.has_value() && residual->defined();
@@ -159,7 +167,7 @@ at::Tensor dropout_add(const at::Tensor& branch, const c10::optional<at::Tensor>
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fastqa, m) {
-  m.def("dropout_add(Tensor branch, Tensor? residual, Tensor? example_scale, float p, int seed) -> Tensor");
+  m.def("dropout_add(Tensor branch, Tensor? residual, Tensor? example_scale, float p, Tensor seed) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(fastqa, CPU, m) { m.impl("dropout_add", &dropout_add); }

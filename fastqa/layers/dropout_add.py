@@ -5,7 +5,7 @@ import torch
 
 from ..ops.dropout_add import dropout_add
 from ..reference.dropout_add import DropoutAdd as _ReferenceDropoutAdd
-from ..reference.dropout_add import draw_seed
+from ..reference.dropout_add import draw_device_seed
 
 __all__ = ["DropoutAdd"]
 
@@ -21,4 +21,5 @@ class DropoutAdd(_ReferenceDropoutAdd):
 
     def apply_dropout(self, branch: torch.Tensor, residual: torch.Tensor | None, example_scale: torch.Tensor | None,
                       generator: torch.Generator | None) -> torch.Tensor:
-        return dropout_add(branch, self.p, draw_seed(generator), residual, example_scale, backend=self.backend)
+        seed = draw_device_seed(branch.device, generator)
+        return dropout_add(branch, self.p, seed, residual, example_scale, backend=self.backend)

@@ -3,11 +3,13 @@
 Kernels (the C++ CPU backend and the Triton backend, one op each with the same schema and the same hash,
 so a seed gives the same mask on every backend)::
 
-    fastqa::dropout_add(branch, residual?, example_scale?, p, seed) -> out
-    fastqa_triton::dropout_add(branch, residual?, example_scale?, p, seed) -> out
+    fastqa::dropout_add(branch, residual?, example_scale?, p, Tensor seed) -> out
+    fastqa_triton::dropout_add(branch, residual?, example_scale?, p, Tensor seed) -> out
 
-The backward is the same kernel on the gradient (same seed, no residual): nothing is saved for it, not
-even the mask. The same formula is registered on each op (graphs that call it: torch.export).
+The seed is a one-element int64 tensor on branch's device (the layers draw it there with the device's
+generator: no host read per call, and a compiled or captured step reads each call's own seed). The backward
+is the same kernel on the gradient (the seed tensor the forward read, no residual): nothing else is saved
+for it, not even the mask. The same formula is registered on each op (graphs that call it: torch.export).
 """
 from __future__ import annotations
 
@@ -27,18 +29,20 @@ _DA_INPUTS = ("backend", "branch", "residual", "example_scale", "p", "seed")
 _DA_OP_INPUTS = _DA_INPUTS[1:]
 
 
-def _da_save(ctx, backend: str, example_scale: torch.Tensor | None, p: float, seed: int) -> None:
-    ctx.save_for_backward(example_scale)
-    ctx.backend, ctx.p, ctx.seed = backend, p, seed
+def _da_save(ctx, backend: str, example_scale: torch.Tensor | None, p: float, seed: torch.Tensor) -> None:
+    # The seed tensor itself, not a copy: save_for_backward's version check refuses a backward whose seed
+    # was overwritten in place after the forward read it (its mask would not be the forward's).
+    ctx.save_for_backward(example_scale, seed)
+    ctx.backend, ctx.p = backend, p
 
 
 def _da_grads(ctx, grad_out: torch.Tensor, inputs: tuple) -> tuple:
     """The gradients of ``inputs``: the kernel on grad_out (same seed, no residual) for branch, grad_out itself
     for residual; example_scale is a constant."""
-    example_scale, = ctx.saved_tensors
+    example_scale, seed = ctx.saved_tensors
     grad_branch = None
     if ctx.needs_input_grad[inputs.index("branch")]:
-        grad_branch = kernel(ctx.backend, _MODULE, "dropout_add")(grad_out, None, example_scale, ctx.p, ctx.seed)
+        grad_branch = kernel(ctx.backend, _MODULE, "dropout_add")(grad_out, None, example_scale, ctx.p, seed)
     return input_grads(ctx, inputs, branch=grad_branch, residual=grad_out)
 
 
@@ -47,7 +51,7 @@ class _DropoutAddFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, backend: str, branch: torch.Tensor, residual: torch.Tensor | None,
-                example_scale: torch.Tensor | None, p: float, seed: int) -> torch.Tensor:
+                example_scale: torch.Tensor | None, p: float, seed: torch.Tensor) -> torch.Tensor:
         _da_save(ctx, backend, example_scale, p, seed)
         return kernel(backend, _MODULE, "dropout_add")(branch, residual, example_scale, p, seed)
 
@@ -69,13 +73,14 @@ def _register_autograd(backend: str) -> None:
     register_op_autograd(qualified(backend, "dropout_add"), "dropout_add", setup_context, backward)
 
 
-def dropout_add(branch: torch.Tensor, p: float, seed: int, residual: torch.Tensor | None = None,
+def dropout_add(branch: torch.Tensor, p: float, seed: int | torch.Tensor, residual: torch.Tensor | None = None,
                 example_scale: torch.Tensor | None = None, *, backend: str = "auto") -> torch.Tensor:
     """Inverted dropout of ``branch`` with a mask drawn from ``seed``, scaled per example, plus ``residual``.
 
     branch: [B, ...]; residual: branch's shape, or None (plain dropout); example_scale: [B] per-example
     factors (stochastic depth: 0 drops the example's branch, 1 / P(survive) keeps it), or None. p: the
-    drop probability in [0, 1], quantised to 1/65536; seed: an int64 (``fastqa.reference.draw_seed``).
+    drop probability in [0, 1], quantised to 1/65536; seed: an int64, or a one-element int64 tensor on
+    branch's device (``fastqa.reference.draw_device_seed``: drawn there, read there, never by the host).
     Returns residual + branch * keep / P(keep) * example_scale[b], keep a hash of (seed, element index):
     the same seed gives the same mask on every backend. Gradients flow to branch and residual;
     example_scale is treated as a constant. backend: "auto", "reference", "cpu" or "triton".
@@ -89,7 +94,7 @@ def dropout_add(branch: torch.Tensor, p: float, seed: int, residual: torch.Tenso
         check_tensor("residual", residual, shape=branch.shape, like=branch)
     check_optional("example_scale", example_scale, shape=(branch.shape[0],), like=branch)
     p = check_number("p", p, low=0, high=1, expected="a float in [0, 1]", error=ValueError)
-    seed = check_int("seed", seed, low=-2 ** 63, high=2 ** 63 - 1, expected="an int64", error=ValueError)
+    seed = _seed_tensor(seed, branch.device)
     resolved = resolve_backend(backend, "dropout_add", branch.device, branch.dtype)
     if resolved == "reference" or has_tangent(branch, residual, example_scale):
         if resolved != "reference":
@@ -98,6 +103,21 @@ def dropout_add(branch: torch.Tensor, p: float, seed: int, residual: torch.Tenso
     if exporting():   # the op and the formula registered on it (see exporting())
         return exported_op(resolved, "dropout_add")(branch, residual, example_scale, p, seed)
     return _DropoutAddFunction.apply(resolved, branch, residual, example_scale, p, seed)
+
+
+def _seed_tensor(seed: object, device: torch.device) -> torch.Tensor:
+    """``seed`` as the kernels take it: a one-element int64 tensor on ``device`` (an int is put there)."""
+    if isinstance(seed, torch.Tensor):
+        if torch.compiler.is_compiling():
+            return seed
+        if seed.dtype != torch.int64 or seed.numel() != 1:
+            raise ValueError(f"seed must be an int64 or a one-element int64 tensor, got a {seed.dtype} tensor "
+                             f"of shape {tuple(seed.shape)}")
+        if seed.device != device:
+            raise ValueError(f"seed must be on {device} like branch, got {seed.device}")
+        return seed
+    seed = check_int("seed", seed, low=-2 ** 63, high=2 ** 63 - 1, expected="an int64", error=ValueError)
+    return torch.tensor(seed, dtype=torch.int64, device=device)
 
 
 register_autograd_hook(_MODULE, _register_autograd)

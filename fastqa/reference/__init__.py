@@ -9,7 +9,7 @@ from .context_query_attention import (
     trilinear_similarity_naive,
 )
 from .decode_attention import DecodeAttention, decode_attention
-from .dropout_add import DropoutAdd, draw_seed, dropout_add
+from .dropout_add import DropoutAdd, draw_device_seed, draw_seed, dropout_add
 from .dwsep_conv1d import (
     DepthwiseSeparableConv1d,
     LayerNormDepthwiseSeparableConv1d,
@@ -24,7 +24,7 @@ from .self_attention import SelfAttention, check_segments, self_attention
 __all__ = [
     "ContextQueryAttention", "DecodeAttention", "DropoutAdd", "DepthwiseSeparableConv1d", "GLUConv1d", "LayerNormDepthwiseSeparableConv1d", "Linear",
     "SelfAttention", "TrilinearSimilarity", "check_segments",
-    "context_query_attention", "context_query_attention_naive", "conv_padding", "decode_attention", "draw_seed", "dropout_add", "dwsep_conv1d",
+    "context_query_attention", "context_query_attention_naive", "conv_padding", "decode_attention", "draw_device_seed", "draw_seed", "dropout_add", "dwsep_conv1d",
     "glu_conv1d", "glu_conv1d_naive", "glu_conv1d_step", "linear", "linear_argmax", "ln_dwsep_conv1d", "masked_softmax", "self_attention", "trilinear_similarity",
     "trilinear_similarity_naive",
 ]

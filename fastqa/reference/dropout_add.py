@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["DropoutAdd", "dropout_add", "draw_seed", "keep_mask"]
+__all__ = ["DropoutAdd", "draw_device_seed", "draw_seed", "dropout_add", "keep_mask"]
 
 _M32 = 0xFFFFFFFF
 
@@ -28,12 +28,16 @@ def drop_threshold(p: float) -> int:
     return round(p * 65536)
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int, device: torch.device | str = "cpu"
-              ) -> torch.Tensor:
-    """Bool [shape]: element i (row-major index) is kept. P(keep) = 1 - round(p * 65536) / 65536."""
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int | torch.Tensor,
+              device: torch.device | str = "cpu") -> torch.Tensor:
+    """Bool [shape]: element i (row-major index) is kept. P(keep) = 1 - round(p * 65536) / 65536.
+    seed: an int64, or a one-element int64 tensor on ``device`` (read there, not by the host)."""
     numel = 1
     for s in shape:
         numel *= int(s)
+    if isinstance(seed, torch.Tensor):
+        seed = seed.reshape(())
+    # An arithmetic shift then the mask: the high word's bits, for a negative seed too (int or tensor).
     s0, s1 = seed & _M32, (seed >> 32) & _M32
     j = torch.arange((numel + 1) // 2, dtype=torch.int64, device=device)
     h = _mix32(_mix32((j & _M32) ^ s0) ^ s1 ^ (j >> 32))
@@ -41,12 +45,13 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int, device: 
     return (u16 >= drop_threshold(p)).view(shape)
 
 
-def dropout_add(branch: torch.Tensor, p: float, seed: int, residual: torch.Tensor | None = None,
+def dropout_add(branch: torch.Tensor, p: float, seed: int | torch.Tensor, residual: torch.Tensor | None = None,
                 example_scale: torch.Tensor | None = None) -> torch.Tensor:
     """residual + branch * keep / P(keep) * example_scale[b] (residual 0 and example_scale 1 when None).
 
     branch: [B, ...]; residual: branch's shape; example_scale: [B] (e.g. stochastic depth: 0 for an example
-    whose sublayer is dropped, 1 / P(survive) otherwise). p in [0, 1], quantised to 1/65536; seed: int64.
+    whose sublayer is dropped, 1 / P(survive) otherwise). p in [0, 1], quantised to 1/65536; seed: int64, or
+    a one-element int64 tensor on branch's device.
     """
     drop = drop_threshold(p)
     keep_scale = 0.0 if drop >= 65536 else 65536.0 / (65536 - drop)
@@ -63,10 +68,21 @@ def draw_seed(generator: torch.Generator | None = None) -> int:
     return int(torch.randint(-2 ** 63, 2 ** 63 - 1, (), dtype=torch.int64, generator=generator))
 
 
+def draw_device_seed(device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
+    """A fresh seed as a one-element int64 tensor on ``device``, drawn there by ``device``'s default generator
+    (or ``generator``): no host read, so a GPU step never waits for its seeds, a compiled step has no graph
+    break, and a captured CUDA graph draws new seeds at each replay (torch advances the generator's offset on
+    the device). torch.manual_seed repeats the seeds; a checkpoint that saves the generators' states resumes
+    them. On the CPU the draw is ``draw_seed``'s, so the masks are the ones an int seed from it gives."""
+    if generator is not None and generator.device != torch.device(device):
+        return draw_device_seed(generator.device, generator).to(device)
+    return torch.randint(-2 ** 63, 2 ** 63 - 1, (1,), dtype=torch.int64, device=device, generator=generator)
+
+
 class DropoutAdd(nn.Module):
     """``residual + dropout(branch) * example_scale`` in training, ``residual + branch`` in evaluation (no
-    parameters): a sublayer's output dropped and added to its residual. Each training call draws a seed
-    from torch's default generator (or ``generator``)."""
+    parameters): a sublayer's output dropped and added to its residual. Each training call draws a seed on
+    branch's device from its default generator (or ``generator``): ``draw_device_seed``."""
 
     def __init__(self, p: float) -> None:
         super().__init__()
@@ -77,7 +93,7 @@ class DropoutAdd(nn.Module):
     def apply_dropout(self, branch: torch.Tensor, residual: torch.Tensor | None, example_scale: torch.Tensor | None,
                       generator: torch.Generator | None) -> torch.Tensor:
         """The training-time computation (forward's arguments)."""
-        return dropout_add(branch, self.p, draw_seed(generator), residual, example_scale)
+        return dropout_add(branch, self.p, draw_device_seed(branch.device, generator), residual, example_scale)
 
     def forward(self, branch: torch.Tensor, residual: torch.Tensor | None = None,
                 example_scale: torch.Tensor | None = None, generator: torch.Generator | None = None

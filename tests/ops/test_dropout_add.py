@@ -181,10 +181,11 @@ def test_bfloat16_keep_mask_equals_float32():
 
 def test_opcheck():
     branch, residual, scale = make_inputs((3, 5, 4))
-    torch.library.opcheck(torch.ops.fastqa.dropout_add.default, (branch, residual, scale, 0.3, 17))
-    torch.library.opcheck(torch.ops.fastqa.dropout_add.default, (branch, None, None, 0.0, -1))
+    seed = torch.tensor([17])
+    torch.library.opcheck(torch.ops.fastqa.dropout_add.default, (branch, residual, scale, 0.3, seed))
+    torch.library.opcheck(torch.ops.fastqa.dropout_add.default, (branch, None, None, 0.0, torch.tensor([-1])))
     low = [t.to(torch.bfloat16) for t in (branch, residual, scale)]
-    torch.library.opcheck(torch.ops.fastqa.dropout_add.default, (*low, 0.3, 17))
+    torch.library.opcheck(torch.ops.fastqa.dropout_add.default, (*low, 0.3, seed))
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -194,6 +195,9 @@ def test_opcheck():
     (dict(p=float("nan")), ValueError, "p must be"),
     (dict(seed=2 ** 64), ValueError, "seed must be an int64"),
     (dict(seed=1.5), ValueError, "seed must be an int64"),
+    (dict(seed=torch.tensor([1, 2])), ValueError, "seed must be an int64 or a one-element int64 tensor"),
+    (dict(seed=torch.tensor([1.0])), ValueError, "seed must be an int64 or a one-element int64 tensor"),
+    (dict(seed=torch.tensor([1], device="meta")), ValueError, "seed must be on cpu like branch"),
     (dict(residual=torch.zeros(4, 8)), ValueError, "residual must have shape"),
     (dict(residual=torch.zeros(4, 9, dtype=torch.float64)), TypeError, "residual must have dtype"),
     (dict(example_scale=torch.ones(5)), ValueError, "example_scale must have shape"),
@@ -211,3 +215,73 @@ def test_bad_arguments(kwargs, error, match):
 def test_layer_rejects_bad_p():
     with pytest.raises(ValueError, match=r"p must be in \[0, 1\]"):
         DropoutAdd(1.2)
+
+
+# ------------------------------------------------------------------------------------- device seed tensors
+
+def test_a_seed_tensor_gives_the_int_seeds_mask_and_a_changed_seed_changes_it():
+    """A one-element int64 tensor seeds as its value does (on every path); changing the tensor's value in place
+    changes the mask, so a step that advances its seed on the device draws a new mask each call."""
+    branch, residual, scale = make_inputs((4, 9, 8), seed=7)
+    seed = torch.tensor([-123456789012345])
+    got = fastqa.dropout_add(branch, 0.3, seed, residual, scale, backend="cpu")
+    assert torch.equal(got, fastqa.dropout_add(branch, 0.3, -123456789012345, residual, scale, backend="cpu"))
+    assert torch.equal(got, reference.dropout_add(branch, 0.3, seed, residual, scale))
+    seed.add_(1)
+    assert not torch.equal(got, fastqa.dropout_add(branch, 0.3, seed, residual, scale, backend="cpu"))
+
+
+def test_the_backward_reuses_the_forward_mask_whatever_is_drawn_in_between():
+    """The layer's seed is drawn on the device per call and saved for the backward: the gradient's zeros are
+    exactly the forward's dropped elements, though other calls draw (and the generator moves) in between."""
+    torch.manual_seed(0)
+    layer = fastqa.layers.DropoutAdd(0.5).train()
+    branch = torch.randn(6, 40, 8, requires_grad=True)
+    out = layer(branch)
+    for _ in range(3):
+        layer(torch.randn(6, 40, 8))      # later calls: new seeds, new masks
+    out.backward(torch.ones_like(out))
+    kept = out != 0
+    assert 0.3 < kept.float().mean() < 0.7
+    assert torch.equal(branch.grad != 0, kept)
+    assert torch.equal(branch.grad[kept], torch.full_like(branch.grad[kept], 2.0))   # 1 / P(keep)
+
+
+def test_an_overwritten_seed_refuses_the_backward():
+    """A seed tensor overwritten in place after the forward read it would give the backward another mask:
+    autograd's saved-tensor version check refuses it."""
+    branch = torch.randn(3, 10, requires_grad=True)
+    seed = torch.tensor([5])
+    out = fastqa.dropout_add(branch, 0.5, seed, backend="cpu")
+    seed.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_the_layers_seeds_repeat_with_torch_manual_seed_and_never_reach_the_host():
+    """Training calls draw their seeds on the device: no host read (no ``.item()``) per call; the same
+    torch.manual_seed gives the same masks, another seed other masks."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    layer = fastqa.layers.DropoutAdd(0.2).train()
+    branch, residual, _ = make_inputs((5, 12, 8), seed=8)
+
+    def run(seed):
+        torch.manual_seed(seed)
+        return [layer(branch, residual) for _ in range(3)]
+
+    with Ops() as ops:
+        first = run(1)
+    assert "_local_scalar_dense" not in ops.names and ops.names.count("dropout_add") == 3
+    assert all(torch.equal(a, b) for a, b in zip(first, run(1)))
+    assert not torch.equal(first[0], first[1])
+    assert not torch.equal(first[0], run(2)[0])

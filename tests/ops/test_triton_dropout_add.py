@@ -15,7 +15,6 @@ pytest.importorskip("triton")
 import fastqa  # noqa: E402
 from fastqa import reference  # noqa: E402
 from fastqa._backend import cpu_available  # noqa: E402
-from fastqa.triton_kernels import dropout_add as kernels  # noqa: E402
 from helpers import device_of, ran_ops  # noqa: E402
 
 OPS = torch.ops.fastqa_triton
@@ -27,6 +26,11 @@ SEEDS = [0, 1, 2 ** 31 + 5, 2 ** 32 - 1, -5, 123456789012345, -2 ** 63, 2 ** 63 
 # Odd sizes (a hash pair cut in two), one element, several programs with a ragged end, examples that
 # straddle programs.
 SHAPES = [(1, 1), (3, 5, 3), (2, 131), (5, 1, 7), (4, 33, 5)]
+
+
+def seed_of(seed: int, device: torch.device | str = DEVICE) -> torch.Tensor:
+    """The op's seed argument: a one-element int64 tensor on the data's device."""
+    return torch.tensor([seed], dtype=torch.int64, device=device)
 
 
 def make_inputs(shape, dtype=torch.float32, seed=0, device=DEVICE):
@@ -50,7 +54,7 @@ def test_forward_equals_reference_bit_for_bit(shape, dtype):
         r, s = (residual if with_residual else None), (scale if with_scale else None)
         for p in (0.0, 0.1, 0.5, 1.0):
             for seed in SEEDS:
-                got = OPS.dropout_add(branch, r, s, p, seed)
+                got = OPS.dropout_add(branch, r, s, p, seed_of(seed))
                 want = reference.dropout_add(branch, p, seed, r, s)
                 assert_bits_equal(got, want, f"p={p} seed={seed} residual={with_residual} scale={with_scale}")
 
@@ -89,29 +93,35 @@ def test_same_seed_same_mask_as_the_cpu_backend():
 def test_non_contiguous_inputs_follow_the_logical_element_order():
     branch, residual, scale = make_inputs((6, 10, 8), seed=3)
     b_t = branch.transpose(1, 2).contiguous().transpose(1, 2)
-    got = OPS.dropout_add(b_t, residual, scale, 0.3, 11)
+    got = OPS.dropout_add(b_t, residual, scale, 0.3, seed_of(11))
     assert_bits_equal(got, reference.dropout_add(branch, 0.3, 11, residual, scale), "strided branch")
 
 
 def test_empty_and_extreme_values():
     empty = torch.empty(0, 5, device=DEVICE)
-    assert OPS.dropout_add(empty, empty, None, 0.5, 1).shape == (0, 5)
+    assert OPS.dropout_add(empty, empty, None, 0.5, seed_of(1)).shape == (0, 5)
     x = torch.tensor([[float("nan"), float("inf"), -float("inf"), 3.0e38, -0.0, 1e-40]], device=DEVICE)
     for dtype in DTYPES:
         xd = x.to(dtype)
         for p in (0.0, 0.5):
-            got = OPS.dropout_add(xd, xd, None, p, 5)
+            got = OPS.dropout_add(xd, xd, None, p, seed_of(5))
             want = reference.dropout_add(xd, p, 5, xd)
             assert torch.equal(got.isnan(), want.isnan())
             assert torch.equal(got.nan_to_num(), want.nan_to_num()), f"{dtype} p={p}"
 
 
-def test_seed_halves_are_int32_bit_patterns():
-    """Both halves of any int64 seed go to the kernel as int32 values (one argument type: no recompiles)."""
-    for seed in SEEDS:
-        lo, hi = kernels._seed_halves(seed)
-        assert -2 ** 31 <= lo < 2 ** 31 and -2 ** 31 <= hi < 2 ** 31
-        assert (lo & 0xFFFFFFFF) | ((hi & 0xFFFFFFFF) << 32) == seed & 0xFFFFFFFFFFFFFFFF
+def test_the_kernel_reads_its_seed_from_the_device():
+    """The seed tensor is loaded by the kernel: a value changed in place (as a captured step's seed is) gives
+    that value's mask, and a seed on another device than the data is refused."""
+    branch, residual, scale = make_inputs((4, 33, 5))
+    seed = seed_of(3)
+    first = OPS.dropout_add(branch, residual, scale, 0.3, seed)
+    seed.fill_(-2 ** 40 + 1)
+    assert_bits_equal(OPS.dropout_add(branch, residual, scale, 0.3, seed),
+                      reference.dropout_add(branch, 0.3, -2 ** 40 + 1, residual, scale), "changed seed")
+    assert not torch.equal(first, OPS.dropout_add(branch, residual, scale, 0.3, seed))
+    with pytest.raises(ValueError, match="seed must be a one-element int64 tensor"):
+        OPS.dropout_add(branch, residual, scale, 0.3, torch.tensor([1, 2], device=DEVICE))
 
 
 @pytest.mark.parametrize("bad, error, match", [
@@ -122,13 +132,13 @@ def test_seed_halves_are_int32_bit_patterns():
 ])
 def test_direct_call_rejects_bad_arguments(bad, error, match):
     with pytest.raises(error, match=match):
-        OPS.dropout_add(*bad(*make_inputs((3, 5, 3))), 0.1, 0)
+        OPS.dropout_add(*bad(*make_inputs((3, 5, 3))), 0.1, seed_of(0))
 
 
 def test_opcheck():
     branch, residual, scale = make_inputs((3, 5, 4))
-    torch.library.opcheck(OPS.dropout_add.default, (branch, residual, scale, 0.3, 17))
-    torch.library.opcheck(OPS.dropout_add.default, (branch, None, None, 0.0, -1))
+    torch.library.opcheck(OPS.dropout_add.default, (branch, residual, scale, 0.3, seed_of(17)))
+    torch.library.opcheck(OPS.dropout_add.default, (branch, None, None, 0.0, seed_of(-1)))
 
 
 def test_torch_compile_fullgraph():
@@ -156,11 +166,11 @@ class TestGPU:
         reference give the same bits as the kernel, forward and backward."""
         branch, residual, scale = make_inputs(shape, dtype, device="cuda")
         for seed in (3, -2 ** 40 + 1):
-            got = OPS.dropout_add(branch, residual, scale, 0.1, seed)
+            got = OPS.dropout_add(branch, residual, scale, 0.1, seed_of(seed, branch.device))
             assert_bits_equal(got, reference.dropout_add(branch, 0.1, seed, residual, scale), "vs GPU reference")
             cpu = reference.dropout_add(branch.cpu(), 0.1, seed, residual.cpu(), scale.cpu())
             assert_bits_equal(got.cpu(), cpu, "vs CPU reference")
-            grad = OPS.dropout_add(residual, None, scale, 0.1, seed)
+            grad = OPS.dropout_add(residual, None, scale, 0.1, seed_of(seed, branch.device))
             assert_bits_equal(grad, reference.dropout_add(residual, 0.1, seed, None, scale), "backward")
 
     def test_tensor_on_another_gpu(self):
@@ -169,6 +179,6 @@ class TestGPU:
             pytest.skip("needs two GPUs")
         branch, residual, scale = make_inputs((4, 33, 5), device="cuda:1")
         with torch.cuda.device(0):
-            got = OPS.dropout_add(branch, residual, scale, 0.3, 9)
+            got = OPS.dropout_add(branch, residual, scale, 0.3, seed_of(9, branch.device))
         assert got.device == torch.device("cuda:1")
         assert_bits_equal(got, reference.dropout_add(branch, 0.3, 9, residual, scale), "cuda:1")

@@ -19,7 +19,7 @@ GPU_COMPILE_ARGS ?=
 LINT_PATHS := fastqa triton_kernels benchmarks tests scripts setup.py
 EXT_SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') CMakeLists.txt setup.py pyproject.toml
 
-.PHONY: test test-quick lint wheel-check bench bench-models bench-bf16 gpu-check gpu-compile triton-pin install clean
+.PHONY: test test-quick test-numerics lint wheel-check bench bench-models bench-bf16 gpu-check gpu-compile triton-pin install clean
 
 $(PY):
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -62,6 +62,14 @@ QUICK_TESTS := tests/test_layering.py tests/test_checks.py tests/ops/test_op_con
 TESTS ?=
 test-quick: lint
 	$(PY) -m pytest $(QUICK_TESTS) $(TESTS) -q $(PYTEST_ARGS)
+
+# The model, task and train tests again under perturbed arithmetic and randomness, one perturbation at a time
+# (every GEMM on BLAS, then on oneDNN; oneDNN limited to AVX2; torch's kernels without vector extensions;
+# another seed for the toy models), each run to the end, the summary naming the perturbation of each
+# failure (scripts/test_numerics.py; about 25 minutes on 2 cores). NUMERICS_ARGS="--only seed" picks some.
+NUMERICS_ARGS ?=
+test-numerics: install
+	$(PY) scripts/test_numerics.py $(NUMERICS_ARGS)
 
 bench: install
 	$(PY) -m benchmarks $(BENCH_ARGS)

@@ -184,6 +184,11 @@ def test_a_reading_that_cannot_fit_is_refused_before_it_starts(qa, paragraph, li
         qa.answer(*paragraph, max_context=BOUNDS["max_context"].high)
 
 
+def test_a_file_whose_reading_cannot_fit_is_refused_before_it_starts(qa, serve_models, little_free_memory):
+    with pytest.raises(UserError, match=r"^reading \d+ windows of \d+ tokens at once \(batch_size 32, .* is free"):
+        qa.predict_file(serve_models["root"] / "train.json", progress=False)
+
+
 def test_the_commands_refuse_it_in_one_line(serve_models, capsys, tmp_path, little_free_memory):
     src = tmp_path / "src.txt"
     src.write_text("ka lo mi\n", encoding="utf-8")

@@ -169,16 +169,15 @@ class QAModel:
                                                                for i in first], on_batch=on_batch,
                             keep_scores=keep_scores, graphs=self.graphs)
 
-    def _check_memory(self, pairs: Sequence[EncodedPair], batch_size: int, max_context: int | None,
+    def _check_memory(self, lengths: Sequence[int], batch_size: int, max_context: int | None,
                       stride: int | None) -> None:
         """Refuse, with one line, a reading whose batch of windows cannot fit in the free memory: each window
         row holds its self-attention maps (heads x length^2) and its activations (width x length), the length
         being the longest window (rows are padded to it), for the rows of one batch (at most ``batch_size``, at
-        most the windows there are)."""
+        most the windows there are). ``lengths``: the tokens of each text read."""
         window, overlap = self.windows(max_context, stride)
-        rows = sum(max(1, -(-(len(p) - overlap) // max(1, window - overlap))) for p in pairs)
-        rows = min(batch_size, rows)
-        length = min(window, max((len(p) for p in pairs), default=1))
+        rows = min(batch_size, sum(max(1, -(-(n - overlap) // max(1, window - overlap))) for n in lengths))
+        length = min(window, max(lengths, default=1))
         heads, width = int(getattr(self.config, "heads", 1)), int(getattr(self.config, "d_model", 128))
         need = 4 * rows * (3 * heads * length * length + 20 * width * length)
         check_fits(f"reading {rows} windows of {length} tokens at once (batch_size {batch_size}, max_context "
@@ -247,7 +246,7 @@ class QAModel:
         top_k, batch_size, max_answer_len, max_context, stride = checked(
             top_k=top_k, batch_size=batch_size, max_answer_len=max_answer_len, max_context=max_context, stride=stride)
         pairs = encode_pairs(contexts, questions, self.words, self.chars, self.char_limit)
-        self._check_memory(pairs, batch_size, max_context, stride)
+        self._check_memory([len(p) for p in pairs], batch_size, max_context, stride)
         # More candidates than answers: the spans that overlap a better one are left out (and the window scores
         # kept, for a pool that must grow: ``_answers``).
         several = top_k not in (None, 1)
@@ -325,6 +324,7 @@ class QAModel:
         batch_size, max_context, stride = checked(batch_size=batch_size, max_context=max_context, stride=stride)
         window, overlap = self.windows(max_context, stride)
         data = load_squad(path, articles, cache_dir=cache_dir, progress=progress)
+        self._check_memory([len(c.tokens) for c in data.contexts], batch_size, window, overlap)
         limits = replace(self.limits, chars=self.char_limit)
         enc = encode_squad(data, self.words, self.chars, train=False, no_answer=self.config.no_answer,
                            limits=limits, cache_dir=cache_dir)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import sys
+import weakref
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
@@ -211,10 +212,53 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
 
 
 def cast_floating(dtype: torch.dtype | None, *tensors: torch.Tensor | None) -> tuple:
-    """``tensors`` with every floating one cast to ``dtype`` (None: unchanged)."""
+    """``tensors`` with every floating one cast to ``dtype`` (None: unchanged).
+
+    A leaf tensor (a parameter) is cast once, not per call: its cast is reused while the leaf is unchanged
+    (``_cached_cast``), as autocast's own weight cache does for torch's ops. An activation (not a leaf) is
+    cast where it is not in ``dtype`` already."""
     if dtype is None:
         return tensors
-    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
+    return tuple(_cached_cast(t, dtype) if t is not None and t.is_floating_point() and t.dtype != dtype else t
+                 for t in tensors)
+
+
+_CASTS: dict | None = None
+"""leaf tensor -> (key, its cast or a weak reference to it): ``_cached_cast``'s cache (a
+``torch.utils.weak.WeakIdKeyDictionary``, made on first use: no torch at import)."""
+
+
+def _cached_cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)``, reused for a leaf while its version (an optimizer step, a ``copy_``, a load bumps it),
+    storage, grad mode and inference mode are the ones it was cast under.
+
+    Where autograd records the cast (a trainable parameter in grad mode), the cache holds only a weak
+    reference: the cast lives as long as the graph that saved it, so every call of one forward shares one
+    cast -- and one conversion of the summed gradient back to the parameter's dtype -- and the next step casts
+    the updated weights anew; a strong reference would keep the parameter alive through the cast's graph. Without
+    autograd (inference under autocast) the detached cast is kept until the parameter changes or is freed.
+    Never cached while ``torch.compile`` traces (the graph holds the cast) or a CUDA graph is captured (a replay
+    must cast the weights the captured optimizer step updated)."""
+    global _CASTS
+    import torch
+
+    if (not t.is_leaf or torch.compiler.is_compiling()
+            or (t.is_cuda and torch.cuda.is_current_stream_capturing())):
+        return t.to(dtype)
+    if _CASTS is None:
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        _CASTS = WeakIdKeyDictionary()
+    recording = t.requires_grad and torch.is_grad_enabled()
+    key = (t._version, t.data_ptr(), dtype, recording, torch.is_inference_mode_enabled())
+    entry = _CASTS.get(t)
+    if entry is not None and entry[0] == key:
+        cast = entry[1]() if recording else entry[1]
+        if cast is not None:
+            return cast
+    cast = t.to(dtype)
+    _CASTS[t] = (key, weakref.ref(cast) if recording else cast)
+    return cast
 
 
 def entry_prologue(name: str, first: object, ndim: int, *others: object) -> tuple:

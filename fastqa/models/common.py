@@ -18,12 +18,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import reference
-from .._checks import check_bool, check_choice, check_int, check_number
+from .._checks import cast_floating, check_bool, check_choice, check_int, check_number
 from ..reference.dropout_add import drop_threshold
 
 __all__ = ["ModelConfig", "PACK_BELOW", "PackedBatch", "check_config", "check_qa_inputs", "FrozenWordVectors", "Highway",
-           "dropout", "host_to_device", "init_linear", "masked_log_softmax", "reads_are_free", "should_pack", "survival_prob",
-           "survival_scales", "timing_signal", "TorchDropoutAdd"]
+           "dropout", "host_to_device", "init_linear", "masked_log_softmax", "reads_are_free", "should_pack",
+           "StochasticDepth", "survival_prob", "survival_scales", "TimingSignal", "timing_signal", "TorchDropoutAdd"]
 
 
 class ModelConfig:
@@ -181,6 +181,28 @@ def timing_signal(length: int, channels: int, *, device: torch.device | None = N
     return signal.to(dtype)
 
 
+class TimingSignal(nn.Module):
+    """``timing_signal`` of ``channels`` channels as a device buffer built once (non-persistent: no state_dict
+    entry) and sliced per call, not rebuilt per forward: ``signal(length, dtype)`` -> [length, channels]. A
+    longer length than the buffer holds regrows it (a power of two); under ``torch.compile`` such a length is
+    computed for the call instead. Values as ``timing_signal``'s (float32, rounded to the model's dtype once;
+    cast once under autocast)."""
+
+    def __init__(self, channels: int, length: int = 512) -> None:
+        super().__init__()
+        self.channels = channels
+        self.register_buffer("table", timing_signal(length, channels), persistent=False)
+
+    def forward(self, length: int, dtype: torch.dtype) -> torch.Tensor:
+        if length > self.table.shape[0]:
+            grown = timing_signal(1 << (length - 1).bit_length(), self.channels, device=self.table.device)
+            if torch.compiler.is_compiling():
+                return grown[:length].to(dtype)
+            self.table = grown.to(self.table.dtype)
+        table, = cast_floating(dtype, self.table)
+        return table[:length]
+
+
 def masked_log_softmax(logits: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """log_softmax over the entries where ``mask`` (bool, True = real) holds.
 
@@ -225,12 +247,42 @@ def survival_scales(batch: int, survival: Sequence[float], *, device: torch.devi
     """Stochastic depth's per-example factors of S sublayers: [S, batch], 0 where sublayer i's branch is
     dropped for that example (probability 1 - survival[i]), 1 / survival[i] where it is kept (so evaluation
     adds the branch as it is); None when every survival is 1. Per example, not per batch, so every parameter
-    takes part in every step, as DistributedDataParallel needs."""
+    takes part in every step, as DistributedDataParallel needs. (A model's blocks draw theirs through a
+    ``StochasticDepth``, whose constants are built once.)"""
     if all(s == 1.0 for s in survival):
         return None
-    # Drawn in float32 whatever ``dtype``: the same seed gives the same draws in every precision.
     surv = host_to_device(torch.tensor(survival, dtype=torch.float32), device).view(len(survival), 1)
-    return ((torch.rand(len(survival), batch, device=device) < surv) / surv).to(dtype)
+    return _draw_scales(batch, surv, (1.0 / surv).to(dtype))
+
+
+def _draw_scales(batch: int, survival: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """survival: [S, 1] float32; inverse: [S, 1], 1 / survival rounded to the scales' dtype -> [S, batch]."""
+    # Drawn in float32 whatever the dtype: the same seed gives the same draws in every precision.
+    keep = torch.rand(survival.shape[0], batch, device=survival.device) < survival
+    return torch.where(keep, inverse, 0.0)
+
+
+class StochasticDepth(nn.Module):
+    """``survival_scales`` of fixed survival probabilities, their constants built once as device buffers (not
+    per call from a fresh host tensor, which a captured CUDA graph would replay stale): ``depth(batch, dtype)``
+    -> [S, batch] or None when every survival is 1. Non-persistent buffers: no state_dict entry.
+
+    The survival probabilities are kept as their float32 bit patterns (int32), out of reach of ``model.to(dtype)``:
+    the draws compare with the float32 values in every precision. Their inverses follow the model's dtype as
+    the factors do, cast once under autocast (``cast_floating``)."""
+
+    def __init__(self, survival: Sequence[float]) -> None:
+        super().__init__()
+        self.active = any(s != 1.0 for s in survival)
+        surv = torch.tensor(list(survival), dtype=torch.float32).view(-1, 1)
+        self.register_buffer("survival_bits", surv.view(torch.int32), persistent=False)
+        self.register_buffer("inverse", 1.0 / surv, persistent=False)
+
+    def forward(self, batch: int, dtype: torch.dtype) -> torch.Tensor | None:
+        if not self.active:
+            return None
+        inverse, = cast_floating(dtype, self.inverse)
+        return _draw_scales(batch, self.survival_bits.view(torch.float32), inverse)
 
 
 def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

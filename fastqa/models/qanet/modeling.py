@@ -32,9 +32,8 @@ from torch import nn
 
 from ... import layers as fused
 from ... import reference
-from ..common import (FrozenWordVectors, Highway, PackedBatch, TorchDropoutAdd, check_config, check_qa_inputs,
-                      init_linear, reads_are_free, should_pack, survival_prob, survival_scales,
-                      timing_signal)
+from ..common import (FrozenWordVectors, Highway, PackedBatch, StochasticDepth, TimingSignal, TorchDropoutAdd,
+                      check_config, check_qa_inputs, init_linear, reads_are_free, should_pack, survival_prob)
 from .config import LAYERS, QANetConfig
 
 __all__ = ["LAYER_SETS", "CharEmbedding", "EncoderBlock", "FeedForward", "NaiveContextQueryAttention", "QANet"]
@@ -164,12 +163,14 @@ class EncoderBlock(nn.Module):
     """QANet encoder block: + timing signal, conv sublayers, self-attention, feed-forward (all pre-LN).
 
     Parameters: ``convs`` (the layer set's LayerNormDepthwiseSeparableConv1d, ReLU), ``attention``,
-    ``ffn``. Sublayer i of the block has the survival probability ``survival[i]``.
+    ``ffn``. Sublayer i of the block has the survival probability ``survival[i]`` (conv_layers + 2 of them;
+    None: all 1), drawn through ``depth`` (``StochasticDepth``, its constants on the device).
     """
 
     def __init__(self, d_model: int, heads: int, conv_layers: int, kernel_size: int, dropout: float,
-                 layer_set: _LayerSet) -> None:
+                 layer_set: _LayerSet, survival: list[float] | None = None) -> None:
         super().__init__()
+        self.depth = StochasticDepth(survival or [1.0] * (conv_layers + 2))
         self.dropout = layer_set.dropout(dropout)
         self.convs = nn.ModuleList(layer_set.ln_conv(d_model, d_model, kernel_size, activation="relu")
                                    for _ in range(conv_layers))
@@ -183,14 +184,14 @@ class EncoderBlock(nn.Module):
         return len(self.convs) + 2
 
     def forward(self, x: torch.Tensor, timing: torch.Tensor, mask: torch.Tensor,
-                survival: list[float], packed: PackedBatch | None = None) -> torch.Tensor:
+                packed: PackedBatch | None = None) -> torch.Tensor:
         """x: [B, L, d]; timing: [L, d]; mask: [B, L] bool (True = a real position: the keys to attend to,
         and the rows the convolutions read -- padded rows enter them as zeros, so the outputs at real
-        positions do not depend on how far the batch pads); survival: one float per sublayer.
+        positions do not depend on how far the batch pads).
         packed: x is a packed batch ([1, P, d], timing [P, d], mask [1, P]: ``PackedBatch``), whose sequences
         attend separately and drop sublayers per sequence."""
         batch = x.shape[0] if packed is None else len(packed.lengths)
-        scales = survival_scales(batch, survival, device=x.device, dtype=x.dtype) if self.training else None
+        scales = self.depth(batch, x.dtype) if self.training else None
         if scales is not None and packed is not None:
             scales = packed.per_row(scales)                          # [S, P]: each row its sequence's factor
         # Nothing dropped (evaluation): the convolutions add their residual themselves.
@@ -243,12 +244,21 @@ class QANet(FrozenWordVectors):
         # [word; char] -> d first, then the highway at width d (as the authors' code: cheaper than at 500).
         self.emb_resize = ls.conv(c.word_dim + c.char_channels + int(c.word_match), d, c.emb_resize_kernel)
         self.highway = Highway(d, 2, c.dropout, linear=ls.linear, dropout_layer=ls.dropout)
-        self.emb_encoder = EncoderBlock(d, c.heads, c.emb_conv_layers, c.emb_conv_kernel, c.dropout, ls)
+        # Survival probabilities: l counts the sublayers of one stack (1..L), the same in each pass.
+        n_emb = c.emb_conv_layers + 2                  # EncoderBlock.num_sublayers
+        self._emb_survival = [survival_prob(i + 1, n_emb, c.layer_dropout) for i in range(n_emb)]
+        per_block = c.model_conv_layers + 2
+        total = per_block * c.model_blocks
+        self._model_survival = [[survival_prob(b * per_block + i + 1, total, c.layer_dropout)
+                                 for i in range(per_block)] for b in range(c.model_blocks)]
+        self.emb_encoder = EncoderBlock(d, c.heads, c.emb_conv_layers, c.emb_conv_kernel, c.dropout, ls,
+                                        self._emb_survival)
         self.cq_attention = ls.cqa(d)
         self.cq_resize = init_linear(ls.linear(4 * d, d))
         self.model_encoder = nn.ModuleList(
-            EncoderBlock(d, c.heads, c.model_conv_layers, c.model_conv_kernel, c.dropout, ls)
-            for _ in range(c.model_blocks))
+            EncoderBlock(d, c.heads, c.model_conv_layers, c.model_conv_kernel, c.dropout, ls, survival)
+            for survival in self._model_survival)
+        self.timing = TimingSignal(d)
         self.start_head = init_linear(ls.linear(2 * d, 1))
         self.end_head = init_linear(ls.linear(2 * d, 1))
         if c.no_answer:
@@ -260,14 +270,6 @@ class QANet(FrozenWordVectors):
         # is more than an eighth of the batch; the pure-PyTorch sets compute the padding, as a PyTorch user's
         # model does. The same values at every real position either way.
         self.pack_padding = layers == "fast"
-
-        # Survival probabilities: l counts the sublayers of one stack (1..L), the same in each pass.
-        n_emb = self.emb_encoder.num_sublayers
-        self._emb_survival = [survival_prob(i + 1, n_emb, c.layer_dropout) for i in range(n_emb)]
-        per_block = self.model_encoder[0].num_sublayers
-        total = per_block * c.model_blocks
-        self._model_survival = [[survival_prob(b * per_block + i + 1, total, c.layer_dropout)
-                                 for i in range(per_block)] for b in range(c.model_blocks)]
 
     def _embed(self, words: torch.Tensor, chars: torch.Tensor, other_words: torch.Tensor,
                packed: PackedBatch | None = None) -> torch.Tensor:
@@ -291,8 +293,8 @@ class QANet(FrozenWordVectors):
 
     def _model_pass(self, x: torch.Tensor, timing: torch.Tensor, mask: torch.Tensor,
                     packed: PackedBatch | None = None) -> torch.Tensor:
-        for block, survival in zip(self.model_encoder, self._model_survival):
-            x = block(x, timing, mask, survival, packed)
+        for block in self.model_encoder:
+            x = block(x, timing, mask, packed)
         return x
 
     def _context_packing(self, mask: torch.Tensor) -> PackedBatch | None:
@@ -324,14 +326,13 @@ class QANet(FrozenWordVectors):
         packed = self._context_packing(c_mask)
         c, q = self._embed(cw, cc, qw, packed), self._embed(qw, qc, cw)
         d, n = c.shape[-1], cw.shape[1]
-        c_timing = timing_signal(n, d, device=c.device, dtype=c.dtype)
-        q_timing = c_timing[: q.shape[1]] if q.shape[1] <= n else timing_signal(
-            q.shape[1], d, device=q.device, dtype=q.dtype)
+        timing = self.timing(max(n, q.shape[1]), c.dtype)
+        c_timing, q_timing = timing[:n], timing[: q.shape[1]]
         c_rows = c_mask
         if packed is not None:
             c_timing, c_rows = packed.pack(c_timing.expand(*c_mask.shape, d))[0], packed.mask
-        c = self.emb_encoder(c, c_timing, c_rows, self._emb_survival, packed)
-        q = self.emb_encoder(q, q_timing, q_mask, self._emb_survival)
+        c = self.emb_encoder(c, c_timing, c_rows, packed)
+        q = self.emb_encoder(q, q_timing, q_mask)
         if packed is not None:
             c = packed.unpack(c, c_mask.shape)
 

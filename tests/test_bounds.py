@@ -123,6 +123,20 @@ def test_the_server_limits_are_the_declared_bounds():
                          ("max_pending", 0), ("max_body_bytes", 2.5), ("max_sentences", -1)):
         with pytest.raises(ValueError, match=f"^ServeLimits.{field} must be an int in "):
             ServeLimits(**{field: value})
+    for field in ("timeout_s", "max_wait_ms", "idle_ms"):  # durations: any finite number
+        for value in (math.inf, math.nan, -1.0):
+            with pytest.raises(ValueError, match=f"^ServeLimits.{field} must be a number "):
+                ServeLimits(**{field: value})
+
+
+@pytest.mark.parametrize("flag", ["--timeout-s", "--max-wait-ms", "--idle-ms"])
+def test_a_duration_flag_refuses_infinity_and_nan(capsys, flag):
+    for text in ("inf", "nan", "1e999"):
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args(["serve", flag, text])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(f"fastqa serve: {flag} must be a finite number ") and \
+            err.count("\n") == 1, err
 
 
 def test_a_computation_that_cannot_fit_in_the_free_memory_is_refused_in_one_line():

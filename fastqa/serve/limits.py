@@ -6,6 +6,7 @@ the server library or torch.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -52,7 +53,8 @@ class ServeLimits:
         for f in fields(self):
             name, value = f"ServeLimits.{f.name}", getattr(self, f.name)
             if f.metadata.get("duration"):
-                check_number(name, value, low=0, low_open=not f.metadata["zero_allowed"], error=ValueError)
+                check_number(name, value, low=0, low_open=not f.metadata["zero_allowed"], high=math.inf,
+                             high_open=True, error=ValueError)
             else:  # a count: within its declared bound (the field's own name, or the request field it caps)
                 BOUNDS[f.metadata.get("bound", f.name)].check(value, name, error=ValueError)
 

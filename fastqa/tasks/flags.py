@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import inspect
 import json
+import math
 import os
 from typing import Callable, Iterator, Sequence
 
@@ -50,11 +51,11 @@ def _float_where(text: str, ok: Callable[[float], bool], expected: str) -> float
 
 
 def positive_float(text: str) -> float:
-    return _float_where(text, lambda v: v > 0, "a positive number")
+    return _float_where(text, lambda v: 0 < v < math.inf, "a finite number > 0")
 
 
 def nonnegative_float(text: str) -> float:
-    return _float_where(text, lambda v: v >= 0, "a number >= 0")
+    return _float_where(text, lambda v: 0 <= v < math.inf, "a finite number >= 0")
 
 
 def probability(text: str) -> float:

@@ -77,7 +77,8 @@ class StaticDecoding:
     _per_model: "weakref.WeakKeyDictionary[ConvS2S, dict[int, StaticDecoding]]" = weakref.WeakKeyDictionary()
 
     def __init__(self, model: ConvS2S, *, capture: bool | None = None) -> None:
-        self.model = model
+        # Weakly: the per-model registry holds this object as long as the model lives, and no longer.
+        self._model = weakref.ref(model)
         device = next(model.parameters()).device
         self.capture = device.type == "cuda" if capture is None else bool(capture)
         if self.capture and device.type != "cuda":
@@ -85,6 +86,13 @@ class StaticDecoding:
         self.entries: dict[tuple, _Entry] = {}
         self.pool: Any = None
         self.replays = 0
+
+    @property
+    def model(self) -> ConvS2S:
+        model = self._model()
+        if model is None:
+            raise RuntimeError("the model of these static buffers is gone")
+        return model
 
     @classmethod
     def of(cls, model: ConvS2S) -> "StaticDecoding":

@@ -64,7 +64,8 @@ class GraphedReader:
     def __init__(self, model: QANet, *, capture: bool | None = None, max_graphs: int = MAX_GRAPHS) -> None:
         if not isinstance(model, QANet):
             raise TypeError(f"GraphedReader reads with a QANet, got {type(model).__name__}")
-        self.model = model
+        # Weakly: the per-model registry holds this object as long as the model lives, and no longer.
+        self._model = weakref.ref(model)
         device = next(model.parameters()).device
         self.capture = device.type == "cuda" if capture is None else bool(capture)
         if self.capture and device.type != "cuda":
@@ -74,6 +75,13 @@ class GraphedReader:
         self.pool: Any = None
         self.replays = 0
         self._said: set[str] = set()
+
+    @property
+    def model(self) -> QANet:
+        model = self._model()
+        if model is None:
+            raise RuntimeError("the model of these static buffers is gone")
+        return model
 
     @classmethod
     def of(cls, model: QANet) -> "GraphedReader":

@@ -59,7 +59,16 @@ def init_distributed(device: str | torch.device | None = None) -> DistEnv:
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend=backend)
+        if restart_count() > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # torchrun's agent keeps its store across restarts, and the keys the previous attempt's process group
+            # wrote there are still in it: a restarted rank could read a dead rank's address from them and fail
+            # to connect. A prefix per attempt keeps each attempt's keys apart.
+            agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                                        is_master=False)
+            store = dist.PrefixStore(f"fastqa/attempt-{restart_count()}", agent_store)
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size)
+        else:
+            dist.init_process_group(backend=backend)
     if dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=device)

@@ -16,6 +16,7 @@ import sys
 from typing import Any, Iterable, NoReturn, Sequence
 
 from ._version import __version__
+from .bounds import BOUNDS
 from .serve.cli import register as register_serve
 from .tasks import TASKS
 
@@ -188,7 +189,18 @@ def build_parser() -> argparse.ArgumentParser:
     register_serve(sub)  # not a task: it serves the tasks' models (fastqa/serve/)
     _add_export(sub)  # not a task either: any task's run folder -> a slim export (fastqa/export.py)
     _add_download(sub)  # the public data the recipes read (fastqa/data/download.py)
+    for command in sub.choices.values():
+        _show_bounds(command)
     return parser
+
+
+def _show_bounds(parser: argparse.ArgumentParser) -> None:
+    """Each bounded flag's --help ends with its declared range (``fastqa.bounds``), e.g. "(in [1, 16])"."""
+    for action in parser._actions:
+        declared = BOUNDS.get(getattr(action.type, "__name__", ""))
+        if declared is not None and action.help != argparse.SUPPRESS:
+            action.help = f"{action.help} " if action.help else ""
+            action.help += f"({declared.expected.split(' ', 2)[2]})"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -175,3 +175,12 @@ def test_the_bounds_module_loads_no_torch():
     code = "import sys, fastqa.bounds; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_every_bounded_flag_shows_its_range_in_its_help():
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    for command, flag, b, _ in _bounded_flags():
+        help_text = " ".join(commands[command].format_help().split())
+        assert f"({b.expected.split(' ', 2)[2]})" in help_text, (command, flag)
+    assert "beam size; 1 decodes greedily (default 5) (in [1, 16])" in " ".join(
+        commands["translate"].format_help().split())

@@ -334,7 +334,7 @@ def test_top_k_answers_python_and_command(reader, qa, capsys):
     assert set(json.loads(out)["answer"]) == {"text", "start", "end", "score", "no_answer_prob", "abstained"}
     rc, out, _ = run_cli(capsys, ["ask", "--model", reader["run"], "--context", para["context"], "--question", q])
     assert rc == 0 and json.loads(out) == {"answer": one.to_dict(), "answers": [one.to_dict()]}
-    with pytest.raises(ValueError, match="top_k must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"top_k must be an int in \[1, 20\] \(got 0\)"):
         qa.answer(para["context"], q, top_k=0)
     # min_score drops the answers below it; with none left, one answer abstains with the best score
     assert scores[0] > scores[1]

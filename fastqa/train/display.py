@@ -9,6 +9,13 @@ budget. The bar is drawn only on a terminal: ``--no-progress`` and a log file ge
 The step rate is measured, never guessed: ``StepClock`` times each step (data, forward, backward, update;
 evaluations and checkpoints are not steps) and leaves out the first ``WARMUP_STEPS`` of the process, which
 measure GEMM engines and fill caches.
+
+What the bar shows is steady: steps differ in length (batches are bucketed by length), so an estimate made
+from the last steps' rate moves every step. The step total and the time left (the bar's ETA, computed from the
+measured rate and the evaluations still to come, not tqdm's instantaneous rate) each go through a ``Steady``:
+after ``STEADY_AFTER`` refreshes, a refresh moves them by at most ``STEADY_CHANGE`` of their value towards the
+new estimate (the time left is first counted down by the time since the last refresh), so a lasting change
+shows within a few refreshes and one odd batch does not.
 """
 from __future__ import annotations
 
@@ -18,11 +25,14 @@ from typing import IO, Mapping, Sequence
 
 import torch
 
-__all__ = ["WARMUP_STEPS", "StepClock", "RunningLoss", "TrainBar", "headline", "bar_stream", "is_terminal"]
+__all__ = ["WARMUP_STEPS", "STEADY_AFTER", "STEADY_CHANGE", "StepClock", "Steady", "RunningLoss", "TrainBar",
+           "headline", "bar_stream", "is_terminal"]
 
 WARMUP_STEPS = 5     # steps of a process left out of its step rate
 _RECENT_STEPS = 50   # the step rate follows about the last this many steps
 _REFRESH_S = 0.5     # the postfix (which reads the loss from the device) is redrawn at most this often
+STEADY_AFTER = 10    # refreshes during which the shown estimates follow the measured ones freely
+STEADY_CHANGE = 0.02  # after them, the most a refresh moves a shown estimate, as a share of it
 
 
 class StepClock:
@@ -54,6 +64,31 @@ class StepClock:
     def steps_per_s(self) -> float | None:
         s = self.step_s
         return 1.0 / s if s else None
+
+
+class Steady:
+    """A shown estimate that moves smoothly: the first ``after`` updates take the new value as it is, later
+    ones move at most ``change`` x the shown value (at least ``least``) towards it.
+
+    ``update(target, expected=...)``: ``expected`` is where the shown value would be now if the last estimate
+    held (the time left, counted down by the time since); it is the value the step is bounded around."""
+
+    def __init__(self, *, change: float = STEADY_CHANGE, after: int = STEADY_AFTER, least: float = 0.0) -> None:
+        self.change, self.after, self.least = change, after, least
+        self.value: float | None = None
+        self.updates = 0
+
+    def update(self, target: float | None, *, expected: float | None = None) -> float | None:
+        if target is None:
+            return self.value
+        self.updates += 1
+        base = self.value if expected is None else expected
+        if base is None or self.updates <= self.after:
+            self.value = target
+        else:
+            room = max(self.change * abs(base), self.least)
+            self.value = min(max(target, base - room), base + room)
+        return self.value
 
 
 class RunningLoss:
@@ -104,11 +139,13 @@ class TrainBar:
     budget's estimate, ``set_estimate``), postfix = smoothed loss, the last evaluation's headline metric with
     its step, the measured steps/s and, under a time budget, the time spent of it."""
 
-    _KNOWN = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} steps [{elapsed}<{remaining}{postfix}]"
+    # The time left is ours (``Steady``), not tqdm's: "<eta>" is replaced by it at every refresh.
+    _KNOWN = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} steps [{elapsed}<<eta>{postfix}]"
     _UNKNOWN = "{desc}: {n_fmt} steps [{elapsed}{postfix}]"
 
     def __init__(self, desc: str, *, total: int | None, initial: int = 0, metric_names: Sequence[str] = (),
-                 budget_s: float | None = None, file: IO[str] | None = None, ncols: int | None = None) -> None:
+                 budget_s: float | None = None, file: IO[str] | None = None, ncols: int | None = None,
+                 clock=time.monotonic) -> None:
         from tqdm import tqdm  # the terminal's bar (a notebook's stderr is no terminal: it gets the log lines)
 
         self.fixed_total, self.metric_names, self.budget_s = total, tuple(metric_names), budget_s
@@ -117,9 +154,19 @@ class TrainBar:
         self.metric: str | None = None
         self._shown_at = -float("inf")
         self._status: tuple[float | None, float | None] = (None, None)
+        self._clock = clock                      # the refresh clock (tests pass a simulated one)
+        self.shown_total = Steady(least=1.0)     # the time budget's estimate of the run's steps, as shown
+        self.shown_left = Steady(least=1.0)      # seconds left, as shown
+        self._left_at: float | None = None       # when shown_left was last updated
         self.tqdm = tqdm(total=total, initial=initial, desc=desc, unit="step", file=self.file,
-                         bar_format=self._KNOWN if total else self._UNKNOWN, dynamic_ncols=ncols is None,
-                         ncols=ncols, mininterval=_REFRESH_S)
+                         bar_format=self._format(total), dynamic_ncols=ncols is None, ncols=ncols,
+                         mininterval=_REFRESH_S)
+
+    def _format(self, total: int | None) -> str:
+        if not total:
+            return self._UNKNOWN
+        left = self.shown_left.value
+        return self._KNOWN.replace("<eta>", "?" if left is None else _clock(max(left, 0.0)))
 
     @property
     def n(self) -> int:
@@ -137,7 +184,7 @@ class TrainBar:
             total = max(total, at_least)
         if total != self.tqdm.total:
             self.tqdm.total = total
-            self.tqdm.bar_format = self._KNOWN if total else self._UNKNOWN
+        self.tqdm.bar_format = self._format(total)
 
     def evaluated(self, step: int, metrics: Mapping[str, float]) -> None:
         """An evaluation at ``step``: its headline metric joins the postfix, drawn now."""
@@ -159,17 +206,25 @@ class TrainBar:
         return ", ".join(parts)
 
     def step(self, loss: torch.Tensor, *, steps_per_s: float | None, elapsed_s: float | None = None,
-             estimate: int | None = None) -> None:
+             estimate: int | None = None, left_s: float | None = None) -> None:
         """One more step done, with its loss (a device tensor), the measured step rate, the time spent of the
-        budget and its estimate of the run's steps; the postfix (one host read of the loss) and the estimate
-        are renewed every half second."""
+        budget, its estimate of the run's steps and the estimated seconds left (``left_s``); the postfix (one
+        host read of the loss) and the estimates are renewed every half second, each through its ``Steady``."""
         self.loss.add(loss)
         self._status = (steps_per_s, elapsed_s)
-        now = time.monotonic()
+        now = self._clock()
         if now - self._shown_at >= _REFRESH_S:
             self._shown_at = now
+            if left_s is not None:
+                since = 0.0 if self._left_at is None else now - self._left_at
+                expected = None if self.shown_left.value is None else self.shown_left.value - since
+                self.shown_left.update(left_s, expected=expected)
+                self._left_at = now
             if self.budget_s is not None:
-                self.set_estimate(estimate, at_least=self.tqdm.n + 1)
+                shown = self.shown_total.update(None if estimate is None else float(estimate))
+                self.set_estimate(None if shown is None else round(shown), at_least=self.tqdm.n + 1)
+            else:
+                self.tqdm.bar_format = self._format(self.tqdm.total)
             self.tqdm.set_postfix_str(self.postfix(steps_per_s, elapsed_s), refresh=False)
         elif self.budget_s is not None and self.tqdm.total is not None and self.tqdm.n >= self.tqdm.total:
             self.tqdm.total = self.tqdm.n + 1  # the estimate ran out between two renewals
@@ -182,5 +237,7 @@ class TrainBar:
         """``finished``: training is over (not interrupted), so the bar's total is the steps done."""
         if finished and self.tqdm.total != self.tqdm.n:
             self.tqdm.total = self.tqdm.n
-            self.tqdm.bar_format = self._KNOWN if self.tqdm.n else self._UNKNOWN
+        if finished:
+            self.shown_left.value = 0.0
+            self.tqdm.bar_format = self._format(self.tqdm.total)
         self.tqdm.close()

@@ -16,7 +16,14 @@ The time budget (``max_minutes``) holds the whole run, the final evaluation and 
 (``budget``): training stops at the first step boundary where elapsed + one step + reserve >= budget, the
 reserve being the longest evaluation-and-checkpoint measured so far or, before one, an estimate from the
 evaluation's size (``Task.eval_size``) and the measured step rate; an evaluation due at that boundary
-counts twice (its own and the final one), so when both do not fit, it is the final one.
+counts twice (its own and the final one), so when both do not fit, it is the final one. The budget is the
+whole run's: the checkpoint keeps the time spent up to it (``elapsed_s``), and a resumed run goes on from
+there (it is refused, in one line, when that already spends the budget: ``--max-minutes`` is then raised).
+
+A first evaluation comes early: a run that evaluates every ``eval_every`` steps also evaluates at the first
+step boundary after ``first_eval_minutes`` of training (at most a tenth of the time budget) when no evaluation
+has come yet, so a run shows its metrics within minutes rather than after ``eval_every`` steps; it also times
+an evaluation, which the time budget then reserves instead of an estimate.
 
 Exact resume: the data order is a pure function of (seed, epoch) (``Task.train_batches``), so the
 checkpoint stores only the epoch and how many of its batches were done, plus every RNG state (of every
@@ -90,6 +97,7 @@ class TrainSettings:
     device: str | None = None
     save_every_minutes: float | None = 10.0  # also checkpoint (without evaluating) this often; None or 0: off
     cuda_graphs: bool | None = None    # the step as CUDA graphs (``cuda_graphs``); None: on CUDA; ``fit`` records what ran
+    first_eval_minutes: float | None = 5.0  # the first evaluation this soon when eval_every is far (None or 0: off)
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "epochs"):
@@ -98,6 +106,8 @@ class TrainSettings:
                 raise UserError(f"{name} must be >= 1, got {v}")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise UserError(f"max_minutes must be > 0, got {self.max_minutes}")
+        if self.first_eval_minutes is not None and not self.first_eval_minutes >= 0:
+            raise UserError(f"first_eval_minutes must be >= 0 (0: off), got {self.first_eval_minutes}")
         if self.save_every_minutes is not None and self.save_every_minutes < 0:
             raise UserError(f"save_every_minutes must be >= 0 (0: off), got {self.save_every_minutes}")
         if self.amp not in (None, "bf16", "fp16"):
@@ -209,8 +219,9 @@ def _restore(task: Task, payload: dict, path: Path, optimizer, scheduler, ema: E
 
 
 def _save(task: Task, settings: TrainSettings, optimizer, scheduler, ema: EMA | None, progress: _Progress,
-          env: DistEnv, scaler: torch.amp.GradScaler) -> None:
-    """Atomic checkpoint by rank 0, with every rank's RNG state (gathered: all ranks must call this)."""
+          env: DistEnv, scaler: torch.amp.GradScaler, elapsed_s: float = 0.0) -> None:
+    """Atomic checkpoint by rank 0, with every rank's RNG state (gathered: all ranks must call this) and the
+    run's time so far (``elapsed_s``: what a resumed run's time budget has already spent)."""
     rng = distributed.all_gather_object(_rng_state(), env)
     if env.is_main:
         save_checkpoint(settings.out_dir, {
@@ -225,6 +236,7 @@ def _save(task: Task, settings: TrainSettings, optimizer, scheduler, ema: EMA | 
             "rng": rng,
             "gemm_plan": kernel_choices(),
             "settings": asdict(settings),
+            "elapsed_s": float(elapsed_s),
             **asdict(progress),
         })
 
@@ -352,6 +364,39 @@ def _stop_reason(settings: TrainSettings, progress: _Progress, over_budget: bool
     return "max_minutes" if over_budget else None
 
 
+def _first_eval_s(settings: TrainSettings) -> float | None:
+    """Seconds of training after which the first evaluation comes when none has yet (module docstring): the
+    ``first_eval_minutes``, at most a tenth of the time budget; None: off (or no step-based evaluations)."""
+    if not settings.eval_every or not settings.first_eval_minutes:
+        return None
+    seconds = settings.first_eval_minutes * 60
+    return seconds if settings.max_minutes is None else min(seconds, settings.max_minutes * 6)
+
+
+def _estimates(step: int, total: int | None, clock: StepClock, *, budget: TimeBudget | None, elapsed: float,
+               evals_per_step: float, eval_s: float | None) -> tuple[int | None, float | None]:
+    """(the run's steps as the time budget sees them, the seconds left) at ``step``, from the measured step
+    rate; None where not known yet (no rate, or neither a step total nor a budget). The steps under a budget:
+    those it leaves (``TimeBudget.steps_left``), or the step total when smaller. The seconds: the steps to go,
+    plus the evaluations on the way and the final one (the budget's reserve, else the longest evaluation so
+    far, ``eval_s``), and never more than the budget leaves."""
+    if not clock.measured or not clock.step_s:
+        return None, None
+    estimate = None
+    if budget is not None:
+        left = budget.steps_left(elapsed, clock.step_s, evals_per_step=evals_per_step)
+        estimate = None if left is None else step + left
+    end = min(x for x in (estimate, total) if x is not None) if (estimate, total) != (None, None) else None
+    if end is None:
+        return estimate, None
+    to_go = max(0, end - step)
+    per_eval = budget.reserve(clock.step_s) if budget is not None else (eval_s or 0.0)
+    seconds = to_go * clock.step_s + (to_go * evals_per_step + 1) * per_eval
+    if budget is not None:
+        seconds = min(seconds, max(0.0, budget.seconds - elapsed))
+    return estimate, seconds
+
+
 @dataclass
 class _Boundary:
     """What every rank agrees on at a step boundary (one all-reduce)."""
@@ -359,15 +404,18 @@ class _Boundary:
     over_budget: bool
     signum: int         # the stop signal received by any rank, 0 for none
     save_due: bool      # the time-based checkpoint is due
+    first_eval: bool    # the early first evaluation is due (``first_eval_minutes``)
 
 
 def _at_boundary(settings: TrainSettings, started: float, saved_time: float, signals: StopSignals,
-                 env: DistEnv, budget: TimeBudget | None, step_s: float | None, eval_due: bool) -> _Boundary:
+                 env: DistEnv, budget: TimeBudget | None, step_s: float | None, eval_due: bool,
+                 first_eval: bool = False) -> _Boundary:
     now = time.monotonic()
     due = bool(settings.save_every_minutes) and now - saved_time >= settings.save_every_minutes * 60
-    over = budget is not None and budget.must_stop(now - started, step_s, eval_due=eval_due, save_due=due)
-    over_v, signum, due_v = distributed.max_each([over, signals.requested or 0, due], env)
-    return _Boundary(over_budget=over_v > 0, signum=int(signum), save_due=due_v > 0)
+    over = budget is not None and budget.must_stop(now - started, step_s, eval_due=eval_due or first_eval,
+                                                   save_due=due)
+    over_v, signum, due_v, first_v = distributed.max_each([over, signals.requested or 0, due, first_eval], env)
+    return _Boundary(over_budget=over_v > 0, signum=int(signum), save_due=due_v > 0, first_eval=first_v > 0)
 
 
 def fit(task: Task, settings: TrainSettings) -> dict[str, float]:
@@ -408,10 +456,19 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
     # Ranks restarted by torchrun (--max-restarts) continue from the last checkpoint, if the run wrote one.
     resume = settings.resume or (distributed.restart_count() > 0 and ckpt_path.is_file())
     if resume:
-        progress = _restore(task, load_checkpoint(ckpt_path), ckpt_path, optimizer,
-                            scheduler, ema, env, scaler)
-        log.info("resumed %s at step %d (epoch %d, batch %d)", ckpt_path, progress.step, progress.epoch,
-                 progress.batch_in_epoch)
+        payload = load_checkpoint(ckpt_path)
+        progress = _restore(task, payload, ckpt_path, optimizer, scheduler, ema, env, scaler)
+        # The time budget is the whole run's: the time spent up to the checkpoint counts (module docstring).
+        spent = float(payload.get("elapsed_s") or 0.0)
+        del payload
+        if settings.max_minutes is not None and spent >= settings.max_minutes * 60:
+            raise UserError(f"{ckpt_path}: the run already spent {_clock(spent)} of its time budget "
+                            f"({_clock(settings.max_minutes * 60)}; --max-minutes counts the whole run, the time "
+                            "before --resume included): pass a larger --max-minutes to train on")
+        started -= spent
+        log.info("resumed %s at step %d (epoch %d, batch %d)%s", ckpt_path, progress.step, progress.epoch,
+                 progress.batch_in_epoch, f"; {_clock(spent)} of the time budget already spent"
+                 if settings.max_minutes is not None else "")
     else:
         if env.is_main and ckpt_path.exists():
             raise UserError(f"{ckpt_path} exists: pass --resume to continue that run, or choose another --out")
@@ -445,8 +502,11 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
                        budget_s=budget.seconds if budget is not None else None, file=display.bar_stream())
     window_start, window = time.monotonic(), _LossWindow()
     last_eval: dict[str, float] = {}
-    saved_at, saved_time, evaluated_at = -1, started, -1
+    saved_at, saved_time, evaluated_at = -1, time.monotonic(), -1
     expected = False
+    first_eval_s = _first_eval_s(settings)
+    first_eval_agreed = False
+    eval_s: float | None = None  # the longest evaluation and checkpoint so far (the ETA's, without a budget)
 
     def say(message: str) -> None:
         if env.is_main:
@@ -474,13 +534,13 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
         if window.steps:
             window.mean()  # never checkpoint weights that a non-finite loss has already spoilt
         t0 = time.monotonic()
-        _save(task, settings, optimizer, scheduler, ema, progress, env, scaler)
+        _save(task, settings, optimizer, scheduler, ema, progress, env, scaler, t0 - started)
         saved_at, saved_time = progress.step, time.monotonic()
         if budget is not None:
             budget.record_checkpoint(saved_time - t0)
 
     def evaluate_and_save(reason: str) -> None:
-        nonlocal last_eval, evaluated_at
+        nonlocal last_eval, evaluated_at, eval_s
         t0 = time.monotonic()
         last_eval = _evaluate(task, ema, env)
         evaluated_at = progress.step
@@ -499,16 +559,21 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
         # The row first, then the checkpoint: a run killed in between resumes from the previous checkpoint
         # and drops the row; the other order would resume past an evaluation that metrics.jsonl never got.
         save()
+        eval_s = max(eval_s or 0.0, time.monotonic() - t0)
         if budget is not None:  # what the end of the run will take (see ``budget``)
             budget.record_evaluation(time.monotonic() - t0)
 
-    def boundary(eval_due: bool = False) -> str | None:
+    def boundary(eval_due: bool = False, first_eval: bool = False) -> str | None:
         """Between two steps: keep the machine's GEMM decisions up to date, act on a stop signal (checkpoint,
         then raise) or a due time-based checkpoint; returns why training ends here, or None. ``eval_due``: an
-        evaluation is due here (the time budget must hold it and the final one)."""
+        evaluation is due here (the time budget must hold it and the final one); ``first_eval``: this rank's
+        time for the early first evaluation has come (the ranks agree on it: ``first_eval_agreed``)."""
+        nonlocal first_eval_agreed
         if gemm_plan is not None:
             gemm_plan.record()
-        agreed = _at_boundary(settings, started, saved_time, signals, env, budget, clock.step_s, eval_due)
+        agreed = _at_boundary(settings, started, saved_time, signals, env, budget, clock.step_s, eval_due,
+                              first_eval)
+        first_eval_agreed = agreed.first_eval
         if agreed.signum:
             log.info("%s: saving a checkpoint at step %d, then stopping", signal.Signals(agreed.signum).name,
                      progress.step)
@@ -529,6 +594,7 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
 
     batches = _batches(task, progress, env)
     reason = boundary()
+    trained_from = time.monotonic()  # the early first evaluation counts training time from here
     while reason is None:
         t0 = time.monotonic()
         batch_global, batch_local = next(batches)
@@ -551,10 +617,11 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
         window.add(loss, progress.step)
         clock.add(time.monotonic() - t0)
         if bar is not None:
-            left = steps_left()
-            bar.step(loss, steps_per_s=clock.steps_per_s,
-                     elapsed_s=time.monotonic() - started if budget is not None else None,
-                     estimate=None if left is None else progress.step + left)
+            elapsed = time.monotonic() - started
+            estimate, left_s = _estimates(progress.step, total, clock, budget=budget, elapsed=elapsed,
+                                          evals_per_step=evals_per_step, eval_s=eval_s)
+            bar.step(loss, steps_per_s=clock.steps_per_s, elapsed_s=elapsed if budget is not None else None,
+                     estimate=estimate, left_s=left_s)
         if not expected and clock.steps == EXPECTATION_STEP and env.is_main:
             expect()
         if progress.step % settings.log_every == 0:
@@ -573,9 +640,11 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
             window_start = time.monotonic()
             window.reset()
         eval_due = bool(settings.eval_every) and progress.step % settings.eval_every == 0
-        reason = boundary(eval_due)
-        if reason is None and eval_due:
-            evaluate_and_save("eval_every")
+        first_eval = (not eval_due and first_eval_s is not None and evaluated_at < 0
+                      and time.monotonic() - trained_from >= first_eval_s)
+        reason = boundary(eval_due, first_eval)
+        if reason is None and (eval_due or first_eval_agreed):
+            evaluate_and_save("eval_every" if eval_due else "first evaluation")
     if not expected and clock.steps and env.is_main:
         expect()  # a run shorter than EXPECTATION_STEP steps: with what it measured
     # The final evaluation and checkpoint, unless the last step already wrote them.

@@ -95,11 +95,15 @@ if _MISSING is None:
     class Hypothesis(BaseModel):
         text: str
         score: float
+        unsure: bool = False
 
     class TranslationOut(BaseModel):
         source: str
         text: str
         score: float = Field(description="the search's score: log-probability per token (length-normalised)")
+        unsure: bool = Field(False, description="the model is unsure of this translation: its log-probability per "
+                             "token is under the model's fitted confidence floor, or its next-token entropy over "
+                             "it (always false for a model without a fitted floor)")
         tokens: list[str]
         attention: AttentionOut | None = None
         alternatives: list[Hypothesis] = Field(default_factory=list, description="the next best (nbest > 1)")
@@ -398,7 +402,7 @@ def create_app(*, qa: Any = None, translation: Any = None, limits: ServeLimits =
 
 def _translation_json(source: str, translation: Any) -> dict[str, Any]:
     out = {"source": source, **translation.to_dict()}
-    out["alternatives"] = [{"text": t.text, "score": t.score} for t in translation.alternatives]
+    out["alternatives"] = [{"text": t.text, "score": t.score, "unsure": t.unsure} for t in translation.alternatives]
     return out
 
 

@@ -95,15 +95,17 @@ def _translate_flags(p: argparse.ArgumentParser) -> None:
     pipe each line is answered as soon as it is read; a file (--input, or stdin redirected from a file) is
     translated in batches of --batch-size. --nbest N writes N lines per sentence,
     H-<line><TAB><score><TAB><text> (score: log-probability / length**len-penalty, best first); --json writes one
-    JSON object per line: {"source", "hypotheses": [{"text", "score", "tokens", "log_prob"}, ...]} (and
-    "attention" with --attention)."""
+    JSON object per line: {"source", "hypotheses": [{"text", "score", "tokens", "log_prob", "unsure", "entropy"},
+    ...]} (and "attention" with --attention). With a fitted confidence floor, stderr names the lines whose
+    translation the model is unsure of ("unsure": true in the JSON)."""
     _decoding_args(p, default_beam=5)
     p.add_argument("--input", metavar="F", help="sentences to translate, in batches (default: stdin, line by line)")
     add_skip_bad_lines_flag(p, what="answer a line that is not UTF-8 text with an empty line and go on")
     p.add_argument("--nbest", type=counted("nbest"), metavar="N",
                    help="write the N (<= --beam) best translations of each sentence with their scores")
     p.add_argument("--json", action="store_true",
-                   help="one JSON object per input line: the source and its hypotheses (text, score, tokens)")
+                   help="one JSON object per input line: the source and its hypotheses (text, score, tokens, "
+                   "unsure)")
     p.add_argument("--attention", action="store_true",
                    help="with --json: add the best hypothesis's attention weights (target x source tokens)")
     p.add_argument("--tokenized", action="store_true",
@@ -129,9 +131,9 @@ def _mt_eval_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="F",
                    help="also write the scores (with chrF and the signatures) and the decoding speed as JSON here")
     p.add_argument("--fit-confidence", type=probability, metavar="Q", nargs="?", const=0.05, default=None,
-                   help="--src being a validation set: write MODEL/confidence.json, the score under which the Q "
-                   "(default 0.05) least likely of these translations fall; `translate` then warns about a "
-                   "sentence scoring under it")
+                   help="--src being a validation set: write MODEL/confidence.json, the log-probability per "
+                   "token under which, and the next-token entropy over which, the Q (default 0.05) least sure of "
+                   "these translations fall; `translate` then flags a translation past either as unsure")
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -243,11 +245,19 @@ def _render(translator, args: argparse.Namespace, lines: list[str], first: int, 
     return out, results
 
 
-class _Unsure:
-    """Counts the translations scoring under the model's confidence floor; warns at the first (once)."""
+#: the unsure lines the summary names one by one; past them it says how many more
+_UNSURE_NAMED = 20
 
-    def __init__(self, translator) -> None:
-        self.floor, self.translator, self.count, self.total = translator.confidence_floor, translator, 0, 0
+
+class _Unsure:
+    """The input lines whose translation the model is unsure of (``Translation.unsure``), named on stderr: each
+    one as it comes when lines are read one at a time (``stream``), and all of them in the closing summary (the
+    first ``_UNSURE_NAMED``, then how many more)."""
+
+    def __init__(self, translator, *, stream: bool = False) -> None:
+        self.floor, self.translator, self.stream = translator.confidence_floor, translator, stream
+        self.lines: list[int] = []
+        self.total = 0
 
     def check(self, lines: list[str], results: list, first: int) -> None:
         if self.floor is None:
@@ -256,17 +266,29 @@ class _Unsure:
             if not self.translator.source_tokens(line):
                 continue
             self.total += 1
-            if t.score < self.floor.score:
-                self.count += 1
-                if self.count == 1:
-                    print(f"fastqa: warning: line {number}: the model is unsure of this translation (score "
-                          f"{t.score:.2f}, under {self.floor.score:.2f}, which all but {self.floor.quantile:.0%} of "
-                          f"its validation sentences reach): it may not know this kind of text", file=sys.stderr)
+            if t.unsure:
+                self.lines.append(number)
+                if self.stream:
+                    print(f"fastqa: warning: line {number}: the model is unsure of this translation", file=sys.stderr)
+
+    def _rule(self) -> str:
+        floor = self.floor
+        rule = f"log-probability per token under {floor.score:.2f}"
+        if floor.entropy is not None:
+            rule += f" or next-token entropy over {floor.entropy:.2f}"
+        return (f"{rule}, where all but {floor.quantile:.0%} of its validation sentences are: it may not know this "
+                "kind of text")
 
     def summary(self) -> None:
-        if self.count > 1:
-            print(f"fastqa: {self.count} of {self.total} translations scored under the confidence floor",
-                  file=sys.stderr)
+        if not self.lines:
+            return
+        named = ", ".join(map(str, self.lines[:_UNSURE_NAMED]))
+        more = len(self.lines) - _UNSURE_NAMED
+        if more > 0:
+            named += f" ... and {more} more"
+        which = f"line {named}" if len(self.lines) == 1 else f"lines {named}"
+        print(f"fastqa: warning: the model is unsure of {len(self.lines)} of {self.total} translations ({which}): "
+              f"{self._rule()}", file=sys.stderr)
 
 
 def _run_translate(args: argparse.Namespace) -> int:
@@ -280,7 +302,7 @@ def _run_translate(args: argparse.Namespace) -> int:
         figure_format(args.plot_attention, "--plot-attention")  # a bad path fails now, not after the translation
     translator = _load(args)
     drawn = None                   # (the sentence, its Translation) --plot-attention draws
-    unsure = _Unsure(translator)
+    unsure = _Unsure(translator, stream=not (args.input is not None or _is_regular_file(sys.stdin)))
     bad: list[int] = []            # numbers of the input lines that were not UTF-8 (--skip-bad-lines)
     if args.input is not None or _is_regular_file(sys.stdin):
         if args.input is not None:
@@ -367,8 +389,9 @@ def run_eval(args: argparse.Namespace) -> int:
         return _run_eval(args)
 
 
-def _fit_confidence(args: argparse.Namespace, scores: list[float]) -> None:
-    """Write the model folder's ``confidence.json`` (``ConfidenceFloor``) from the scores of --src."""
+def _fit_confidence(args: argparse.Namespace, translations: list) -> None:
+    """Write the model folder's ``confidence.json`` (``ConfidenceFloor``) from the translations of --src's
+    sentences (their per-token log-probabilities and entropies)."""
     from pathlib import Path
 
     from ...data.files import atomic_write_json
@@ -379,10 +402,13 @@ def _fit_confidence(args: argparse.Namespace, scores: list[float]) -> None:
     folder = Path(args.model) if args.model is not None else None
     if folder is None or not folder.is_dir():
         raise UserError(f"--fit-confidence writes into the model's folder: --model {args.model} is not one")
-    floor = ConfidenceFloor.fit(scores, quantile=args.fit_confidence, fitted_on=Path(args.src).name, beam=args.beam)
+    floor = ConfidenceFloor.fit([t.token_log_prob for t in translations], quantile=args.fit_confidence,
+                                fitted_on=Path(args.src).name, beam=args.beam,
+                                entropies=[t.entropy for t in translations])
     atomic_write_json(folder / META_FILES["confidence"], floor.to_dict())
-    print(f"fastqa: confidence floor {floor.score:.3f} (the {floor.quantile:g} quantile of {len(scores)} scores, "
-          f"beam {floor.beam}) written to {folder / META_FILES['confidence']}", file=sys.stderr)
+    print(f"fastqa: confidence floor: log-probability per token {floor.score:.3f} (the {floor.quantile:g} quantile "
+          f"of {len(translations)} sentences), next-token entropy {floor.entropy:.3f} (the {1 - floor.quantile:g} "
+          f"quantile), beam {floor.beam}; written to {folder / META_FILES['confidence']}", file=sys.stderr)
 
 
 def _run_eval(args: argparse.Namespace) -> int:
@@ -408,11 +434,12 @@ def _run_eval(args: argparse.Namespace) -> int:
             raise UserError("mt-eval needs --src (or --hyp FILE to score a translation file)")
         translator = _load(args)
         src, refs = read_parallel(args.src, args.ref)
-        translations = translator.translate(src, **_decode_kwargs(args))
+        translations = translator.translate(src, **_decode_kwargs(args),
+                                            entropy=True if args.fit_confidence is not None else None)
         stats = translator.last_stats
         hyp_tokens, hyps = [t.tokens for t in translations], [t.text for t in translations]
         if args.fit_confidence is not None:
-            _fit_confidence(args, [t.score for s, t in zip(src, translations) if translator.source_tokens(s)])
+            _fit_confidence(args, [t for s, t in zip(src, translations) if translator.source_tokens(s)])
         lang = args.tgt_lang or translator.codec.bleu_lang
         if translator.vocab_kind == "word":
             # The tutorial's figure: the model's own (lowercased) words against lowercased reference tokens.

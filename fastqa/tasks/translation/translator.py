@@ -9,6 +9,13 @@ A subword model reads any text (unseen characters are spelled with byte pieces) 
 entry point: a ``Translation`` per sentence (text, score, tokens), with the next best hypotheses
 (``nbest=N``) and the attention map of the search that produced it (``attention=True``) on request, as the
 ``translate --nbest`` / ``--json`` / ``--plot-attention`` command prints and draws them.
+
+Unsure translations: a model with a fitted ``ConfidenceFloor`` marks each translation it is unsure of
+(``Translation.unsure``): one whose log-probability per token is under the floor's ``score``, or whose mean
+next-token entropy is over the floor's ``entropy`` (both fitted on a validation set: the scores all but a
+``quantile`` of its sentences reach). A sentence unlike the training data tends to come out as fluent-looking
+nonsense: the search finds a likely path (its log-probability per token can look ordinary), while the model
+spreads its probability over many next tokens at every step (its entropy is high).
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from ..._checks import check_int, check_unicode
 from ...bounds import check_fits, checked
@@ -56,50 +64,86 @@ class Translation:
     """The translation of one sentence. text: detokenized; tokens: the model's target tokens (words or
     pieces, no <sos>/<eos>); score: the beam search's score, log_prob / (len(tokens) + 1) ** len_penalty;
     log_prob: the model's log-probability of tokens + <eos>; attention: the map of the search that produced it,
-    when asked; alternatives: the next best hypotheses (``nbest`` > 1), best first."""
+    when asked; alternatives: the next best hypotheses (``nbest`` > 1), best first; unsure: the model is unsure
+    of it (``ConfidenceFloor.unsure``; always False for a model without a fitted floor); entropy: the mean
+    entropy (nats) of the model's next-token distribution over its steps, when the floor needs it (else None)."""
     text: str
     tokens: list[str]
     score: float
     log_prob: float
     attention: AttentionMap | None = None
     alternatives: list["Translation"] = field(default_factory=list)
+    unsure: bool = False
+    entropy: float | None = None
+
+    @property
+    def token_log_prob(self) -> float:
+        """The log-probability per token (its tokens and <eos>): the score at length penalty 1."""
+        return self.log_prob / (len(self.tokens) + 1)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``text``, ``score``, ``tokens``, ``log_prob``, ``attention`` (None unless asked for) and
-        ``alternatives`` (their dicts; [] unless nbest > 1)."""
+        """JSON-ready: ``text``, ``score``, ``tokens``, ``log_prob``, ``unsure``, ``entropy``, ``attention``
+        (None unless asked for) and ``alternatives`` (their dicts; [] unless nbest > 1)."""
         return {"text": self.text, "score": self.score, "tokens": list(self.tokens), "log_prob": self.log_prob,
+                "unsure": self.unsure, "entropy": self.entropy,
                 "attention": None if self.attention is None else self.attention.to_dict(),
                 "alternatives": [a.to_dict() for a in self.alternatives]}
 
 
+def _quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 @dataclass(frozen=True)
 class ConfidenceFloor:
-    """The score under which a translation counts as unsure: the ``quantile`` of the scores the model gives the
-    sentences of a validation set (``fitted_on``) at beam ``beam``. A sentence unlike the training data (another
-    domain, another language) scores far below the sentences it was trained for."""
+    """When a translation counts as unsure (``unsure``): its log-probability per token (``score`` at length
+    penalty 1, whatever penalty the search used) under ``score``, or its mean next-token entropy over
+    ``entropy``. ``score`` is the ``quantile`` of the per-token log-probabilities the model gives the sentences
+    of a validation set (``fitted_on``) at beam ``beam``, ``entropy`` the 1 - ``quantile`` quantile of their
+    entropies (None in a floor fitted before entropies were: the score alone decides). A sentence unlike the
+    training data (another domain, another language) scores under the sentences it was trained for, or comes out
+    fluent-looking with a high entropy (module docstring)."""
 
     score: float
     quantile: float
     fitted_on: str
     beam: int
+    entropy: float | None = None
 
     @classmethod
-    def fit(cls, scores: Sequence[float], *, quantile: float, fitted_on: str, beam: int) -> "ConfidenceFloor":
+    def fit(cls, scores: Sequence[float], *, quantile: float, fitted_on: str, beam: int,
+            entropies: Sequence[float] | None = None) -> "ConfidenceFloor":
+        """From a validation set's per-token log-probabilities (``Translation.token_log_prob``) and, optionally,
+        its entropies (``Translation.entropy``), one per sentence."""
         if not scores:
             raise UserError(f"{fitted_on}: no sentence to fit a confidence floor on")
         if not 0.0 < quantile < 1.0:
             raise ValueError(f"quantile must be in (0, 1), got {quantile!r}")
-        ordered = sorted(scores)
-        return cls(ordered[min(len(ordered) - 1, int(quantile * len(ordered)))], quantile, fitted_on, beam)
+        if entropies is not None and len(entropies) != len(scores):
+            raise ValueError(f"entropies and scores differ in length ({len(entropies)} vs {len(scores)})")
+        return cls(_quantile(scores, quantile), quantile, fitted_on, beam,
+                   None if entropies is None else _quantile(entropies, 1.0 - quantile))
+
+    def unsure(self, translation: "Translation") -> bool:
+        """Whether the model is unsure of ``translation`` (an empty one never is)."""
+        if not translation.tokens and not translation.log_prob:
+            return False
+        if translation.token_log_prob < self.score:
+            return True
+        return self.entropy is not None and translation.entropy is not None and translation.entropy > self.entropy
 
     def to_dict(self) -> dict[str, Any]:
-        return {"score": self.score, "quantile": self.quantile, "fitted_on": self.fitted_on, "beam": self.beam}
+        return {"score": self.score, "entropy": self.entropy, "quantile": self.quantile, "fitted_on": self.fitted_on,
+                "beam": self.beam}
 
     @classmethod
     def from_dict(cls, obj: Any) -> "ConfidenceFloor":
         if not isinstance(obj, dict):
             raise TypeError(f"confidence: expected an object, got {type(obj).__name__}")
-        return cls(float(obj["score"]), float(obj["quantile"]), str(obj.get("fitted_on", "")), int(obj["beam"]))
+        entropy = obj.get("entropy")
+        return cls(float(obj["score"]), float(obj["quantile"]), str(obj.get("fitted_on", "")), int(obj["beam"]),
+                   None if entropy is None else float(entropy))
 
 
 @dataclass
@@ -253,7 +297,7 @@ class Translator:
     @torch.no_grad()
     def translate(self, sentences: Sequence[str], *, beam: int = 5, nbest: int = 1, attention: bool = False,
                   incremental: bool = True, len_penalty: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
-                  batch_size: int = 64, progress: bool = False) -> list[Translation]:
+                  batch_size: int = 64, progress: bool = False, entropy: bool | None = None) -> list[Translation]:
         """One :class:`Translation` per sentence, in order: the best hypothesis of a beam search of ``beam``
         (beam 1 picks the tokens greedy decoding picks), with its ``score`` (log-probability per token,
         length-normalised) and target ``tokens``; an empty (or whitespace-only) sentence gives an empty one.
@@ -261,7 +305,9 @@ class Translator:
         nbest (<= beam): the next best hypotheses in ``alternatives``, best first. attention: the best hypothesis
         carries its attention map, the one the search computed (``AttentionMap``: target x source weights).
         ``self.last_stats`` records the sentences, output tokens and seconds of the decoding itself;
-        ``progress``: a bar over the sentences (stderr)."""
+        ``progress``: a bar over the sentences (stderr). Each translation's ``unsure`` says whether the model is
+        unsure of it (``confidence_floor``); ``entropy``: measure every translation's mean next-token entropy
+        (one teacher-forced pass over the translations; None: when the floor needs it, as fitting one does)."""
         beam, nbest, batch_size, max_len_a, max_len_b, len_penalty = checked(
             beam=beam, nbest=nbest, batch_size=batch_size, max_len_a=max_len_a, max_len_b=max_len_b,
             len_penalty=len_penalty)
@@ -272,17 +318,32 @@ class Translator:
                            incremental=incremental)
         out = [Translation(text="", tokens=[], score=0.0, log_prob=0.0) for _ in sentences]
         stats = DecodeStats(sentences=len(encoded))
+        floor = self.confidence_floor
+        if entropy is None:
+            entropy = floor is not None and floor.entropy is not None
+        measured: list[tuple[Translation, list[int], list[int]]] = []   # (translation, source ids, target ids)
         t0 = time.perf_counter()
         for chunk, src in self._batches(encoded, batch_size, progress):
             hyps = beam_search(self.model, src, beam=beam, len_penalty=len_penalty, max_len_a=max_len_a,
                                max_len_b=max_len_b, nbest=nbest, incremental=incremental,
                                forbid=self.codec.forbid_ids)
             for (i, src_ids), sentence_hyps in zip(chunk, hyps):
-                best, *rest = [self._translation(h, src_ids if attention and rank == 0 else None)
-                               for rank, h in enumerate(sentence_hyps)]
+                found = [self._translation(h, src_ids if attention and rank == 0 else None)
+                         for rank, h in enumerate(sentence_hyps)]
+                if entropy:
+                    measured += [(t, src_ids, h.tokens) for t, h in zip(found, sentence_hyps)]
+                best, *rest = found
                 best.alternatives = rest
                 out[i] = best
                 stats.tokens += len(best.tokens)
+        for start in range(0, len(measured), batch_size):
+            part = measured[start:start + batch_size]
+            for (t, _, _), value in zip(part, self._entropies([(s, ids) for _, s, ids in part])):
+                t.entropy = value
+        if floor is not None:
+            for best in out:
+                for t in (best, *best.alternatives):
+                    t.unsure = floor.unsure(t)
         stats.seconds = time.perf_counter() - t0
         self.last_stats = stats
         return out
@@ -306,6 +367,19 @@ class Translator:
         check_fits(f"translating {sentences} sentences of up to {src} tokens with beam {beam} (batch_size "
                    f"{batch_size})", need, device=self.device, advice="lower the beam (--beam) or batch_size "
                    "(--batch-size)")
+
+    def _entropies(self, pairs: list[tuple[list[int], list[int]]]) -> list[float]:
+        """The mean entropy (nats) of the model's next-token distribution over the steps of each (source ids with
+        <eos>, target ids) pair: every target token and <eos>, teacher-forced in one batch."""
+        cfg = self.config
+        src = pad([s for s, _ in pairs], cfg.pad_id).to(self.device)
+        tgt_in = pad([[cfg.sos_id, *t] for _, t in pairs], cfg.pad_id).to(self.device)
+        logits, _ = self.model(src, tgt_in)                                     # [B, T, V]
+        logp = F.log_softmax(logits.float(), dim=-1)
+        per_step = -(logp.exp() * logp).sum(-1)                                 # [B, T]
+        steps = torch.tensor([len(t) + 1 for _, t in pairs], device=per_step.device)
+        mask = torch.arange(per_step.shape[1], device=per_step.device)[None] < steps[:, None]
+        return ((per_step * mask).sum(1) / steps).tolist()
 
     def _translation(self, hyp: Hypothesis, src_ids: list[int] | None) -> Translation:
         """A search's hypothesis as a Translation; with ``src_ids``, its attention map over those tokens."""

@@ -250,6 +250,9 @@ def section_qanet(run: Run) -> None:
     batch = (data["context_words"], data["context_chars"], data["question_words"], data["question_chars"],
              data["start"], data["end"])
     models = cq.build_models(cfg, ["fast", "reference"], device, torch.float32)
+    # The graphed step gets parameters of its own (the same weights): its graphs accumulate into gradients that
+    # stay in place, which the eager steps would set to None.
+    graphed_model = cq.build_models(cfg, ["fast"], device, torch.float32)["fast"]
     adam = dict(betas=(0.8, 0.999), eps=1e-7, weight_decay=3e-7)
     kept: dict[str, dict[str, Callable[[], Any]]] = {}
 
@@ -257,13 +260,13 @@ def section_qanet(run: Run) -> None:
         autocast = torch.bfloat16 if precision == "bf16" else None
 
         def train_fns(precision: str = precision, autocast: Any = autocast) -> dict[str, Callable[[], Any]]:
-            return {"fastqa graphed": graphed_train_runner(models["fast"], batch, _qanet_loss, clip=5.0,
+            return {"fastqa graphed": graphed_train_runner(graphed_model, batch, _qanet_loss, clip=5.0,
                                                            autocast=autocast, **adam),
                     "fastqa eager": cq.train_step_runner(models["fast"], data, autocast=autocast),
                     "reference eager": cq.train_step_runner(models["reference"], data, autocast=autocast)}
 
         def infer_fns(autocast: Any = autocast) -> dict[str, Callable[[], Any]]:
-            reader = GraphedReader(models["fast"].eval())
+            reader = GraphedReader.of(models["fast"].eval())
 
             def graphed() -> Any:
                 with cq.autocast_context(device, autocast):
@@ -278,6 +281,7 @@ def section_qanet(run: Run) -> None:
                 kept[f"{mode} {precision}"] = fns
                 figures = measure(fns, device, dry=dry)
                 if mode == "infer":
+                    figures["fastqa graphed"]["replays"] = GraphedReader.of(models["fast"]).replays
                     out = {k: tuple(t.double().cpu() for t in fn()) for k, fn in fns.items()}
                     ref = out["reference eager"]
                     for k in ("fastqa graphed", "fastqa eager"):
@@ -306,10 +310,16 @@ def section_qanet(run: Run) -> None:
                 fns = kept.get(f"{mode} {precision}")
                 if fns is None:
                     return {"skipped": "its eager item did not run"}
+                for model in models.values():   # the runners set the mode when made; later items changed it
+                    model.train(mode == "train")
                 compiled = torch.compile(models["reference"], mode="reduce-overhead", dynamic=False)
                 make = cq.train_step_runner if mode == "train" else cq.inference_runner
                 t0 = time.monotonic()
-                step = make(compiled, data, autocast=autocast)
+                run_compiled = make(compiled, data, autocast=autocast)
+
+                def step() -> Any:
+                    torch.compiler.cudagraph_mark_step_begin()   # a new iteration: the last one's outputs are read
+                    return run_compiled()
                 step()
                 torch.cuda.synchronize(device)
                 first_s = time.monotonic() - t0
@@ -345,6 +355,7 @@ def section_profile(run: Run) -> None:
     batch = (data["context_words"], data["context_chars"], data["question_words"], data["question_chars"],
              data["start"], data["end"])
     model = cq.build_models(cfg, ["fast"], device, torch.float32)["fast"]
+    eager_model = cq.build_models(cfg, ["fast"], device, torch.float32)["fast"]   # see section_qanet
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
 
     def breakdown(step: Callable[[], Any]) -> dict[str, Any]:
@@ -373,7 +384,7 @@ def section_profile(run: Run) -> None:
         model, batch, _qanet_loss, clip=5.0, autocast=torch.bfloat16, betas=(0.8, 0.999), eps=1e-7)),
         min_s=20.0)
     run.item("profile qanet train bf16 eager", lambda: breakdown(cq.train_step_runner(
-        model, data, autocast=torch.bfloat16)), min_s=15.0)
+        eager_model, data, autocast=torch.bfloat16)), min_s=15.0)
 
 
 # --------------------------------------------------------------------------------------------- ConvS2S
@@ -392,6 +403,7 @@ def section_convs2s(run: Run) -> None:
     from benchmarks import cases_convs2s as cc
     from benchmarks.measure import call_seconds
     from fastqa.models.convs2s import beam_search, greedy_decode
+    from fastqa.models.convs2s.graphed import StaticDecoding
 
     device, dry = run.device, run.dry
     if dry:
@@ -404,13 +416,14 @@ def section_convs2s(run: Run) -> None:
     run.record["convs2s"] = {"preset": "tiny" if dry else "tutorial", "batch": B, "src_len": S, "tgt_len": T,
                              "sentences": sentences, "beam": beam}
     train = cc._models("tutorial", overrides, device, torch.float32, train=True)
+    graphed_model = cc._models("tutorial", overrides, device, torch.float32, train=True)["fast"]  # see section_qanet
     cfg = train["fast"].config
     src, tgt = cc.train_batch(cfg, B, S, T, device)
     for precision in ("fp32", "bf16"):
         autocast = torch.bfloat16 if precision == "bf16" else None
 
         def train_item(autocast: Any = autocast) -> dict[str, Any]:
-            fns = {"fastqa graphed": graphed_train_runner(train["fast"], (src, tgt), _mt_loss, clip=0.1,
+            fns = {"fastqa graphed": graphed_train_runner(graphed_model, (src, tgt), _mt_loss, clip=0.1,
                                                           autocast=autocast),
                    "fastqa eager": cc.train_step_runner(train["fast"], src, tgt, autocast=autocast),
                    "reference eager": cc.train_step_runner(train["reference"], src, tgt, autocast=autocast)}
@@ -449,6 +462,7 @@ def section_convs2s(run: Run) -> None:
                 figures[name] = {"first_call_s": round(first, 3), "median_s": round(median, 4),
                                  "sentences_per_s": round(sentences / median, 1)}
             want = tokens["fastqa eager"]
+            figures["fastqa graphed"]["replays_so_far"] = StaticDecoding.of(decode["fast"]).replays
             figures["fastqa graphed"]["same_tokens_as_eager"] = sum(a == b for a, b in zip(tokens["fastqa graphed"],
                                                                                             want)) / len(want)
             figures["speedups"] = {

@@ -216,6 +216,7 @@ class GraphedTrainStep:
         self.eager_steps = 0        # steps that ran the plain eager step (no key, or past max_graphs)
         self.replays = 0
         self._said: set[str] = set()
+        self.capture_errors: list[str] = []   # why a key's capture failed (that key runs eagerly)
         self._params = [p for p in model.parameters() if p.requires_grad]
 
     # -- what a step runs
@@ -325,8 +326,9 @@ class GraphedTrainStep:
                 entry.loss.copy_(self._body(entry.inputs))
         except Exception as e:  # noqa: BLE001 -- whatever breaks capture, the step itself still runs
             entry.failed = True
-            log.warning("cuda graphs: capturing the step of key %s failed (%s: %s); it runs eagerly",
-                        key, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self.capture_errors.append(why)
+            log.warning("cuda graphs: capturing the step of key %s failed (%s); it runs eagerly", key, why)
             torch.cuda.synchronize(self.device)
             return
         if self.pool is None:
@@ -335,10 +337,10 @@ class GraphedTrainStep:
         self._once("captured", "cuda graphs: the train step is captured per bucket (%s)",
                    self.plan.lengths if self.plan is not None else "exact shapes")
 
-    def summary(self) -> dict[str, int]:
-        """How the steps ran so far: graphs captured, replays, eager steps outside any entry."""
+    def summary(self) -> dict[str, Any]:
+        """How the steps ran so far: graphs captured, replays, eager steps outside any entry, failed captures."""
         return {"graphs": sum(e.graph is not None for e in self.entries.values()), "replays": self.replays,
-                "eager_steps": self.eager_steps}
+                "eager_steps": self.eager_steps, "capture_errors": list(self.capture_errors)}
 
 
 def plan_for(task: Any, batches: Sequence[Sequence[int]], count: int = 3) -> BucketPlan | None:

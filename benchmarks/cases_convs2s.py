@@ -268,11 +268,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", nargs="+", help="only cases whose id contains one of these")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median reported)")
+    p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
     cases = [c for c in CONVS2S_CASES if (c.quick or not args.quick)
              and (not args.cases or any(s in c.id for s in args.cases))]
+    if args.list:
+        for case in cases:
+            print(f"{case.id:<55} modes: {', '.join(case.modes)}")
+        return 0
     for case in cases:
         for mode in case.modes:
             t0 = time.perf_counter()

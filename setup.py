@@ -6,13 +6,19 @@ saying what is missing when torch, CMake, Ninja or a C++ compiler cannot be foun
 
 ``FASTQA_NATIVE=0`` builds without ``-march=native`` (a portable wheel). ``FASTQA_NO_EXT=1`` skips the extension and installs the pure-Python package (reference backend,
 plus Triton where it is installed).
+
+The build prints its stages as lines starting ``fastqa build:`` (configure, each ``[k/n]`` compile, link, done
+with the seconds taken), which ``pip install -v`` shows as they come; CMake's configure output goes to
+``configure.log`` in the build folder and is shown only when configuring fails.
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
@@ -42,6 +48,66 @@ def _find_tool(name: str, python_module: str | None = None) -> str:
         f"fastqa: building the C++ extension needs '{name}', which was not found on PATH "
         f"(pip install {python_module or name}, or set FASTQA_NO_EXT=1 for the pure-Python package)."
     )
+
+
+def _stage(message: str) -> None:
+    """One line of the build's progress, on stdout (pip shows it with -v, and with the error when a build fails)."""
+    print(f"fastqa build: {message}", flush=True)
+
+
+# Ninja's status line, as NINJA_STATUS is set below, and CMake's descriptions of its steps.
+_NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
+_COMPILE = re.compile(r"^Building CXX object .*?\.dir/(.+?)\.o$")
+_LINK = re.compile(r"^Linking CXX \w+(?: \w+)? (.+)$")
+
+
+def ninja_stage(line: str) -> str | None:
+    """A stage of Ninja's output line (``[3/12] Building CXX object CMakeFiles/_C.dir/csrc/cpu/glu.cpp.o``:
+    ``[3/12] compile csrc/cpu/glu.cpp``; a link step: ``[12/12] link <file name>``), or None for other lines
+    (compiler diagnostics, passed through as they are)."""
+    step = _NINJA_STEP.match(line.rstrip())
+    if step is None:
+        return None
+    done, total, what = step.groups()
+    compiled, linked = _COMPILE.match(what), _LINK.match(what)
+    if compiled:
+        what = f"compile {compiled.group(1)}"
+    elif linked:
+        what = f"link {Path(linked.group(1)).name}"
+    return f"[{done}/{total}] {what}"
+
+
+def run_cmake_build(cmake: str, configure: list[str], build_dir: Path, jobs: str) -> None:
+    """Configure (its output to ``build_dir/configure.log``, shown when it fails), then build with Ninja, printing
+    the stages as they come; BuildError names the step that failed."""
+    t0 = time.perf_counter()
+    log = build_dir / "configure.log"
+    _stage(f"configure with CMake (its output: {log})")
+    with open(log, "w", encoding="utf-8") as out:
+        configured = subprocess.run([cmake, *configure], stdout=out, stderr=subprocess.STDOUT)
+    if configured.returncode != 0:
+        print(log.read_text(encoding="utf-8", errors="replace"), flush=True)
+        raise BuildError(f"fastqa: configuring the extension failed (cmake exit status {configured.returncode}); "
+                         f"CMake's output is above and in {log}.")
+    t1 = time.perf_counter()
+    _stage(f"configured in {t1 - t0:.1f} s; compiling with {jobs} parallel jobs")
+    env = {**os.environ, "NINJA_STATUS": "[%f/%t] "}
+    steps = 0
+    with subprocess.Popen([cmake, "--build", str(build_dir), "--", f"-j{jobs}"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, errors="replace", env=env) as build:
+        for line in build.stdout:
+            stage = ninja_stage(line)
+            if stage is not None:
+                steps += 1
+                _stage(stage)
+            elif line.strip() == "ninja: no work to do.":
+                _stage("up to date: nothing to compile")
+            else:
+                print(line, end="", flush=True)
+    if build.returncode != 0:
+        raise BuildError(f"fastqa: compiling the extension failed (ninja exit status {build.returncode}); the "
+                         "compiler's messages are above.")
+    _stage(f"done in {time.perf_counter() - t0:.1f} s (configure {t1 - t0:.1f} s, {steps} build steps)")
 
 
 class CMakeExtension(Extension):
@@ -97,11 +163,7 @@ class CMakeBuild(build_ext):
             f"-DFASTQA_NATIVE={'OFF' if os.environ.get('FASTQA_NATIVE', '1') == '0' else 'ON'}",
         ]
         jobs = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)
-        try:
-            subprocess.run(configure, check=True)
-            subprocess.run([cmake, "--build", str(build_dir), "--", f"-j{jobs}"], check=True)
-        except subprocess.CalledProcessError as exc:
-            raise BuildError(f"fastqa: the extension build failed ({' '.join(exc.cmd[:2])} ...); see the log above.") from exc
+        run_cmake_build(cmake, configure[1:], build_dir, jobs)
 
 
 def _ext_modules() -> list[Extension]:
@@ -114,9 +176,10 @@ def _ext_modules() -> list[Extension]:
 # kernels, which live at the top of the repository and ship under one name only: fastqa.triton_kernels.
 PACKAGES = find_packages(include=["fastqa", "fastqa.*"]) + ["fastqa.triton_kernels"]
 
-setup(
-    packages=PACKAGES,
-    package_dir={"fastqa.triton_kernels": "triton_kernels"},
-    ext_modules=_ext_modules(),
-    cmdclass={"build_ext": CMakeBuild},
-)
+if __name__ == "__main__":  # setuptools' build backend runs this file as __main__; tests import the helpers above
+    setup(
+        packages=PACKAGES,
+        package_dir={"fastqa.triton_kernels": "triton_kernels"},
+        ext_modules=_ext_modules(),
+        cmdclass={"build_ext": CMakeBuild},
+    )

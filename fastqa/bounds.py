@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["Bound", "BOUNDS", "bound", "checked", "available_memory", "free_memory", "check_fits", "markdown_table"]
 
@@ -52,7 +52,7 @@ class Bound:
                 raise (error or TypeError)(self.message(label, _shown(value)))
             value = int(value)
             if not self.low <= value <= self.high:
-                raise (error or ValueError)(self.message(label, str(value)))
+                raise (error or ValueError)(self.message(label, _int_text(value)))
             return value
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise (error or TypeError)(self.message(label, _shown(value)))
@@ -66,13 +66,13 @@ class Bound:
         text as given, the bound; after ``label``): "1e9" is no int, "nan" no number in range."""
         try:
             value = int(text) if self.integer else float(text)
-        except ValueError:
-            raise ValueError(self.message(label, repr(text)).lstrip()) from None
+        except ValueError:  # also a number of more digits than Python converts
+            raise ValueError(self.message(label, _cut(repr(text))).lstrip()) from None
         if not self.low <= value <= self.high:
-            raise ValueError(self.message(label, text.strip()).lstrip())
+            raise ValueError(self.message(label, _cut(text.strip())).lstrip())
         return value
 
-    def arg(self):
+    def arg(self) -> Callable[[str], Any]:
         """An argparse ``type=`` for this bound: its error is "must be ... (got ...): ...", which the command's
         parser reports after the flag's name as its one line (``fastqa.cli``)."""
         import argparse
@@ -93,12 +93,22 @@ def _fmt(x: float) -> str:
     return str(x)
 
 
+def _cut(text: str, most: int = 40) -> str:
+    """``text`` cut to ``most`` characters for a message (a value of 5,000 digits is not repeated whole)."""
+    return text if len(text) <= most else text[:most - 3] + "..."
+
+
+def _int_text(value: int) -> str:
+    """An int in a message, cut short; one of more digits than Python writes out by its size."""
+    try:
+        return _cut(str(value))
+    except ValueError:  # past sys.get_int_max_str_digits()
+        return f"an int of {value.bit_length()} bits"
+
+
 def _shown(value: Any) -> str:
     """A value of the wrong type in a message: its repr (cut short) and its type."""
-    text = repr(value)
-    if len(text) > 40:
-        text = text[:37] + "..."
-    return f"{text}, a {type(value).__name__}"
+    return f"{_cut(repr(value))}, a {type(value).__name__}"
 
 
 _WINDOW = 2048

@@ -19,6 +19,7 @@ from fastqa.serve.limits import ServeLimits
 ROOT = Path(__file__).resolve().parents[1]
 ABSURD = ["1e9", "1e23", "99999999999999999999999", "-1", "-99999999999999999999999", "nan", "inf", "-inf", "2.5",
           "0x10", ""]
+HUGE = "9" * 5000  # more digits than Python converts to an int
 
 
 def _bounded_flags() -> list[tuple[str, str, Bound, Callable[[str], object]]]:
@@ -97,6 +98,10 @@ def test_the_python_check_names_the_argument_the_value_and_the_bound(name):
         assert b.check(np.int64(b.low)) == b.low and type(b.check(np.int64(b.low))) is int
         with pytest.raises(ValueError, match=str(10**23)):
             b.check(10**23)
+        with pytest.raises(ValueError, match=r"\(got an int of 16610 bits\)"):  # more digits than str() writes
+            b.check(10**5000)
+        with pytest.raises(ValueError, match=r"\(got 9{37}\.\.\.\)"):
+            b.check(10**100 - 1)
     else:
         for value in (math.nan, math.inf, -math.inf):
             with pytest.raises(ValueError, match=f"got {value}"):
@@ -184,3 +189,12 @@ def test_every_bounded_flag_shows_its_range_in_its_help():
         assert f"({b.expected.split(' ', 2)[2]})" in help_text, (command, flag)
     assert "beam size; 1 decodes greedily (default 5) (in [1, 16])" in " ".join(
         commands["translate"].format_help().split())
+
+
+def test_a_number_of_thousands_of_digits_is_one_short_line(capsys):
+    for command, flag, b, _ in _bounded_flags()[:5]:
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args([command, flag, HUGE])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and len(err) < 400, err
+        assert err.startswith(f"fastqa {command}: {flag} must be {b.expected} (got ") and "...)" in err, err

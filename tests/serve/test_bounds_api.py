@@ -206,3 +206,11 @@ def test_the_same_work_runs_when_the_memory_is_there(translator, qa, paragraph):
     # The estimate refuses only what does not fit: on this machine the calls above answer.
     assert translator.translate(["ka lo mi nu po"], beam=16)[0].tokens is not None
     assert qa.answer(*paragraph, max_context=BOUNDS["max_context"].high).end >= 0
+
+
+def test_the_server_refuses_a_number_of_thousands_of_digits(server):
+    # More digits than Python converts: a client error (the body cannot be read as JSON numbers), never a 500.
+    for path, body in (("/answer", '{"context": "Ada was born.", "question": "Who?", "top_k": %s}'),
+                       ("/translate", '{"text": "ka lo", "beam": %s}')):
+        status, answer = server.request("POST", path, raw=(body % ("9" * 5000)).encode())[:2]
+        assert status in (400, 422) and answer["status"] == status and "\n" not in answer["error"], (status, answer)

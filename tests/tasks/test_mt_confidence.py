@@ -2,8 +2,10 @@
 run folder and its export; ``Translation.unsure`` where a translation is past it (its log-probability per token
 under the floor's score, or its next-token entropy over the floor's), in the API, ``translate --json`` and the
 server's ``/translate``, and ``translate`` naming every unsure line on stderr."""
+import io
 import json
 import random
+import re
 
 import pytest
 from cli_helpers import assert_user_error, run_cli
@@ -105,7 +107,7 @@ def _floor(run, **fields) -> None:
     (run / "confidence.json").write_text(json.dumps({"quantile": 0.05, "beam": 2, "fitted_on": "made", **fields}))
 
 
-def test_translate_names_every_unsure_line_then_how_many_more(mt_run, tmp_path, capsys):
+def test_translate_names_every_unsure_line_then_how_many_more(mt_run, tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     assert main(["export", str(mt_run / "run"), str(run)]) == 0
     common = ["translate", "--model", str(run), "--threads", "1", "--device", "cpu", "--beam", "2"]
@@ -119,6 +121,12 @@ def test_translate_names_every_unsure_line_then_how_many_more(mt_run, tmp_path, 
     named = [1, 2, 3, *range(5, 22)]
     assert rc == 0 and len(out.splitlines()) == 26
     assert f"unsure of 25 of 25 translations (lines {', '.join(map(str, named))} ... and 5 more)" in err
+    # Lines read one at a time (a terminal, a pipe): each unsure one is named as it comes, then the summary.
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"{lines[0]}\n\n{lines[1]}\n"))
+    rc, out, err = run_cli(capsys, common)
+    assert rc == 0 and len(out.splitlines()) == 3
+    assert [int(n) for n in re.findall(r"line (\d+): the model is unsure of this translation", err)] == [1, 3]
+    assert "unsure of 2 of 2 translations (lines 1, 3)" in err
     # The entropy alone: a floor no score is under, an entropy every translation is over
     _floor(run, score=-1e9, entropy=0.0)
     assert all(t.unsure for t in Translator.load(run, device="cpu").translate(lines, beam=2))

@@ -169,7 +169,8 @@ def test_nbest_scores_and_best_equals_beam_search(translator, corpus):
     assert amap.weights.shape == (len(amap.target), len(amap.source))
     assert torch.allclose(amap.weights.sum(-1), torch.ones(len(amap.target)), atol=1e-4)
     d = with_attention.to_dict()
-    assert set(d) == {"text", "score", "tokens", "log_prob", "attention", "alternatives"}
+    assert set(d) == {"text", "score", "tokens", "log_prob", "unsure", "entropy", "attention", "alternatives"}
+    assert d["unsure"] is False and d["entropy"] is None   # no confidence floor: nothing measured, nothing flagged
     assert d["attention"] == amap.to_dict() and d["alternatives"] == [with_attention.alternatives[0].to_dict()]
     assert d["alternatives"][0]["attention"] is None and d["alternatives"][0]["alternatives"] == []
     assert results[0].to_dict()["attention"] is None
@@ -203,8 +204,9 @@ def test_translate_cli_nbest_and_json(model_dir, tmp_path, capsys, monkeypatch):
     assert [o["source"] for o in objs] == ["Ka lo Mi", "", "東京 Zu"]
     assert objs[1]["hypotheses"] == [] and "attention" not in objs[1]
     best = objs[0]["hypotheses"][0]
-    assert len(objs[0]["hypotheses"]) == 3 and best["text"] == "Ka lo Mi"
-    assert set(best) == {"text", "score", "tokens", "log_prob"}
+    alone = translator.translate(["Ka lo Mi"], beam=3, nbest=3)[0]     # a pipe is answered line by line
+    assert [h["text"] for h in objs[0]["hypotheses"]] == [h.text for h in (alone, *alone.alternatives)]
+    assert set(best) == {"text", "score", "tokens", "log_prob", "unsure", "entropy"}
     att = objs[0]["attention"]
     assert att["target"] == [*best["tokens"], "<eos>"] and len(att["weights"]) == len(att["target"])
     assert all(len(row) == len(att["source"]) for row in att["weights"])

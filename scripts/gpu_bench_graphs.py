@@ -17,6 +17,8 @@ its error and the run goes on):
   layers, with the share of sentences whose tokens agree.
 - ``glu``: ``glu_conv1d_step`` kernel-only (each replayed in a CUDA graph) against the eager reference, per
   configuration (rows, channels, kernel, dtype).
+- ``tests``: the graphs' GPU tests (``pytest -m gpu`` of their test files): captured steps, decoding and reading
+  against the eager ones.
 
 The record, ``DIR/gpu-<device>-<date>-graphs.json`` (benchmarks/results' naming), is rewritten after every item,
 so a run cut short keeps what it measured. Run from a checkout with torch and Triton installed: no build (the
@@ -42,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-SECTIONS = ("qanet", "profile", "convs2s", "glu")
+SECTIONS = ("qanet", "profile", "convs2s", "glu", "tests")
 SCHEMA = "gpu-bench-graphs/1"
 
 
@@ -512,6 +514,27 @@ def section_glu(run: Run) -> None:
             run.item(f"glu_conv1d_step B{rows} H{h} K{k} {str(dtype).removeprefix('torch.')}", item, min_s=3.0)
 
 
+GPU_TESTS = ("tests/train/test_cuda_graphs.py", "tests/models/test_convs2s_graphed.py",
+             "tests/models/test_qanet_graphed.py")
+
+
+def section_tests(run: Run) -> None:
+    import subprocess
+
+    def item() -> dict[str, Any]:
+        if run.dry:
+            return {"skipped": "--dry-run runs no test (the tests run the --dry-run)"}
+        limit = max(10.0, run.left() - 5.0)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+                                   *GPU_TESTS], cwd=REPO, capture_output=True, text=True, timeout=limit)
+        except subprocess.TimeoutExpired:
+            return {"error": f"the GPU tests ran past the {limit:.0f} s the budget left"}
+        lines = proc.stdout.strip().splitlines()
+        return {"returncode": proc.returncode, "summary": lines[-1] if lines else "", "tail": lines[-25:]}
+    run.item("gpu tests", item, min_s=30.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with kernels_linked():
@@ -524,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         run = Run(args, device)
         run.write()
         sections = {"qanet": section_qanet, "profile": section_profile, "convs2s": section_convs2s,
-                    "glu": section_glu}
+                    "glu": section_glu, "tests": section_tests}
         for name in args.sections:
             try:
                 sections[name](run)

@@ -13,6 +13,7 @@ import pytest
 from helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_bench_graphs.py"
+SCRIPT_MODULE_GPU_TESTS = load_script(SCRIPT).GPU_TESTS
 
 
 def test_arguments_are_checked():
@@ -50,3 +51,6 @@ def test_dry_run_runs_every_item_on_the_cpu(tmp_path):
     assert items["convs2s translate beam2"]["fastqa graphed"]["same_tokens_as_eager"] == 1.0
     assert {"convs2s train fp32", "convs2s train bf16"} <= set(items)
     assert sum(k.startswith("glu_conv1d_step") for k in items) == 4
+    assert items["gpu tests"]["skipped"].startswith("--dry-run runs no test")
+    for name in SCRIPT_MODULE_GPU_TESTS:
+        assert (SCRIPT.parent.parent / name).is_file(), name

@@ -54,3 +54,18 @@ def test_static_decoding_keeps_its_buffers_per_key_and_needs_incremental_decodin
         greedy_decode(trained, src, incremental=False, graphs=True)
     with pytest.raises(ValueError, match="capture=True needs a CUDA model"):
         StaticDecoding(trained, capture=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_captured_decoding_gives_todays_tokens_on_cuda(trained):  # noqa: F811
+    import copy
+
+    model = copy.deepcopy(trained).cuda()
+    src = reverse_batch(torch.Generator().manual_seed(8), 40, lo=2, hi=11)[0].cuda()
+    for _ in range(2):   # the second call replays the graphs the first captured
+        assert greedy_decode(model, src, graphs=True) == greedy_decode(model, src, graphs=False)
+        got = beam_search(model, src, beam=4, graphs=True)
+        want = beam_search(model, src, beam=4, graphs=False)
+        assert [h[0].tokens for h in got] == [h[0].tokens for h in want]
+    assert StaticDecoding.of(model).replays > 0

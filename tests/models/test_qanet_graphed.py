@@ -59,3 +59,20 @@ def test_qa_model_answers_the_same_through_static_buffers():
     assert [a.text for a in graphed] == [a.text for a in plain]
     assert [a.score for a in graphed] == pytest.approx([a.score for a in plain], rel=1e-3, abs=1e-4)
     assert GraphedReader.of(reader.model).entries      # it did read through the buffers
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_captured_forward_gives_the_plain_scores_on_cuda():
+    model = built(tiny_config(no_answer=True), "fast").cuda().eval()
+    reader = GraphedReader(model)
+    gen = torch.Generator().manual_seed(4)
+    inputs = [t.cuda() for t in make_batch(gen, B=3, n=17, m=6, c_lens=[17, 9, 12], q_lens=[6, 3, 6])]
+    with torch.no_grad():
+        want = model(*inputs, logits=True)
+    for _ in range(3):   # eager through the buffers, captured, replayed
+        got = reader(*inputs, logits=True)
+        for g, w in zip(got, want):
+            real = w > torch.finfo(w.dtype).min / 2
+            torch.testing.assert_close(g[real], w[real], rtol=1e-3, atol=1e-3)
+    assert reader.replays == 2

@@ -234,3 +234,28 @@ def test_cuda_graphs_flag_on_the_cpu_is_one_line_error(capsys, tmp_path):
                       r"--cuda-graphs needs a CUDA device")
     assert_user_error(capsys, ["qa-train", "--train", text, "--dev", text, "--out", tmp_path / "run",
                                "--cuda-graphs", "--device", "cpu"], r"--cuda-graphs needs a CUDA device")
+
+
+# ------------------------------------------------------------------------------------ on a GPU: the capture
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_captured_steps_replay_the_eager_losses_on_cuda(squad):
+    """The same batches, eager vs captured: the first steps warm up, the later ones replay their bucket's graph."""
+    device = torch.device("cuda")
+    batches = _qa_task(squad).train_batches(0)[:8]
+    losses = {}
+    for capture in (False, True):
+        task = _qa_task(squad)
+        task.model.to(device).train()
+        optimizer, scheduler = task.configure_optimizer(task.model)
+        prepare_optimizer(optimizer, device, graphed=True)
+        step = GraphedTrainStep(task, task.model, optimizer, scheduler, device=device,
+                                plan=plan_for(task, batches, count=1), clip_norm=5.0, capture=capture)
+        losses[capture] = [float(step.step(b)) for b in batches]
+        if capture:
+            summary = step.summary()
+            assert summary["graphs"] >= 1 and summary["replays"] >= 1, summary
+            assert not summary["capture_errors"], summary
+    # Dropout off (_qa_task): the same arithmetic, replayed or issued op by op.
+    assert losses[True] == pytest.approx(losses[False], rel=1e-4, abs=1e-5)

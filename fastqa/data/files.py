@@ -3,9 +3,11 @@ writing them atomically (a temporary file in the same folder, flushed, then rena
 crash leaves the old file or the new one, never half of one)."""
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
+import shutil
 import signal
 import tempfile
 import zlib
@@ -16,7 +18,7 @@ from typing import IO, Any, Iterator
 from ..errors import UserError
 
 __all__ = ["user_cache_dir", "read_text", "read_bytes", "decode_lines", "read_json", "atomic_open", "atomic_write_text",
-           "atomic_write_json", "fault_point", "FAULT_POINT_VARIABLE"]
+           "atomic_write_json", "fault_point", "FAULT_POINT_VARIABLE", "no_room_error"]
 
 FAULT_POINT_VARIABLE = "FASTQA_FAULT_POINT"
 _fault_counts: dict[str, int] = {}
@@ -140,10 +142,48 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
         os.replace(tmp, path)
         fault_point(f"{path.name}:renamed")
         _sync_folder(path.parent)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and (error := no_room_error(path, e)) is not None:
+            raise error from None
         raise
+
+
+_NO_ROOM = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def _size(n: int) -> str:
+    """``n`` bytes for a message: "512 bytes", "20.5 kB", "3.0 MB", "1.2 GB"."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def no_room_error(path: str | os.PathLike, error: OSError, *, needed: int | None = None, what: str = "",
+                  kept: str | None = None) -> UserError | None:
+    """The one-line ``UserError`` for a write to ``path`` that found no room -- a full disk, a quota, or the
+    process's file-size limit (``ulimit -f``) -- naming the file, what it needed when known, the free space
+    there (and the limit), and what is left on disk (``kept``; by default what an atomic write leaves); None
+    for any other ``error``. ``what``: e.g. "the checkpoint"."""
+    if error.errno not in _NO_ROOM:
+        return None
+    path = Path(path)
+    try:
+        free = f"{_size(shutil.disk_usage(path.parent).free)} free there"
+    except OSError:
+        free = "free space unknown"
+    why = (f"it needs {_size(needed)}, " if needed is not None else "") + free
+    if error.errno == errno.EFBIG:
+        import resource  # Unix only, and only needed here
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            why += f", and this process may write files of at most {_size(limit)} (ulimit -f)"
+    if kept is None:
+        kept = "the previous one is unchanged" if path.is_file() else "nothing was written"
+    return UserError(f"{path}: cannot write {what or 'the file'} ({error.strerror or error}): {why}; {kept}")
 
 
 def _sync_folder(folder: Path) -> None:

@@ -21,18 +21,16 @@ checkpoint or the new one, never a torn one: the tests kill it at each of them.
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import os
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..data.files import atomic_open, fault_point
+from ..data.files import atomic_open, fault_point, no_room_error
 from ..errors import UserError
 
 __all__ = ["FORMAT", "CHECKPOINT_NAME", "save_checkpoint", "load_checkpoint", "inference_weights"]
@@ -87,37 +85,15 @@ def save_checkpoint(out_dir: str | os.PathLike, payload: dict, name: str = CHECK
                       "is saved without a checksum", RuntimeWarning, stacklevel=2)
         data = archive
     half = len(data) // 2
-    try:
-        with atomic_open(path, "wb") as f:
+    with atomic_open(path, "wb") as f:
+        try:
             f.write(data[:half])
             f.flush()
             fault_point(f"{path.name}:half")
             f.write(data[half:])
-    except OSError as e:
-        raise UserError(_write_failure(path, len(data), e)) from None
+        except OSError as e:
+            raise no_room_error(path, e, needed=len(data), what="the checkpoint") or e from None
     return path
-
-
-def _megabytes(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
-
-
-def _write_failure(path: Path, size: int, e: OSError) -> str:
-    """One line for a checkpoint that could not be written: the file, the reason, what it needed against the
-    free space (and the file-size limit when that was the cause), and what is left on disk."""
-    try:
-        free = f"{_megabytes(shutil.disk_usage(path.parent).free)} free there"
-    except OSError:
-        free = "free space unknown"
-    why = f"it needs {_megabytes(size)}, {free}"
-    if e.errno == errno.EFBIG:
-        import resource  # Unix only, and only needed here
-
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        if limit != resource.RLIM_INFINITY:
-            why += f", and this process may write files of at most {_megabytes(limit)} (ulimit -f)"
-    kept = "the previous checkpoint is unchanged" if path.is_file() else "no checkpoint was written"
-    return f"{path}: cannot write the checkpoint ({e.strerror or e}): {why}; {kept}"
 
 
 def load_checkpoint(path_or_dir: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:

@@ -7,7 +7,7 @@ import os
 import warnings
 from pathlib import Path
 
-from ..data.files import atomic_write_text
+from ..data.files import atomic_write_text, no_room_error
 from ..errors import UserError
 
 __all__ = ["MetricsLog", "read_metrics"]
@@ -51,5 +51,9 @@ class MetricsLog:
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, row: dict) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+        except OSError as e:  # a full disk: one line naming the file
+            raise no_room_error(self.path, e, what="a metrics row",
+                                kept="the rows before it are kept (a cut last line is dropped when read)") or e from None

@@ -550,8 +550,8 @@ def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals
             metrics_log.write(row)
             try:
                 plot_learning_curve(metrics_log.path, out / "curve.png", title=f"{task.kind}: {out.name}")
-            except OSError as e:  # a full disk: the checkpoint below matters more, and says why it fails
-                log.warning("%s: cannot write the learning curve (%s)", out / "curve.png", e.strerror or e)
+            except (OSError, UserError) as e:  # a full disk: the checkpoint below matters more, and says why
+                log.warning("the learning curve is not updated: %s", e)
             text = " | ".join(f"{k} {v:.4g}" for k, v in last_eval.items())
             say(f"step {progress.step} ({reason}) | {text}")
             if bar is not None:

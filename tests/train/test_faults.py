@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from fastqa.data.files import _size
 from fastqa.errors import UserError
 from fastqa.train import TrainSettings, fit, load_checkpoint
 from fastqa.train.curves import read_metrics
@@ -112,24 +113,57 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert lines[0].startswith(f"error: {out / 'checkpoint.pt'}: cannot write the checkpoint (File too large): "
-                               f"it needs {len(before) / 1e6:.1f} MB, "), lines[0]
-    assert " free there" in lines[0] and f"at most {limit / 1e6:.1f} MB (ulimit -f)" in lines[0]
-    assert lines[0].endswith("; the previous checkpoint is unchanged")
+                               f"it needs {_size(len(before))}, "), lines[0]
+    assert " free there" in lines[0] and f"at most {_size(limit)} (ulimit -f)" in lines[0]
+    assert lines[0].endswith("; the previous one is unchanged")
+    assert "the learning curve is not updated: " in proc.stderr   # written first, bigger here: a warning
     assert (out / "checkpoint.pt").read_bytes() == before and _temporaries(out) == []
     # Room again: the run resumes from that checkpoint.
     fit(ToyTask(dropout=0.1), _settings(out, resume=True))
     assert load_checkpoint(out)["step"] == STEPS
 
 
-def test_the_write_failure_names_no_limit_when_there_is_none(tmp_path):
-    """ENOSPC (no limit involved) reads the same, without the ulimit clause; in-process."""
-    from fastqa.train.checkpoint import _write_failure
+def test_no_room_is_one_line_for_every_file_and_only_for_no_room(tmp_path):
+    """ENOSPC or EDQUOT read like EFBIG, without the limit's clause (none is involved); an atomic write's
+    failure (the learning curve's, an export's) and a metrics row's are as clear as the checkpoint's."""
+    import errno
 
-    line = _write_failure(tmp_path / "checkpoint.pt", 3_000_000, OSError(28, "No space left on device"))
-    assert line.startswith(f"{tmp_path / 'checkpoint.pt'}: cannot write the checkpoint (No space left on device): "
-                           "it needs 3.0 MB, ") and line.endswith("free there; no checkpoint was written")
-    with pytest.raises(UserError, match="no such checkpoint"):
-        load_checkpoint(tmp_path)
+    from fastqa.data.files import atomic_write_text, no_room_error
+
+    path = tmp_path / "checkpoint.pt"
+    error = no_room_error(path, OSError(errno.ENOSPC, "No space left on device"), needed=3_000_000,
+                          what="the checkpoint")
+    assert isinstance(error, UserError)
+    assert str(error).startswith(f"{path}: cannot write the checkpoint (No space left on device): it needs 3.0 MB, ")
+    assert str(error).endswith(" free there; nothing was written")
+    assert no_room_error(path, OSError(errno.EACCES, "Permission denied")) is None
+
+    # Real writes past a file-size limit, in a child process (the limit is the process's).
+    script = f"""
+import resource, signal, sys
+from fastqa.data.files import atomic_write_text
+from fastqa.errors import UserError
+from fastqa.train.curves import MetricsLog
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+for write in (lambda: atomic_write_text({str(tmp_path / 'a.txt')!r}, "x" * 5000),
+              lambda: MetricsLog({str(tmp_path)!r}, resume_step=None).write({{"step": 1, "pad": "x" * 5000}})):
+    try:
+        write()
+    except UserError as e:
+        print(e)
+"""
+    atomic_write_text(tmp_path / "a.txt", "old")
+    proc = subprocess.run([sys.executable, "-c", script], env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, second = proc.stdout.splitlines()
+    assert first.startswith(f"{tmp_path / 'a.txt'}: cannot write the file (File too large): ") and \
+        first.endswith("at most 1.0 kB (ulimit -f); the previous one is unchanged"), first
+    assert second.startswith(f"{tmp_path / 'metrics.jsonl'}: cannot write a metrics row (File too large): "), second
+    assert second.endswith("; the rows before it are kept (a cut last line is dropped when read)"), second
+    assert (tmp_path / "a.txt").read_text() == "old" and _temporaries(tmp_path) == []
+    assert not (tmp_path / "metrics.jsonl").read_text().endswith("}\n")   # the row that did not fit is cut
+    assert [_size(n) for n in (512, 20_480, 3_000_000, 1_234_000_000)] == ["512 bytes", "20.5 kB", "3.0 MB", "1.2 GB"]
 
 
 def _torchrun(out: Path, *flags: str) -> subprocess.Popen:

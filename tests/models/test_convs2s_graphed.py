@@ -69,3 +69,25 @@ def test_captured_decoding_gives_todays_tokens_on_cuda(trained):  # noqa: F811
         want = beam_search(model, src, beam=4, graphs=False)
         assert [h[0].tokens for h in got] == [h[0].tokens for h in want]
     assert StaticDecoding.of(model).replays > 0
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_the_static_step_and_its_moves_read_nothing_on_the_host(trained, beam):  # noqa: F811
+    """What a graph captures (the step) and what runs between replays (reorder, select) hold no host read: a
+    read would fail the capture (checked on the CPU, where the same code runs)."""
+    from helpers import HostReads
+
+    src = reverse_batch(torch.Generator().manual_seed(9), 5)[0]
+    with torch.no_grad():
+        state = trained.initial_state(trained.encode(src), beam)
+        static = StaticDecoding(trained).start(state, argmax_exclude=(0, 2) if beam == 1 else None)
+        tokens = torch.full((5 * beam,), 2)
+        with HostReads() as reads:
+            for _ in range(3):
+                out, attn = static.step(tokens)
+                tokens = out if beam == 1 else out.argmax(1)
+                static = static.reorder(torch.arange(5 * beam).flip(0).view(5, beam).flip(0).reshape(-1))
+            static = static.select(torch.tensor([0, 3]))
+            out, attn = static.step(tokens.view(5, beam)[[0, 3]].reshape(-1))
+    assert reads.reads == []
+    assert out.shape[0] == 2 * beam and attn.shape == (2 * beam, src.shape[1])

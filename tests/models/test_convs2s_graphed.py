@@ -91,3 +91,15 @@ def test_the_static_step_and_its_moves_read_nothing_on_the_host(trained, beam): 
             out, attn = static.step(tokens.view(5, beam)[[0, 3]].reshape(-1))
     assert reads.reads == []
     assert out.shape[0] == 2 * beam and attn.shape == (2 * beam, src.shape[1])
+
+
+def test_static_decoding_keeps_at_most_its_entries(trained, monkeypatch):  # noqa: F811
+    from fastqa.models.convs2s import graphed
+
+    monkeypatch.setattr(graphed, "MAX_ENTRIES", 2)
+    decoding = StaticDecoding(trained)
+    gen = torch.Generator().manual_seed(10)
+    for b in (1, 2, 4, 8):
+        state = trained.initial_state(trained.encode(reverse_batch(gen, b)[0]), 1)
+        decoding.start(state, argmax_exclude=(0, 2))
+    assert [k[2] for k in decoding.entries] == [4, 8]     # the two most recent sentence buckets

@@ -21,6 +21,7 @@ decoder, token for token).
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -34,6 +35,8 @@ __all__ = ["StaticDecoding", "StaticState", "sentence_bucket", "source_bucket"]
 
 #: Source lengths are padded up to a multiple of this.
 SOURCE_MULTIPLE = 16
+#: Keys one model keeps buffers (and graphs) for; past it the least recently used key is dropped.
+MAX_ENTRIES = 48
 
 
 def sentence_bucket(n: int) -> int:
@@ -83,7 +86,7 @@ class StaticDecoding:
         self.capture = device.type == "cuda" if capture is None else bool(capture)
         if self.capture and device.type != "cuda":
             raise ValueError(f"capture=True needs a CUDA model, got one on {device}")
-        self.entries: dict[tuple, _Entry] = {}
+        self.entries: OrderedDict[tuple, _Entry] = OrderedDict()   # least recently used first
         self.pool: Any = None
         self.replays = 0
 
@@ -111,6 +114,7 @@ class StaticDecoding:
         key = (mode, r, sentences, src_len, like.encoder.keys.dtype, bool(like.memory))
         found = self.entries.get(key)
         if found is not None and found.weights == self._weights():
+            self.entries.move_to_end(key)
             return found
         enc = like.encoder
         rows = sentences * r
@@ -124,6 +128,9 @@ class StaticDecoding:
                        tokens=torch.zeros(rows, dtype=torch.long, device=keys.device),
                        pos=torch.zeros(1, dtype=torch.long, device=keys.device), weights=self._weights())
         self.entries[key] = entry
+        self.entries.move_to_end(key)
+        while len(self.entries) > MAX_ENTRIES:
+            self.entries.popitem(last=False)
         return entry
 
     def start(self, state: DecoderState, argmax_exclude: Sequence[int] | None) -> "StaticState":

@@ -259,7 +259,7 @@ def _draw_scales(batch: int, survival: torch.Tensor, inverse: torch.Tensor) -> t
     """survival: [S, 1] float32; inverse: [S, 1], 1 / survival rounded to the scales' dtype -> [S, batch]."""
     # Drawn in float32 whatever the dtype: the same seed gives the same draws in every precision.
     keep = torch.rand(survival.shape[0], batch, device=survival.device) < survival
-    return torch.where(keep, inverse, 0.0)
+    return keep * inverse   # exactly the inverse or 0 (no scalar tensor for the 0, as torch.where would make)
 
 
 class StochasticDepth(nn.Module):
@@ -346,8 +346,9 @@ PACK_BELOW = 0.875
 
 def reads_are_free(device: torch.device) -> bool:
     """Whether the host may read a tensor's values on ``device`` (a count, ``nonzero``) without waiting for the
-    device: True on the CPU, False on a GPU, where the models decide such things without reading."""
-    return device.type != "cuda"
+    device: True on the CPU, False on a GPU, where the models decide such things without reading -- and False
+    while ``torch.compile`` traces, whose graph holds no host read (a read would break it in two)."""
+    return device.type != "cuda" and not torch.compiler.is_compiling()
 
 
 def should_pack(mask: torch.Tensor, *, every_row_real: bool = False) -> bool:

@@ -1,0 +1,172 @@
+"""The glue around the kernels, proved without a GPU: what one small fast QANet train step dispatches under bf16
+autocast on the CPU backend (a budget of aten calls, dtype copies, allocations and host reads), the train step --
+forward, backward and optimizer -- traced by ``torch.compile(fullgraph=True)`` with no graph break, and a layer's
+decoding step compiled with dynamic shapes.
+
+Counted at the dispatcher (a TorchDispatchMode sees each call from Python or autograd, not the calls inside a C++
+kernel). Before the glue was thinned the step dispatched 1,469 calls, 299 ``_to_copy`` (every weight cast to bf16 at
+every call, its gradient cast back per call), 1,164 fresh tensors and 39 host reads (35 of them the dropout seeds'
+``.item()``); the budgets below are the counts after it, with a little room.
+"""
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.optim.adam import adam as adam_update
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from fastqa._backend import cpu_available
+from fastqa.models.qanet import QANet, QANetConfig
+
+pytestmark = pytest.mark.skipif(not cpu_available(), reason="needs the C++ extension")
+
+# Per train step of ``_model()`` on ``_batch()`` (measured: 1,314 calls, 180 _to_copy, 1,034 fresh tensors,
+# 16 of them empty, 4 host reads -- the CPU's padding decision, free there).
+BUDGET = {"calls": 1_330, "_to_copy": 185, "fresh": 1_045, "_local_scalar_dense": 4}
+
+
+def _model(**overrides) -> QANet:
+    torch.manual_seed(0)
+    config = dict(word_vocab_size=40, char_vocab_size=25, word_dim=8, char_dim=6, char_channels=8, char_kernel=3,
+                  d_model=16, heads=2, emb_resize_kernel=3, emb_conv_layers=2, emb_conv_kernel=5, model_blocks=2,
+                  model_conv_layers=1, model_conv_kernel=3, dropout=0.1, char_dropout=0.05, layer_dropout=0.1)
+    return QANet(QANetConfig(**{**config, **overrides}), "fast").train()
+
+
+def _batch(b: int = 3, n: int = 17, m: int = 6, w: int = 5) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    cw, qw = torch.randint(2, 40, (b, n), generator=g), torch.randint(2, 40, (b, m), generator=g)
+    cc, qc = torch.randint(2, 25, (b, n, w), generator=g), torch.randint(2, 25, (b, m, w), generator=g)
+    return cw, cc, qw, qc, torch.tensor([1, 2, 3]), torch.tensor([2, 4, 5])
+
+
+def _loss(model: QANet, cw, cc, qw, qc, starts, ends) -> torch.Tensor:
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        log_s, log_e = model(cw, cc, qw, qc)
+    return F.nll_loss(log_s.float(), starts) + F.nll_loss(log_e.float(), ends)
+
+
+class _Counts(TorchDispatchMode):
+    """Calls per aten op, and "fresh": output tensors on storage none of the inputs has (allocations)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
+        self.fresh = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops[func.overloadpacket.__name__] += 1
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        self.fresh += sum(isinstance(t, torch.Tensor) and (t.numel() == 0 or t.untyped_storage().data_ptr() not in inputs)
+                          for t in tree_leaves(out))
+        return out
+
+
+def test_one_bf16_train_step_stays_within_its_dispatch_budget():
+    model = _model()
+    batch = _batch()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)   # no host read of its own
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        _loss(model, *batch).backward()
+        optimizer.step()
+
+    step()   # the first step creates the momentum buffers
+    with _Counts() as counts:
+        step()
+    got = {"calls": sum(counts.ops.values()), "_to_copy": counts.ops["_to_copy"], "fresh": counts.fresh,
+           "_local_scalar_dense": counts.ops["_local_scalar_dense"]}
+    assert all(got[k] <= BUDGET[k] for k in BUDGET), f"over budget: {got} > {BUDGET}"
+    # Each weight is cast once per step however often it is used (the encoder blocks run 2 and 3 times): the
+    # forward's casts are about one per parameter.
+    assert counts.ops["_to_copy"] <= 2.5 * sum(1 for _ in model.parameters())
+    assert counts.ops["dropout_add"] > 0 and counts.ops["randint"] == counts.ops["dropout_add"] // 2
+
+
+def test_a_weight_changed_in_place_is_cast_anew():
+    """The per-step weight cast is keyed by the parameter's version: an optimizer step (or any in-place change)
+    gives the next forward the new weights, so the cached cast never serves stale values."""
+    model = _model(dropout=0.0, char_dropout=0.0, layer_dropout=0.0).eval()
+    batch = _batch()[:4]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        before = model(*batch)[0]
+        again = model(*batch)[0]
+        model.cq_resize.weight.mul_(3.0)
+        after = model(*batch)[0]
+    assert torch.equal(before, again)
+    assert not torch.equal(before, after)
+
+
+def test_the_training_forward_traces_as_one_graph():
+    """Dynamo sees the whole training-mode forward (dropout seeds drawn on the device, stochastic depth and
+    timing signal from device buffers, no padding decision read on the host while compiling): one graph."""
+    model = _model()
+    cw, cc, qw, qc, _, _ = _batch()
+
+    def forward(cw, cc, qw, qc):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(cw, cc, qw, qc)
+
+    explained = torch._dynamo.explain(forward)(cw, cc, qw, qc)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+
+
+def test_the_whole_train_step_compiles_as_one_graph():
+    """forward + backward + Adam's update in one ``torch.compile(fullgraph=True)`` graph (a break would raise),
+    whose losses are the eager step's. The update is torch's functional Adam (``Optimizer.step`` itself
+    breaks the graph on purpose around its no_grad switch)."""
+    model = _model(emb_conv_layers=1, model_blocks=1)
+    params = [p for p in model.parameters() if p.requires_grad]
+    state = [[torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params],
+             [torch.zeros(()) for _ in params]]
+    batch = _batch()
+
+    def train_step(*batch):
+        loss = _loss(model, *batch)
+        loss.backward()
+        with torch.no_grad():
+            adam_update(params, [p.grad for p in params], state[0], state[1], [], state[2], foreach=False,
+                        capturable=False, differentiable=False, fused=None, grad_scale=None, found_inf=None,
+                        has_complex=False, amsgrad=False, beta1=0.9, beta2=0.999, lr=1e-2, weight_decay=0.0,
+                        eps=1e-8, maximize=False)
+        for p in params:
+            p.grad = None
+        return loss.detach()
+
+    def run(step):
+        """Two steps from the same weights, optimizer state and seed."""
+        with torch.no_grad():
+            for p, s in zip(params, start):
+                p.copy_(s)
+            for t in (t for buffers in state for t in buffers):
+                t.zero_()
+        torch.manual_seed(1)
+        return torch.stack([step(*batch) for _ in range(2)])
+
+    start = [p.detach().clone() for p in params]
+    eager = run(train_step)
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        got = run(torch.compile(train_step, fullgraph=True, backend="aot_eager"))
+    assert torch.isfinite(got).all() and got[0] != got[1]   # the update ran inside the graph
+    torch.testing.assert_close(got, eager, rtol=0.02, atol=0.02)
+
+
+def test_a_decoding_step_compiles_with_dynamic_shapes():
+    """``GLUConv1d.step`` under ``torch.compile(fullgraph=True, dynamic=True)``: its float argument is a symbol
+    there, which the scalar checks let through while compiling, and the step gives the eager step's values."""
+    from fastqa.layers import GLUConv1d
+
+    torch.manual_seed(0)
+    layer = GLUConv1d(8, 3, causal=True).eval()
+    step = torch.compile(layer.step, fullgraph=True, dynamic=True, backend="aot_eager")
+    with torch.no_grad():
+        for batch in (2, 5):
+            x, state = torch.randn(batch, 8), torch.randn(batch, 2, 8)
+            got, want = step(x, state), layer.step(x, state)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

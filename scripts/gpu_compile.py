@@ -88,20 +88,28 @@ def _t(*shape: int, dtype: Any = None) -> Any:
     return torch.empty(shape, dtype=dtype)
 
 
+def _param_dtype(dtype: Any, fp32_params: bool) -> Any:
+    """The parameters' dtype of a case: float32 (the models' master weights under autocast, which the
+    launchers take as they are) or the activations' dtype (a model cast to bf16 / fp16 as a whole)."""
+    import torch
+    return torch.float32 if fp32_params else dtype
+
+
 def _dwsep(B: int, L: int, C_in: int, C_out: int, K: int, *, ln: bool, relu: bool, residual: bool,
            mask: bool = False, dw_bias: bool = False, pw_bias: bool = True, causal: bool = False,
-           backward: bool = True) -> Callable[[Any], None]:
+           backward: bool = True, fp32_params: bool = True) -> Callable[[Any], None]:
     """dwsep_conv1d / ln_dwsep_conv1d forward (and backward) on x [B, L, C_in], K taps."""
     def run(dtype: Any) -> None:
         import torch
         ops = torch.ops.fastqa_triton
-        x, dww, pww = _t(B, L, C_in, dtype=dtype), _t(C_in, 1, K, dtype=dtype), _t(C_out, C_in, 1, dtype=dtype)
-        dwb = _t(C_in, dtype=dtype) if dw_bias else None
-        pwb = _t(C_out, dtype=dtype) if pw_bias else None
+        pdt = _param_dtype(dtype, fp32_params)
+        x, dww, pww = _t(B, L, C_in, dtype=dtype), _t(C_in, 1, K, dtype=pdt), _t(C_out, C_in, 1, dtype=pdt)
+        dwb = _t(C_in, dtype=pdt) if dw_bias else None
+        pwb = _t(C_out, dtype=pdt) if pw_bias else None
         res = _t(B, L, C_out, dtype=dtype) if residual else None
         pad = K - 1 if causal else (K - 1) // 2
         if ln:
-            lnw, m = _t(C_in, dtype=dtype), (torch.ones(B, L, dtype=torch.bool) if mask else None)
+            lnw, m = _t(C_in, dtype=pdt), (torch.ones(B, L, dtype=torch.bool) if mask else None)
             y, aux, stats = ops.ln_dwsep_conv1d_fwd(x, lnw, lnw, 1e-5, dww, dwb, pww, pwb, res, m, pad, relu)
             if backward:
                 ops.ln_dwsep_conv1d_bwd(y, x, lnw, lnw, dww, dwb, pww, pwb, aux, stats, m, pad, relu)
@@ -112,13 +120,15 @@ def _dwsep(B: int, L: int, C_in: int, C_out: int, K: int, *, ln: bool, relu: boo
     return run
 
 
-def _cqa(B: int, n: int, m: int, d: int, *, bias: bool = True, backward: bool = True) -> Callable[[Any], None]:
+def _cqa(B: int, n: int, m: int, d: int, *, bias: bool = True, backward: bool = True,
+         fp32_params: bool = True) -> Callable[[Any], None]:
     """context_query_attention forward (and backward): c [B, n, d], q [B, m, d]."""
     def run(dtype: Any) -> None:
         import torch
         ops = torch.ops.fastqa_triton
-        c, q, w = _t(B, n, d, dtype=dtype), _t(B, m, d, dtype=dtype), _t(3 * d, dtype=dtype)
-        b = _t(1, dtype=dtype) if bias else None
+        pdt = _param_dtype(dtype, fp32_params)
+        c, q, w = _t(B, n, d, dtype=dtype), _t(B, m, d, dtype=dtype), _t(3 * d, dtype=pdt)
+        b = _t(1, dtype=pdt) if bias else None
         cm, qm = torch.ones(B, n, dtype=torch.bool), torch.ones(B, m, dtype=torch.bool)
         out, lse_r, lse_c = ops.context_query_attention_fwd(c, q, cm, qm, w, b)
         if backward:
@@ -126,26 +136,28 @@ def _cqa(B: int, n: int, m: int, d: int, *, bias: bool = True, backward: bool = 
     return run
 
 
-def _trilinear(B: int, n: int, m: int, d: int, *, bias: bool) -> Callable[[Any], None]:
+def _trilinear(B: int, n: int, m: int, d: int, *, bias: bool, fp32_params: bool = True) -> Callable[[Any], None]:
     """trilinear_similarity forward and backward: s [B, n, m]."""
     def run(dtype: Any) -> None:
         import torch
         ops = torch.ops.fastqa_triton
-        c, q, w = _t(B, n, d, dtype=dtype), _t(B, m, d, dtype=dtype), _t(3 * d, dtype=dtype)
-        b = _t(1, dtype=dtype) if bias else None
+        pdt = _param_dtype(dtype, fp32_params)
+        c, q, w = _t(B, n, d, dtype=dtype), _t(B, m, d, dtype=dtype), _t(3 * d, dtype=pdt)
+        b = _t(1, dtype=pdt) if bias else None
         s = ops.trilinear_similarity_fwd(c, q, w, b)
         ops.trilinear_similarity_bwd(s, c, q, w, b)
     return run
 
 
 def _glu(B: int, T: int, H: int, K: int, *, causal: bool, mask: bool, residual: bool, bias: bool = True,
-         scale: float = 0.5 ** 0.5) -> Callable[[Any], None]:
+         scale: float = 0.5 ** 0.5, fp32_params: bool = True) -> Callable[[Any], None]:
     """glu_conv1d forward and backward: x [B, T, H], weight [2H, H, K]."""
     def run(dtype: Any) -> None:
         import torch
         ops = torch.ops.fastqa_triton
-        x, w = _t(B, T, H, dtype=dtype), _t(2 * H, H, K, dtype=dtype)
-        b = _t(2 * H, dtype=dtype) if bias else None
+        pdt = _param_dtype(dtype, fp32_params)
+        x, w = _t(B, T, H, dtype=dtype), _t(2 * H, H, K, dtype=pdt)
+        b = _t(2 * H, dtype=pdt) if bias else None
         m = torch.ones(B, T, dtype=torch.bool) if mask else None
         pad = K - 1 if causal else (K - 1) // 2
         y, aux = ops.glu_conv1d_fwd(x, w, b, m, pad, residual, scale)
@@ -153,13 +165,15 @@ def _glu(B: int, T: int, H: int, K: int, *, causal: bool, mask: bool, residual: 
     return run
 
 
-def _glu_step(B: int, H: int, K: int, *, residual: bool, bias: bool = True) -> Callable[[Any], None]:
+def _glu_step(B: int, H: int, K: int, *, residual: bool, bias: bool = True,
+              fp32_params: bool = True) -> Callable[[Any], None]:
     """glu_conv1d_step: x_t [B, H], state [B, K-1, H]."""
     def run(dtype: Any) -> None:
         import torch
-        b = _t(2 * H, dtype=dtype) if bias else None
+        pdt = _param_dtype(dtype, fp32_params)
+        b = _t(2 * H, dtype=pdt) if bias else None
         torch.ops.fastqa_triton.glu_conv1d_step(_t(B, H, dtype=dtype), _t(B, K - 1, H, dtype=dtype),
-                                                _t(2 * H, H, K, dtype=dtype), b, residual, 1.0)
+                                                _t(2 * H, H, K, dtype=pdt), b, residual, 1.0)
     return run
 
 
@@ -169,7 +183,8 @@ def _dropout(shape: tuple[int, ...], *, residual: bool, scale: bool) -> Callable
         import torch
         res = _t(*shape, dtype=dtype) if residual else None
         s = _t(shape[0], dtype=dtype) if scale else None
-        torch.ops.fastqa_triton.dropout_add(_t(*shape, dtype=dtype), res, s, 0.1, 1234)
+        seed = torch.tensor([1234], dtype=torch.int64)
+        torch.ops.fastqa_triton.dropout_add(_t(*shape, dtype=dtype), res, s, 0.1, seed)
     return run
 
 
@@ -182,7 +197,8 @@ def model_cases() -> list[Case]:
     ``tutorial``, ``small``) launch: batch 32, context 400, questions of 50 (training limits) and of 9 words,
     and in evaluation (bf16) of 100 words (a question's length sets the row kernels' BLOCK_M); kernels K = 5
     (resize conv, model encoder) and 7 (embedding encoder); ConvS2S batch 64, 30 tokens, K = 3, and decoding
-    steps of 1, 5 and 320 rows."""
+    steps of 1, 5, 64 and 320 rows. Parameters in float32 (autocast's master weights, which the launchers take
+    as they are); ``edge_cases`` has them in the activations' dtype too."""
     cases = []
     for model, p in QANET.items():
         d, only = p["d"], (model,)
@@ -205,7 +221,7 @@ def model_cases() -> list[Case]:
                                                                     residual=False)))
         cases.append(Case(f"{model}: decoder GLU conv", only, _glu(64, 30, H, 3, causal=True, mask=False,
                                                                     residual=False, scale=1.0)))
-        for B in (1, 5, 320):
+        for B in (1, 5, 64, 320):
             cases.append(Case(f"{model}: decoding step B{B}", only, _glu_step(B, H, 3, residual=False)))
     everyone = tuple(QANET) + tuple(CONVS2S)
     for residual in (False, True):
@@ -219,7 +235,9 @@ def edge_cases() -> list[Case]:
     """Shapes and flags the ops accept that the models do not use: other K (constexpr in dwsep), depthwise bias,
     no pointwise bias, ReLU and residual without the LayerNorm, causal padding, no mask, wide and narrow
     features (the whole-row LayerNorm kernels and context-query attention tile the whole feature dimension),
-    no attention bias, trilinear similarity, GLU with residual, without bias or mask, and a single row."""
+    no attention bias, trilinear similarity, GLU with residual, without bias or mask, and a single row; steps with
+    K 1 and 2 at channel counts no tile divides; the models' shapes with the parameters in the activations'
+    dtype."""
     return [
         Case("dwsep K3 relu residual dw_bias no pw_bias causal", (),
              _dwsep(8, 77, 96, 48, 3, ln=False, relu=True, residual=True, dw_bias=True, pw_bias=False, causal=True)),
@@ -238,6 +256,18 @@ def edge_cases() -> list[Case]:
         Case("glu no bias no mask causal H100", (), _glu(8, 17, 100, 3, causal=True, mask=False, residual=False,
                                                         bias=False)),
         Case("glu step residual no bias K5", (), _glu_step(16, 128, 5, residual=True, bias=False)),
+        Case("glu step K1 H100", (), _glu_step(3, 100, 1, residual=True)),
+        Case("glu step K2 H36 B33", (), _glu_step(33, 36, 2, residual=False)),
+        # Parameters in the activations' dtype (a model cast as a whole): the models' shapes.
+        Case("ln_dwsep params in the input dtype", (),
+             _dwsep(32, 400, 128, 128, 7, ln=True, relu=True, residual=True, mask=True, fp32_params=False)),
+        Case("dwsep params in the input dtype", (),
+             _dwsep(32, 400, 500, 128, 5, ln=False, relu=False, residual=False, fp32_params=False)),
+        Case("cqa params in the input dtype", (), _cqa(32, 400, 50, 128, fp32_params=False)),
+        Case("trilinear params in the input dtype", (), _trilinear(4, 400, 50, 128, bias=True, fp32_params=False)),
+        Case("glu params in the input dtype", (), _glu(64, 30, 512, 3, causal=True, mask=False, residual=False,
+                                                       fp32_params=False)),
+        Case("glu step params in the input dtype", (), _glu_step(64, 512, 3, residual=False, fp32_params=False)),
     ]
 
 

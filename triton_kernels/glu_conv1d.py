@@ -29,8 +29,9 @@ Tiling
   step      a small GEMM per decoding step, [B, K·H] window x [K·H, 2H] weight: one program per
             (output-channel tile, batch tile), tiles as narrow as 8 channels and 16 rows, so that B 64,
             H 512 runs 256 programs (more than the SMs of any GPU) with a short reduction each. K is a
-            constexpr: the taps are unrolled, the newest read from x_t and the older ones from the
-            state (no index arithmetic per element). The packed weight puts a program's a and b
+            constexpr; one pipelined loop runs over (tap, input-channel block) pairs, the tap a scalar
+            of the iteration: the newest tap is read from x_t, the older ones from the state (no index
+            arithmetic per element). The packed weight puts a program's a and b
             columns side by side, so one ``tl.dot`` per (tap, input-channel block) gives both halves,
             split in registers. The same program writes its slice of the rolled state (new_state =
             window[1:]): one launch per step.
@@ -105,8 +106,8 @@ _DPRE_BLOCK_T = 16 if INTERPRET else 32
 # (BLOCK_B, BLOCK_N, BLOCK_C, warps, stages). Decoding steps are small GEMMs ([B, K·H] x [K·H, 2H]): narrow
 # channel tiles (BLOCK_N = 8: one 16-wide dot covers both halves) give hundreds of programs at B 64, H 512.
 _STEP_CONFIGS = configs(("BLOCK_B", "BLOCK_N", "BLOCK_C"), [
-    (16, 8, 128, 4, 3), (16, 8, 64, 2, 3), (16, 16, 128, 4, 3), (32, 16, 64, 4, 3), (32, 32, 64, 4, 3),
-    (64, 32, 64, 4, 3), (64, 64, 64, 8, 3)], {"BLOCK_B": 16, "BLOCK_N": 8, "BLOCK_C": 16})
+    (16, 8, 64, 4, 3), (16, 8, 128, 4, 3), (16, 16, 64, 4, 3), (32, 16, 64, 4, 3), (32, 32, 64, 8, 3),
+    (64, 32, 64, 8, 3)], {"BLOCK_B": 16, "BLOCK_N": 8, "BLOCK_C": 16})
 # Smallest row tile of the grad_weight kernel: bounds the number of splits worth launching.
 _DW_MIN_BLOCK_T = min(c.kwargs["BLOCK_T"] for c in _DW_CONFIGS)
 
@@ -306,19 +307,28 @@ def _glu_conv1d_step_kernel(
     row_x = offs_b.to(tl.int64) * sx_b
     row_s = offs_b.to(tl.int64) * ss_b
     dtype = x_ptr.dtype.element_ty
+    # One loop over (tap, input-channel block) pairs, the tap a scalar of the iteration: the pointer tiles
+    # below are made once, and the loop is pipelined as a whole (an unrolled loop per tap held each tap's
+    # tiles in registers at once).
+    rel_c = tl.arange(0, BLOCK_C)
+    x_tile = x_ptr + row_x[:, None] + rel_c[None, :] * sx_h
+    s_tile = state_ptr + row_s[:, None] + rel_c[None, :] * ss_h
+    w_tile = w_ptr + rel_c[:, None] * (2 * H) + offs_p[None, :]
+    n_c = tl.cdiv(H, BLOCK_C)
     acc = tl.zeros([BLOCK_B, 2 * BLOCK_N], dtype=ACC)
-    for k in tl.static_range(K):
-        for c0 in range(0, H, BLOCK_C):
-            offs_c, c_ok = tile_range(c0, BLOCK_C, H)
-            ok = b_ok[:, None] & c_ok[None, :]
-            if k == K - 1:  # the newest tap is x_t, the older ones the state
-                win = tl.load(x_ptr + row_x[:, None] + offs_c[None, :] * sx_h, mask=ok, other=0.0)
-            else:
-                win = tl.load(state_ptr + row_s[:, None] + k * ss_k + offs_c[None, :] * ss_h, mask=ok, other=0.0)
-            rows = (k * H + offs_c).to(tl.int64)
-            w = tl.load(w_ptr + rows[:, None] * (2 * H) + offs_p[None, :], mask=c_ok[:, None] & p_ok[None, :],
-                        other=0.0)
-            acc += tl.dot(win.to(DOT_DTYPE), w.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+    for it in range(K * n_c):
+        k = it // n_c
+        c0 = (it - k * n_c) * BLOCK_C
+        c_ok = (c0 + rel_c) < H
+        ok = b_ok[:, None] & c_ok[None, :]
+        if K == 1:
+            win = tl.load(x_tile + c0 * sx_h, mask=ok, other=0.0)
+        else:  # the newest tap is x_t, the older ones the state (a tile of k: a mask per element)
+            newest = (tl.zeros([BLOCK_B, BLOCK_C], dtype=tl.int32) + k) == K - 1
+            old = tl.load(s_tile + k * ss_k + c0 * ss_h, mask=ok & ~newest, other=0.0)
+            win = tl.where(newest, tl.load(x_tile + c0 * sx_h, mask=ok & newest, other=0.0), old)
+        w = tl.load(w_tile + (k * H + c0).to(tl.int64) * (2 * H), mask=c_ok[:, None] & p_ok[None, :], other=0.0)
+        acc += tl.dot(win.to(DOT_DTYPE), w.to(DOT_DTYPE), input_precision=DOT_PRECISION)
     acc_a, acc_b = tl.split(tl.reshape(acc, [BLOCK_B, BLOCK_N, 2]))
     acc_a, acc_b = _add_bias_halves(acc_a, acc_b, bias_ptr, offs_n, n_ok, H, HAS_BIAS, ACC, dtype)
     ok = b_ok[:, None] & n_ok[None, :]

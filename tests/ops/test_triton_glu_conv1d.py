@@ -198,6 +198,14 @@ def _step_through(x, w, b, *, residual):
     pytest.param(3, 7, 12, 2, False, False, id="k2-no_residual-no_bias"),
     pytest.param(2, 3, 7, 5, True, True, id="k5-T_lt_K"),
     pytest.param(17, 4, 12, 3, False, True, id="batch17-two_batch_tiles"),
+    # Edge shapes of the step kernel's tiles (16 rows x 8 channels x 16 input channels here): one row, channel
+    # counts that are no multiple of either tile, every K from 1 to 5.
+    pytest.param(1, 4, 20, 1, True, True, id="batch1-H20-k1"),
+    pytest.param(1, 5, 20, 2, False, True, id="batch1-H20-k2"),
+    pytest.param(1, 4, 37, 3, True, False, id="batch1-H37-k3"),
+    pytest.param(5, 6, 13, 4, True, True, id="batch5-H13-k4"),
+    pytest.param(1, 7, 9, 5, False, True, id="batch1-H9-k5"),
+    pytest.param(33, 3, 25, 5, True, True, id="batch33-H25-k5-three_batch_tiles"),
 ])
 def test_step_matches_causal_sequence(B, T, H, K, residual, bias):
     x, w, b, _ = _make_inputs(B, T, H, K, mask=None, bias=bias)
@@ -207,6 +215,47 @@ def test_step_matches_causal_sequence(B, T, H, K, residual, bias):
     # The final state holds the last K-1 inputs, zeros where the sequence is shorter.
     padded = torch.cat([torch.zeros(B, K - 1, H, device=x.device), x], dim=1)
     assert torch.equal(state, padded[:, padded.shape[1] - (K - 1):])
+
+
+def test_step_weight_is_packed_once_and_again_when_it_changes():
+    """The packed weight is laid out once per weight tensor and dtype (not per step), and again after an
+    in-place change of the weight, which the next step then uses."""
+    B, T, H, K = 2, 3, 12, 3
+    x, w, b, _ = _make_inputs(B, T, H, K, mask=None, bias=True)
+    first = kernels.packed_weight(w, x.dtype)
+    assert kernels.packed_weight(w, x.dtype) is first
+    assert first.shape == (K, H, H, 2)
+    assert torch.equal(first, w.view(2, H, H, K).permute(3, 2, 1, 0))
+    assert kernels.packed_weight(w, torch.float64) is not first   # one copy per activation dtype
+    ys, _ = _step_through(x, w, b, residual=True)
+    assert kernels.packed_weight(w, x.dtype) is first, "stepping re-laid an unchanged weight"
+    with torch.no_grad():
+        w.mul_(-2.0)
+    assert kernels.packed_weight(w, x.dtype) is not first
+    ys_changed, _ = _step_through(x, w, b, residual=True)
+    assert_close(ys_changed, glu_conv1d(x, w, b, causal=True, residual=True, scale=SCALE), name="after the change")
+    assert not torch.allclose(ys, ys_changed)
+
+
+def test_step_packed_weights_go_with_their_weight():
+    import gc
+
+    before = len(kernels._PACKED)
+    w = torch.randn(16, 8, 3, device=DEVICE)
+    kernels.packed_weight(w, w.dtype)
+    assert len(kernels._PACKED) == before + 1
+    del w
+    gc.collect()
+    assert len(kernels._PACKED) == before
+
+
+def test_step_inference_tensor_weight():
+    """Inference tensors have no version counter: packed on every call, and right."""
+    with torch.inference_mode():
+        x, w, b, _ = _make_inputs(2, 4, 12, 3, mask=None, bias=True)
+        ys, _ = _step_through(x, w, b, residual=True)
+        assert kernels.packed_weight(w, w.dtype) is not kernels.packed_weight(w, w.dtype)
+    assert_close(ys, glu_conv1d(x, w, b, causal=True, residual=True, scale=SCALE), name="stepped y")
 
 
 def test_step_strided_state_and_low_precision():

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from cli_helpers import assert_user_error, run_cli
+from helpers import SEED_ARGS
 from squad_fixtures import make_squad
 
 from fastqa.errors import UserError
@@ -35,7 +36,7 @@ def run(tmp_path_factory) -> dict:
     obj = make_squad(root / "train.json", articles=1, paragraphs=3, people=2, seed=7)
     args = ["qa-train", "--train", root / "train.json", "--dev", root / "train.json", "--out", root / "run",
             "--no-cache", "--no-progress", "--batch-size", "8", "--threads", "1", "--lr", "3e-3", "--warmup", "10",
-            "--max-steps", "40", *TINY]
+            "--max-steps", "40", *TINY, *SEED_ARGS]
     assert main([str(a) for a in args]) == 0
     paragraphs = [p for a in obj["data"] for p in a["paragraphs"]]
     return {"root": root, "run": root / "run", "contexts": [p["context"] for p in paragraphs for _ in p["qas"]],

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 from cli_helpers import assert_user_error, run_cli
+from helpers import SEED_ARGS
 from squad_fixtures import make_squad
 
 from fastqa.tasks.qa.squad import NO_TARGET, Limits, build_vocabs, encode_squad, load_squad
@@ -142,7 +143,7 @@ def test_each_baseline_trains_and_answers_with_context_words(variant, data, caps
     rc, _, err = run_cli(capsys, ["qa-train", "--model", variant, "--train", data["train"], "--dev", data["dev"],
                                   "--out", out, "--cache-dir", data["cache"], "--no-progress", "--threads", "1",
                                   "--lr", "1e-2", "--warmup", "10", "--batch-size", "16", "--max-steps", "300",
-                                  "--eval-every", "0", "--log-every", "25", *TINY])
+                                  "--eval-every", "0", "--log-every", "25", *TINY, *SEED_ARGS])
     assert rc == 0, err
     assert f"qa-train: {variant}," in err
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -187,7 +188,7 @@ def test_a_vocabulary_reader_never_answers_an_unknown_word(data, capsys):
     rc, _, err = run_cli(capsys, ["qa-train", "--model", "lstm", "--train", data["train"], "--dev", data["dev"],
                                   "--out", data["root"] / "unk", "--cache-dir", data["cache"], "--no-progress",
                                   "--threads", "1", "--max-steps", "2", "--eval-every", "0", "--single-word-answers",
-                                  *TINY])
+                                  *TINY, *SEED_ARGS])
     assert rc == 0, err
     one_token = sum(1 for a in data["train_obj"]["data"] for p in a["paragraphs"] for q in p["qas"]
                     if " " not in q["answers"][0]["text"])   # the generated answers are one token unless spaced

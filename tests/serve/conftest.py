@@ -14,6 +14,7 @@ import subprocess
 from typing import Any, Iterator
 
 import pytest
+from helpers import SEED_ARGS
 from serve_helpers import Server, start_server, stop_server
 from squad_fixtures import make_squad
 
@@ -37,7 +38,7 @@ def serve_models(tmp_path_factory) -> dict[str, Any]:
     assert main(["qa-train", "--train", str(root / "train.json"), "--dev", str(root / "train.json"),
                  "--out", str(root / "qa"), "--cache-dir", str(root / "cache"), "--no-progress", "--lr", "3e-3",
                  "--warmup", "20", "--batch-size", "16", "--threads", "1", *QA_TINY, "--max-steps", "20",
-                 "--eval-every", "0"]) == 0
+                 "--eval-every", "0", *SEED_ARGS]) == 0
     rng = random.Random(3)
     lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(300)]
     for name in ("train.de", "train.en"):
@@ -45,7 +46,7 @@ def serve_models(tmp_path_factory) -> dict[str, Any]:
     assert main(["mt-train", "--src", str(root / "train.de"), "--tgt", str(root / "train.en"),
                  "--valid-src", str(root / "train.de"), "--valid-tgt", str(root / "train.en"),
                  "--out", str(root / "mt"), *MT_TINY, "--vocab", "word", "--min-freq", "1", "--batch-size", "32",
-                 "--lr", "3e-3", "--no-progress", "--threads", "1", "--max-steps", "20"]) == 0
+                 "--lr", "3e-3", "--no-progress", "--threads", "1", "--max-steps", "20", *SEED_ARGS]) == 0
     return {"root": root, "qa": root / "qa", "mt": root / "mt", "squad": squad}
 
 

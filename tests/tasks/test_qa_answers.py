@@ -4,6 +4,7 @@ import json
 
 import pytest
 from cli_helpers import assert_user_error, run_cli
+from helpers import SEED_ARGS
 from squad_fixtures import make_squad
 
 from fastqa.cli import main
@@ -41,7 +42,8 @@ def run(tmp_path_factory):
     make_squad(root / "train.json", articles=1, paragraphs=4, people=2, seed=5)
     assert main(["qa-train", "--train", str(root / "train.json"), "--dev", str(root / "train.json"), "--out",
                  str(root / "run"), "--cache-dir", str(root / "cache"), "--no-progress", "--lr", "3e-3", "--warmup",
-                 "20", "--batch-size", "16", "--threads", "1", *TINY, "--max-steps", "30", "--eval-every", "0"]) == 0
+                 "20", "--batch-size", "16", "--threads", "1", *TINY, "--max-steps", "30", "--eval-every", "0",
+                 *SEED_ARGS]) == 0
     return root / "run"
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_helpers import assert_user_error, run_cli
+from helpers import SEED_ARGS
 from squad_fixtures import make_squad, write_json
 
 from fastqa.bounds import BOUNDS
@@ -39,7 +40,7 @@ TINY = ["--set", "d_model=16", "--set", "heads=2", "--set", "char_dim=8", "--set
 
 def _train_args(train, dev, out, *extra) -> list:
     return ["qa-train", "--train", train, "--dev", dev, "--out", out, "--no-cache", "--no-progress",
-            "--batch-size", "4", "--threads", "1", "--eval-every", "0", *TINY, *extra]
+            "--batch-size", "4", "--threads", "1", "--eval-every", "0", *TINY, *SEED_ARGS, *extra]
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cli_helpers import assert_user_error, run_cli
+from helpers import SEED_ARGS
 from squad_fixtures import make_squad, write_json
 from torch import nn
 
@@ -39,7 +40,7 @@ FILLER = ". " * 10_000    # 10,000 tokens before the paragraph: the answer lies 
 def _train_args(train, out, *extra) -> list:
     return ["qa-train", "--train", train, "--dev", train, "--out", out, "--no-cache", "--no-progress",
             "--lr", "3e-3", "--warmup", "20", "--batch-size", "16", "--threads", "1", "--eval-every", "0",
-            *TINY, *extra]
+            *TINY, *SEED_ARGS, *extra]
 
 
 def _padded_with_lorem(obj: dict, seed: int, most: int = 30) -> dict:

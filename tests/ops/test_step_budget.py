@@ -1,6 +1,7 @@
 """The glue around the kernels, proved without a GPU: what one small fast QANet train step dispatches under bf16
 autocast on the CPU backend (a budget of aten calls, dtype copies, allocations and host reads), the train step --
-forward, backward and optimizer -- traced by ``torch.compile(fullgraph=True)`` with no graph break, and a layer's
+forward, backward and optimizer, QANet's and ConvS2S's -- traced by ``torch.compile(fullgraph=True)`` with no graph
+break, and a layer's
 decoding step compiled with dynamic shapes.
 
 Counted at the dispatcher (a TorchDispatchMode sees each call from Python or autograd, not the calls inside a C++
@@ -24,9 +25,9 @@ from fastqa.models.qanet import QANet, QANetConfig
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="needs the C++ extension")
 
-# Per train step of ``_model()`` on ``_batch()`` (measured: 1,314 calls, 180 _to_copy, 1,034 fresh tensors,
+# Per train step of ``_model()`` on ``_batch()`` (measured: 1,306 calls, 180 _to_copy, 1,036 fresh tensors,
 # 16 of them empty, 4 host reads -- the CPU's padding decision, free there).
-BUDGET = {"calls": 1_330, "_to_copy": 185, "fresh": 1_045, "_local_scalar_dense": 4}
+BUDGET = {"calls": 1_320, "_to_copy": 185, "fresh": 1_045, "_local_scalar_dense": 4}
 
 
 def _model(**overrides) -> QANet:
@@ -117,18 +118,42 @@ def test_the_training_forward_traces_as_one_graph():
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
 
 
-def test_the_whole_train_step_compiles_as_one_graph():
+def _qanet_case():
+    model = _model(emb_conv_layers=1, model_blocks=1)
+    return model, (lambda *batch: _loss(model, *batch)), _batch()
+
+
+def _convs2s_case():
+    from fastqa.models.convs2s import ConvS2S, ConvS2SConfig
+
+    torch.manual_seed(0)
+    model = ConvS2S(ConvS2SConfig(src_vocab_size=23, tgt_vocab_size=19, embed_dim=16, hidden_dim=24, encoder_layers=2,
+                                  decoder_layers=2, kernel_size=3, dropout=0.2, max_positions=40), layers="fast").train()
+    g = torch.Generator().manual_seed(0)
+    src, tgt = torch.randint(4, 23, (4, 9), generator=g), torch.randint(4, 19, (4, 8), generator=g)
+    src[1, 6:] = 0   # padding
+    tgt[:, 0] = 2    # sos
+
+    def loss(src, tgt):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(src, tgt[:, :-1])[0]
+        return F.cross_entropy(logits.float().flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=0)
+
+    return model, loss, (src, tgt)
+
+
+@pytest.mark.parametrize("case", [_qanet_case, _convs2s_case], ids=["qanet", "convs2s"])
+def test_the_whole_train_step_compiles_as_one_graph(case):
     """forward + backward + Adam's update in one ``torch.compile(fullgraph=True)`` graph (a break would raise),
     whose losses are the eager step's. The update is torch's functional Adam (``Optimizer.step`` itself
     breaks the graph on purpose around its no_grad switch)."""
-    model = _model(emb_conv_layers=1, model_blocks=1)
+    model, loss_of, batch = case()
     params = [p for p in model.parameters() if p.requires_grad]
     state = [[torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params],
              [torch.zeros(()) for _ in params]]
-    batch = _batch()
 
     def train_step(*batch):
-        loss = _loss(model, *batch)
+        loss = loss_of(*batch)
         loss.backward()
         with torch.no_grad():
             adam_update(params, [p.grad for p in params], state[0], state[1], [], state[2], foreach=False,

@@ -102,10 +102,10 @@ def squad(tmp_path_factory):
     return root
 
 
-def _qa_task(root, **fields) -> QATask:
+def _qa_task(root, dropout: float = 0.0) -> QATask:
     overrides = dict(d_model=16, heads=2, word_dim=16, char_dim=8, char_channels=8, model_blocks=1,
-                     emb_conv_layers=1, model_conv_layers=1, dropout=0.0, char_dropout=0.0, layer_dropout=0.0,
-                     **fields)
+                     emb_conv_layers=1, model_conv_layers=1, dropout=dropout, char_dropout=dropout,
+                     layer_dropout=dropout)
     return QATask.from_files(str(root / "train.json"), str(root / "dev.json"), preset="small",
                              overrides=overrides, recipe=Recipe(batch_size=4, warmup_steps=10, lr=1e-2),
                              limits=Limits(), cache_dir=root / "cache", progress=False)
@@ -125,16 +125,20 @@ def test_padding_to_a_bucket_changes_no_qanet_loss(squad):
         torch.testing.assert_close(bucketed, plain, rtol=1e-5, atol=1e-5)
 
 
-def test_padding_to_a_bucket_changes_no_convs2s_loss(tmp_path):
+def _mt_task(root, dropout: float = 0.0):
     src = ["ein hund läuft schnell nach hause .", "zwei katzen .", "ein mann singt .", "eine frau lacht laut ."] * 2
     tgt = ["a dog runs home fast .", "two cats .", "a man sings .", "a woman laughs loudly ."] * 2
     for name, lines in (("t.de", src), ("t.en", tgt), ("v.de", src[:2]), ("v.en", tgt[:2])):
-        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    task = build_task(MTOptions(src=str(tmp_path / "t.de"), tgt=str(tmp_path / "t.en"),
-                                valid_src=str(tmp_path / "v.de"), valid_tgt=str(tmp_path / "v.en"), vocab="word",
+        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return build_task(MTOptions(src=str(root / "t.de"), tgt=str(root / "t.en"),
+                                valid_src=str(root / "v.de"), valid_tgt=str(root / "v.en"), vocab="word",
                                 min_freq=1, batch_size=4,
                                 config_overrides=dict(embed_dim=16, hidden_dim=16, encoder_layers=2, decoder_layers=2,
-                                                      dropout=0.0, max_positions=32)))
+                                                      dropout=dropout, max_positions=32)))
+
+
+def test_padding_to_a_bucket_changes_no_convs2s_loss(tmp_path):
+    task = _mt_task(tmp_path)
     task.model.train()
     for indices in task.train_batches(0):
         batch = task.collate(indices, torch.device("cpu"))
@@ -195,6 +199,33 @@ def test_a_batch_no_bucket_holds_runs_eagerly_logged_once(squad, caplog):
     assert step.eager_steps == 3 and not step.entries
     assert all(torch.isfinite(x) and x.dtype == torch.float64 for x in losses)
     assert caplog.text.count("fits no bucket") == 1
+
+
+@pytest.mark.parametrize("model", ["qanet", "convs2s"])
+def test_the_captured_region_reads_nothing_on_the_host_on_the_gpu_path(model, squad, tmp_path, monkeypatch):
+    """The step a graph captures -- gradients zeroed in place, forward with dropout, backward, clipping -- on a
+    padded batch, as a GPU runs the models (no packing, no host-side checks): not one host read of tensor
+    data, which would fail the capture. (Adam's capturable step is CUDA-only; SGD stands in for the update.)"""
+    from helpers import NoHostReads
+
+    from fastqa.models import common
+    from fastqa.models.convs2s import modeling as convs2s_modeling
+    from fastqa.models.qanet import modeling as qanet_modeling
+
+    task = _qa_task(squad, dropout=0.1) if model == "qanet" else _mt_task(tmp_path, dropout=0.1)
+    task.model.train()
+    params = [p for p in task.model.parameters() if p.requires_grad]
+    sgd = torch.optim.SGD(params, lr=0.0)
+    batches = task.train_batches(0)[:2]
+    step = GraphedTrainStep(task, task.model, sgd, None, device=torch.device("cpu"), plan=plan_for(task, batches),
+                            clip_norm=1.0)
+    step.step(batches[0])   # the gradients exist from here on, as after a graph's warm-up
+    for module in (common, qanet_modeling, convs2s_modeling):
+        monkeypatch.setattr(module, "reads_are_free", lambda device: False)   # the decisions a GPU batch gets
+    key, padded = step._key(batches[1], task.collate(batches[1], torch.device("cpu")))
+    with NoHostReads():
+        loss = step._body(padded)
+    assert key is not None and torch.isfinite(loss)
 
 
 # ------------------------------------------------------------------------------------------- the loop

@@ -36,7 +36,7 @@ $(VENV)/.build-deps-ok: $(VENV)/.torch-ok
 
 # Editable install: Python edits need nothing; C++ edits rebuild through CMake + Ninja (incremental).
 $(VENV)/.fastqa-installed: $(VENV)/.build-deps-ok $(EXT_SOURCES)
-	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	$(PY) scripts/setup_env.py pip-build --no-build-isolation --no-deps -e .
 	$(PY) scripts/setup_env.py optional $(EXTRAS)
 	@touch $@
 
@@ -55,10 +55,11 @@ test: lint triton-pin
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 # What a change to one op or one command needs first (about a minute on 2 cores; the whole suite takes 16-26):
-# lint, the layering, the argument checks, the conventions every op shares, backend selection and the command
-# line. TESTS= adds the changed op's or command's own file: make test-quick TESTS=tests/ops/test_glu_conv1d.py
+# lint, the layering, the argument checks, the conventions every op shares, backend selection, the command line
+# (one-line usage errors, bounds) and the set-up. TESTS= adds the changed op's or command's own file:
+# make test-quick TESTS=tests/ops/test_glu_conv1d.py
 QUICK_TESTS := tests/test_layering.py tests/test_checks.py tests/ops/test_op_conventions.py tests/ops/test_backend.py \
-  tests/test_cli.py tests/test_setup_env.py
+  tests/test_cli.py tests/test_usage_errors.py tests/test_bounds.py tests/test_setup_env.py
 TESTS ?=
 test-quick: lint
 	$(PY) -m pytest $(QUICK_TESTS) $(TESTS) -q $(PYTEST_ARGS)

@@ -107,7 +107,7 @@ def run_cmake_build(cmake: str, configure: list[str], build_dir: Path, jobs: str
     if build.returncode != 0:
         raise BuildError(f"fastqa: compiling the extension failed (ninja exit status {build.returncode}); the "
                          "compiler's messages are above.")
-    _stage(f"done in {time.perf_counter() - t0:.1f} s (configure {t1 - t0:.1f} s, {steps} build steps)")
+    _stage(f"done in {time.perf_counter() - t0:.1f} s (configure {t1 - t0:.1f} s, {steps} build step{'' if steps == 1 else 's'})")
 
 
 class CMakeExtension(Extension):

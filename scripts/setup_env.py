@@ -6,6 +6,9 @@
     setup_env.py require REQ...      install what is missing or too old of REQ (a failure is an error)
     setup_env.py optional EXTRA...   install what is missing or too old of the package's optional extras;
                                      without registry access those are listed and their tests skip
+    setup_env.py pip-build ARGS...   ``pip install -v ARGS`` showing only the build's stages (the lines
+                                     "fastqa build: ..." of setup.py) as they come; all of pip's output when
+                                     it fails
 
 A requirement is met by the copy of the package this interpreter would import (the first on sys.path) when
 its version is one the requirement's specifier accepts: a venv's own setuptools (Python 3.11's venv installs
@@ -135,14 +138,36 @@ def optional(extras: list[str]) -> int:
     return 0
 
 
+def pip_build(args: list[str]) -> int:
+    """``pip install -v ARGS``: its build's stage lines printed as they come, the rest kept and printed only
+    when pip fails (so that a build of a minute or two is neither silent nor buried in pip's own lines)."""
+    kept: list[str] = []
+    with subprocess.Popen([sys.executable, "-m", "pip", "install", "-v", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, errors="replace") as pip:
+        for line in pip.stdout:
+            kept.append(line)
+            if line.lstrip().startswith("fastqa build:"):
+                print(line.strip(), flush=True)
+    if pip.returncode != 0:
+        sys.stdout.write("".join(kept))
+        print(f"fastqa: pip install {' '.join(args)} failed (exit status {pip.returncode}); its output is above",
+              file=sys.stderr)
+    return pip.returncode
+
+
+COMMANDS = ("link-host", "require", "optional", "pip-build")
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[0] not in ("link-host", "require", "optional"):
+    if len(argv) < 2 or argv[0] not in COMMANDS:
         print(__doc__, file=sys.stderr)
         return 2
     command, args = argv[0], argv[1:]
     if command == "link-host":
         link_host(args[0])
         return 0
+    if command == "pip-build":
+        return pip_build(args)
     return require(args) if command == "require" else optional(args)
 
 

@@ -74,3 +74,37 @@ def test_require_upgrades_a_shadowing_setuptools_inside_the_venv(tmp_path):
     again = subprocess.run([python, str(SCRIPT), "require", "setuptools>=77", "wheel"], capture_output=True,
                            text=True, timeout=120)
     assert again.returncode == 0 and "installing" not in again.stdout, again.stdout  # met now: nothing reinstalled
+
+
+def _project(root: Path, setup_body: str) -> Path:
+    """A package whose setup.py prints build stages the way fastqa's does, among other output."""
+    project = root / "probe"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\n'
+                                            'build-backend = "setuptools.build_meta"\n\n'
+                                            '[project]\nname = "fastqa-probe"\nversion = "1.0"\n')
+    # Only while building the wheel (the metadata step runs setup.py too), as build_ext prints fastqa's.
+    (project / "setup.py").write_text("import sys\nfrom setuptools import setup\n"
+                                      "if 'bdist_wheel' in sys.argv:\n"
+                                      "    print('configure chatter', flush=True)\n"
+                                      "    print('fastqa build: configure', flush=True)\n"
+                                      "    print('fastqa build: [1/1] compile probe.cpp', flush=True)\n"
+                                      f"    {setup_body}\nsetup(py_modules=[])\n")
+    return project
+
+
+def test_pip_build_shows_the_stages_and_nothing_else(tmp_path):
+    project = _project(tmp_path, "")
+    r = subprocess.run([sys.executable, str(SCRIPT), "pip-build", "--no-build-isolation", "--no-deps", "--target",
+                        str(tmp_path / "target"), str(project)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == ["fastqa build: configure", "fastqa build: [1/1] compile probe.cpp"], r.stdout
+
+
+def test_pip_build_shows_everything_when_the_build_fails(tmp_path):
+    project = _project(tmp_path, "sys.exit('probe: the compiler failed')")
+    r = subprocess.run([sys.executable, str(SCRIPT), "pip-build", "--no-build-isolation", "--no-deps", "--target",
+                        str(tmp_path / "target"), str(project)], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert "configure chatter" in r.stdout and "probe: the compiler failed" in r.stdout, r.stdout
+    assert "failed (exit status" in r.stderr

@@ -145,8 +145,9 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
     except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        if isinstance(e, OSError) and (error := no_room_error(path, e)) is not None:
-            raise error from None
+        if isinstance(e, OSError) and e.errno in _NO_ROOM:
+            # Still an OSError (callers that treat a write as optional catch that), saying where and how much.
+            raise OSError(e.errno, f"{e.strerror} ({_room(path, e)}; {_kept(path)})", os.fspath(path)) from None
         raise
 
 
@@ -161,15 +162,8 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def no_room_error(path: str | os.PathLike, error: OSError, *, needed: int | None = None, what: str = "",
-                  kept: str | None = None) -> UserError | None:
-    """The one-line ``UserError`` for a write to ``path`` that found no room -- a full disk, a quota, or the
-    process's file-size limit (``ulimit -f``) -- naming the file, what it needed when known, the free space
-    there (and the limit), and what is left on disk (``kept``; by default what an atomic write leaves); None
-    for any other ``error``. ``what``: e.g. "the checkpoint"."""
-    if error.errno not in _NO_ROOM:
-        return None
-    path = Path(path)
+def _room(path: Path, error: OSError, needed: int | None = None) -> str:
+    """What a write that found no room needed, the free space there, and the file-size limit if it was that."""
     try:
         free = f"{_size(shutil.disk_usage(path.parent).free)} free there"
     except OSError:
@@ -181,9 +175,26 @@ def no_room_error(path: str | os.PathLike, error: OSError, *, needed: int | None
         limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
         if limit != resource.RLIM_INFINITY:
             why += f", and this process may write files of at most {_size(limit)} (ulimit -f)"
-    if kept is None:
-        kept = "the previous one is unchanged" if path.is_file() else "nothing was written"
-    return UserError(f"{path}: cannot write {what or 'the file'} ({error.strerror or error}): {why}; {kept}")
+    return why
+
+
+def _kept(path: Path) -> str:
+    """What a failed atomic write of ``path`` leaves."""
+    return "the previous one is unchanged" if path.is_file() else "nothing was written"
+
+
+def no_room_error(path: str | os.PathLike, error: OSError, *, needed: int | None = None, what: str = "",
+                  kept: str | None = None) -> UserError | None:
+    """The one-line ``UserError`` for a write to ``path`` that found no room -- a full disk, a quota, or the
+    process's file-size limit (``ulimit -f``) -- naming the file, what it needed when known, the free space
+    there (and the limit), and what is left on disk (``kept``; by default what an atomic write leaves); None
+    for any other ``error``. ``what``: e.g. "the checkpoint". (``atomic_open`` itself raises such a failure as
+    an ``OSError`` with the same details, for the callers to whom a write is optional.)"""
+    if error.errno not in _NO_ROOM:
+        return None
+    path = Path(path)
+    return UserError(f"{path}: cannot write {what or 'the file'} ({error.strerror or error}): "
+                     f"{_room(path, error, needed)}; {kept or _kept(path)}")
 
 
 def _sync_folder(folder: Path) -> None:

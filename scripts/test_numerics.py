@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:13} {' '.join(f'{k}={v}' for k, v in env.items()) or '-'}{f'  (skipped: {why})' if why else ''}")
         return 0
 
+    # SIGTERM (a CI job cancelled) unwinds like Ctrl-C, so the pytest under way is stopped, not orphaned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = []
     started = time.monotonic()
     for name, env, why in todo:
@@ -109,11 +112,16 @@ def main(argv: list[str] | None = None) -> int:
                                 stderr=subprocess.STDOUT, text=True, bufsize=1)
         lines = []
         assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            lines.append(line)
-        rc = proc.wait()
+        try:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                lines.append(line)
+            rc = proc.wait()
+        finally:
+            if proc.poll() is None:  # stopped (Ctrl-C, SIGTERM): the run of the perturbation stops too
+                proc.terminate()
+                proc.wait()
         failed = _failures("".join(lines))
         status = "passed" if rc == 0 else f"FAILED (pytest exit {rc})"
         results.append((name, setting, status, time.monotonic() - t0, failed))

@@ -76,3 +76,21 @@ def test_captured_forward_gives_the_plain_scores_on_cuda():
             real = w > torch.finfo(w.dtype).min / 2
             torch.testing.assert_close(g[real], w[real], rtol=1e-3, atol=1e-3)
     assert reader.replays == 2
+
+
+def test_the_captured_forward_reads_nothing_on_the_host_on_the_gpu_path(monkeypatch):
+    """Filling a bucket's buffers and the forward a graph captures, as a GPU runs QANet (no packing, no char
+    compaction): not one host read of tensor data, which would fail the capture."""
+    from helpers import NoHostReads
+
+    from fastqa.models import common
+    from fastqa.models.qanet import modeling
+
+    model = built(tiny_config(no_answer=True), "fast").eval()
+    reader = GraphedReader(model)
+    inputs = make_batch(torch.Generator().manual_seed(6), B=3, n=17, m=6, c_lens=[17, 5, 9], q_lens=[6, 2, 6])
+    for module in (common, modeling):
+        monkeypatch.setattr(module, "reads_are_free", lambda device: False)   # the decisions a GPU batch gets
+    with NoHostReads():
+        s1, s2 = reader(*inputs, logits=True)
+    assert s1.shape == s2.shape == (3, 18)

@@ -255,7 +255,9 @@ class StaticState:
         e, owner = self.entry, self.owner
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=owner.pool):
+            # thread_local: a server runs each model on a thread of its own, and the other model's eager work
+            # (its allocations) must neither fail nor break this capture.
+            with torch.cuda.graph(graph, pool=owner.pool, capture_error_mode="thread_local"):
                 self._compute()
         except Exception:  # noqa: BLE001 -- whatever breaks capture, this key decodes eagerly
             e.failed = True

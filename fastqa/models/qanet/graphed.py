@@ -164,7 +164,9 @@ class GraphedReader:
             return
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
+            # thread_local: a server runs each model on a thread of its own, and the other model's eager work
+            # (its allocations) must neither fail nor break this capture.
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 out = self._forward(entry, logits, amp)
                 entry.out[0].copy_(out[0])
                 entry.out[1].copy_(out[1])

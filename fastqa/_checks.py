@@ -28,11 +28,13 @@ def check_tensor(
     floating: bool = True,
     dtype: torch.dtype | None = None,
     like: torch.Tensor | None = None,
+    or_float32: bool = False,
 ) -> torch.Tensor:
     """Validate ``t`` and return it.
 
     shape: expected sizes, None for "any"; like: a tensor whose device (and, for floating tensors,
-    dtype) ``t`` must share.
+    dtype) ``t`` must share; or_float32: float32 is accepted too (a parameter of a kernel that takes float32
+    parameters with 16-bit activations, ``entry_prologue``'s ``fp32_params``).
     """
     import torch
 
@@ -55,7 +57,7 @@ def check_tensor(
     if like is not None:
         if t.device != like.device:
             raise ValueError(f"{name} must be on {like.device} like the input, got {t.device}")
-        if floating and t.dtype != like.dtype:
+        if floating and t.dtype != like.dtype and not (or_float32 and t.dtype == torch.float32):
             raise TypeError(f"{name} must have dtype {like.dtype} like the input, got {t.dtype}")
     return t
 
@@ -261,18 +263,31 @@ def _cached_cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return cast
 
 
-def entry_prologue(name: str, first: object, ndim: int, *others: object) -> tuple:
+def entry_prologue(name: str, first: object, ndim: int, *others: object, params: int = 0,
+                   fp32_params: bool = False) -> tuple:
     """What every functional entry point does first, in this order: ``first`` (the activation whose
     device and dtype the others must share) must be a floating tensor of rank ``ndim`` on a CPU or
     CUDA device; under autocast, ``first`` and the floating ``others`` are cast to the autocast dtype;
     then ``first`` must have a non-empty batch and non-zero sizes in every other dimension.
+
+    params: the last ``params`` of ``others`` are the op's parameters; with ``fp32_params`` (the backend's
+    kernels take float32 parameters with 16-bit activations and round them as they load them) a float32
+    parameter is not cast under autocast: the master weights go in as they are, with no copy per call, and
+    their gradients come back in float32. The caller then checks them with ``or_float32``.
 
     Returns (first, *others), cast. The others are checked by the caller, after the cast, so that
     their dtypes are compared as the kernels will see them.
     """
     check_tensor(name, first, ndim=ndim)
     check_device(name, first)
-    cast = cast_floating(autocast_dtype(first.device), first, *others)
+    dtype = autocast_dtype(first.device)
+    if fp32_params and dtype is not None and params:
+        split = len(others) - params
+        float32 = sys.modules["torch"].float32
+        cast = (*cast_floating(dtype, first, *others[:split]),
+                *(p if getattr(p, "dtype", None) == float32 else cast_floating(dtype, p)[0] for p in others[split:]))
+    else:
+        cast = cast_floating(dtype, first, *others)
     check_nonempty_batch(name, cast[0])
     check_positive(name, cast[0], range(1, ndim))
     return cast

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from typing import Any, Callable
 
 import torch
 
-from .._backend import cpu_available
+from .._backend import cpu_available, resolve_backend
+from .._checks import autocast_dtype
 
 _NAMESPACES = {"cpu": "fastqa", "triton": "fastqa_triton"}
 _AUTOGRAD_HOOKS: dict[str, list[Callable[[str], None]]] = {}
@@ -84,3 +86,22 @@ def _below_autograd(op: Any, *args: Any) -> Any:
     re-dispatch -- at ~0.1 ms a call, what a small op's whole kernel takes."""
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)
+
+
+def takes_fp32_params(backend: str, op: str, module: str, x: object) -> bool:
+    """Whether ``op`` on the activation ``x`` under autocast runs on Triton kernels that take float32 parameters
+    (``ACCEPTS_FP32_WEIGHTS`` of the kernel module ``module``): then the entry point passes the float32 master
+    weights uncast (``entry_prologue``'s ``fp32_params``). False outside autocast and for any other backend;
+    False too for a backend or input the entry point's own checks will refuse."""
+    if not isinstance(x, torch.Tensor) or x.device.type not in ("cuda", "cpu"):
+        return False
+    dtype = autocast_dtype(x.device)
+    if dtype is None:
+        return False
+    kernels = sys.modules.get(f"fastqa.triton_kernels.{module}")   # imported by fastqa.ops where Triton runs
+    if kernels is None or not getattr(kernels, "ACCEPTS_FP32_WEIGHTS", False):
+        return False
+    try:
+        return resolve_backend(backend, op, x.device, dtype) == "triton"
+    except (TypeError, RuntimeError):
+        return False

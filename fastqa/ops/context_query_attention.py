@@ -10,9 +10,9 @@ import torch
 
 from .. import reference
 from .._backend import cpu_available, resolve_backend, warn_cuda_reference
-from .._checks import check_positive, check_tensor, entry_prologue
+from .._checks import cast_floating, check_positive, check_tensor, entry_prologue
 from ._function import exporting, has_tangent, input_grads, once_differentiable, register_op_autograd
-from ._registry import cpu_statistics_dtype, exported_op, kernel, qualified, register_autograd_hook
+from ._registry import cpu_statistics_dtype, exported_op, kernel, qualified, register_autograd_hook, takes_fp32_params
 
 __all__ = ["context_query_attention", "trilinear_similarity"]
 
@@ -98,12 +98,13 @@ def _register_autograd(backend: str) -> None:
 register_autograd_hook(_MODULE, _register_autograd)
 
 
-def _check_similarity_args(c: torch.Tensor, q: object, weight: object, bias: object) -> None:
+def _check_similarity_args(c: torch.Tensor, q: object, weight: object, bias: object, fp32: bool) -> None:
+    """After ``entry_prologue`` (fp32: its ``fp32_params``, float32 parameters accepted)."""
     check_tensor("q", q, shape=(c.shape[0], None, c.shape[2]), like=c)
     check_positive("q", q, (1,))
-    check_tensor("weight", weight, shape=(3 * c.shape[2],), like=c)
+    check_tensor("weight", weight, shape=(3 * c.shape[2],), like=c, or_float32=fp32)
     if bias is not None:
-        check_tensor("bias", bias, like=c)
+        check_tensor("bias", bias, like=c, or_float32=fp32)
         if bias.numel() != 1 or bias.dim() > 1:
             raise ValueError(f"bias must have shape [1] or [], got {tuple(bias.shape)}")
 
@@ -115,13 +116,14 @@ def trilinear_similarity(c: torch.Tensor, q: torch.Tensor, weight: torch.Tensor,
     c: [B, n, d]; q: [B, m, d]; weight: [3d] = (w_c, w_q, w_cq); bias: [1], [] or None.
     Returns S: [B, n, m]. backend: "auto", "reference", "cpu" or "triton".
     """
-    c, q, weight, bias = entry_prologue("c", c, 3, q, weight, bias)
-    _check_similarity_args(c, q, weight, bias)
+    fp32 = takes_fp32_params(backend, "trilinear_similarity", _MODULE, c)
+    c, q, weight, bias = entry_prologue("c", c, 3, q, weight, bias, params=2, fp32_params=fp32)
+    _check_similarity_args(c, q, weight, bias, fp32)
     backend = resolve_backend(backend, "trilinear_similarity", c.device, c.dtype)
     if backend == "reference" or has_tangent(c, q, weight, bias):
         if backend != "reference":
             warn_cuda_reference("trilinear_similarity", c.device, "an input carries a forward-mode tangent")
-        return reference.trilinear_similarity(c, q, weight, bias)
+        return reference.trilinear_similarity(c, q, *cast_floating(c.dtype, weight, bias))
     if exporting():   # the op and the formula registered on it (see exporting())
         return exported_op(backend, "trilinear_similarity_fwd")(c, q, weight, bias)
     return _TrilinearSimilarityFunction.apply(backend, c, q, weight, bias)
@@ -137,15 +139,16 @@ def context_query_attention(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tens
     softmax over the real question words and S̿ over the real context words (a row or column with no
     real word gives zeros): A = S̄q, B = S̄(S̿ᵀc). Returns [c, A, c∘A, c∘B]: [B, n, 4d].
     """
-    c, q, weight, bias = entry_prologue("c", c, 3, q, weight, bias)
-    _check_similarity_args(c, q, weight, bias)
+    fp32 = takes_fp32_params(backend, "context_query_attention", _MODULE, c)
+    c, q, weight, bias = entry_prologue("c", c, 3, q, weight, bias, params=2, fp32_params=fp32)
+    _check_similarity_args(c, q, weight, bias, fp32)
     check_tensor("c_mask", c_mask, shape=(c.shape[0], c.shape[1]), dtype=torch.bool, floating=False, like=c)
     check_tensor("q_mask", q_mask, shape=(q.shape[0], q.shape[1]), dtype=torch.bool, floating=False, like=c)
     backend = resolve_backend(backend, "context_query_attention", c.device, c.dtype)
     if backend == "reference" or has_tangent(c, q, weight, bias):
         if backend != "reference":
             warn_cuda_reference("context_query_attention", c.device, "an input carries a forward-mode tangent")
-        return reference.context_query_attention(c, q, c_mask, q_mask, weight, bias)
+        return reference.context_query_attention(c, q, c_mask, q_mask, *cast_floating(c.dtype, weight, bias))
     if exporting():   # the op and the formula registered on it (see exporting())
         return exported_op(backend, "context_query_attention_fwd")(c, q, c_mask, q_mask, weight, bias)[0]
     return _ContextQueryAttentionFunction.apply(backend, c, q, c_mask, q_mask, weight, bias)

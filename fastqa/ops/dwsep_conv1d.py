@@ -24,12 +24,13 @@ import math
 import torch
 
 from .._backend import cpu_available, resolve_backend, warn_cuda_reference
-from .._checks import check_choice, check_number, check_optional, check_positive, check_tensor, entry_prologue
+from .._checks import (cast_floating, check_choice, check_number, check_optional, check_positive, check_tensor,
+                       entry_prologue)
 from ..reference.dwsep_conv1d import ACTIVATIONS, PADDINGS, conv_padding
 from ..reference.dwsep_conv1d import dwsep_conv1d as dwsep_conv1d_reference
 from ..reference.dwsep_conv1d import ln_dwsep_conv1d as ln_dwsep_conv1d_reference
 from ._function import exporting, has_tangent, input_grads, once_differentiable, register_op_autograd, wants
-from ._registry import cpu_statistics_dtype, exported_op, kernel, qualified, register_autograd_hook
+from ._registry import cpu_statistics_dtype, exported_op, kernel, qualified, register_autograd_hook, takes_fp32_params
 
 _MODULE = "dwsep_conv1d"
 
@@ -102,16 +103,17 @@ class _DwsepConv1dFunction(torch.autograd.Function):
 
 def _check_conv_args(x: torch.Tensor, dw_weight: torch.Tensor, pw_weight: torch.Tensor,
                      pw_bias: torch.Tensor | None, dw_bias: torch.Tensor | None, residual: torch.Tensor | None,
-                     padding: str, activation: str | None, mask: torch.Tensor | None) -> None:
-    """The checks shared by ``dwsep_conv1d`` and ``ln_dwsep_conv1d``, after ``entry_prologue``."""
+                     padding: str, activation: str | None, mask: torch.Tensor | None, fp32: bool) -> None:
+    """The checks shared by ``dwsep_conv1d`` and ``ln_dwsep_conv1d``, after ``entry_prologue`` (fp32: its
+    ``fp32_params``, float32 parameters accepted)."""
     _, length, c_in = x.shape
-    check_tensor("dw_weight", dw_weight, shape=(c_in, 1, None), like=x)
+    check_tensor("dw_weight", dw_weight, shape=(c_in, 1, None), like=x, or_float32=fp32)
     check_positive("dw_weight", dw_weight, (2,))
-    check_tensor("pw_weight", pw_weight, shape=(None, c_in, 1), like=x)
+    check_tensor("pw_weight", pw_weight, shape=(None, c_in, 1), like=x, or_float32=fp32)
     check_positive("pw_weight", pw_weight, (0,))
     c_out = pw_weight.shape[0]
-    check_optional("pw_bias", pw_bias, shape=(c_out,), like=x)
-    check_optional("dw_bias", dw_bias, shape=(c_in,), like=x)
+    check_optional("pw_bias", pw_bias, shape=(c_out,), like=x, or_float32=fp32)
+    check_optional("dw_bias", dw_bias, shape=(c_in,), like=x, or_float32=fp32)
     check_optional("residual", residual, shape=(x.shape[0], length, c_out), like=x)
     check_optional("mask", mask, shape=(x.shape[0], length), dtype=torch.bool, floating=False, like=x)
     check_choice("padding", padding, PADDINGS)
@@ -140,14 +142,16 @@ def dwsep_conv1d(
     goes right) or "causal" (K-1 zeros left); activation: None or "relu"; backend: "auto", "reference",
     "cpu", "triton". Returns y: [B, L, C_out].
     """
-    x, dw_weight, pw_weight, pw_bias, dw_bias, residual = entry_prologue(
-        "x", x, 3, dw_weight, pw_weight, pw_bias, dw_bias, residual)
-    _check_conv_args(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, padding, activation, mask)
+    fp32 = takes_fp32_params(backend, "dwsep_conv1d", _MODULE, x)
+    x, residual, dw_weight, pw_weight, pw_bias, dw_bias = entry_prologue(
+        "x", x, 3, residual, dw_weight, pw_weight, pw_bias, dw_bias, params=4, fp32_params=fp32)
+    _check_conv_args(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, padding, activation, mask, fp32)
 
     resolved = resolve_backend(backend, "dwsep_conv1d", x.device, x.dtype)
     if resolved == "reference" or has_tangent(x, dw_weight, pw_weight, pw_bias, dw_bias, residual):
         if resolved != "reference":
             warn_cuda_reference("dwsep_conv1d", x.device, "an input carries a forward-mode tangent")
+        dw_weight, pw_weight, pw_bias, dw_bias = cast_floating(x.dtype, dw_weight, pw_weight, pw_bias, dw_bias)
         return dwsep_conv1d_reference(x, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias, padding=padding,
                                       activation=activation, residual=residual, mask=mask)
     if mask is not None:  # the residual stays the unmasked x
@@ -268,18 +272,21 @@ def ln_dwsep_conv1d(
     in backward from x and the saved row statistics) and runs the ``dwsep_conv1d`` CPU kernels on it;
     "reference" is ``fastqa.reference.ln_dwsep_conv1d``.
     """
-    x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual = entry_prologue(
-        "x", x, 3, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual)
-    _check_conv_args(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, padding, activation, mask)
+    fp32 = takes_fp32_params(backend, "ln_dwsep_conv1d", _MODULE, x)
+    x, residual, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias = entry_prologue(
+        "x", x, 3, residual, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, params=6, fp32_params=fp32)
+    _check_conv_args(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, padding, activation, mask, fp32)
     c_in = x.shape[2]
-    check_tensor("ln_weight", ln_weight, shape=(c_in,), like=x)
-    check_tensor("ln_bias", ln_bias, shape=(c_in,), like=x)
+    check_tensor("ln_weight", ln_weight, shape=(c_in,), like=x, or_float32=fp32)
+    check_tensor("ln_bias", ln_bias, shape=(c_in,), like=x, or_float32=fp32)
     eps = check_number("eps", eps, low=0, high=math.inf, low_open=True, high_open=True)
 
     resolved = resolve_backend(backend, "ln_dwsep_conv1d", x.device, x.dtype)
     if resolved == "reference" or has_tangent(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual):
         if resolved != "reference":
             warn_cuda_reference("ln_dwsep_conv1d", x.device, "an input carries a forward-mode tangent")
+        ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias = cast_floating(
+            x.dtype, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias)
         return ln_dwsep_conv1d_reference(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias,
                                          eps=eps, padding=padding, activation=activation, residual=residual,
                                          mask=mask)

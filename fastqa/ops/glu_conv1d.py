@@ -16,10 +16,10 @@ import torch
 
 from .. import reference
 from .._backend import cpu_available, resolve_backend, warn_cuda_reference
-from .._checks import check_bool, check_number, check_optional, check_tensor, entry_prologue
+from .._checks import cast_floating, check_bool, check_number, check_optional, check_tensor, entry_prologue
 from ..reference.glu_conv1d import SQRT_HALF
 from ._function import exporting, has_tangent, input_grads, once_differentiable, records_grad, register_op_autograd
-from ._registry import exported_op, kernel, qualified, register_autograd_hook
+from ._registry import exported_op, kernel, qualified, register_autograd_hook, takes_fp32_params
 
 _MODULE = "glu_conv1d"
 
@@ -75,9 +75,9 @@ def _register_autograd(backend: str) -> None:
     register_op_autograd(qualified(backend, "glu_conv1d_fwd"), "glu_conv1d", setup_context, backward)
 
 
-def _check_weight(weight: object, like: torch.Tensor, channels: int) -> int:
-    """weight [2H, H, K] on like's device/dtype; returns K."""
-    check_tensor("weight", weight, shape=(2 * channels, channels, None), like=like)
+def _check_weight(weight: object, like: torch.Tensor, channels: int, fp32: bool) -> int:
+    """weight [2H, H, K] on like's device, in like's dtype (or float32 with ``fp32``); returns K."""
+    check_tensor("weight", weight, shape=(2 * channels, channels, None), like=like, or_float32=fp32)
     if weight.shape[2] == 0:
         raise ValueError(f"weight must have a kernel size K >= 1, got shape {tuple(weight.shape)}")
     return weight.shape[2]
@@ -96,10 +96,11 @@ def glu_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     where [a; b] = conv(...) split along channels (F.glu order).
     backend: "auto", "reference", "cpu" or "triton" (see ``fastqa.info()``).
     """
-    x, weight, bias = entry_prologue("x", x, 3, weight, bias)
+    fp32 = takes_fp32_params(backend, "glu_conv1d", _MODULE, x)
+    x, weight, bias = entry_prologue("x", x, 3, weight, bias, params=2, fp32_params=fp32)
     channels = x.shape[2]
-    k = _check_weight(weight, x, channels)
-    check_optional("bias", bias, shape=(2 * channels,), like=x)
+    k = _check_weight(weight, x, channels, fp32)
+    check_optional("bias", bias, shape=(2 * channels,), like=x, or_float32=fp32)
     if mask is not None:
         check_tensor("mask", mask, shape=(x.shape[0], x.shape[1]), dtype=torch.bool, floating=False, like=x)
     causal = check_bool("causal", causal)
@@ -112,6 +113,7 @@ def glu_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if backend == "reference" or has_tangent(x, weight, bias):
         if backend != "reference":
             warn_cuda_reference("glu_conv1d", x.device, "an input carries a forward-mode tangent")
+        weight, bias = cast_floating(x.dtype, weight, bias)
         return reference.glu_conv1d(x, weight, bias, causal=causal, residual=residual, scale=scale, mask=mask)
     pad_left = k - 1 if causal else (k - 1) // 2
     if exporting():   # the op and the formula registered on it (see exporting())
@@ -134,11 +136,12 @@ def glu_conv1d_step(x_t: torch.Tensor, state: torch.Tensor, weight: torch.Tensor
     carries a forward-mode tangent (torch.func.jvp, forward_ad), the reference (differentiable)
     implementation runs instead.
     """
-    x_t, state, weight, bias = entry_prologue("x_t", x_t, 2, state, weight, bias)
+    fp32 = takes_fp32_params(backend, "glu_conv1d_step", _MODULE, x_t)
+    x_t, state, weight, bias = entry_prologue("x_t", x_t, 2, state, weight, bias, params=2, fp32_params=fp32)
     batch, channels = x_t.shape
-    k = _check_weight(weight, x_t, channels)
+    k = _check_weight(weight, x_t, channels, fp32)
     check_tensor("state", state, shape=(batch, k - 1, channels), like=x_t)
-    check_optional("bias", bias, shape=(2 * channels,), like=x_t)
+    check_optional("bias", bias, shape=(2 * channels,), like=x_t, or_float32=fp32)
     residual = check_bool("residual", residual)
     scale = check_number("scale", scale)
 
@@ -148,6 +151,7 @@ def glu_conv1d_step(x_t: torch.Tensor, state: torch.Tensor, weight: torch.Tensor
         if backend != "reference":
             warn_cuda_reference("glu_conv1d_step", x_t.device, "the step kernel is forward-only and autograd is "
                                 "recording (or an input carries a forward-mode tangent)")
+        weight, bias = cast_floating(x_t.dtype, weight, bias)
         return reference.glu_conv1d_step(x_t, state, weight, bias, residual=residual, scale=scale)
     return kernel(backend, _MODULE, "glu_conv1d_step")(x_t, state, weight, bias, residual, scale)
 

@@ -195,3 +195,39 @@ def test_a_decoding_step_compiles_with_dynamic_shapes():
             x, state = torch.randn(batch, 8), torch.randn(batch, 2, 8)
             got, want = step(x, state), layer.step(x, state)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_triton_layers_take_the_fp32_master_weights_under_autocast():
+    """Under autocast the Triton path's layers pass their float32 parameters uncast (the kernels round them as
+    they load them): no dtype copy of a parameter, the outputs bit for bit those of a call with the parameters
+    cast first, and the parameters' gradients in float32. The CPU path still casts them (once per step)."""
+    pytest.importorskip("triton")
+    from helpers import device_of
+
+    from fastqa.layers import ContextQueryAttention, GLUConv1d, LayerNormDepthwiseSeparableConv1d
+
+    device = device_of("triton")
+    torch.manual_seed(0)
+    conv = LayerNormDepthwiseSeparableConv1d(8, 8, 3, activation="relu", backend="triton").to(device)
+    glu = GLUConv1d(8, 3, causal=True, backend="triton").to(device)
+    cqa = ContextQueryAttention(8, backend="triton").to(device)
+    x = torch.randn(2, 5, 8, device=device)
+    q = torch.randn(2, 3, 8, device=device)
+    c_mask, q_mask = torch.ones(2, 5, dtype=torch.bool, device=device), torch.ones(2, 3, dtype=torch.bool, device=device)
+
+    def run(x, q):
+        h = glu(conv(x, residual=x))
+        return cqa(h, q, c_mask, q_mask)
+
+    with torch.autocast(device.type, dtype=torch.bfloat16), _Counts() as counts:
+        out = run(x, q)
+        out.float().sum().backward()
+    params = [*conv.parameters(), *glu.parameters(), *cqa.parameters()]
+    # The copies of the activations x and q in, of out.float() and of its gradient back: none of a parameter.
+    assert counts.ops["_to_copy"] <= 4, counts.ops
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)
+    for module in (conv, glu, cqa):
+        module.to(torch.bfloat16)
+    with torch.no_grad():
+        want = run(x.to(torch.bfloat16), q.to(torch.bfloat16))
+    assert out.dtype == torch.bfloat16 and torch.equal(out.detach(), want)

@@ -289,10 +289,17 @@ class GraphedTrainStep:
         return self._body(_with_tensors(batch, [t.to(self.device, non_blocking=True) for t in _tensors(batch)])
                           ).double()
 
+    def _replay(self, entry: _Entry) -> None:
+        entry.graph.replay()
+        self.replays += 1
+        # A replay updates the weights in place without torch seeing it: their version counters stay put, and
+        # whatever is keyed on them (a cast or a packed layout of a weight, reused while its version holds) would
+        # serve the previous weights to an eager forward -- an evaluation between steps. Count the update.
+        torch.autograd.graph.increment_version(self._params)
+
     def _run(self, entry: _Entry, key: tuple) -> torch.Tensor:
         if entry.graph is not None:
-            entry.graph.replay()
-            self.replays += 1
+            self._replay(entry)
             return entry.loss.double()
         if not self.capture or entry.failed or entry.runs < self.warmup:
             entry.runs += 1
@@ -302,8 +309,7 @@ class GraphedTrainStep:
         if entry.graph is None:  # the capture failed: this key stays eager
             entry.loss.copy_(self._body(entry.inputs))
             return entry.loss.double()
-        entry.graph.replay()  # capturing ran nothing: the replay is this batch's step
-        self.replays += 1
+        self._replay(entry)  # capturing ran nothing: the replay is this batch's step
         return entry.loss.double()
 
     def _side_stream(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:

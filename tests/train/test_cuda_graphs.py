@@ -290,3 +290,28 @@ def test_captured_steps_replay_the_eager_losses_on_cuda(squad):
             assert not summary["capture_errors"], summary
     # Dropout off (_qa_task): the same arithmetic, replayed or issued op by op.
     assert losses[True] == pytest.approx(losses[False], rel=1e-4, abs=1e-5)
+
+
+def test_a_replay_counts_as_an_in_place_update_of_the_weights():
+    """A replay changes the weights behind torch's back (their version counters stay put); the step bumps them,
+    so that a cast or a packed layout cached on a weight's version is not served stale to an eager forward."""
+    task = ToyTask(dropout=0.0)
+    optimizer = torch.optim.Adam(task.model.parameters(), lr=1e-2)
+    prepare_optimizer(optimizer, torch.device("cpu"), graphed=True)
+    step = GraphedTrainStep(task, task.model, optimizer, None, device=torch.device("cpu"), plan=None)
+    batch = task.train_batches(0)[0]
+    step.step(batch)
+    (entry,) = step.entries.values()
+
+    class Replayed:
+        """Stands in for a captured graph: its update is one torch does not see (as a replay's)."""
+
+        def replay(self) -> None:
+            for p in task.model.parameters():
+                p.data.add_(1.0)
+
+    entry.graph = Replayed()
+    before = [p._version for p in task.model.parameters()]
+    step.step(batch)
+    assert all(p._version > v for p, v in zip(task.model.parameters(), before))
+    assert step.replays == 1

@@ -216,8 +216,8 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
 def cast_floating(dtype: torch.dtype | None, *tensors: torch.Tensor | None) -> tuple:
     """``tensors`` with every floating one cast to ``dtype`` (None: unchanged).
 
-    A leaf tensor (a parameter) is cast once, not per call: its cast is reused while the leaf is unchanged
-    (``_cached_cast``), as autocast's own weight cache does for torch's ops. An activation (not a leaf) is
+    A leaf tensor (a parameter) is cast once per forward, not per call: its cast is reused while a graph holds it
+    and the leaf is unchanged (``_cached_cast``), as autocast's own weight cache does for torch's ops. An activation (not a leaf) is
     cast where it is not in ``dtype`` already."""
     if dtype is None:
         return tensors
@@ -226,20 +226,20 @@ def cast_floating(dtype: torch.dtype | None, *tensors: torch.Tensor | None) -> t
 
 
 _CASTS: dict | None = None
-"""leaf tensor -> (key, its cast or a weak reference to it): ``_cached_cast``'s cache (a
+"""leaf tensor -> (key, a weak reference to its cast): ``_cached_cast``'s cache (a
 ``torch.utils.weak.WeakIdKeyDictionary``, made on first use: no torch at import)."""
 
 
 def _cached_cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``t.to(dtype)``, reused for a leaf while its version (an optimizer step, a ``copy_``, a load bumps it),
-    storage, grad mode and inference mode are the ones it was cast under.
+    """``t.to(dtype)``, reused for a leaf while the cast is alive and the leaf's version (an optimizer step, a
+    ``copy_``, a state_dict load bump it), storage, grad mode and inference mode are the ones it was cast under.
 
-    Where autograd records the cast (a trainable parameter in grad mode), the cache holds only a weak
-    reference: the cast lives as long as the graph that saved it, so every call of one forward shares one
-    cast -- and one conversion of the summed gradient back to the parameter's dtype -- and the next step casts
-    the updated weights anew; a strong reference would keep the parameter alive through the cast's graph. Without
-    autograd (inference under autocast) the detached cast is kept until the parameter changes or is freed.
-    Never cached while ``torch.compile`` traces (the graph holds the cast) or a CUDA graph is captured (a replay
+    The cache holds weak references only: a cast lives as long as the autograd graph that saved it, so every
+    call of one training forward shares one cast of each weight -- and one conversion of its summed gradient
+    back to the parameter's dtype -- and the next step casts the updated weights anew (the weight cache of
+    autocast lives as long as its region). A strong reference would keep the parameter alive through the
+    cast's graph, and would outlive changes made through ``.data``, which no version counter sees. Never
+    cached while ``torch.compile`` traces (the graph holds the cast) or a CUDA graph is captured (a replay
     must cast the weights the captured optimizer step updated)."""
     global _CASTS
     import torch
@@ -251,15 +251,13 @@ def _cached_cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         from torch.utils.weak import WeakIdKeyDictionary
 
         _CASTS = WeakIdKeyDictionary()
-    recording = t.requires_grad and torch.is_grad_enabled()
-    key = (t._version, t.data_ptr(), dtype, recording, torch.is_inference_mode_enabled())
+    key = (t._version, t.data_ptr(), dtype, t.requires_grad and torch.is_grad_enabled(),
+           torch.is_inference_mode_enabled())
     entry = _CASTS.get(t)
-    if entry is not None and entry[0] == key:
-        cast = entry[1]() if recording else entry[1]
-        if cast is not None:
-            return cast
-    cast = t.to(dtype)
-    _CASTS[t] = (key, weakref.ref(cast) if recording else cast)
+    cast = entry[1]() if entry is not None and entry[0] == key else None
+    if cast is None:
+        cast = t.to(dtype)
+        _CASTS[t] = (key, weakref.ref(cast))
     return cast
 
 

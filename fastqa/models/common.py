@@ -18,12 +18,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import reference
-from .._checks import cast_floating, check_bool, check_choice, check_int, check_number
+from .._checks import check_bool, check_choice, check_int, check_number
 from ..reference.dropout_add import drop_threshold
 
 __all__ = ["ModelConfig", "PACK_BELOW", "PackedBatch", "check_config", "check_qa_inputs", "FrozenWordVectors", "Highway",
            "dropout", "host_to_device", "init_linear", "masked_log_softmax", "reads_are_free", "should_pack",
-           "StochasticDepth", "survival_prob", "survival_scales", "TimingSignal", "timing_signal", "TorchDropoutAdd"]
+           "StochasticDepth", "buffer_in", "survival_prob", "survival_scales", "TimingSignal", "timing_signal", "TorchDropoutAdd"]
 
 
 class ModelConfig:
@@ -186,7 +186,7 @@ class TimingSignal(nn.Module):
     entry) and sliced per call, not rebuilt per forward: ``signal(length, dtype)`` -> [length, channels]. A
     longer length than the buffer holds regrows it (a power of two); under ``torch.compile`` such a length is
     computed for the call instead. Values as ``timing_signal``'s (float32, rounded to the model's dtype once;
-    cast once under autocast)."""
+    cast once under autocast: ``buffer_in``)."""
 
     def __init__(self, channels: int, length: int = 512) -> None:
         super().__init__()
@@ -199,8 +199,7 @@ class TimingSignal(nn.Module):
             if torch.compiler.is_compiling():
                 return grown[:length].to(dtype)
             self.table = grown.to(self.table.dtype)
-        table, = cast_floating(dtype, self.table)
-        return table[:length]
+        return buffer_in(self, "table", dtype)[:length]
 
 
 def masked_log_softmax(logits: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -262,6 +261,19 @@ def _draw_scales(batch: int, survival: torch.Tensor, inverse: torch.Tensor) -> t
     return keep * inverse   # exactly the inverse or 0 (no scalar tensor for the 0, as torch.where would make)
 
 
+def buffer_in(module: nn.Module, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """``module``'s buffer ``name`` in ``dtype`` (a model's constant under autocast): cast once and kept on the module
+    while the buffer is the same (device, storage, version), not cast per call."""
+    buffer = getattr(module, name)
+    if buffer.dtype == dtype or torch.compiler.is_compiling():
+        return buffer.to(dtype)
+    key = (dtype, buffer.device, buffer.data_ptr(), buffer._version)
+    kept = module.__dict__.setdefault("_buffer_casts", {})
+    if name not in kept or kept[name][0] != key:
+        kept[name] = (key, buffer.to(dtype))
+    return kept[name][1]
+
+
 class StochasticDepth(nn.Module):
     """``survival_scales`` of fixed survival probabilities, their constants built once as device buffers (not
     per call from a fresh host tensor, which a captured CUDA graph would replay stale): ``depth(batch, dtype)``
@@ -269,7 +281,7 @@ class StochasticDepth(nn.Module):
 
     The survival probabilities are kept as their float32 bit patterns (int32), out of reach of ``model.to(dtype)``:
     the draws compare with the float32 values in every precision. Their inverses follow the model's dtype as
-    the factors do, cast once under autocast (``cast_floating``)."""
+    the factors do, cast once under autocast (``buffer_in``)."""
 
     def __init__(self, survival: Sequence[float]) -> None:
         super().__init__()
@@ -281,8 +293,7 @@ class StochasticDepth(nn.Module):
     def forward(self, batch: int, dtype: torch.dtype) -> torch.Tensor | None:
         if not self.active:
             return None
-        inverse, = cast_floating(dtype, self.inverse)
-        return _draw_scales(batch, self.survival_bits.view(torch.float32), inverse)
+        return _draw_scales(batch, self.survival_bits.view(torch.float32), buffer_in(self, "inverse", dtype))
 
 
 def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

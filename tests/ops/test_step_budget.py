@@ -91,14 +91,15 @@ def test_one_bf16_train_step_stays_within_its_dispatch_budget():
 
 
 def test_a_weight_changed_in_place_is_cast_anew():
-    """The per-step weight cast is keyed by the parameter's version: an optimizer step (or any in-place change)
-    gives the next forward the new weights, so the cached cast never serves stale values."""
-    model = _model(dropout=0.0, char_dropout=0.0, layer_dropout=0.0).eval()
+    """The weight cast shared by a forward's calls is keyed by the parameter's version: while a graph still holds
+    it, an in-place change (an optimizer step) gives the next forward the new weights, never the stale cast."""
+    model = _model(dropout=0.0, char_dropout=0.0, layer_dropout=0.0)
     batch = _batch()[:4]
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        before = model(*batch)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        before = model(*batch)[0]     # its graph holds the casts
         again = model(*batch)[0]
-        model.cq_resize.weight.mul_(3.0)
+        with torch.no_grad():
+            model.cq_resize.weight.mul_(3.0)
         after = model(*batch)[0]
     assert torch.equal(before, again)
     assert not torch.equal(before, after)

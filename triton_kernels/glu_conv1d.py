@@ -544,11 +544,27 @@ def glu_conv1d_step(x_t: Tensor, state: Tensor, weight: Tensor, bias: Optional[T
     return y, new_state
 
 
-_glu_conv1d_fwd = triton.autotune(_FWD_CONFIGS, key=["H", "K", "ROWS_BUCKET"])(_glu_conv1d_fwd_kernel)
+# Configurations that spill registers with TF32x3 fp32 dots (three passes, every operand split in two), found by
+# ``make gpu-compile`` (docs/gpu-compile.md): the autotuner skips them there.
+_TF32X3_SPILLS = {(32, 64, 32, 4, 3), (64, 64, 16, 4, 3), (64, 128, 32, 8, 3), (64, 32, 64, 8, 3)}
+
+
+def _prune_tf32x3(configs: list, named_args: dict, **kwargs) -> list:
+    if kwargs.get("DOT_PRECISION") != "tf32x3":
+        return configs
+    kept = [c for c in configs if tuple(c.kwargs.values()) + (c.num_warps, c.num_stages) not in _TF32X3_SPILLS]
+    return kept or configs[:1]
+
+
+_PRUNE = {"early_config_prune": _prune_tf32x3}
+_glu_conv1d_fwd = triton.autotune(_FWD_CONFIGS, key=["H", "K", "ROWS_BUCKET"], prune_configs_by=_PRUNE)(
+    _glu_conv1d_fwd_kernel)
 _glu_dpre = triton.autotune(_DPRE_CONFIGS, key=["H"])(_glu_dpre_kernel)
-_glu_conv1d_dx = triton.autotune(_DX_CONFIGS, key=["H", "K", "ROWS_BUCKET"])(_glu_conv1d_dx_kernel)
+_glu_conv1d_dx = triton.autotune(_DX_CONFIGS, key=["H", "K", "ROWS_BUCKET"], prune_configs_by=_PRUNE)(
+    _glu_conv1d_dx_kernel)
 _glu_conv1d_dw = triton.autotune(_DW_CONFIGS, key=["H", "K", "ROWS_BUCKET"])(_glu_conv1d_dw_kernel)
-_glu_conv1d_step = triton.autotune(_STEP_CONFIGS, key=["H", "K", "B_BUCKET"])(_glu_conv1d_step_kernel)
+_glu_conv1d_step = triton.autotune(_STEP_CONFIGS, key=["H", "K", "B_BUCKET"], prune_configs_by=_PRUNE)(
+    _glu_conv1d_step_kernel)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -233,6 +233,27 @@ def _qanet_loss(model: Any, batch: tuple) -> Any:
     return F.nll_loss(log_s.float(), start) + F.nll_loss(log_e.float(), end)
 
 
+def _qanet_case(run: Run) -> tuple[Any, dict, tuple, tuple[int, int, int]]:
+    """The QANet case of the run: the ``paper`` preset at B32 n400 m50 (a tiny one under --dry-run), one batch
+    on the run's device: the inputs by name, and as the tuple (context words, context chars, question words,
+    question chars, start, end)."""
+    import torch
+
+    from benchmarks import cases_qanet as cq
+
+    if run.dry:
+        cfg = cq.paper_config(word_dim=16, char_dim=8, char_channels=16, d_model=16, heads=2, emb_conv_layers=1,
+                              model_blocks=1, model_conv_layers=1)
+        B, n, m, W = 2, 24, 8, 6
+    else:
+        cfg = cq.paper_config()
+        B, n, m, W = 32, 400, 50, cq.MAX_WORD_LEN
+    data = {k: v.to(run.device) for k, v in cq.make_batch(torch.Generator().manual_seed(0), B, n, m, W).items()}
+    batch = (data["context_words"], data["context_chars"], data["question_words"], data["question_chars"],
+             data["start"], data["end"])
+    return cfg, data, batch, (B, n, m)
+
+
 def section_qanet(run: Run) -> None:
     import torch
 
@@ -240,17 +261,8 @@ def section_qanet(run: Run) -> None:
     from fastqa.models.qanet.graphed import GraphedReader
 
     device, dry = run.device, run.dry
-    if dry:
-        cfg = cq.paper_config(word_dim=16, char_dim=8, char_channels=16, d_model=16, heads=2, emb_conv_layers=1,
-                              model_blocks=1, model_conv_layers=1)
-        B, n, m, W = 2, 24, 8, 6
-    else:
-        cfg = cq.paper_config()
-        B, n, m, W = 32, 400, 50, cq.MAX_WORD_LEN
+    cfg, data, batch, (B, n, m) = _qanet_case(run)
     run.record["qanet"] = {"preset": "tiny" if dry else "paper", "batch": B, "context": n, "question": m}
-    data = {k: v.to(device) for k, v in cq.make_batch(torch.Generator().manual_seed(0), B, n, m, W).items()}
-    batch = (data["context_words"], data["context_chars"], data["question_words"], data["question_chars"],
-             data["start"], data["end"])
     models = cq.build_models(cfg, ["fast", "reference"], device, torch.float32)
     # The graphed step gets parameters of its own (the same weights): its graphs accumulate into gradients that
     # stay in place, which the eager steps would set to None.
@@ -346,16 +358,7 @@ def section_profile(run: Run) -> None:
     from benchmarks import cases_qanet as cq
 
     device, dry = run.device, run.dry
-    if dry:
-        cfg = cq.paper_config(word_dim=16, char_dim=8, char_channels=16, d_model=16, heads=2, emb_conv_layers=1,
-                              model_blocks=1, model_conv_layers=1)
-        B, n, m, W = 2, 24, 8, 6
-    else:
-        cfg = cq.paper_config()
-        B, n, m, W = 32, 400, 50, cq.MAX_WORD_LEN
-    data = {k: v.to(device) for k, v in cq.make_batch(torch.Generator().manual_seed(0), B, n, m, W).items()}
-    batch = (data["context_words"], data["context_chars"], data["question_words"], data["question_chars"],
-             data["start"], data["end"])
+    cfg, data, batch, _ = _qanet_case(run)
     model = cq.build_models(cfg, ["fast"], device, torch.float32)["fast"]
     eager_model = cq.build_models(cfg, ["fast"], device, torch.float32)["fast"]   # see section_qanet
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])

@@ -20,14 +20,13 @@ decoder, token for token).
 """
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
+from ..static_buffers import PerModelStatic
 from .modeling import ConvS2S
 from .state import DecoderState, EncoderOut
 
@@ -72,38 +71,14 @@ class _Entry:
     weights: tuple = field(default=())      # the parameters' storages when built (a moved model rebuilds)
 
 
-class StaticDecoding:
+class StaticDecoding(PerModelStatic):
     """The static-buffer decoding steps of one model (``StaticDecoding.of(model)``: one per model and thread --
     two searches at once must not share buffers --, kept while the model lives). capture: capture graphs
     (default: on CUDA)."""
 
-    _per_model: "weakref.WeakKeyDictionary[ConvS2S, dict[int, StaticDecoding]]" = weakref.WeakKeyDictionary()
-
     def __init__(self, model: ConvS2S, *, capture: bool | None = None) -> None:
-        # Weakly: the per-model registry holds this object as long as the model lives, and no longer.
-        self._model = weakref.ref(model)
-        device = next(model.parameters()).device
-        self.capture = device.type == "cuda" if capture is None else bool(capture)
-        if self.capture and device.type != "cuda":
-            raise ValueError(f"capture=True needs a CUDA model, got one on {device}")
+        super().__init__(model, capture=capture)
         self.entries: OrderedDict[tuple, _Entry] = OrderedDict()   # least recently used first
-        self.pool: Any = None
-        self.replays = 0
-
-    @property
-    def model(self) -> ConvS2S:
-        model = self._model()
-        if model is None:
-            raise RuntimeError("the model of these static buffers is gone")
-        return model
-
-    @classmethod
-    def of(cls, model: ConvS2S) -> "StaticDecoding":
-        per_thread = cls._per_model.setdefault(model, {})
-        found = per_thread.get(threading.get_ident())
-        if found is None:
-            found = per_thread[threading.get_ident()] = cls(model)
-        return found
 
     def _weights(self) -> tuple:
         return tuple(p.data_ptr() for p in self.model.parameters())

@@ -15,13 +15,12 @@ On the CPU nothing is captured: the same buffers run eagerly (what the tests com
 from __future__ import annotations
 
 import logging
-import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..static_buffers import PerModelStatic
 from .modeling import QANet
 
 __all__ = ["GraphedReader", "row_bucket", "length_bucket"]
@@ -55,41 +54,17 @@ class _Entry:
     failed: bool = False
 
 
-class GraphedReader:
+class GraphedReader(PerModelStatic):
     """Callable like ``QANet.forward`` (eval mode, no autograd): the forward through a bucket's static buffers.
     ``GraphedReader.of(model)``: the model's (one per thread). capture: capture graphs (default: on CUDA)."""
-
-    _per_model: "weakref.WeakKeyDictionary[QANet, dict[int, GraphedReader]]" = weakref.WeakKeyDictionary()
 
     def __init__(self, model: QANet, *, capture: bool | None = None, max_graphs: int = MAX_GRAPHS) -> None:
         if not isinstance(model, QANet):
             raise TypeError(f"GraphedReader reads with a QANet, got {type(model).__name__}")
-        # Weakly: the per-model registry holds this object as long as the model lives, and no longer.
-        self._model = weakref.ref(model)
-        device = next(model.parameters()).device
-        self.capture = device.type == "cuda" if capture is None else bool(capture)
-        if self.capture and device.type != "cuda":
-            raise ValueError(f"capture=True needs a CUDA model, got one on {device}")
+        super().__init__(model, capture=capture)
         self.max_graphs = int(max_graphs)
         self.entries: dict[tuple, _Entry] = {}
-        self.pool: Any = None
-        self.replays = 0
         self._said: set[str] = set()
-
-    @property
-    def model(self) -> QANet:
-        model = self._model()
-        if model is None:
-            raise RuntimeError("the model of these static buffers is gone")
-        return model
-
-    @classmethod
-    def of(cls, model: QANet) -> "GraphedReader":
-        per_thread = cls._per_model.setdefault(model, {})
-        found = per_thread.get(threading.get_ident())
-        if found is None:
-            found = per_thread[threading.get_ident()] = cls(model)
-        return found
 
     def _once(self, key: str, message: str, *args: Any) -> None:
         if key not in self._said:

@@ -67,7 +67,7 @@ test-quick: lint
 # The model, task and train tests again under perturbed arithmetic and randomness, one perturbation at a time
 # (every GEMM on BLAS, then on oneDNN; oneDNN limited to AVX2; torch's kernels without vector extensions;
 # another seed for the toy models), each run to the end, the summary naming the perturbation of each
-# failure (scripts/test_numerics.py; about 25 minutes on 2 cores). NUMERICS_ARGS="--only seed" picks some.
+# failure (scripts/test_numerics.py; about 18 minutes on 2 cores). NUMERICS_ARGS="--only seed" picks some.
 NUMERICS_ARGS ?=
 test-numerics: install
 	$(PY) scripts/test_numerics.py $(NUMERICS_ARGS)

@@ -438,223 +438,274 @@ def fit(task: Task, settings: TrainSettings) -> dict[str, float]:
 
 
 def _fit(task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals) -> dict[str, float]:
-    started = time.monotonic()  # the time budget's clock: everything ``fit`` does is in it
-    out = Path(settings.out_dir)
-    ckpt_path = out / CHECKPOINT_NAME
-    if settings.amp == "fp16" and env.device.type != "cuda":
-        raise UserError("amp='fp16' needs a CUDA device (loss scaling, and no fp16 CPU kernels); on the CPU use 'bf16'")
-    model = task.model.to(env.device)
-    optimizer, scheduler = task.configure_optimizer(model)
-    scaler = torch.amp.GradScaler(env.device.type, enabled=settings.amp == "fp16" and env.device.type == "cuda")
-    ema = EMA(model, settings.ema_decay) if settings.ema_decay else None
-    # The machine's GEMM engine decisions before any step (a resumed run then restores its checkpoint's on
-    # top, which win). Only CPU runs multiply on those engines.
-    gemm_plan = MachineGemmPlan.open() if env.device.type == "cpu" else None
-    if gemm_plan is not None:
-        gemm_plan.restore()
-    progress = _Progress()
-    # Ranks restarted by torchrun (--max-restarts) continue from the last checkpoint, if the run wrote one.
-    resume = settings.resume or (distributed.restart_count() > 0 and ckpt_path.is_file())
-    if resume:
-        payload = load_checkpoint(ckpt_path)
-        progress = _restore(task, payload, ckpt_path, optimizer, scheduler, ema, env, scaler)
-        # The time budget is the whole run's: the time spent up to the checkpoint counts (module docstring).
+    return _Run(task, settings, env, signals).train()
+
+
+class _Run:
+    """One ``fit`` call: what it set up (model, optimizer, EMA, budget, bar, ...) and where it stands. Each
+    method is one part of the loop: ``train`` reads top to bottom, the parts say how."""
+
+    def __init__(self, task: Task, settings: TrainSettings, env: DistEnv, signals: StopSignals) -> None:
+        self.started = time.monotonic()  # the time budget's clock: everything ``fit`` does is in it
+        self.task, self.env, self.signals = task, env, signals
+        self.out = Path(settings.out_dir)
+        self.ckpt_path = self.out / CHECKPOINT_NAME
+        if settings.amp == "fp16" and env.device.type != "cuda":
+            raise UserError("amp='fp16' needs a CUDA device (loss scaling, and no fp16 CPU kernels); on the CPU use 'bf16'")
+        self.model = model = task.model.to(env.device)
+        self.optimizer, self.scheduler = task.configure_optimizer(model)
+        self.scaler = torch.amp.GradScaler(env.device.type,
+                                           enabled=settings.amp == "fp16" and env.device.type == "cuda")
+        self.ema = EMA(model, settings.ema_decay) if settings.ema_decay else None
+        # The machine's GEMM engine decisions before any step (a resumed run then restores its checkpoint's on
+        # top, which win). Only CPU runs multiply on those engines.
+        self.gemm_plan = MachineGemmPlan.open() if env.device.type == "cpu" else None
+        if self.gemm_plan is not None:
+            self.gemm_plan.restore()
+        # Ranks restarted by torchrun (--max-restarts) continue from the last checkpoint, if the run wrote one.
+        resume = settings.resume or (distributed.restart_count() > 0 and self.ckpt_path.is_file())
+        self.progress = self._resume(settings) if resume else self._start(settings)
+        self.metrics_log = (MetricsLog(self.out, resume_step=self.progress.step if resume else None)
+                            if env.is_main else None)
+        self.ddp_model = distributed.wrap_ddp(model, env)
+        model.train()
+        self._plan(settings)
+        self.window_start, self.window = time.monotonic(), _LossWindow()
+        self.last_eval: dict[str, float] = {}
+        self.saved_at, self.saved_time, self.evaluated_at = -1, time.monotonic(), -1
+        self.expected = False
+        self.first_eval_s = _first_eval_s(self.settings)
+        self.first_eval_agreed = False
+        self.eval_s: float | None = None  # the longest evaluation and checkpoint so far (the ETA's, without a budget)
+        self.trained_from = self.started  # set again when training starts (the early first evaluation's clock)
+
+    def _resume(self, settings: TrainSettings) -> _Progress:
+        """Every piece of the run's state from its checkpoint; the time budget's clock set back by the time
+        the run already spent (module docstring)."""
+        payload = load_checkpoint(self.ckpt_path)
+        progress = _restore(self.task, payload, self.ckpt_path, self.optimizer, self.scheduler, self.ema,
+                            self.env, self.scaler)
         spent = float(payload.get("elapsed_s") or 0.0)
         del payload
         if settings.max_minutes is not None and spent >= settings.max_minutes * 60:
-            raise UserError(f"{ckpt_path}: the run already spent {_clock(spent)} of its time budget "
+            raise UserError(f"{self.ckpt_path}: the run already spent {_clock(spent)} of its time budget "
                             f"({_clock(settings.max_minutes * 60)}; --max-minutes counts the whole run, the time "
                             "before --resume included): pass a larger --max-minutes to train on")
-        started -= spent
-        log.info("resumed %s at step %d (epoch %d, batch %d)%s", ckpt_path, progress.step, progress.epoch,
+        self.started -= spent
+        log.info("resumed %s at step %d (epoch %d, batch %d)%s", self.ckpt_path, progress.step, progress.epoch,
                  progress.batch_in_epoch, f"; {_clock(spent)} of the time budget already spent"
                  if settings.max_minutes is not None else "")
-    else:
-        if env.is_main and ckpt_path.exists():
-            raise UserError(f"{ckpt_path} exists: pass --resume to continue that run, or choose another --out")
-        torch.manual_seed(settings.seed + env.rank)  # dropout masks differ per rank, as each rank's data does
-    metrics_log = MetricsLog(out, resume_step=progress.step if resume else None) if env.is_main else None
-    ddp_model = distributed.wrap_ddp(model, env)
-    model.train()
+        return progress
 
-    first_epoch = task.train_batches(0)
-    # The graphed step (None: the plain one); the settings saved with each checkpoint say which ran.
-    graphed = cuda_graphs.for_run(task, model, optimizer, scheduler, wanted=settings.cuda_graphs, device=env.device,
-                                  distributed=env.distributed, amp=settings.amp, clip_norm=settings.clip_norm,
-                                  batches=first_epoch)
-    settings = dataclasses.replace(settings, cuda_graphs=graphed is not None)
-    steps_per_epoch = len(first_epoch)
-    total = _total_steps(steps_per_epoch, settings)
-    clock = StepClock()
-    budget = None
-    if settings.max_minutes is not None:
-        budget = TimeBudget(settings.max_minutes * 60,
-                            examples_per_step=sum(map(len, first_epoch)) / max(steps_per_epoch, 1),
-                            eval_examples=getattr(task, "eval_size", None),
-                            checkpoint_bytes=_checkpoint_bytes(model, ema))
-    # Evaluations per training step, for the time budget's estimate of the steps it leaves.
-    evals_per_step = ((1 / settings.eval_every if settings.eval_every else 0.0)
-                      + (1 / steps_per_epoch if settings.eval_each_epoch and steps_per_epoch else 0.0))
-    bar = None
-    if settings.progress and env.is_main and display.is_terminal(display.bar_stream()):
-        bar = TrainBar(f"{task.kind} train", total=total, initial=progress.step,
-                       metric_names=getattr(task, "headline_metrics", ()),
-                       budget_s=budget.seconds if budget is not None else None, file=display.bar_stream())
-    window_start, window = time.monotonic(), _LossWindow()
-    last_eval: dict[str, float] = {}
-    saved_at, saved_time, evaluated_at = -1, time.monotonic(), -1
-    expected = False
-    first_eval_s = _first_eval_s(settings)
-    first_eval_agreed = False
-    eval_s: float | None = None  # the longest evaluation and checkpoint so far (the ETA's, without a budget)
+    def _start(self, settings: TrainSettings) -> _Progress:
+        """A new run: refused over another run's checkpoint; the dropout seed per rank."""
+        if self.env.is_main and self.ckpt_path.exists():
+            raise UserError(f"{self.ckpt_path} exists: pass --resume to continue that run, or choose another --out")
+        torch.manual_seed(settings.seed + self.env.rank)  # dropout masks differ per rank, as each rank's data does
+        return _Progress()
 
-    def say(message: str) -> None:
-        if env.is_main:
-            (bar.write if bar is not None else log.info)(message)
+    def _plan(self, settings: TrainSettings) -> None:
+        """The step (graphed or plain), the run's length, its time budget and its progress bar."""
+        task, env = self.task, self.env
+        first_epoch = task.train_batches(0)
+        # The graphed step (None: the plain one); the settings saved with each checkpoint say which ran.
+        self.graphed = cuda_graphs.for_run(task, self.model, self.optimizer, self.scheduler,
+                                           wanted=settings.cuda_graphs, device=env.device,
+                                           distributed=env.distributed, amp=settings.amp,
+                                           clip_norm=settings.clip_norm, batches=first_epoch)
+        self.settings = settings = dataclasses.replace(settings, cuda_graphs=self.graphed is not None)
+        steps_per_epoch = len(first_epoch)
+        self.total = _total_steps(steps_per_epoch, settings)
+        self.clock = StepClock()
+        self.budget = None
+        if settings.max_minutes is not None:
+            self.budget = TimeBudget(settings.max_minutes * 60,
+                                     examples_per_step=sum(map(len, first_epoch)) / max(steps_per_epoch, 1),
+                                     eval_examples=getattr(task, "eval_size", None),
+                                     checkpoint_bytes=_checkpoint_bytes(self.model, self.ema))
+        # Evaluations per training step, for the time budget's estimate of the steps it leaves.
+        self.evals_per_step = ((1 / settings.eval_every if settings.eval_every else 0.0)
+                               + (1 / steps_per_epoch if settings.eval_each_epoch and steps_per_epoch else 0.0))
+        self.bar = None
+        if settings.progress and env.is_main and display.is_terminal(display.bar_stream()):
+            self.bar = TrainBar(f"{task.kind} train", total=self.total, initial=self.progress.step,
+                                metric_names=getattr(task, "headline_metrics", ()),
+                                budget_s=self.budget.seconds if self.budget is not None else None,
+                                file=display.bar_stream())
 
-    def steps_left() -> int | None:
+    def train(self) -> dict[str, float]:
+        """Step until a limit, the time budget or a signal ends the run; then the final evaluation and
+        checkpoint. Returns the last evaluation's metrics (plus ``step``)."""
+        batches = _batches(self.task, self.progress, self.env)
+        reason = self.boundary()
+        self.trained_from = time.monotonic()  # the early first evaluation counts training time from here
+        while reason is None:
+            t0 = time.monotonic()
+            batch_global, batch_local = next(batches)
+            if not batch_global:  # an epoch ended
+                reason = self._epoch_end()
+                continue
+            self._step(batch_global, batch_local, t0)
+            if self.progress.step % self.settings.log_every == 0:
+                self._log_window()
+            reason = self._after_step()
+        if not self.expected and self.clock.steps and self.env.is_main:
+            self.expect()  # a run shorter than EXPECTATION_STEP steps: with what it measured
+        # The final evaluation and checkpoint, unless the last step already wrote them.
+        if self.evaluated_at != self.progress.step:
+            self.evaluate_and_save(reason)
+        if self.gemm_plan is not None:
+            self.gemm_plan.record()  # the final evaluation's shapes
+        if self.bar is not None:
+            self.bar.close(finished=True)
+        return {"step": self.progress.step, **self.last_eval}
+
+    def _epoch_end(self) -> str | None:
+        """The epoch's evaluation (when asked for) at its end; returns why training ends here, or None."""
+        if self.settings.eval_each_epoch:
+            reason = self.boundary(eval_due=True)
+            if reason is not None:
+                return reason  # the final evaluation is this epoch's
+            self.evaluate_and_save(f"end of epoch {self.progress.epoch - 1}")
+        return self.boundary()
+
+    def _step(self, batch_global: list[int], batch_local: list[int], t0: float) -> None:
+        """One optimizer step (graphed or plain), the EMA, the loss window, the step clock and the bar."""
+        if self.graphed is not None:
+            loss = self.graphed.step(batch_local)
+        else:
+            loss = _train_step(self.task, self.ddp_model, self.optimizer, self.scheduler, batch_global, batch_local,
+                               self.settings, self.env, self.scaler)
+        progress, clock = self.progress, self.clock
+        progress.step += 1
+        progress.batch_in_epoch += 1
+        if self.ema is not None:
+            self.ema.update(self.model)
+        self.window.add(loss, progress.step)
+        clock.add(time.monotonic() - t0)
+        if self.bar is not None:
+            elapsed = time.monotonic() - self.started
+            estimate, left_s = _estimates(progress.step, self.total, clock, budget=self.budget, elapsed=elapsed,
+                                          evals_per_step=self.evals_per_step, eval_s=self.eval_s)
+            self.bar.step(loss, steps_per_s=clock.steps_per_s,
+                          elapsed_s=elapsed if self.budget is not None else None, estimate=estimate, left_s=left_s)
+        if not self.expected and clock.steps == EXPECTATION_STEP and self.env.is_main:
+            self.expect()
+
+    def _log_window(self) -> None:
+        """The loss window's mean: a log line (without a bar) and a ``train`` row in metrics.jsonl."""
+        progress, window = self.progress, self.window
+        mean = window.mean()
+        if self.bar is None and self.env.is_main:  # --no-progress or no terminal: a log line per logged step
+            log.info("step %d%s, epoch %d: loss %.4f, %.2f steps/s, %s elapsed", progress.step,
+                     f"/{self.total}" if self.total else "", progress.epoch, mean,
+                     window.steps / max(time.monotonic() - self.window_start, 1e-9),
+                     _clock(time.monotonic() - self.started))
+        if self.env.is_main:
+            elapsed = time.monotonic() - self.window_start
+            self.metrics_log.write({"kind": "train", "step": progress.step, "epoch": progress.epoch,
+                                    "loss": mean, "lr": float(self.optimizer.param_groups[0]["lr"]),
+                                    "steps_per_s": window.steps / max(elapsed, 1e-9),
+                                    "time": round(time.monotonic() - self.started, 2)})
+        self.window_start = time.monotonic()
+        window.reset()
+
+    def _after_step(self) -> str | None:
+        """The step boundary, then the evaluation due (every ``eval_every`` steps, or the early first one);
+        returns why training ends here, or None."""
+        step = self.progress.step
+        eval_due = bool(self.settings.eval_every) and step % self.settings.eval_every == 0
+        first_eval = (not eval_due and self.first_eval_s is not None and self.evaluated_at < 0
+                      and time.monotonic() - self.trained_from >= self.first_eval_s)
+        reason = self.boundary(eval_due, first_eval)
+        if reason is None and (eval_due or self.first_eval_agreed):
+            self.evaluate_and_save("eval_every" if eval_due else "first evaluation")
+        return reason
+
+    def say(self, message: str) -> None:
+        if self.env.is_main:
+            (self.bar.write if self.bar is not None else log.info)(message)
+
+    def steps_left(self) -> int | None:
         """The steps the time budget still leaves at the measured rate (None: no budget, or no rate yet)."""
-        if budget is None or not clock.measured:
+        if self.budget is None or not self.clock.measured:
             return None
-        return budget.steps_left(time.monotonic() - started, clock.step_s, evals_per_step=evals_per_step)
+        return self.budget.steps_left(time.monotonic() - self.started, self.clock.step_s,
+                                      evals_per_step=self.evals_per_step)
 
-    def expect() -> None:
+    def expect(self) -> None:
         """The one line of what to expect (``expectations``), once the step rate is measured."""
-        nonlocal expected
-        expected = True
-        left = steps_left()
-        say(expectation_line(getattr(task, "command", f"{task.kind} training"), task.kind,
-                             preset=getattr(task, "preset", None), where=_where(env),
-                             steps_per_minute=60 / clock.step_s if clock.measured else None,
-                             steps_timed=clock.steps, budget_minutes=settings.max_minutes,
-                             budget_steps=None if left is None else clock.steps + left))
+        self.expected = True
+        task, clock, left = self.task, self.clock, self.steps_left()
+        self.say(expectation_line(getattr(task, "command", f"{task.kind} training"), task.kind,
+                                  preset=getattr(task, "preset", None), where=_where(self.env),
+                                  steps_per_minute=60 / clock.step_s if clock.measured else None,
+                                  steps_timed=clock.steps, budget_minutes=self.settings.max_minutes,
+                                  budget_steps=None if left is None else clock.steps + left))
 
-    def save() -> None:
-        nonlocal saved_at, saved_time
-        if window.steps:
-            window.mean()  # never checkpoint weights that a non-finite loss has already spoilt
+    def save(self) -> None:
+        if self.window.steps:
+            self.window.mean()  # never checkpoint weights that a non-finite loss has already spoilt
         t0 = time.monotonic()
-        _save(task, settings, optimizer, scheduler, ema, progress, env, scaler, t0 - started)
-        saved_at, saved_time = progress.step, time.monotonic()
-        if budget is not None:
-            budget.record_checkpoint(saved_time - t0)
+        _save(self.task, self.settings, self.optimizer, self.scheduler, self.ema, self.progress, self.env,
+              self.scaler, t0 - self.started)
+        self.saved_at, self.saved_time = self.progress.step, time.monotonic()
+        if self.budget is not None:
+            self.budget.record_checkpoint(self.saved_time - t0)
 
-    def evaluate_and_save(reason: str) -> None:
-        nonlocal last_eval, evaluated_at, eval_s
+    def evaluate_and_save(self, reason: str) -> None:
+        progress = self.progress
         t0 = time.monotonic()
-        last_eval = _evaluate(task, ema, env)
-        evaluated_at = progress.step
-        if env.is_main:
+        self.last_eval = _evaluate(self.task, self.ema, self.env)
+        self.evaluated_at = progress.step
+        if self.env.is_main:
             row = {"kind": "eval", "step": progress.step, "epoch": progress.epoch,
-                   "time": round(time.monotonic() - started, 2), **last_eval}
-            metrics_log.write(row)
+                   "time": round(time.monotonic() - self.started, 2), **self.last_eval}
+            self.metrics_log.write(row)
             try:
-                plot_learning_curve(metrics_log.path, out / "curve.png", title=f"{task.kind}: {out.name}")
+                plot_learning_curve(self.metrics_log.path, self.out / "curve.png",
+                                    title=f"{self.task.kind}: {self.out.name}")
             except (OSError, UserError) as e:  # a full disk: the checkpoint below matters more, and says why
                 log.warning("the learning curve is not updated: %s", e)
-            text = " | ".join(f"{k} {v:.4g}" for k, v in last_eval.items())
-            say(f"step {progress.step} ({reason}) | {text}")
-            if bar is not None:
-                bar.evaluated(progress.step, last_eval)
+            text = " | ".join(f"{k} {v:.4g}" for k, v in self.last_eval.items())
+            self.say(f"step {progress.step} ({reason}) | {text}")
+            if self.bar is not None:
+                self.bar.evaluated(progress.step, self.last_eval)
         # The row first, then the checkpoint: a run killed in between resumes from the previous checkpoint
         # and drops the row; the other order would resume past an evaluation that metrics.jsonl never got.
-        save()
-        eval_s = max(eval_s or 0.0, time.monotonic() - t0)
-        if budget is not None:  # what the end of the run will take (see ``budget``)
-            budget.record_evaluation(time.monotonic() - t0)
+        self.save()
+        self.eval_s = max(self.eval_s or 0.0, time.monotonic() - t0)
+        if self.budget is not None:  # what the end of the run will take (see ``budget``)
+            self.budget.record_evaluation(time.monotonic() - t0)
 
-    def boundary(eval_due: bool = False, first_eval: bool = False) -> str | None:
+    def boundary(self, eval_due: bool = False, first_eval: bool = False) -> str | None:
         """Between two steps: keep the machine's GEMM decisions up to date, act on a stop signal (checkpoint,
         then raise) or a due time-based checkpoint; returns why training ends here, or None. ``eval_due``: an
         evaluation is due here (the time budget must hold it and the final one); ``first_eval``: this rank's
         time for the early first evaluation has come (the ranks agree on it: ``first_eval_agreed``)."""
-        nonlocal first_eval_agreed
-        if gemm_plan is not None:
-            gemm_plan.record()
-        agreed = _at_boundary(settings, started, saved_time, signals, env, budget, clock.step_s, eval_due,
-                              first_eval)
-        first_eval_agreed = agreed.first_eval
+        progress, budget = self.progress, self.budget
+        if self.gemm_plan is not None:
+            self.gemm_plan.record()
+        agreed = _at_boundary(self.settings, self.started, self.saved_time, self.signals, self.env, budget,
+                              self.clock.step_s, eval_due, first_eval)
+        self.first_eval_agreed = agreed.first_eval
         if agreed.signum:
             log.info("%s: saving a checkpoint at step %d, then stopping", signal.Signals(agreed.signum).name,
                      progress.step)
-            if saved_at != progress.step:
-                save()
-            if bar is not None:
-                bar.close()
-            raise TrainingInterrupted(agreed.signum, progress.step, str(out))
-        reason = _stop_reason(settings, progress, agreed.over_budget)
+            if self.saved_at != progress.step:
+                self.save()
+            if self.bar is not None:
+                self.bar.close()
+            raise TrainingInterrupted(agreed.signum, progress.step, str(self.out))
+        reason = _stop_reason(self.settings, progress, agreed.over_budget)
         if reason == "max_minutes":
-            reserve = budget.reserve(clock.step_s)
-            say(f"time budget: training stops at {_clock(time.monotonic() - started)} (step {progress.step}), "
-                f"leaving {reserve:.1f} s for the final evaluation and checkpoint ("
-                + ("as long as the longest so far)" if budget.measured else "estimated: none timed yet)"))
-        if reason is None and agreed.save_due and saved_at != progress.step:
-            save()
+            reserve = budget.reserve(self.clock.step_s)
+            self.say(f"time budget: training stops at {_clock(time.monotonic() - self.started)} (step "
+                     f"{progress.step}), leaving {reserve:.1f} s for the final evaluation and checkpoint ("
+                     + ("as long as the longest so far)" if budget.measured else "estimated: none timed yet)"))
+        if reason is None and agreed.save_due and self.saved_at != progress.step:
+            self.save()
         return reason
-
-    batches = _batches(task, progress, env)
-    reason = boundary()
-    trained_from = time.monotonic()  # the early first evaluation counts training time from here
-    while reason is None:
-        t0 = time.monotonic()
-        batch_global, batch_local = next(batches)
-        if not batch_global:  # an epoch ended
-            if settings.eval_each_epoch:
-                reason = boundary(eval_due=True)
-                if reason is not None:
-                    break  # the final evaluation below is this epoch's
-                evaluate_and_save(f"end of epoch {progress.epoch - 1}")
-            reason = boundary()
-            continue
-        if graphed is not None:
-            loss = graphed.step(batch_local)
-        else:
-            loss = _train_step(task, ddp_model, optimizer, scheduler, batch_global, batch_local, settings, env, scaler)
-        progress.step += 1
-        progress.batch_in_epoch += 1
-        if ema is not None:
-            ema.update(model)
-        window.add(loss, progress.step)
-        clock.add(time.monotonic() - t0)
-        if bar is not None:
-            elapsed = time.monotonic() - started
-            estimate, left_s = _estimates(progress.step, total, clock, budget=budget, elapsed=elapsed,
-                                          evals_per_step=evals_per_step, eval_s=eval_s)
-            bar.step(loss, steps_per_s=clock.steps_per_s, elapsed_s=elapsed if budget is not None else None,
-                     estimate=estimate, left_s=left_s)
-        if not expected and clock.steps == EXPECTATION_STEP and env.is_main:
-            expect()
-        if progress.step % settings.log_every == 0:
-            mean = window.mean()
-            if bar is None and env.is_main:  # --no-progress or no terminal: a log line per logged step
-                log.info("step %d%s, epoch %d: loss %.4f, %.2f steps/s, %s elapsed", progress.step,
-                         f"/{total}" if total else "", progress.epoch, mean,
-                         window.steps / max(time.monotonic() - window_start, 1e-9),
-                         _clock(time.monotonic() - started))
-            if env.is_main:
-                elapsed = time.monotonic() - window_start
-                metrics_log.write({"kind": "train", "step": progress.step, "epoch": progress.epoch,
-                                   "loss": mean, "lr": float(optimizer.param_groups[0]["lr"]),
-                                   "steps_per_s": window.steps / max(elapsed, 1e-9),
-                                   "time": round(time.monotonic() - started, 2)})
-            window_start = time.monotonic()
-            window.reset()
-        eval_due = bool(settings.eval_every) and progress.step % settings.eval_every == 0
-        first_eval = (not eval_due and first_eval_s is not None and evaluated_at < 0
-                      and time.monotonic() - trained_from >= first_eval_s)
-        reason = boundary(eval_due, first_eval)
-        if reason is None and (eval_due or first_eval_agreed):
-            evaluate_and_save("eval_every" if eval_due else "first evaluation")
-    if not expected and clock.steps and env.is_main:
-        expect()  # a run shorter than EXPECTATION_STEP steps: with what it measured
-    # The final evaluation and checkpoint, unless the last step already wrote them.
-    if evaluated_at != progress.step:
-        evaluate_and_save(reason)
-    if gemm_plan is not None:
-        gemm_plan.record()  # the final evaluation's shapes
-    if bar is not None:
-        bar.close(finished=True)
-    return {"step": progress.step, **last_eval}
 
 
 def _checkpoint_bytes(model: nn.Module, ema: EMA | None) -> int:

@@ -28,7 +28,7 @@ from benchmarks.measure import device_name
 from fastqa.data.tokenize import tokenize
 from fastqa.tasks.qa import QAModel
 from fastqa.tasks.qa.metric import exact_match, f1
-from fastqa.tasks.qa.windows import paragraph_starts, plan_windows
+from fastqa.tasks.qa.inference import paragraph_starts, plan_windows
 
 PLANTED = "The Zorbland suspension bridge was opened to traffic in 1937 by the mayor."
 PLANTED_QUESTION = "When was the Zorbland suspension bridge opened?"

@@ -47,7 +47,7 @@ lines run in a temporary folder of their own, in order where one reads what anot
   ``torchrun ... -m fastqa CMD ...``             parsed: torchrun's options by its own parser, ``fastqa CMD`` by
                                                  fastqa's (``...`` stands for the flags of the line above;
                                                  tests/train runs DDP itself)
-  ``sh results/NAME/train.sh``                   parsed: the script's syntax (``sh -n``), every ``fastqa`` command
+  ``sh docs/runs/NAME/train.sh``               parsed: the script's syntax (``sh -n``), every ``fastqa`` command
                                                  in it by fastqa's parser, and the variables it requires
                                                  exported by an earlier line of the document
   ``bash scripts/gpu_check.sh OUT ARGS``         parsed (it needs a CUDA GPU): the wrapper's syntax and ARGS by
@@ -1024,12 +1024,12 @@ def test_the_form_checks(tmp_path):
                      ("torchrun --standalone train.py", "-m fastqa")]:
         with pytest.raises(AssertionError, match=why):
             check_torchrun(_line(bad))
-    train_sh = _line("sh results/qanet-small-v11-match/train.sh")
+    train_sh = _line("sh docs/runs/qanet-small-v11-match/train.sh")
     with pytest.raises(AssertionError, match=r"needs \['GLOVE', 'SQUAD'\], exported by no line above"):
         check_script(train_sh, [])
     check_script(train_sh, [_line("export SQUAD=/s"), _line("export GLOVE=/g")])
     with pytest.raises(AssertionError, match="no such script"):
-        check_script(_line("sh results/nothing/train.sh"), [])
+        check_script(_line("sh docs/runs/nothing/train.sh"), [])
     with pytest.raises(AssertionError, match="phase"):
         check_script(_line("bash scripts/gpu_check.sh out --phases b,z"), [])
     with pytest.raises(AssertionError, match="--sections"):

@@ -37,14 +37,14 @@ class ReferenceRun:
 # (task kind, preset) -> its documented run.
 REFERENCE_RUNS: dict[tuple[str, str], ReferenceRun] = {
     # The QANet recipe of the README (articles 0:40): docs/models.md, "Real-data results", the run of record
-    # results/qanet-small-v11-match (its best evaluation: EM 40.21 / F1 52.74 on articles 40-47 at step 4,500,
+    # docs/runs/qanet-small-v11-match (its best evaluation: EM 40.21 / F1 52.74 on articles 40-47 at step 4,500,
     # after 40 minutes on one AMD EPYC thread; F1 24.83 at step 500, 35.84 at step 1,000).
     ("qanet", "small"): ReferenceRun(
         result="F1 ~53 (EM 40) on SQuAD v1.1 dev articles 40-47", steps=4500, minutes=40,
         machine="one AMD EPYC thread", early="F1 ~25 after 500 steps and ~36 after 1,000"),
     # The shipped translator convs2s-small-multi30k: docs/models.md, "Real-data results" (the default subword
     # vocabulary, 88 min, 6,501 steps: sacreBLEU 40.07 on test_2016_flickr, beam 5); the machine from
-    # results/convs2s-small-multi30k-subword/README.md. The early points: that run's metrics.jsonl, --valid-bleu 200
+    # docs/runs/convs2s-small-multi30k-subword/README.md. The early points: that run's metrics.jsonl, --valid-bleu 200
     # (greedy tokenized BLEU 27.38 at step 500, 34.43 at step 1,000).
     ("convs2s", "small"): ReferenceRun(
         result="sacreBLEU ~40 on Multi30k de-en test_2016_flickr (beam 5, subword vocabulary)", steps=6501,

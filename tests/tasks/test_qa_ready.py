@@ -24,10 +24,10 @@ import fastqa.pretrained as pretrained
 from fastqa.data.vocab import Vocab
 from fastqa.errors import UserError
 from fastqa.tasks.qa import QAModel, decode_spans
-from fastqa.tasks.qa.decode import decode_top_spans
+from fastqa.tasks.qa.spans import decode_top_spans
 from fastqa.tasks.qa.predictor import Answer
 from fastqa.tasks.qa.squad import Limits
-from fastqa.tasks.qa.windows import lexical_terms, paragraph_starts, plan_windows, window_settings
+from fastqa.tasks.qa.inference import lexical_terms, paragraph_starts, plan_windows, window_settings
 
 TINY = ["--set", "d_model=32", "--set", "heads=2", "--set", "char_dim=16", "--set", "char_channels=32",
         "--set", "word_dim=32", "--set", "emb_conv_layers=1", "--set", "model_blocks=1", "--set", "dropout=0",

@@ -14,7 +14,7 @@ from fastqa.tasks.qa import QAModel
 from fastqa.tasks.qa.encoding import encode_pairs
 from fastqa.tasks.qa.predictor import Answer
 from fastqa.tasks.qa.squad import Limits
-from fastqa.tasks.qa.windows import read_windows
+from fastqa.tasks.qa.inference import read_windows
 
 WORDS = Vocab(["<pad>", "<unk>", "peak", "second"])
 CHARS = Vocab(["<pad>", "<unk>"])

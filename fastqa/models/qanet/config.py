@@ -11,7 +11,7 @@ Presets (vocabulary sizes always come from the data, so they are passed as overr
   (kernel 7), 3 model-encoder blocks of 2 convolutions (kernel 5) applied 3 times, the same dropouts, and
   the exact-match channel (``word_match``; not in the paper): trained on 40 SQuAD articles for 90 minutes
   it reached dev F1 50.8, where the same model without it levelled off at 29.5
-  (``results/qanet-small-v11-match``).
+  (``docs/runs/qanet-small-v11-match``).
 """
 from __future__ import annotations
 

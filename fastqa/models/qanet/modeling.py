@@ -317,7 +317,7 @@ class QANet(FrozenWordVectors):
 
         ``logits=True``: the scores before their softmax instead, padding at the dtype's lowest finite value.
         Unlike the log-probabilities they compare between contexts, so the windows of one long document are
-        ranked by them (``fastqa.tasks.qa.windows``; a reader's ``SPAN_LOGITS`` says it offers them)."""
+        ranked by them (``fastqa.tasks.qa.inference``; a reader's ``SPAN_LOGITS`` says it offers them)."""
         cw, cc, qw, qc = check_qa_inputs("QANet", context_words, context_chars, question_words, question_chars)
         pad = self.config.pad_id
         c_mask, q_mask = cw != pad, qw != pad

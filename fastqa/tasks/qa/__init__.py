@@ -4,8 +4,9 @@
     encoding.py   tokens to word and character ids, a (context, question) pair encoded, padding
     metric.py     the official EM/F1 (v1.1 and v2.0 semantics)
     readers.py    the readers a run can train (``MODELS``) and how each is built from its config
-    decode.py     span decoding: argmax p1(i)·p2(j) over i <= j <= i + max_answer_len, and the k best spans
-    windows.py    contexts of any length: overlapping windows of tokens, batched, their best spans merged
+    spans.py      span decoding: argmax p1(i)·p2(j) over i <= j <= i + max_answer_len, and the k best spans
+    inference.py  the reader's inference: contexts of any length in overlapping windows of tokens, batched,
+                  their best spans merged and ranked
     task.py       ``QATask`` for ``fastqa.train.fit`` and prediction over a SQuAD set
     predictor.py  ``QAModel``: a trained reader answering questions, each ``Answer`` typed
     calibration.py  scores that estimate the probability of being right (Platt scaling)
@@ -19,7 +20,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {"QAModel": "predictor", "Answer": "predictor", "Calibration": "calibration", "QATask": "task", "Recipe": "task", "PredictOutput": "task", "predict": "task",
-            "span_loss": "task", "score_predictions": "task", "decode_spans": "decode", "decode_top_spans": "decode",
+            "span_loss": "task", "score_predictions": "task", "decode_spans": "spans", "decode_top_spans": "spans",
             "MODELS": "readers", "load_squad": "squad", "Limits": "squad", "evaluate": "metric"}
 
 __all__ = sorted(_EXPORTS)

@@ -9,7 +9,7 @@ Python use::
     qa.answer(text, "Who won?", min_score=0.5) # text "" and abstained=True when no answer is that likely
 
 Contexts of any length: a context longer than the reader's window (the context length it was trained on) is
-read in overlapping windows, and offsets are always into the text given (``fastqa.tasks.qa.windows``).
+read in overlapping windows, and offsets are always into the text given (``fastqa.tasks.qa.inference``).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from .readers import MODELS, answer_len, build_model, config_type
 from .encoding import EncodedPair, encode_pairs
 from .squad import Limits, SquadSet, encode_squad, load_squad
 from .task import PredictOutput, predict
-from .windows import BatchHook, Reading, lexical_terms, paragraph_starts, read_windows, window_settings
+from .inference import BatchHook, Reading, lexical_terms, paragraph_starts, read_windows, window_settings
 
 __all__ = ["Answer", "QAModel", "answers_json", "whole_words"]
 
@@ -142,7 +142,7 @@ class QAModel:
 
     def windows(self, max_context: int | None = None, stride: int | None = None) -> tuple[int, int]:
         """(max_context, stride) with their defaults: the context length the reader was trained on
-        (``limits.context``) and ``DEFAULT_STRIDE`` tokens of overlap (see ``fastqa.tasks.qa.windows``)."""
+        (``limits.context``) and ``DEFAULT_STRIDE`` tokens of overlap (see ``fastqa.tasks.qa.inference``)."""
         return window_settings(max_context, stride, self.limits.context)
 
     def _read(self, pairs: Sequence[EncodedPair], *, k: int, batch_size: int, max_answer_len: int | None,

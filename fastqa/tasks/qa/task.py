@@ -25,7 +25,7 @@ from ...errors import UserError
 from .metric import evaluate as squad_evaluate
 from .readers import MODELS, answer_len, build_model, make_config, meta_config, model_kind
 from .squad import NO_TARGET, EncodedSquad, Limits, SquadSet, build_vocabs, collate, encode_squad, load_squad
-from .windows import DEFAULT_STRIDE, inference_autocast, lexical_terms, paragraph_starts, read_windows
+from .inference import DEFAULT_STRIDE, inference_autocast, lexical_terms, paragraph_starts, read_windows
 
 __all__ = ["SquadData", "prepare_squad", "Recipe", "span_loss", "inference_autocast", "PredictOutput", "predict", "score_predictions", "QATask"]
 
@@ -80,7 +80,7 @@ def predict(model: nn.Module, data: SquadSet, enc: EncodedSquad, *, batch_size: 
     """Answer every encoded question of ``data`` (model in eval mode).
 
     max_context None reads every context whole (the evaluation during training); a number reads contexts
-    longer than that in overlapping windows (``fastqa.tasks.qa.windows``; ``stride`` tokens of overlap).
+    longer than that in overlapping windows (``fastqa.tasks.qa.inference``; ``stride`` tokens of overlap).
     The loss is over the questions with a target whose context was read in one window (a window of a longer
     context may not hold the answer)."""
     max_answer_len = answer_len(model.config, max_answer_len)

@@ -1,7 +1,7 @@
 """Dev EM/F1 and dev loss of the v1.1 baseline run, its two ablations and the run with the exact-match channel,
 step for step: a Markdown table on stdout and compare.png beside this file.
 
-    python results/qanet-small-v11-ablation/compare.py
+    python docs/runs/qanet-small-v11-ablation/compare.py
 
 Reads ../qanet-small-v11/metrics.jsonl (the baseline), the ablations' metrics.jsonl copies kept here and
 ../qanet-small-v11-match/metrics.jsonl. Needs fastqa installed (for its metrics reader) and matplotlib."""

@@ -45,7 +45,7 @@ from ...data.batching import bucket_batches, pad
 from ...errors import UserError
 from ...models.qanet import QANet
 from ...models.qanet.graphed import GraphedReader
-from .decode import decode_top_spans
+from .spans import decode_top_spans
 from .encoding import pad_chars
 
 __all__ = ["DEFAULT_STRIDE", "RELEVANCE_WEIGHT", "Candidate", "Reading", "plan_windows", "window_settings",

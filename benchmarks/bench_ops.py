@@ -1,6 +1,6 @@
 """pytest-benchmark versions of the op cases (the models' shapes), for ``--benchmark-compare``:
 
-    pytest benchmarks --benchmark-only [--benchmark-autosave] [--benchmark-compare]
+    pytest benchmarks/bench_ops.py --benchmark-only [--benchmark-autosave] [--benchmark-compare]
 
 One test per (case, mode, implementation); torch.compile is left to ``python -m benchmarks`` (it costs
 tens of seconds per graph). Each test also checks its result against the float64 reference. Not part

@@ -231,7 +231,7 @@ def test_encoder_padding_does_not_change_real_positions(layers):
 def test_packed_encoder_equals_padded_encoder(layers, monkeypatch):
     """A batch with much padding is encoded with its real tokens packed into one row: the same keys, values
     and parameter gradients as the padded computation (right and left padding, an empty source)."""
-    from fastqa.models import common
+    from fastqa.models import packing
     torch.manual_seed(14)
     model = ConvS2S(tiny_config(dropout=0.0), layers=layers).double()
     src, _ = batch(torch.Generator().manual_seed(15), b=5, s=9)
@@ -239,7 +239,7 @@ def test_packed_encoder_equals_padded_encoder(layers, monkeypatch):
     src[4] = PAD                                                             # no tokens at all
     outs, grads = {}, {}
     for name, threshold in (("padded", 0.0), ("packed", 1.01)):
-        monkeypatch.setattr(common, "PACK_BELOW", threshold)
+        monkeypatch.setattr(packing, "PACK_BELOW", threshold)
         model.zero_grad()
         enc = model.encode(src)
         (enc.keys.pow(2).sum() + (enc.values * enc.mask.unsqueeze(-1)).sum()).backward()

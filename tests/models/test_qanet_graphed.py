@@ -83,13 +83,13 @@ def test_the_captured_forward_reads_nothing_on_the_host_on_the_gpu_path(monkeypa
     compaction): not one host read of tensor data, which would fail the capture."""
     from helpers import NoHostReads
 
-    from fastqa.models import common
+    from fastqa.models import packing
     from fastqa.models.qanet import modeling
 
     model = built(tiny_config(no_answer=True), "fast").eval()
     reader = GraphedReader(model)
     inputs = make_batch(torch.Generator().manual_seed(6), B=3, n=17, m=6, c_lens=[17, 5, 9], q_lens=[6, 2, 6])
-    for module in (common, modeling):
+    for module in (packing, modeling):
         monkeypatch.setattr(module, "reads_are_free", lambda device: False)   # the decisions a GPU batch gets
     with NoHostReads():
         s1, s2 = reader(*inputs, logits=True)

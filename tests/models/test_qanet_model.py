@@ -10,7 +10,8 @@ import pytest
 import torch
 from helpers import TOLERANCES, TRAIN_SEED, assert_close, relative_error
 
-from fastqa.models.common import PackedBatch, masked_log_softmax, timing_signal
+from fastqa.models.blocks import masked_log_softmax, timing_signal
+from fastqa.models.packing import PackedBatch
 from fastqa.models.qanet import QANet, QANetConfig
 
 IMPLS = ("fast", "reference", "naive")
@@ -323,7 +324,7 @@ def test_char_embedding_equals_the_per_word_conv(chunk_values):
 def test_dropout_layer_rate_scale_and_stochastic_depth(impl):
     """The layer set's dropout (fused kernel / plain PyTorch): P(keep) 0.9, kept entries scaled by 1/q, a
     per-example factor of 0 drops the whole branch, the residual is added as it is; identity in eval."""
-    from fastqa.models.common import survival_scales
+    from fastqa.models.regularization import survival_scales
     from fastqa.models.qanet.modeling import LAYER_SETS
     torch.manual_seed(21)
     q = 1 - round(0.1 * 65536) / 65536  # the keep probability, quantised to 1/65536

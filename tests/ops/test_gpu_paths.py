@@ -18,7 +18,8 @@ import torch
 
 import fastqa
 from fastqa import _backend, reference
-from fastqa.models import common
+from fastqa.models import packing, regularization
+from fastqa.models.device import reads_are_free
 from fastqa.models.qanet import modeling as qanet_modeling
 from fastqa.ops.linear import device_linear_argmax
 from fastqa.ops.self_attention import packed_attention
@@ -144,13 +145,13 @@ def test_cuda_fallback_warns_once_per_op(monkeypatch):
 
 def test_packing_is_decided_without_reading_device_data(monkeypatch):
     mask = padding_mask(6, 20, seed=1)
-    assert common.should_pack(mask)   # a CPU batch with much padding packs
-    assert not common.reads_are_free(torch.device("cuda"))
-    monkeypatch.setattr(common, "reads_are_free", lambda device: False)   # the decision a GPU batch gets
+    assert packing.should_pack(mask)   # a CPU batch with much padding packs
+    assert not reads_are_free(torch.device("cuda"))
+    monkeypatch.setattr(packing, "reads_are_free", lambda device: False)   # the decision a GPU batch gets
     with NoHostReads():
-        assert not common.should_pack(mask)
+        assert not packing.should_pack(mask)
     with NoHostReads():
-        scales = common.survival_scales(6, [0.9, 1.0], device=torch.device("cpu"), dtype=torch.float32)
+        scales = regularization.survival_scales(6, [0.9, 1.0], device=torch.device("cpu"), dtype=torch.float32)
     assert scales.shape == (2, 6)
 
 
@@ -180,7 +181,7 @@ def test_qanet_train_step_reads_nothing_on_the_host_on_the_gpu_path(monkeypatch)
     # Values in evaluation mode (training draws its dropout masks over the packed or the padded shape).
     model.eval()
     want_loss, want_grads = step()
-    monkeypatch.setattr(common, "reads_are_free", lambda device: False)
+    monkeypatch.setattr(packing, "reads_are_free", lambda device: False)
     monkeypatch.setattr(qanet_modeling, "reads_are_free", lambda device: False)
     with NoHostReads():
         got_loss, got_grads = step()

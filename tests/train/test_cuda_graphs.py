@@ -208,7 +208,7 @@ def test_the_captured_region_reads_nothing_on_the_host_on_the_gpu_path(model, sq
     data, which would fail the capture. (Adam's capturable step is CUDA-only; SGD stands in for the update.)"""
     from helpers import NoHostReads
 
-    from fastqa.models import common
+    from fastqa.models import packing
     from fastqa.models.convs2s import modeling as convs2s_modeling
     from fastqa.models.qanet import modeling as qanet_modeling
 
@@ -220,7 +220,7 @@ def test_the_captured_region_reads_nothing_on_the_host_on_the_gpu_path(model, sq
     step = GraphedTrainStep(task, task.model, sgd, None, device=torch.device("cpu"), plan=plan_for(task, batches),
                             clip_norm=1.0)
     step.step(batches[0])   # the gradients exist from here on, as after a graph's warm-up
-    for module in (common, qanet_modeling, convs2s_modeling):
+    for module in (packing, qanet_modeling, convs2s_modeling):
         monkeypatch.setattr(module, "reads_are_free", lambda device: False)   # the decisions a GPU batch gets
     key, padded = step._key(batches[1], task.collate(batches[1], torch.device("cpu")))
     with NoHostReads():

@@ -32,7 +32,9 @@ from torch.nn.utils import parametrizations
 import fastqa.layers
 import fastqa.reference
 
-from ..common import PackedBatch, check_config, reads_are_free, should_pack
+from ..checks import check_config
+from ..device import reads_are_free
+from ..packing import PackedBatch, should_pack
 from .config import ConvS2SConfig
 from .state import DecoderState, EncoderOut
 

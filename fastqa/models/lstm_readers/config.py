@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..common import ModelConfig
+from ..config import ModelConfig
 
 __all__ = ["LSTMReaderConfig", "PRESETS", "VARIANTS"]
 

@@ -24,7 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..common import FrozenWordVectors, check_config, check_qa_inputs, dropout, init_linear, masked_log_softmax
+from ..blocks import FrozenWordVectors, init_linear, masked_log_softmax
+from ..checks import check_config, check_qa_inputs
+from ..regularization import dropout
 from .config import LSTMReaderConfig
 
 __all__ = ["LSTMReader"]

@@ -32,8 +32,11 @@ from torch import nn
 
 from ... import layers as fused
 from ... import reference
-from ..common import (FrozenWordVectors, Highway, PackedBatch, StochasticDepth, TimingSignal, TorchDropoutAdd,
-                      check_config, check_qa_inputs, init_linear, reads_are_free, should_pack, survival_prob)
+from ..blocks import FrozenWordVectors, Highway, TimingSignal, init_linear
+from ..checks import check_config, check_qa_inputs
+from ..device import reads_are_free
+from ..packing import PackedBatch, should_pack
+from ..regularization import StochasticDepth, TorchDropoutAdd, survival_prob
 from .config import LAYERS, QANetConfig
 
 __all__ = ["LAYER_SETS", "CharEmbedding", "EncoderBlock", "FeedForward", "NaiveContextQueryAttention", "QANet"]

@@ -179,15 +179,28 @@ def _bounds(low: float | None, high: float | None, low_open: bool, high_open: bo
     return ""
 
 
-def check_unicode(what: str, text: str, where: str = "") -> None:
-    """A str holding lone surrogates (bytes that were not UTF-8, decoded leniently) is a UserError naming
-    ``what``, the character and ``where`` (appended): no tokenizer can take it."""
+def check_text(what: str, text: str, *, at: str = "", where: str = "", blank: bool = False,
+               undecodable: str | None = None) -> str:
+    """``text``, when it is text a model can read; else a UserError naming ``what`` ("the context"), with ``at``
+    before it ("--context: ", "q.jsonl: line 2: ") and ``where`` after it (" (pair 3)"). The one text check of
+    every way text comes in (the Python API, a command line, a question file, an HTTP request):
+
+    - lone surrogates (bytes that were not UTF-8, decoded leniently): no tokenizer can take them. Text from a
+      command line (``undecodable``: what to do instead) is described as the bytes it was;
+    - with ``blank``, nothing but whitespace (no token to read): "the context is empty".
+    """
     from .errors import UserError
 
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise UserError(f"{what} is not valid Unicode text (a lone surrogate at character {e.start}){where}") from None
+        if undecodable is not None:
+            raise UserError(f"{at}not valid UTF-8 text (an undecodable byte at character {e.start}); "
+                            f"{undecodable}") from None
+        raise UserError(f"{at}{what} is not valid Unicode text (a lone surrogate at character {e.start}){where}") from None
+    if blank and not text.strip():
+        raise UserError(f"{at}{what} is empty{where}")
+    return text
 
 
 def check_choice(name: str, value: object, choices: Sequence[str | None]) -> None:

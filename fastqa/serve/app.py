@@ -24,6 +24,7 @@ import time
 from importlib import resources
 from typing import Any, AsyncIterator
 
+from .._checks import check_text
 from .._version import __version__
 from ..bounds import BOUNDS
 from ..errors import UserError
@@ -111,11 +112,6 @@ if _MISSING is None:
     class TranslateResponse(BaseModel):
         translations: list[TranslationOut]
 
-    def _text(value: str, name: str) -> str:
-        if not value.strip():
-            raise ValueError(f"the {name} is empty")
-        return value
-
 
 def request_schemas(limits: ServeLimits) -> tuple[type, type]:
     """The request schemas with this server's bounds (they appear in the OpenAPI description)."""
@@ -132,7 +128,7 @@ def request_schemas(limits: ServeLimits) -> tuple[type, type]:
         @field_validator("context", "question")
         @classmethod
         def not_blank(cls, value: str, info: Any) -> str:
-            return _text(value, info.field_name)
+            return check_text(f"the {info.field_name}", value, blank=True)
 
     class TranslateRequest(BaseModel):
         model_config = strict

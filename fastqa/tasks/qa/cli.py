@@ -371,6 +371,7 @@ def run_ask(args) -> int:
 
 
 def _run_ask(args) -> int:
+    from ..._checks import check_text
     from ...data.files import read_text
     from ...errors import UserError
     from ...plots import figure_format, plot_span_probabilities
@@ -379,13 +380,8 @@ def _run_ask(args) -> int:
     # Bytes on the command line that are not UTF-8 reach sys.argv as lone surrogates (PEP 383); they
     # would fail later, far from the flag that brought them.
     for flag, value in (("--context", args.context), ("--question", args.question)):
-        if value is None:
-            continue
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise UserError(f"{flag}: not valid UTF-8 text (an undecodable byte at character {e.start}); "
-                            f"pass UTF-8, or put the text in a file (--context-file)") from None
+        if value is not None:
+            check_text(flag, value, at=f"{flag}: ", undecodable="pass UTF-8, or put the text in a file (--context-file)")
     if args.plot:
         figure_format(args.plot, "--plot")  # before minutes of loading
     if args.input is not None:
@@ -410,10 +406,8 @@ def _run_ask(args) -> int:
         context = read_text(args.context_file, "--context-file")
     else:
         context = args.context
-    if not context.strip():
-        raise UserError("--context: the context is empty")
-    if not args.question.strip():
-        raise UserError("--question: the question is empty")
+    check_text("the context", context, at="--context: ", blank=True)
+    check_text("the question", args.question, at="--question: ", blank=True)
     qa = _load_reader(args)
     # With --plot, the probabilities drawn are those of the reading that found the answers (no second pass).
     answers, probs = qa.answer_with_probabilities(context, args.question, max_answer_len=args.max_answer_len,
@@ -468,6 +462,7 @@ def read_questions(path: str, *, skip_bad: bool = False) -> tuple[list[dict], li
 
 def _question_record(line: str, where: str, number: int) -> dict:
     """One line of a question file as ``{"id", "context", "question"}``; a UserError naming ``where``."""
+    from ..._checks import check_text
     from ...errors import UserError
 
     try:
@@ -482,13 +477,7 @@ def _question_record(line: str, where: str, number: int) -> dict:
         value = obj.get(key)
         if not isinstance(value, str):
             raise UserError(f"{where}: {key!r} must be a string" + ("" if key in obj else " (missing)"))
-        if not value.strip():
-            raise UserError(f"{where}: the {key} is empty")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as e:  # a lone surrogate written as a \ud800 escape
-            raise UserError(f"{where}: the {key} is not valid Unicode text (a lone surrogate at character "
-                            f"{e.start})") from None
+        check_text(f"the {key}", value, at=f"{where}: ", blank=True)  # a lone surrogate: a \ud800 escape
     qid = obj.get("id", number)
     if isinstance(qid, bool) or not isinstance(qid, (str, int)):
         raise UserError(f"{where}: 'id' must be a string or an integer, got {type(qid).__name__}")

@@ -13,11 +13,10 @@ from typing import Sequence
 
 import torch
 
-from ..._checks import check_int, check_unicode
+from ..._checks import check_int, check_text
 from ...data.batching import pad
 from ...data.tokenize import tokenize
 from ...data.vocab import Vocab
-from ...errors import UserError
 
 __all__ = ["EncodedPair", "encode_pairs", "encode_tokens", "pad_chars"]
 
@@ -80,16 +79,10 @@ def encode_pairs(contexts: Sequence[str], questions: Sequence[str], words: Vocab
         if not isinstance(context, str) or not isinstance(question, str):
             raise TypeError(f"context and question must be str{where}")
         if context not in seen:
-            check_unicode("the context", context, where)
-            ctx = tokenize(context)
-            if not ctx:
-                raise UserError(f"the context is empty{where}")
+            ctx = tokenize(check_text("the context", context, where=where, blank=True))
             cw, cc = encode_tokens([t for t, _ in ctx], words, chars, char_limit)
             seen[context] = (cw, cc, [(s, s + len(t)) for t, s in ctx], [t for t, _ in ctx])
-        check_unicode("the question", question, where)
-        q = tokenize(question)
-        if not q:
-            raise UserError(f"the question is empty{where}")
+        q = tokenize(check_text("the question", question, where=where, blank=True))
         qw, qc = encode_tokens([t for t, _ in q], words, chars, char_limit)
         cw, cc, offsets, tokens = seen[context]
         out.append(EncodedPair(cw, cc, qw, qc, offsets, tokens, [t for t, _ in q]))

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..._checks import check_int, check_unicode
+from ..._checks import check_int, check_text
 from ...bounds import check_fits, checked
 from ...data.batching import pad
 from ...data.vocab import EOS, SOS, Vocab
@@ -272,7 +272,7 @@ class Translator:
         encoded: list[tuple[int, list[int]]] = []
         for i, s in enumerate(sentences):
             if isinstance(s, str):
-                check_unicode(f"sentence {i + 1}", s)
+                check_text(f"sentence {i + 1}", s)
             toks = self.source_tokens(s)
             if toks:
                 encoded.append((i, self._encode(toks, f"sentence {i + 1}")))

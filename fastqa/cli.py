@@ -1,13 +1,12 @@
 """The ``fastqa`` command: ``fastqa <subcommand> ...`` (``fastqa --help`` lists them).
 
-Thin by design: each task's command module (``fastqa.tasks.TASKS``) registers its subcommands and calls the
+Thin by design: each task (``fastqa.tasks.TASKS``) registers its subcommands and calls the
 library; they share one flag vocabulary (``fastqa.tasks.flags``). A user's mistake (a missing file, malformed data, a checkpoint of another model) is one
 line on stderr and exit status 2; ``FASTQA_DEBUG=1`` shows the traceback instead.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
@@ -127,9 +126,10 @@ class _CommandParser(_Parser):
 def _run_info(args: argparse.Namespace) -> int:
     from . import info
     from .pretrained import shipped
+    from .tasks import task_of
 
     # The shipped models are added here, not in fastqa.info(): the backends' floor may not import pretrained.
-    print(json.dumps({**info(), "shipped_models": shipped()}, indent=2, default=str))
+    print(json.dumps({**info(), "shipped_models": shipped(task_of)}, indent=2, default=str))
     return 0
 
 
@@ -184,8 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_CommandParser)
     p = sub.add_parser("info", help="what is built and usable here (backends, versions, threads) and the shipped models' scores")
     p.set_defaults(func=_run_info)
-    for name in TASKS:
-        importlib.import_module(name).register(sub)
+    for task in TASKS:
+        task.register(sub)
     register_serve(sub)  # not a task: it serves the tasks' models (fastqa/serve/)
     _add_export(sub)  # not a task either: any task's run folder -> a slim export (fastqa/export.py)
     _add_download(sub)  # the public data the recipes read (fastqa/data/download.py)

@@ -99,8 +99,9 @@ def test_both_models_train_from_the_installed_copy(installed):
 
 def test_the_shipped_reader_answers_from_the_installed_copy(installed):
     from fastqa import pretrained
+    from fastqa.tasks.qa.spec import SPEC as QA_SPEC
 
-    if pretrained.DEFAULTS["qa"] not in pretrained.available():
+    if QA_SPEC.shipped not in pretrained.available():
         pytest.fail("the shipped reader is missing from fastqa/pretrained (fastqa export RUN ... --half)")
     context = "The Eiffel Tower was completed in 1889 for the World's Fair in Paris."
     out = _run([installed["fastqa"], "ask", "--context", context, "--question", "When was the tower completed?",

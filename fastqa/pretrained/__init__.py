@@ -2,7 +2,7 @@
 
 Each is a slim export (``fastqa export RUN fastqa/pretrained/NAME --half``, see ``fastqa.export``) in a
 folder beside this file; the wheel carries the folders as package data. A model's ``load()`` with no
-argument reads its task's default here, and ``load("NAME")`` any of them::
+argument reads the one its task ships (``TaskSpec.shipped``), and ``load("NAME")`` any of them::
 
     from fastqa.pretrained import resolve, load_payload
     resolve("qanet-small-squad")          # -> .../fastqa/pretrained/qanet-small-squad
@@ -17,22 +17,20 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UserError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["NAMES", "DEFAULTS", "FOLDER", "resolve", "load_payload", "available", "shipped"]
+__all__ = ["NAMES", "FOLDER", "resolve", "load_payload", "available", "shipped"]
 
 #: shipped model name -> its folder under ``FOLDER``
 NAMES: dict[str, str] = {
     "qanet-small-squad": "qanet-small-squad",
     "convs2s-small-multi30k": "convs2s-small-multi30k",
 }
-#: the model each task's ``load()`` reads when given no name or path
-DEFAULTS: dict[str, str] = {"qa": "qanet-small-squad", "translation": "convs2s-small-multi30k"}
 #: where the shipped folders live (tests point it at a temporary folder)
 FOLDER: Path = Path(__file__).resolve().parent
 
@@ -46,7 +44,6 @@ def available() -> list[str]:
 
 _CARD = "README.md"
 _SEE_CARD = "see README.md"
-_TASK_OF_KIND = {"qanet": "qa", "convs2s": "translation"}  # a model that is no task's default
 # In the card's "## Evaluation" section: each bold span's "METRIC NUMBER" pairs ("**EM 38.01, F1 50.91**",
 # "**sacreBLEU 40.09** (signature ...)"), and the text before the first colon says on what.
 _SECTION = re.compile(r"^## Evaluation[^\n]*\n(.*?)(?=^## |\Z)", re.M | re.S)
@@ -76,16 +73,16 @@ def _card_scores(text: str) -> tuple[dict[str, float], str | None]:
     return scores, on
 
 
-def shipped() -> dict[str, dict[str, Any]]:
+def shipped(task_of: Callable[[str, str | None], str | None] | None = None) -> dict[str, dict[str, Any]]:
     """Each shipped model's folder, task, whether its files are installed, and the scores its model card
-    reports: ``{name: {"path", "task", "kind", "installed", "scores", "evaluated_on", "card"}}``.
+    reports: ``{name: {"path", "task", "kind", "installed", "scores", "evaluated_on", "card"}}``. The task is
+    ``task_of(name, kind)`` (the tasks know which ships what: ``fastqa.tasks.task_of``; None without it).
 
     ``scores`` is ``{metric: number}`` from the folder's config.json ``"scores"`` entry when it has one (with
     ``"evaluated_on"`` beside it), else
     from the bold figures of its README.md's "## Evaluation" section (``evaluated_on``: that section's words
     before its first colon); "see README.md" when neither gives a figure. Reads two small files per model and
     imports no torch."""
-    task_of_name = {name: task for task, name in DEFAULTS.items()}
     out: dict[str, dict[str, Any]] = {}
     for name, sub in NAMES.items():
         folder = FOLDER / sub
@@ -105,7 +102,7 @@ def shipped() -> dict[str, dict[str, Any]]:
                 scores = {}
         out[name] = {
             "path": str(folder),
-            "task": task_of_name.get(name) or _TASK_OF_KIND.get(kind or ""),
+            "task": task_of(name, kind) if task_of is not None else None,
             "kind": kind,
             "installed": name in available(),
             "scores": scores or _SEE_CARD,

@@ -24,24 +24,21 @@ import time
 from importlib import resources
 from typing import Any, AsyncIterator
 
-from .._checks import check_text
 from .._version import __version__
-from ..bounds import BOUNDS
 from ..errors import UserError
 from .batcher import Busy, Closed
-from .engines import AnswerItem, QAEngine, TranslateItem, TranslationEngine
+from ..tasks import TASKS, TaskSpec
+from .engines import Engine
 from .limits import ServeLimits
 
 try:  # the serve extra; without it this module still imports (create_app then says what to install)
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, Response
-    from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
     from starlette.exceptions import HTTPException
 except ImportError as e:  # pragma: no cover - exercised only where the extra is missing
     _MISSING: ImportError | None = e
-    BaseModel = object  # type: ignore[assignment,misc]
-    FastAPI = Request = Response = Any  # type: ignore[assignment,misc]
+    FastAPI = Request = Response = HTMLResponse = Any  # type: ignore[assignment,misc]
 else:
     _MISSING = None
 
@@ -50,7 +47,8 @@ __all__ = ["create_app", "app_from_environment", "INSTALL_HINT", "SETTINGS_ENV"]
 INSTALL_HINT = "fastqa serve needs the serve extra: pip install 'fastqa[serve]' (fastapi, uvicorn, prometheus-client)"
 #: the environment variable through which ``fastqa serve --workers N`` hands its settings to each worker process
 SETTINGS_ENV = "FASTQA_SERVE_SETTINGS"
-ROUTES = ("/", "/health", "/metrics", "/answer", "/translate", "/docs", "/openapi.json")
+#: the routes of every server; each served task adds its own (``Serving.route``)
+ROUTES = ("/", "/health", "/metrics", "/docs", "/openapi.json")
 # How much of an oversized body is still read before the 413 goes out (``_Observe._bounded_body``).
 _DRAIN_FACTOR = 8
 
@@ -69,93 +67,6 @@ def _error(status: int, message: str, field: str | None = None, headers: dict[st
     if field is not None:
         body["field"] = field
     return JSONResponse(body, status_code=status, headers=headers)
-
-
-# ------------------------------------------------------------------------------------------------- schemas
-
-if _MISSING is None:
-    class AnswerOut(BaseModel):
-        """An answer: ``context[start:end] == text`` (character offsets)."""
-        text: str
-        start: int
-        end: int
-        score: float = Field(description="probability that the answer is right (a calibrated reader), else the "
-                             "span's probability")
-        no_answer_prob: float | None = Field(None, description="a SQuAD v2.0 reader's probability of no answer")
-        abstained: bool = Field(False, description="no answer scored min_score or more: text is empty")
-
-    class AnswerResponse(BaseModel):
-        answer: AnswerOut
-        answers: list[AnswerOut] = Field(description="the top_k answers, best first")
-
-    class AttentionOut(BaseModel):
-        source: list[str]
-        target: list[str]
-        weights: list[list[float]] = Field(description="one row per target token, one column per source token")
-
-    class Hypothesis(BaseModel):
-        text: str
-        score: float
-        unsure: bool = False
-
-    class TranslationOut(BaseModel):
-        source: str
-        text: str
-        score: float = Field(description="the search's score: log-probability per token (length-normalised)")
-        unsure: bool = Field(False, description="the model is unsure of this translation: its log-probability per "
-                             "token is under the model's fitted confidence floor, or its next-token entropy over "
-                             "it (always false for a model without a fitted floor)")
-        tokens: list[str]
-        attention: AttentionOut | None = None
-        alternatives: list[Hypothesis] = Field(default_factory=list, description="the next best (nbest > 1)")
-
-    class TranslateResponse(BaseModel):
-        translations: list[TranslationOut]
-
-
-def request_schemas(limits: ServeLimits) -> tuple[type, type]:
-    """The request schemas with this server's bounds (they appear in the OpenAPI description)."""
-    strict = ConfigDict(extra="forbid", strict=True)
-
-    class AnswerRequest(BaseModel):
-        model_config = strict
-        context: str = Field(max_length=limits.max_context_chars)
-        question: str = Field(max_length=limits.max_question_chars)
-        top_k: int = Field(1, ge=BOUNDS["top_k"].low, le=limits.max_top_k)
-        max_answer_len: int | None = Field(None, ge=BOUNDS["max_answer_len"].low, le=limits.max_answer_len)
-        min_score: float | None = Field(None, ge=0.0, le=1.0, description="below it: no confident answer")
-
-        @field_validator("context", "question")
-        @classmethod
-        def not_blank(cls, value: str, info: Any) -> str:
-            return check_text(f"the {info.field_name}", value, blank=True)
-
-    class TranslateRequest(BaseModel):
-        model_config = strict
-        text: str | None = Field(None, max_length=limits.max_sentence_chars, description="one sentence")
-        sentences: list[str] | None = Field(None, min_length=1, max_length=limits.max_sentences)
-        beam: int = Field(5, ge=BOUNDS["beam"].low, le=limits.max_beam)
-        nbest: int = Field(1, ge=BOUNDS["nbest"].low, le=min(limits.max_beam, BOUNDS["nbest"].high))
-        attention: bool = False
-
-        @field_validator("sentences")
-        @classmethod
-        def bounded(cls, value: list[str] | None) -> list[str] | None:
-            for i, sentence in enumerate(value or []):
-                if len(sentence) > limits.max_sentence_chars:
-                    raise ValueError(f"sentence {i}: {len(sentence)} characters, more than the server's limit of "
-                                     f"{limits.max_sentence_chars}")
-            return value
-
-        @model_validator(mode="after")
-        def one_source(self) -> "TranslateRequest":
-            if (self.text is None) == (self.sentences is None):
-                raise ValueError("send either 'text' (a sentence) or 'sentences' (a list of sentences)")
-            if self.nbest > self.beam:
-                raise ValueError(f"nbest ({self.nbest}) must be at most beam ({self.beam})")
-            return self
-
-    return AnswerRequest, TranslateRequest
 
 
 # ------------------------------------------------------------------------------------------------- metrics
@@ -199,13 +110,13 @@ class _Observe:
     """ASGI middleware: every HTTP request counted by route and status and timed; a body over ``max_bytes`` is
     answered 413 before the application reads it; a POST body is read as JSON whatever its Content-Type says."""
 
-    def __init__(self, app: Any, metrics: Metrics, max_bytes: int) -> None:
-        self.app, self.metrics, self.max_bytes = app, metrics, max_bytes
+    def __init__(self, app: Any, metrics: Metrics, max_bytes: int, routes: tuple[str, ...]) -> None:
+        self.app, self.metrics, self.max_bytes, self.routes = app, metrics, max_bytes, routes
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        route = scope["path"] if scope["path"] in ROUTES else "other"
+        route = scope["path"] if scope["path"] in self.routes else "other"
         status = 500
         t0 = time.perf_counter()
 
@@ -269,137 +180,155 @@ def _as_json(scope: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------------ the app
 
-def create_app(*, qa: Any = None, translation: Any = None, limits: ServeLimits = ServeLimits(),
-               qa_path: str | None = None, mt_path: str | None = None) -> "FastAPI":
-    """The application serving the ``QAModel`` ``qa`` and/or the ``Translator`` ``translation`` (already loaded:
-    a request never waits for a model to load), their requests batched within ``limits``. Shutting the
-    application down answers the requests already queued, then stops the models' threads."""
+def create_app(*, limits: ServeLimits = ServeLimits(), paths: dict[str, str | None] | None = None,
+               **models: Any) -> "FastAPI":
+    """The application serving ``models`` (task name -> its loaded predictor, e.g. ``qa=QAModel``,
+    ``translation=Translator``; a request never waits for a model to load) on each task's route (``TASKS``),
+    their requests batched within ``limits``; ``paths``: task name -> where its model came from (``/health``).
+    Shutting the application down answers the requests already queued, then stops the models' threads."""
     if _MISSING is not None:
         raise UserError(f"{INSTALL_HINT} ({_MISSING})")
-    if qa is None and translation is None:
-        raise UserError("fastqa serve needs a model: --qa-model DIR, --mt-model DIR or both")
-    metrics = Metrics()
+    served = [task for task in TASKS if task.serving is not None]
+    unknown = sorted(set(models) - {task.name for task in served})
+    if unknown:
+        raise TypeError(f"create_app: no served task is named {unknown[0]!r} (tasks: "
+                        f"{', '.join(task.name for task in served)})")
+    if all(models.get(task.name) is None for task in served):
+        raise UserError(f"fastqa serve needs a model: {model_flags(served)}")
+    app = FastAPI(title="fastqa", version=__version__, lifespan=_lifespan,
+                  description="Question answering and translation with the models of fastqa.")
+    state, metrics = app.state, Metrics()
+    state.limits, state.metrics, state.draining, state.schemas, state.flags = limits, metrics, False, {}, {}
+    state.page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
+    state.engines = {}
     batching = {"max_batch": limits.max_batch, "max_wait_ms": limits.max_wait_ms, "idle_ms": limits.idle_ms,
                 "max_pending": limits.max_pending}
-    qa_engine = QAEngine(qa, path=qa_path, on_batch=metrics.on_batch("qa"), **batching) if qa is not None else None
-    mt_engine = (TranslationEngine(translation, path=mt_path, on_batch=metrics.on_batch("translation"), **batching)
-                 if translation is not None else None)
-    engines = {"qa": qa_engine, "translation": mt_engine}
-    page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
-    AnswerRequest, TranslateRequest = request_schemas(limits)
-    draining = False
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        nonlocal draining
-        yield
-        draining = True
-        loop = asyncio.get_running_loop()
-        for engine in engines.values():
-            if engine is not None:  # the thread finishes the queued requests first
-                await loop.run_in_executor(None, engine.batcher.close)
-
-    app = FastAPI(title="fastqa", version=__version__, lifespan=lifespan,
-                  description="Question answering and translation with the models of fastqa.")
-    app.state.engines = engines
-
-    async def submit(name: str, item: Any) -> Any:
-        engine = engines[name]
-        if engine is None:
-            flag = "--qa-model" if name == "qa" else "--mt-model"
-            raise RequestError(503, f"no {name} model is loaded here (start the server with {flag} DIR)")
-        try:
-            return await engine.batcher.submit(item, timeout=limits.timeout_s)
-        except Busy as e:
-            raise RequestError(503, str(e), headers={"Retry-After": "1"}) from None
-        except Closed as e:
-            raise RequestError(503, str(e), headers={"Retry-After": "5"}) from None
-        except asyncio.TimeoutError:
-            raise RequestError(504, f"the {name} model did not answer within {limits.timeout_s:g} s") from None
-        except UserError as e:  # the model's own word on its input (a lone surrogate, nothing to read)
-            raise RequestError(422, " ".join(str(e).split())) from None
-
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def home() -> HTMLResponse:
-        return HTMLResponse(page)
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        """Whether the server answers, its models and bounds, and how many requests each model has queued."""
-        return {"status": "draining" if draining else "ok", "version": __version__,
-                "models": {name: e.describe() if e else None for name, e in engines.items()},
-                "limits": limits.to_dict(),
-                "queue": {name: e.batcher.depth for name, e in engines.items() if e}}
-
-    @app.get("/metrics", include_in_schema=False)
-    async def prometheus() -> Response:
-        for name, engine in engines.items():
-            if engine is not None:
-                metrics.queue.labels(name).set(engine.batcher.depth)
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    @app.post("/answer", response_model=AnswerResponse)
-    async def answer(request: AnswerRequest) -> dict[str, Any]:  # type: ignore[valid-type]
-        """The answers to a question about a context, best first."""
-        found = await submit("qa", AnswerItem(request.context, request.question, request.top_k,
-                                              request.max_answer_len, request.min_score))
-        return {"answer": found[0].to_dict(), "answers": [a.to_dict() for a in found]}
-
-    @app.post("/translate", response_model=TranslateResponse)
-    async def translate(request: TranslateRequest) -> dict[str, Any]:  # type: ignore[valid-type]
-        """The translation of one sentence (``text``) or of several (``sentences``)."""
-        sentences = [request.text] if request.text is not None else list(request.sentences)
-        found = await submit("translation", TranslateItem(tuple(sentences), request.beam, request.nbest,
-                                                          request.attention))
-        return {"translations": [_translation_json(s, t) for s, t in zip(sentences, found)]}
-
-    @app.exception_handler(RequestError)
-    async def refused(request: Request, exc: RequestError) -> Response:
-        return _error(exc.status, exc.message, exc.field, exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> Response:
-        errors = exc.errors()
-        # A misspelt field also leaves the right one missing: the misspelling is the one to report.
-        first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
-        where = [str(part) for part in first.get("loc", ())[1:]]
-        if first.get("type") == "json_invalid":
-            return _error(400, f"malformed JSON: {first.get('ctx', {}).get('error', first.get('msg'))}")
-        if first.get("type") == "missing" and not where:
-            return _error(400, "the request body is empty: send a JSON object")
-        if not where and first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
-            return _error(422, "expected a JSON object")
-        field = where[0] if where else None
-        message = first.get("msg", "invalid request").removeprefix("Value error, ")
-        if first.get("type") == "extra_forbidden":
-            schema = {"/answer": AnswerRequest, "/translate": TranslateRequest}.get(request.url.path)
-            message = "unknown field" + (f" (expected: {', '.join(schema.model_fields)})" if schema else "")
-        return _error(422, f"{'.'.join(where)}: {message}" if where else message, field)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        if exc.status_code == 404:
-            message = f"no route {request.url.path} (routes: GET /, GET /health, GET /metrics, POST /answer, " \
-                      "POST /translate, GET /docs)"
-        elif exc.status_code == 405:
-            message = f"{request.method} is not allowed on {request.url.path}"
-        else:
-            message = str(exc.detail)
-        return _error(exc.status_code, message, headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def crashed(request: Request, exc: Exception) -> Response:
-        # The traceback goes to the server's log; the client gets no internals.
-        return _error(500, "internal server error (see the server's log)")
-
-    app.add_middleware(_Observe, metrics=metrics, max_bytes=limits.max_body_bytes)
+    app.add_api_route("/", home, methods=["GET"], response_class=HTMLResponse, include_in_schema=False)
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/metrics", prometheus, methods=["GET"], include_in_schema=False)
+    for task in served:
+        serving, model = task.load_serving(), models.get(task.name)
+        state.engines[task.name] = None if model is None else Engine(
+            task.name, model, serving, path=(paths or {}).get(task.name), on_batch=metrics.on_batch(task.name),
+            **batching)
+        schema = state.schemas[serving.route] = serving.request_schema(limits)
+        state.flags[task.name] = task.serve_flag
+        app.add_api_route(serving.route, _task_route(task.name, schema), methods=["POST"], name=serving.name,
+                          response_model=serving.response_schema, description=serving.summary)
+    app.add_exception_handler(RequestError, refused)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, crashed)
+    app.add_middleware(_Observe, metrics=metrics, max_bytes=limits.max_body_bytes,
+                       routes=ROUTES + tuple(state.schemas))
     return app
 
 
-def _translation_json(source: str, translation: Any) -> dict[str, Any]:
-    out = {"source": source, **translation.to_dict()}
-    out["alternatives"] = [{"text": t.text, "score": t.score, "unsure": t.unsure} for t in translation.alternatives]
-    return out
+def model_flags(tasks: list[TaskSpec]) -> str:
+    """"--qa-model DIR, --mt-model DIR or both": the flags that give ``fastqa serve`` its models."""
+    flags = [f"{task.serve_flag} DIR" for task in tasks if task.serve_flag]
+    return ", ".join(flags) + (f" or {'both' if len(flags) == 2 else 'several'}" if len(flags) > 1 else "")
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: "FastAPI") -> AsyncIterator[None]:
+    yield
+    app.state.draining = True
+    loop = asyncio.get_running_loop()
+    for engine in app.state.engines.values():
+        if engine is not None:  # the thread finishes the queued requests first
+            await loop.run_in_executor(None, engine.batcher.close)
+
+
+# ----------------------------------------------------------------------------------------------- the routes
+
+async def home(request: Request) -> HTMLResponse:
+    return HTMLResponse(request.app.state.page)
+
+
+async def health(request: Request) -> dict[str, Any]:
+    """Whether the server answers, its models and bounds, and how many requests each model has queued."""
+    state = request.app.state
+    return {"status": "draining" if state.draining else "ok", "version": __version__,
+            "models": {name: e.describe() if e else None for name, e in state.engines.items()},
+            "limits": state.limits.to_dict(),
+            "queue": {name: e.batcher.depth for name, e in state.engines.items() if e}}
+
+
+async def prometheus(request: Request) -> Response:
+    state = request.app.state
+    for name, engine in state.engines.items():
+        if engine is not None:
+            state.metrics.queue.labels(name).set(engine.batcher.depth)
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _task_route(name: str, schema: type) -> Any:
+    """The endpoint of a task's route: its body is the task's request schema (validated by FastAPI)."""
+    async def endpoint(request: Request, body: schema) -> dict[str, Any]:  # type: ignore[valid-type]
+        return await answer_task(request, name, body)
+    return endpoint
+
+
+async def answer_task(request: Request, name: str, body: Any) -> dict[str, Any]:
+    """A request of the task ``name``: its item through the model's batcher, its result as the response."""
+    state = request.app.state
+    engine = state.engines[name]
+    if engine is None:
+        raise RequestError(503, f"no {name} model is loaded here (start the server with {state.flags[name]} DIR)")
+    timeout = state.limits.timeout_s
+    try:
+        found = await engine.batcher.submit(engine.serving.item(body), timeout=timeout)
+    except Busy as e:
+        raise RequestError(503, str(e), headers={"Retry-After": "1"}) from None
+    except Closed as e:
+        raise RequestError(503, str(e), headers={"Retry-After": "5"}) from None
+    except asyncio.TimeoutError:
+        raise RequestError(504, f"the {name} model did not answer within {timeout:g} s") from None
+    except UserError as e:  # the model's own word on its input (a lone surrogate, nothing to read)
+        raise RequestError(422, " ".join(str(e).split())) from None
+    return engine.serving.respond(body, found)
+
+
+# ----------------------------------------------------------------------------------------------- the errors
+
+async def refused(request: Request, exc: RequestError) -> Response:
+    return _error(exc.status, exc.message, exc.field, exc.headers)
+
+
+async def invalid(request: Request, exc: "RequestValidationError") -> Response:
+    errors = exc.errors()
+    # A misspelt field also leaves the right one missing: the misspelling is the one to report.
+    first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
+    where = [str(part) for part in first.get("loc", ())[1:]]
+    if first.get("type") == "json_invalid":
+        return _error(400, f"malformed JSON: {first.get('ctx', {}).get('error', first.get('msg'))}")
+    if first.get("type") == "missing" and not where:
+        return _error(400, "the request body is empty: send a JSON object")
+    if not where and first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
+        return _error(422, "expected a JSON object")
+    field = where[0] if where else None
+    message = first.get("msg", "invalid request").removeprefix("Value error, ")
+    if first.get("type") == "extra_forbidden":
+        schema = request.app.state.schemas.get(request.url.path)
+        message = "unknown field" + (f" (expected: {', '.join(schema.model_fields)})" if schema else "")
+    return _error(422, f"{'.'.join(where)}: {message}" if where else message, field)
+
+
+async def http_error(request: Request, exc: "HTTPException") -> Response:
+    if exc.status_code == 404:
+        posts = ", ".join(f"POST {route}" for route in request.app.state.schemas)
+        message = f"no route {request.url.path} (routes: GET /, GET /health, GET /metrics, {posts}, GET /docs)"
+    elif exc.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}"
+    else:
+        message = str(exc.detail)
+    return _error(exc.status_code, message, headers=getattr(exc, "headers", None))
+
+
+async def crashed(request: Request, exc: Exception) -> Response:
+    # The traceback goes to the server's log; the client gets no internals.
+    return _error(500, "internal server error (see the server's log)")
 
 
 def app_from_environment() -> "FastAPI":
@@ -409,16 +338,11 @@ def app_from_environment() -> "FastAPI":
 
     settings = json.loads(os.environ[SETTINGS_ENV])
     set_threads(settings.get("threads"))
-    qa = translation = None
-    if settings.get("qa_model") is not None:
-        from ..tasks.qa import QAModel
-        qa = QAModel.load(settings["qa_model"], device=settings.get("device"), precision=settings.get("precision"))
-    if settings.get("mt_model") is not None:
-        from ..tasks.translation import Translator
-        translation = Translator.load(settings["mt_model"], device=settings.get("device"),
-                                      precision=settings.get("precision"))
-    app = create_app(qa=qa, translation=translation, limits=ServeLimits(**settings.get("limits", {})),
-                     qa_path=settings.get("qa_model"), mt_path=settings.get("mt_model"))
+    served = [task for task in TASKS if task.serving is not None]
+    paths = {task.name: settings.get(task.serve_dest) for task in served}
+    models = {task.name: None if paths[task.name] is None else task.load(
+        paths[task.name], device=settings.get("device"), precision=settings.get("precision")) for task in served}
+    app = create_app(limits=ServeLimits(**settings.get("limits", {})), paths=paths, **models)
     for engine in app.state.engines.values():
         if engine is not None:
             engine.warm_up()

@@ -2,6 +2,8 @@
 
     fastqa serve --qa-model runs/qanet --mt-model runs/convs2s [--host 127.0.0.1] [--port 8000]
 
+Each task of ``fastqa.tasks.TASKS`` with a ``serve_flag`` adds its model flag (``--qa-model``, ``--mt-model``).
+
 Only argparse and the shared flags are imported here; torch, the models and the server library load when the
 command runs, so ``fastqa --help`` stays quick.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import socket
 
+from ..tasks import TASKS
 from ..tasks.flags import add_runtime_flags, counted, nonnegative_float, positive_float, resolve_device
 from .limits import ServeLimits
 
@@ -37,9 +40,9 @@ def register(subparsers) -> None:
         description="An HTTP JSON API (POST /answer, POST /translate, GET /health) and a page at / to try the "
         "models. The models load once, before the server listens. Binds 127.0.0.1 unless --host says otherwise: "
         "there is no authentication, so expose it only behind something that has.")
-    p.add_argument("--qa-model", metavar="DIR", help="a qa-train run folder, an export or a shipped model's name "
-                   "(with neither model flag: the shipped models)")
-    p.add_argument("--mt-model", metavar="DIR", help="an mt-train run folder, an export or a shipped model's name")
+    for task in TASKS:  # each served task's model flag: --qa-model, --mt-model
+        if task.serve_flag is not None:
+            p.add_argument(task.serve_flag, metavar="DIR", help=task.serve_help)
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
     p.add_argument("--port", type=_port, default=DEFAULT_PORT,
                    help=f"port to listen on (default {DEFAULT_PORT}; 0: a free one, printed at start)")
@@ -100,17 +103,18 @@ def run_serve(args: argparse.Namespace) -> int:
     import tempfile
 
     from ..errors import UserError
-    from .app import INSTALL_HINT, SETTINGS_ENV
+    from .app import INSTALL_HINT, SETTINGS_ENV, model_flags
 
-    if args.qa_model is None and args.mt_model is None:
-        # Neither flag: serve the models shipped with the package (those installed here).
+    served = [task for task in TASKS if task.serve_flag is not None]
+    if all(getattr(args, task.serve_dest) is None for task in served):
+        # No model flag: serve the models shipped with the package (those installed here).
         from .. import pretrained
 
         shipped = pretrained.available()
-        args.qa_model = pretrained.DEFAULTS["qa"] if pretrained.DEFAULTS["qa"] in shipped else None
-        args.mt_model = pretrained.DEFAULTS["translation"] if pretrained.DEFAULTS["translation"] in shipped else None
-        if args.qa_model is None and args.mt_model is None:
-            raise UserError("serve: no shipped model is installed here; give --qa-model DIR, --mt-model DIR or both")
+        for task in served:
+            setattr(args, task.serve_dest, task.shipped if task.shipped in shipped else None)
+        if all(getattr(args, task.serve_dest) is None for task in served):
+            raise UserError(f"serve: no shipped model is installed here; give {model_flags(served)}")
     try:
         import uvicorn
     except ImportError:
@@ -119,8 +123,8 @@ def run_serve(args: argparse.Namespace) -> int:
                          max_sentence_chars=args.max_sentence_chars, max_sentences=args.max_sentences,
                          max_pending=args.max_pending, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                          idle_ms=args.idle_ms, timeout_s=args.timeout_s)
-    settings = {"qa_model": None if args.qa_model is None else str(args.qa_model),
-                "mt_model": None if args.mt_model is None else str(args.mt_model),
+    models = {task.serve_dest: getattr(args, task.serve_dest) for task in served}
+    settings = {**{dest: None if path is None else str(path) for dest, path in models.items()},
                 "device": resolve_device(args.device), "threads": args.threads, "precision": args.precision,
                 "limits": limits.to_dict()}
     # One description of the app for this process and every worker process (they read it from the environment).
@@ -134,8 +138,7 @@ def run_serve(args: argparse.Namespace) -> int:
         app = app_from_environment()
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
-        loaded = ", ".join(name for name in ("qa_model", "mt_model") if settings[name]).replace("_model", "")
-        loaded = loaded.replace("mt", "translation")
+        loaded = ", ".join(task.name for task in served if settings[task.serve_dest])
         workers = f" ({args.workers} worker processes)" if args.workers > 1 else ""
         # One line on stdout ending with the address (scripts and tests read the port from it when --port is 0).
         print(f"fastqa serve: {loaded}{workers} on http://{shown}:{port}/", flush=True)

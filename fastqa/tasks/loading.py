@@ -85,14 +85,14 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
-def open_model(name_or_path: str | os.PathLike | None, task: str, kinds: Collection[str], what: str,
+def open_model(name_or_path: str | os.PathLike | None, shipped: str, kinds: Collection[str], what: str,
                map_location: "str | torch.device" = "cpu") -> tuple[dict, Path, dict]:
-    """(payload, the file it came from, its meta) of a model for ``task`` ("qa" or "translation"): a shipped
-    model's name, a run folder, a checkpoint or an export; None: the task's shipped model. A payload of a kind
-    not in ``kinds`` is a ``UserError`` naming the file and ``what`` the task needs ("a reader")."""
-    from ..pretrained import DEFAULTS, load_payload
+    """(payload, the file it came from, its meta) of a model: a shipped model's name, a run folder, a checkpoint
+    or an export; None: ``shipped``, the task's shipped model (``TaskSpec.shipped``). A payload of a kind not in
+    ``kinds`` is a ``UserError`` naming the file and ``what`` the task needs ("a reader")."""
+    from ..pretrained import load_payload
 
-    payload, where = load_payload(DEFAULTS[task] if name_or_path is None else name_or_path, map_location)
+    payload, where = load_payload(shipped if name_or_path is None else name_or_path, map_location)
     kind = payload.get("kind")
     if kind not in kinds:
         raise UserError(f"{where}: a {kind!r} checkpoint, not {what} (one of {', '.join(kinds)})")

@@ -5,62 +5,41 @@
     thread), F1 ~25 after 500 steps and ~36 after 1,000 (docs/models.md); at this rate the 3-minute budget
     leaves about 250 steps
 
-The figures of the documented runs live in ``REFERENCE_RUNS`` below and nowhere else in the code; each
-entry says where its figures come from. A model and preset without a documented run gets the first part.
+The trainer knows no model: the figures of the documented runs are the tasks' (each ``TaskSpec``'s
+``reference_runs``, ``fastqa.tasks.spec``), and a task hands its run's to the loop as ``reference_run``. A
+model and preset without a documented run gets the first part.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Protocol
 
-__all__ = ["ReferenceRun", "REFERENCE_RUNS", "EXPECTATION_STEP", "expectation_line"]
+__all__ = ["DocumentedRun", "EXPECTATION_STEP", "expectation_line"]
 
 EXPECTATION_STEP = 20  # the line comes after this many steps of the process (the first ones are warm-up)
 
 
-@dataclass(frozen=True)
-class ReferenceRun:
-    """A documented run of a recipe: what it reached, after how many steps and minutes, on what machine,
-    and what its evaluations read early on (``early``)."""
+class DocumentedRun(Protocol):
+    """What the line quotes of a documented run of a recipe (a task's ``ReferenceRun``, ``fastqa.tasks.spec``)."""
 
     result: str
     steps: int
     minutes: float
     machine: str
     early: str
-    source: str = "docs/models.md"
+    source: str
 
     @property
-    def steps_per_minute(self) -> float:
-        return self.steps / self.minutes
-
-
-# (task kind, preset) -> its documented run.
-REFERENCE_RUNS: dict[tuple[str, str], ReferenceRun] = {
-    # The QANet recipe of the README (articles 0:40): docs/models.md, "Real-data results", the run of record
-    # docs/runs/qanet-small-v11-match (its best evaluation: EM 40.21 / F1 52.74 on articles 40-47 at step 4,500,
-    # after 40 minutes on one AMD EPYC thread; F1 24.83 at step 500, 35.84 at step 1,000).
-    ("qanet", "small"): ReferenceRun(
-        result="F1 ~53 (EM 40) on SQuAD v1.1 dev articles 40-47", steps=4500, minutes=40,
-        machine="one AMD EPYC thread", early="F1 ~25 after 500 steps and ~36 after 1,000"),
-    # The shipped translator convs2s-small-multi30k: docs/models.md, "Real-data results" (the default subword
-    # vocabulary, 88 min, 6,501 steps: sacreBLEU 40.07 on test_2016_flickr, beam 5); the machine from
-    # docs/runs/convs2s-small-multi30k-subword/README.md. The early points: that run's metrics.jsonl, --valid-bleu 200
-    # (greedy tokenized BLEU 27.38 at step 500, 34.43 at step 1,000).
-    ("convs2s", "small"): ReferenceRun(
-        result="sacreBLEU ~40 on Multi30k de-en test_2016_flickr (beam 5, subword vocabulary)", steps=6501,
-        minutes=88, machine="one Intel Xeon thread",
-        early="--valid-bleu 200 reads BLEU ~27 after 500 steps and ~34 after 1,000"),
-}
+    def steps_per_minute(self) -> float: ...
 
 
 def expectation_line(command: str, model: str, *, preset: str | None, where: str, steps_per_minute: float | None,
-                     steps_timed: int = 0, budget_minutes: float | None = None,
-                     budget_steps: int | None = None) -> str:
-    """The line: ``command``; ``model`` (the task's kind) and ``preset`` (None: not known) pick the
-    documented run; ``where``: "2 threads", "cuda (NVIDIA H100)"...; ``steps_per_minute``: measured here
-    after the warm-up (None: not yet, ``steps_timed`` steps run); ``budget_steps``: the steps the time
-    budget leaves in all at that rate."""
-    ref = REFERENCE_RUNS.get((model, preset)) if preset is not None else None
+                     reference: DocumentedRun | None = None, steps_timed: int = 0,
+                     budget_minutes: float | None = None, budget_steps: int | None = None) -> str:
+    """The line: ``command``; ``model`` (the task's kind) and ``preset`` (None: not known) name the recipe,
+    ``reference`` its documented run (the task's ``reference_run``; None: none); ``where``: "2 threads",
+    "cuda (NVIDIA H100)"...; ``steps_per_minute``: measured here after the warm-up (None: not yet,
+    ``steps_timed`` steps run); ``budget_steps``: the steps the time budget leaves in all at that rate."""
+    ref = reference
     who = f"{preset} preset" if preset is not None else model
     if steps_per_minute:
         rate = f"about {steps_per_minute:,.0f} steps/min here after warm-up"

@@ -140,7 +140,8 @@ class Task(Protocol):
 
     # Optional attributes, read with getattr (a task without them trains the same):
     #   command: str                      the command that trains it, for the expectation line ("qa-train")
-    #   preset: str | None                its model preset, which picks the documented run (``expectations``)
+    #   preset: str | None                its model preset, for the expectation line (``expectations``)
+    #   reference_run                     the documented run of its recipe, which that line quotes
     #   headline_metrics: tuple[str, ...] the evaluation's metrics the bar shows (("EM", "F1"), ("val_bleu",))
     #   eval_size: float                  the examples an evaluation reads, for the time budget's estimate of
     #                                     an evaluation before one is timed (``budget``)
@@ -639,6 +640,7 @@ class _Run:
         task, clock, left = self.task, self.clock, self.steps_left()
         self.say(expectation_line(getattr(task, "command", f"{task.kind} training"), task.kind,
                                   preset=getattr(task, "preset", None), where=_where(self.env),
+                                  reference=getattr(task, "reference_run", None),
                                   steps_per_minute=60 / clock.step_s if clock.measured else None,
                                   steps_timed=clock.steps, budget_minutes=self.settings.max_minutes,
                                   budget_steps=None if left is None else clock.steps + left))

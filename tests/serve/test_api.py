@@ -285,7 +285,7 @@ def test_one_model_only_a_full_queue_is_503_and_a_slow_answer_504(serve_models):
     from fastqa.tasks.qa import QAModel
 
     reader = _Held(QAModel.load(serve_models["qa"], device="cpu"))
-    app = create_app(qa=reader, qa_path="held", limits=ServeLimits(max_pending=2, max_body_bytes=100, max_batch=1,
+    app = create_app(qa=reader, paths={"qa": "held"}, limits=ServeLimits(max_pending=2, max_body_bytes=100, max_batch=1,
                                                                    timeout_s=30))
     request = {"context": "Ada was born in Paris.", "question": "Where?"}
     with serve_in_thread(app) as client:

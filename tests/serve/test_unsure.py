@@ -25,7 +25,7 @@ def _translator(serve_models, score: float, entropy: float | None = None) -> Tra
 def test_translate_says_which_translations_are_unsure(serve_models):
     for floor, want in (((1.0,), True), ((-1e9, 1e9), False), ((-1e9, 0.0), True)):
         tr = _translator(serve_models, *floor)
-        with serve_in_thread(create_app(translation=tr, mt_path="made")) as client:
+        with serve_in_thread(create_app(translation=tr, paths={"translation": "made"})) as client:
             status, body = client.post("/translate", {"sentences": SENTENCES, "beam": 3, "nbest": 2})
             assert status == 200, body
             rows = body["translations"]
@@ -38,7 +38,7 @@ def test_translate_says_which_translations_are_unsure(serve_models):
 
 def test_the_page_marks_an_unsure_translation(serve_models, chromium, tmp_path):
     for score, unsure in ((1.0, True), (-1e9, False)):
-        with serve_in_thread(create_app(translation=_translator(serve_models, score), mt_path="made")) as client:
+        with serve_in_thread(create_app(translation=_translator(serve_models, score), paths={"translation": "made"})) as client:
             url = f"{client.url}/?{urllib.parse.urlencode({'sentence': SENTENCES[0], 'run': 1})}"
             result = run_chromium(chromium, url, tmp_path / f"profile-{unsure}", "--dump-dom")
         assert result.returncode == 0, result.stderr[-2000:]

@@ -367,12 +367,13 @@ def test_errors(model_dir, corpus, tmp_path, capsys):
 
 def test_the_shipped_translator_is_the_default(model_dir, translator, tmp_path, monkeypatch, capsys):
     from fastqa import pretrained
+    from fastqa.tasks.translation.spec import SPEC as MT_SPEC
     from fastqa.export import export_run
 
     monkeypatch.setattr(pretrained, "FOLDER", tmp_path)
     with pytest.raises(UserError, match="convs2s-small-multi30k"):
         Translator.load()
-    export_run(model_dir, tmp_path / pretrained.DEFAULTS["translation"], half=False)
+    export_run(model_dir, tmp_path / MT_SPEC.shipped, half=False)
     shipped = Translator.load()
     sentences = ["ka Lo mi.", "Nu po ra se."]
     want = [t.text for t in translator.translate(sentences, beam=2)]

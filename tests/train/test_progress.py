@@ -17,7 +17,8 @@ from fastqa.train import TrainSettings, fit
 from fastqa.train import display, loop
 from fastqa.train.budget import CURVE_S, TimeBudget
 from fastqa.train.display import WARMUP_STEPS, StepClock, TrainBar, headline
-from fastqa.train.expectations import EXPECTATION_STEP, REFERENCE_RUNS, expectation_line
+from fastqa.tasks import TASKS
+from fastqa.train.expectations import EXPECTATION_STEP, expectation_line
 from toy_task import ToyTask
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "models.md"
@@ -213,17 +214,24 @@ def test_time_budget_holds_the_final_evaluation_and_checkpoint(tmp_path, caplog)
 
 # -- what to expect ---------------------------------------------------------------------------------------------
 
+def _reference(kind: str, preset: str):
+    """The documented run of (kind, preset), from the task that trains that kind."""
+    return next(t.reference_run(kind, preset) for t in TASKS if kind in t.kinds)
+
+
 def test_expectation_line_cites_the_documented_run():
     line = expectation_line("qa-train", "qanet", preset="small", where="2 threads", steps_per_minute=95.4,
-                            budget_minutes=3, budget_steps=250)
+                            reference=_reference("qanet", "small"), budget_minutes=3, budget_steps=250)
     assert line.startswith("qa-train: small preset, 2 threads: about 95 steps/min here after warm-up; ")
     assert "F1 ~53 (EM 40) on SQuAD v1.1 dev articles 40-47 after 4,500 steps (40 min at 112 steps/min" in line
     assert "(docs/models.md)" in line and line.endswith("the 3-minute budget leaves about 250 steps")
     assert "\n" not in line
     mt = expectation_line("mt-train", "convs2s", preset="small", where="1 thread", steps_per_minute=None,
-                          steps_timed=3)
+                          reference=_reference("convs2s", "small"), steps_timed=3)
     assert "no step rate yet (3 steps run); the documented run made 74 steps/min" in mt and "sacreBLEU ~40" in mt
-    other = expectation_line("qa-train", "qanet", preset="paper", where="cuda (GPU)", steps_per_minute=600)
+    assert _reference("qanet", "paper") is None
+    other = expectation_line("qa-train", "qanet", preset="paper", where="cuda (GPU)", steps_per_minute=600,
+                             reference=_reference("qanet", "paper"))
     assert "about 600 steps/min" in other and "documents no run of qanet paper preset" in other
 
 
@@ -231,7 +239,9 @@ def test_reference_runs_are_the_documented_figures():
     docs = " ".join(DOCS.read_text(encoding="utf-8").replace("`", "").split())
     assert "after 40 minutes" in docs and "EM 40.21 / F1 52.74" in docs and "88 min, 6,501 steps" in docs
     assert "sacreBLEU **40.07**" in docs
-    for ref in REFERENCE_RUNS.values():
+    runs = [ref for task in TASKS for ref in task.reference_runs.values()]
+    assert len(runs) == 2
+    for ref in runs:
         assert f"{ref.steps:,} steps" in docs and f"{ref.minutes:g} min" in docs
         assert ref.early in docs  # the early figures are in the docs too
 
@@ -262,4 +272,5 @@ def test_the_qa_task_says_its_command_preset_metrics_and_evaluation_size(tmp_pat
     task = QATask.from_files(data, data, preset="small", cache_dir=None, progress=False,
                              overrides={"d_model": 16, "heads": 2, "char_dim": 8, "char_channels": 16})
     assert (task.command, task.preset, task.headline_metrics) == ("qa-train", "small", ("EM", "F1"))
+    assert task.reference_run is not None and task.reference_run.steps == 4500  # its spec's documented run
     assert task.eval_size == len(task.dev_data) > 0

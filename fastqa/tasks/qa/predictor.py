@@ -26,9 +26,10 @@ from ...data.vocab import Vocab
 from ...errors import UserError
 from ..loading import default_device, inference_dtype, load_weights, open_model, set_threads, unreadable_meta
 from .calibration import Calibration
-from .readers import MODELS, answer_len, build_model, config_type
+from .readers import answer_len, build_model, config_type
 from .encoding import EncodedPair, encode_pairs
 from .squad import Limits, SquadSet, encode_squad, load_squad
+from .spec import SPEC
 from .task import PredictOutput, predict
 from .inference import BatchHook, Reading, lexical_terms, paragraph_starts, read_windows, window_settings
 
@@ -111,7 +112,7 @@ class QAModel:
         set_threads(*checked(threads=threads))
         device = default_device(device)
         dtype = inference_dtype(precision, device)
-        payload, where, meta = open_model(name_or_path, "qa", MODELS, "a reader's")
+        payload, where, meta = open_model(name_or_path, SPEC.shipped, SPEC.kinds, "a reader's")
         kind = payload["kind"]
         if layers is not None and kind != "qanet":
             raise UserError(f"--layers chooses QANet's layers; the {kind} reader in {where} has none")

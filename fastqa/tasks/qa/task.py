@@ -23,6 +23,7 @@ from ...data.vectors import check_vectors_file, lookup_variants, read_vectors, v
 from ...data.vocab import Vocab
 from ...errors import UserError
 from .metric import evaluate as squad_evaluate
+from .spec import SPEC
 from .readers import MODELS, answer_len, build_model, make_config, meta_config, model_kind
 from .squad import NO_TARGET, EncodedSquad, Limits, SquadSet, build_vocabs, collate, encode_squad, load_squad
 from .inference import DEFAULT_STRIDE, inference_autocast, lexical_terms, paragraph_starts, read_windows
@@ -195,7 +196,7 @@ class QATask:
                  word_vectors: torch.Tensor | None = None, preset: str | None = None) -> None:
         """config: QANetConfig or LSTMReaderConfig; words/chars: the vocabularies; train: the encoded training
         examples; dev_set/dev: the evaluation data; word_vectors: [len(words), word_dim] to load into the model;
-        preset: the config's preset, for what the run can expect (``fastqa.train.expectations``)."""
+        preset: the config's preset, which picks the documented run the run can expect (``reference_run``)."""
         sizes = (config.word_vocab_size, getattr(config, "char_vocab_size", len(chars)))
         if sizes != (len(words), len(chars)):
             raise ValueError(f"config vocabulary sizes {sizes} differ from the vocabularies' ({len(words)}, {len(chars)})")
@@ -206,6 +207,11 @@ class QATask:
         self.model = build_model(config)
         if word_vectors is not None:
             self.model.load_word_vectors(word_vectors)
+
+    @property
+    def reference_run(self) -> Any:
+        """The documented run of this reader and preset, which the expectation line quotes (None: none)."""
+        return SPEC.reference_run(self.kind, self.preset)
 
     @classmethod
     def from_files(cls, train_path: str, dev_path: str, *, model: str = "qanet", vectors: str | None = None,

@@ -27,6 +27,7 @@ from ...models.convs2s import ConvS2S, ConvS2SConfig, greedy_decode
 from ...train.loop import TrainSettings, fit, seed_everything
 from .bleu import tokenized_bleu
 from .parallel import VOCABS, MTBatch, ParallelData, TextCodec, guess_lang, read_parallel, tokenize_line
+from .spec import SPEC
 
 __all__ = ["KIND", "OPTIMIZERS", "DEFAULT_LR", "MTOptions", "MTTask", "build_codec", "ParallelCorpus", "prepare_parallel", "build_task", "train_translation"]
 
@@ -34,7 +35,7 @@ __all__ = ["KIND", "OPTIMIZERS", "DEFAULT_LR", "MTOptions", "MTTask", "build_cod
 log = logging.getLogger("fastqa.mt")
 
 
-KIND = "convs2s"
+KIND = SPEC.kinds[0]  # the checkpoint kind of a ConvS2S run
 
 
 OPTIMIZERS = ("adam", "nag")
@@ -130,6 +131,11 @@ class MTTask:
         self._lengths = train.lengths()
         self.model = ConvS2S(config, layers=opts.layers)
         self.preset = opts.preset
+
+    @property
+    def reference_run(self) -> Any:
+        """The documented run of this preset, which the expectation line quotes (None: none)."""
+        return SPEC.reference_run(self.kind, self.preset)
 
     @property
     def headline_metrics(self) -> tuple[str, ...]:

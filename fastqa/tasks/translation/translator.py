@@ -37,7 +37,7 @@ from ...errors import UserError
 from ...models.convs2s import ConvS2S, ConvS2SConfig, Hypothesis, beam_search
 from ..loading import default_device, inference_dtype, load_weights, open_model, set_threads, unreadable_meta
 from .parallel import TextCodec, encode_source
-from .task import KIND
+from .spec import SPEC
 
 __all__ = ["AttentionMap", "ConfidenceFloor", "DecodeStats", "Translation", "Translator"]
 
@@ -204,7 +204,7 @@ class Translator:
              restore_case: bool = True) -> "Translator":
         """The translator ``name_or_path`` names: a run folder (its ``checkpoint.pt``; the EMA weights if the
         run kept them), a slim export (``fastqa export``), or a shipped model's name; None: the shipped
-        translator (``fastqa.pretrained.DEFAULTS["translation"]``). The ``Predictor`` contract
+        translator (``SPEC.shipped``, ``.spec``). The ``Predictor`` contract
         (``fastqa.tasks.loading``): device None picks a CUDA GPU when there is one; layers: "fast" (default) or
         "reference"; threads: CPU threads; precision: "fp32", "bf16" or None (float32;
         ``fastqa.tasks.loading.inference_dtype``). ``restore_case``: see the attribute."""
@@ -212,7 +212,7 @@ class Translator:
         device = default_device(device)
         dtype = inference_dtype(precision, device)
         layers = layers or "fast"
-        payload, path, meta = open_model(name_or_path, "translation", (KIND,), "a translation model",
+        payload, path, meta = open_model(name_or_path, SPEC.shipped, SPEC.kinds, "a translation model",
                                          map_location=device)
         with unreadable_meta(path):
             src_vocab, tgt_vocab = Vocab.from_dict(meta["src_vocab"]), Vocab.from_dict(meta["tgt_vocab"])

@@ -45,6 +45,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           shapes.append(d);
         }
         out["shapes"] = shapes;
+        pybind11::list routes;
+        for (const gemm::RouteChoice& r : gemm::route_choices()) {
+          pybind11::dict d;
+          d["op"] = r.op;
+          d["shape"] = r.shape;
+          d["threads"] = r.threads;
+          d["ms"] = pybind11::dict(pybind11::arg("native") = r.native_ms, pybind11::arg("widen") = r.widen_ms);
+          d["route"] = gemm::route_name(r.route);
+          d["restored"] = r.restored;
+          routes.append(d);
+        }
+        out["routes"] = routes;
+        out["bf16_route"] = gemm::requested_route();
         return out;
       },
       "The CPU kernels' GEMM engine: the process's (float32), what FASTQA_CPU_GEMM asked for, whether "
@@ -78,6 +91,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "Take the process engine and the per-shape choices of gemm_info() from another process (a training "
       "checkpoint), so a resumed run multiplies every shape on the same engine; no-op unless "
       "FASTQA_CPU_GEMM=auto and oneDNN is usable");
+  m.def(
+      "route_restore",
+      [](const pybind11::list& routes) {
+        namespace gemm = fastqa::gemm;
+        std::vector<gemm::RouteChoice> parsed;
+        for (const auto& item : routes) {
+          const auto d = item.cast<pybind11::dict>();
+          gemm::RouteChoice r;
+          r.op = d["op"].cast<std::string>();
+          r.shape = d["shape"].cast<std::string>();
+          r.threads = d["threads"].cast<int>();
+          const std::string name = d["route"].cast<std::string>();
+          TORCH_CHECK(name == "native" || name == "widen", "route_restore: route must be native or widen, got '",
+                      name, "'");
+          r.route = name == "widen" ? gemm::Route::kWiden : gemm::Route::kNative;
+          parsed.push_back(r);
+        }
+        gemm::restore_routes(parsed);
+      },
+      "Take the bf16 route choices of gemm_info()['routes'] from another process (a training checkpoint or "
+      "the machine's plan cache), so each op and shape class runs the route it ran there");
   m.def(
       "gemm_choose",
       [](double blas_gflops, double onednn_gflops, bool onednn_available, const std::string& requested) {

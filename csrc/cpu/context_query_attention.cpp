@@ -17,8 +17,10 @@
 // backward needs both probability matrices and S̿ᵀc, which it would otherwise recompute (one of the ten
 // [n, m, d] products of the backward) for the cost of storing m·d values per batch element.
 //
-// bfloat16 (csrc/cpu/bf16.h): each entry widens its bf16 tensors and runs the float32 kernel with every
-// GEMM above (the bilinear term, S̿ᵀc, [A, B] and the backward's products) on the bf16 engine; the
+// bfloat16 (csrc/cpu/bf16.h): each entry widens its bf16 tensors and runs the float32 kernel, by one of two
+// routes chosen per shape class (gemm::route_for): "native" takes every GEMM above (the bilinear term, S̿ᵀc,
+// [A, B] and the backward's products) on the bf16 engine, "widen" in float32 (the float32 kernel's speed plus
+// the conversions: where small bf16 GEMMs lose to float32 ones, bf16 is not slower than float32); the
 // softmaxes, the epilogue and the weight-gradient sums are the kernel's own float32 loops. out and the
 // gradients come back in bf16; aux_row and aux_col stay float32: they are the softmax probabilities the
 // backward differentiates through, and rounding them to bf16 would add an error the forward never made.
@@ -34,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -112,6 +115,11 @@ void check_same_shape(const char* op, const char* name, const Tensor& t, at::Int
                       at::ScalarType dtype) {
   TORCH_CHECK(t.sizes() == shape && t.scalar_type() == dtype && t.device().is_cpu(), op, ": ", name, " must be ",
               shape, " ", dtype, " on cpu, got ", t.sizes(), " ", t.scalar_type(), " on ", t.device());
+}
+
+// The shape class of a bf16 call's route choice (gemm::route_for).
+std::string shape_class_of(const Tensor& c, const Tensor& q) {
+  return gemm::shape_class({{"B", c.size(0)}, {"n", c.size(1)}, {"m", q.size(1)}, {"d", c.size(2)}});
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -290,10 +298,13 @@ Tensor trilinear_similarity_fwd(const Tensor& c_in, const Tensor& q_in, const Te
   constexpr const char* op = "fastqa::trilinear_similarity_fwd";
   gemm::prepare();
   check_similarity_args(op, c_in, q_in, weight_in, bias);
-  if (bf16::is_bf16(c_in)) {  // the float32 kernel, its GEMMs in bf16 (see the top of the file)
-    gemm::Bf16Products scope;
-    return bf16::narrow(trilinear_similarity_fwd(bf16::widen(c_in), bf16::widen(q_in), bf16::widen(weight_in),
-                                                 bf16::widen(bias)));
+  if (bf16::is_bf16(c_in)) {  // the float32 kernel, its GEMMs in bf16 or float32 (the route; top of the file)
+    const auto run = [&](gemm::Route route) {
+      gemm::Bf16Products scope(route == gemm::Route::kNative);
+      return bf16::narrow(trilinear_similarity_fwd(bf16::widen(c_in), bf16::widen(q_in), bf16::widen(weight_in),
+                                                   bf16::widen(bias)));
+    };
+    return run(gemm::route_for(op, shape_class_of(c_in, q_in), [&](gemm::Route r) { (void)run(r); }));
   }
   const Tensor c = c_in.contiguous(), q = q_in.contiguous(), weight = weight_in.contiguous();
   const int64_t batch = c.size(0), n = c.size(1), m = q.size(1), d = c.size(2);
@@ -326,10 +337,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> trilinear_similarity_bwd(const Tensor
   const int64_t batch = c_in.size(0), n = c_in.size(1), m = q_in.size(1), d = c_in.size(2);
   check_same_shape(op, "grad_s", grad_s, {batch, n, m}, c_in.scalar_type());
   if (bf16::is_bf16(c_in)) {
-    gemm::Bf16Products scope;
-    auto [gc, gq, gw, gb] = trilinear_similarity_bwd(bf16::widen(grad_s), bf16::widen(c_in), bf16::widen(q_in),
-                                                     bf16::widen(weight_in), bf16::widen(bias));
-    return {bf16::narrow(gc), bf16::narrow(gq), bf16::narrow(gw), bf16::narrow(gb)};
+    const auto run = [&](gemm::Route route) -> std::tuple<Tensor, Tensor, Tensor, Tensor> {
+      gemm::Bf16Products scope(route == gemm::Route::kNative);
+      auto [gc, gq, gw, gb] = trilinear_similarity_bwd(bf16::widen(grad_s), bf16::widen(c_in), bf16::widen(q_in),
+                                                       bf16::widen(weight_in), bf16::widen(bias));
+      return {bf16::narrow(gc), bf16::narrow(gq), bf16::narrow(gw), bf16::narrow(gb)};
+    };
+    return run(gemm::route_for(op, shape_class_of(c_in, q_in), [&](gemm::Route r) { (void)run(r); }));
   }
   const Tensor g = grad_s.contiguous(), c = c_in.contiguous(), q = q_in.contiguous(),
                weight = weight_in.contiguous();
@@ -588,10 +602,14 @@ std::tuple<Tensor, Tensor, Tensor> context_query_attention_fwd(const Tensor& c_i
   gemm::prepare();
   check_attention_args(op, c_in, q_in, c_mask_in, q_mask_in, weight_in, bias);
   if (bf16::is_bf16(c_in)) {  // out in bf16; the probabilities (aux) stay float32
-    gemm::Bf16Products scope;
-    auto [o, row, col] = context_query_attention_fwd(convert_large(c_in, at::kFloat), bf16::widen(q_in), c_mask_in,
-                                                     q_mask_in, bf16::widen(weight_in), bf16::widen(bias));
-    return {convert_large(o, at::kBFloat16), row, col};
+    const auto run = [&](gemm::Route route) -> std::tuple<Tensor, Tensor, Tensor> {
+      gemm::Bf16Products scope(route == gemm::Route::kNative);
+      auto [o, row, col] = context_query_attention_fwd(convert_large(c_in, at::kFloat), bf16::widen(q_in),
+                                                       c_mask_in, q_mask_in, bf16::widen(weight_in),
+                                                       bf16::widen(bias));
+      return {convert_large(o, at::kBFloat16), row, col};
+    };
+    return run(gemm::route_for(op, shape_class_of(c_in, q_in), [&](gemm::Route r) { (void)run(r); }));
   }
   const Tensor c = c_in.contiguous(), q = q_in.contiguous(), weight = weight_in.contiguous();
   const Tensor c_mask = c_mask_in.contiguous(), q_mask = q_mask_in.contiguous();
@@ -642,15 +660,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
   check_same_shape(op, "aux_row", aux_row, {batch, n, m}, bf16::statistics_dtype(c_in));
   check_same_shape(op, "aux_col", aux_col, {batch, n + d, m}, bf16::statistics_dtype(c_in));
   if (bf16::is_bf16(c_in)) {
-    gemm::Bf16Products scope;
-    // The kernel reads only A = out[..., d:2d] of out (attention_output_backward): that quarter alone is
-    // widened, the rest of the float32 copy is never read.
-    Tensor out_a = empty_large(out_in.sizes(), out_in.options().dtype(at::kFloat));
-    out_a.narrow(2, d, d).copy_(out_in.narrow(2, d, d));
-    auto [gc, gq, gw, gb] = context_query_attention_bwd(
-        convert_large(grad_out, at::kFloat), convert_large(c_in, at::kFloat), bf16::widen(q_in), c_mask, q_mask,
-        bf16::widen(weight_in), bf16::widen(bias), out_a, aux_row, aux_col);
-    return {convert_large(gc, at::kBFloat16), bf16::narrow(gq), bf16::narrow(gw), bf16::narrow(gb)};
+    const auto run = [&](gemm::Route route) -> std::tuple<Tensor, Tensor, Tensor, Tensor> {
+      gemm::Bf16Products scope(route == gemm::Route::kNative);
+      // The kernel reads only A = out[..., d:2d] of out (attention_output_backward): that quarter alone is
+      // widened, the rest of the float32 copy is never read.
+      Tensor out_a = empty_large(out_in.sizes(), out_in.options().dtype(at::kFloat));
+      out_a.narrow(2, d, d).copy_(out_in.narrow(2, d, d));
+      auto [gc, gq, gw, gb] = context_query_attention_bwd(
+          convert_large(grad_out, at::kFloat), convert_large(c_in, at::kFloat), bf16::widen(q_in), c_mask, q_mask,
+          bf16::widen(weight_in), bf16::widen(bias), out_a, aux_row, aux_col);
+      return {convert_large(gc, at::kBFloat16), bf16::narrow(gq), bf16::narrow(gw), bf16::narrow(gb)};
+    };
+    return run(gemm::route_for(op, shape_class_of(c_in, q_in), [&](gemm::Route r) { (void)run(r); }));
   }
   const Tensor g = grad_out.contiguous(), c = c_in.contiguous(), q = q_in.contiguous(),
                weight = weight_in.contiguous(), out = out_in.contiguous(), p_row = aux_row.contiguous(),

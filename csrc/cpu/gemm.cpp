@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/jit_type.h>
+#include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -372,6 +374,190 @@ at::Tensor linear(const at::Tensor& a, const at::Tensor& w, const c10::optional<
     return onednn_linear(a, w, has_bias ? bias : c10::nullopt);
   }
   return has_bias ? at::addmm(*bias, a, w.t()) : at::mm(a, w.t());
+}
+
+
+// ---- bfloat16 routes ----------------------------------------------------------------------------------------
+
+const char* route_name(Route r) { return r == Route::kWiden ? "widen" : "native"; }
+
+std::string requested_route() {
+  const char* env = std::getenv("FASTQA_CPU_BF16_ROUTE");
+  const std::string v = env == nullptr || *env == '\0' ? "auto" : env;
+  TORCH_CHECK(v == "auto" || v == "native" || v == "widen",
+              "FASTQA_CPU_BF16_ROUTE must be auto, native or widen, got '", v, "'");
+  return v;
+}
+
+std::string shape_class(std::initializer_list<std::pair<const char*, int64_t>> sizes) {
+  std::string out;
+  for (const auto& [name, v] : sizes) {
+    if (!out.empty()) out += ' ';
+    out += name;
+    out += '=';
+    out += std::to_string(pow2_at_least(v));
+  }
+  return out;
+}
+
+namespace {
+
+using RouteKey = std::tuple<std::string, std::string, int>;
+
+// The routes decided so far, in the order first decided. Recursive: a route's run may call another op.
+struct RouteTable {
+  std::recursive_mutex mutex;
+  std::vector<RouteChoice> seen;
+  std::map<RouteKey, size_t> index;
+};
+
+RouteTable& route_table() {
+  static RouteTable table;
+  return table;
+}
+
+}  // namespace
+
+Route route_for(const char* op, const std::string& shape, const std::function<void(Route)>& run) {
+  const std::string requested = requested_route();
+  if (requested == "native") return Route::kNative;
+  if (requested == "widen") return Route::kWiden;
+  RouteChoice r;
+  r.op = op;
+  if (r.op.rfind("fastqa::", 0) == 0) r.op.erase(0, 8);  // the op's schema name, recorded without its namespace
+  r.shape = shape;
+  r.threads = at::get_num_threads();
+  const RouteKey key{r.op, r.shape, r.threads};
+  RouteTable& table = route_table();
+  std::lock_guard<std::recursive_mutex> lock(table.mutex);  // measured once, whichever thread asks first
+  const auto found = table.index.find(key);
+  if (found != table.index.end()) return table.seen[found->second].route;
+  // A few calls of each: the first of a class is measured on the caller's own inputs, so the cost is a
+  // handful of calls once per class and process (and none in a process that restored the plan).
+  const auto t = time_pair([&] { run(Route::kNative); }, [&] { run(Route::kWiden); }, 3, 9, 0.03);
+  r.native_ms = t.first * 1e3;
+  r.widen_ms = t.second * 1e3;
+  r.route = r.native_ms <= r.widen_ms ? Route::kNative : Route::kWiden;
+  table.index.emplace(key, table.seen.size());
+  table.seen.push_back(r);
+  return r.route;
+}
+
+std::vector<RouteChoice> route_choices() {
+  RouteTable& table = route_table();
+  std::lock_guard<std::recursive_mutex> lock(table.mutex);
+  return table.seen;
+}
+
+void restore_routes(const std::vector<RouteChoice>& routes) {
+  RouteTable& table = route_table();
+  std::lock_guard<std::recursive_mutex> lock(table.mutex);
+  for (RouteChoice r : routes) {
+    r.restored = true;
+    r.native_ms = r.widen_ms = 0;
+    const auto [slot, added] = table.index.emplace(RouteKey{r.op, r.shape, r.threads}, table.seen.size());
+    if (added) {
+      table.seen.push_back(r);
+    } else {
+      table.seen[slot->second] = r;
+    }
+  }
+}
+
+at::Tensor pack_vnni(const at::Tensor& w) {
+  const int64_t n = w.size(0), k = w.size(1);
+  TORCH_CHECK(k % 2 == 0, "pack_vnni: K must be even, got ", k);
+  return w.t().reshape({k / 2, 2, n}).transpose(1, 2).contiguous();
+}
+
+void bf16_brgemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b,
+                 float* c, int64_t ldc, bool accumulate) {
+  if (m == 0 || n == 0) return;
+  at::native::cpublas::brgemm(m, n, k, lda, n, ldc, accumulate, a, b, c, /*is_vnni=*/true);
+}
+
+void bf16_brgemm_release() { at::native::cpublas::brgemm_release(/*is_vnni=*/true); }
+
+bool bf16_brgemm_usable() {
+  static const bool usable = [] {
+    try {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      // Fixed values (not the global generator: a seeded user's draws must not depend on this check), odd M
+      // and N not a multiple of the vector width, and an accumulation, so that a wrong layout or tail shows.
+      constexpr int64_t m = 5, k = 36, n = 40;
+      const at::Tensor a = at::linspace(-2.0, 3.0, m * k, at::kFloat).view({m, k}).sin().to(at::kBFloat16);
+      const at::Tensor w = at::linspace(-1.0, 1.5, n * k, at::kFloat).view({n, k}).cos().to(at::kBFloat16);
+      const at::Tensor packed = pack_vnni(w);
+      at::Tensor c = at::ones({m, n}, at::kFloat);
+      bf16_brgemm(m, n, k, a.data_ptr<c10::BFloat16>(), k, packed.data_ptr<c10::BFloat16>(), c.data_ptr<float>(),
+                  n, /*accumulate=*/true);
+      bf16_brgemm_release();
+      const at::Tensor want = at::mm(a.to(at::kDouble), w.to(at::kDouble).t()) + 1;
+      return (c.to(at::kDouble) - want).abs().max().item<double>() <= 1e-4 * want.abs().max().item<double>();
+    } catch (const std::exception&) {  // not built into this torch, or refused on this processor
+      return false;
+    }
+  }();
+  return usable;
+}
+
+namespace {
+
+struct PackedEntry {
+  explicit PackedEntry(const at::Tensor& w) : owner(w.getIntrusivePtr()) {}
+  c10::weak_intrusive_ptr<c10::TensorImpl> owner;
+  const void* data = nullptr;
+  uint32_t version = 0;
+  std::string kind;
+  std::vector<int64_t> sizes, strides;
+  at::Tensor packed;
+};
+
+struct PackedCache {
+  std::mutex mutex;
+  std::vector<PackedEntry> entries;  // most recent last
+};
+
+PackedCache& packed_cache() {
+  static PackedCache cache;
+  return cache;
+}
+
+}  // namespace
+
+at::Tensor packed_weight(const at::Tensor& w, const char* kind, const std::function<at::Tensor()>& make) {
+  if (w.is_inference()) return make();
+  const uint32_t version = w.unsafeGetTensorImpl()->version_counter().current_version();
+  PackedCache& cache = packed_cache();
+  {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    auto& entries = cache.entries;
+    for (auto it = entries.begin(); it != entries.end(); ++it) {
+      const auto owner = it->owner.lock();
+      if (!owner) continue;
+      if (owner.get() == w.unsafeGetTensorImpl() && it->kind == kind && it->version == version &&
+          it->data == w.data_ptr() && it->sizes == w.sizes().vec() && it->strides == w.strides().vec()) {
+        return it->packed;
+      }
+    }
+    // Entries of dead or modified tensors can never match again.
+    entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                 [](const PackedEntry& e) { return e.owner.expired(); }),
+                  entries.end());
+  }
+  at::Tensor packed = make();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto& entries = cache.entries;
+  if (entries.size() >= kPackedWeights) entries.erase(entries.begin());
+  PackedEntry e(w);
+  e.data = w.data_ptr();
+  e.version = version;
+  e.kind = kind;
+  e.sizes = w.sizes().vec();
+  e.strides = w.strides().vec();
+  e.packed = packed;
+  entries.push_back(std::move(e));
+  return packed;
 }
 
 }  // namespace gemm

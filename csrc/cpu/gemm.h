@@ -34,7 +34,10 @@
 
 #include <c10/util/Optional.h>
 
+#include <functional>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fastqa {
@@ -134,6 +137,69 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& acc = 
 
 // a @ wᵀ + bias as a new [M, N] tensor (nn.Linear layout: w [N, K]); the bias is fused into the GEMM.
 at::Tensor linear(const at::Tensor& a, const at::Tensor& w, const c10::optional<at::Tensor>& bias);
+
+
+// ---- bfloat16 routes ---------------------------------------------------------------------------------------
+// A bf16 op with two ways to run picks one per shape class, measured once per process (or restored):
+//   * native -- reads and writes bf16 itself, its products on the bf16 engine (bf16 operands, float32 sums);
+//   * widen  -- widens its bf16 inputs, runs the float32 kernel with float32 products and rounds its results
+//               back: the float32 kernel's speed plus the conversions, so where native loses, bf16 costs no
+//               more than a float32 call.
+// The two round differently: like the GEMM engines, a choice never changes within a process, is saved with
+// the GEMM plan (cpu_gemm_plan(), training checkpoints and the machine's plan cache) and restored from it.
+// FASTQA_CPU_BF16_ROUTE=auto (default) | native | widen, read at each call: a forced route is not recorded.
+enum class Route { kNative = 0, kWiden = 1 };
+const char* route_name(Route r);
+
+// What FASTQA_CPU_BF16_ROUTE asks for ("auto", "native" or "widen"); raises on another value.
+std::string requested_route();
+
+struct RouteChoice {
+  std::string op;     // the op and direction, e.g. "glu_conv1d_step"
+  std::string shape;  // its shape class (sizes rounded up to powers of two, see shape_class)
+  int threads = 0;
+  double native_ms = 0, widen_ms = 0;  // measured here; 0 for a restored choice
+  Route route = Route::kNative;
+  bool restored = false;
+};
+
+// "name=v ..." with each size rounded up to a power of two: the key of a shape class.
+std::string shape_class(std::initializer_list<std::pair<const char*, int64_t>> sizes);
+
+// The route of (op, shape class) at the current thread count: the forced one, else the one decided before
+// in this process (measured or restored), else measured now by calling run(Route::kNative) and
+// run(Route::kWiden) interleaved (the median of a few calls each) and taking the faster. Call at the top of
+// an op, outside parallel regions; run must be a pure function of the op's inputs (its results dropped).
+Route route_for(const char* op, const std::string& shape, const std::function<void(Route)>& run);
+
+// Every route decided so far in this process, in the order first decided.
+std::vector<RouteChoice> route_choices();
+
+// Takes another process's route decisions (replacing this process's for the same keys).
+void restore_routes(const std::vector<RouteChoice>& routes);
+
+// ---- small bf16 products on packed weights (PyTorch's batch-reduce GEMM micro-kernel) -------------------------
+// c[M, N] (=, or += when accumulate) a[M, K] · b on raw row-major bf16 a (leading dimension lda) and b packed by
+// pack_vnni (pairs of K rows interleaved, what the bf16 dot-product and AMX instructions read), summed in float32
+// into float32 c (leading dimension ldc): no tensors, no dispatch, no packing per call and no bf16 rounding of
+// the result. Single-threaded: call it inside parallel regions, and bf16_brgemm_release() at the end of each
+// region's work (AMX keeps a tile configuration per thread).
+// Usable where at::native::cpublas::brgemm takes packed bf16 and gives the right sums: checked once per process
+// on known values (bf16_brgemm_usable), so a processor without bf16 instructions (or a torch whose micro-kernel
+// expects another layout) takes the callers' other route instead of a wrong result.
+bool bf16_brgemm_usable();
+// w [N, K] bf16 (nn.Linear layout), K even -> [K/2, N, 2]: b for bf16_brgemm with N columns.
+at::Tensor pack_vnni(const at::Tensor& w);
+void bf16_brgemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b,
+                 float* c, int64_t ldc, bool accumulate);
+void bf16_brgemm_release();
+
+// A copy of a weight made for a kernel (widened to float32, transposed, packed), made once per weight value and
+// reused by later calls: kept while `w` is the same live tensor with the same version counter and data (an
+// optimizer step bumps the version: the next call makes a fresh copy), the most recent kPackedWeights of them.
+// `kind` names what make() builds. Inference tensors (no version counter) are never cached: make() runs each call.
+constexpr size_t kPackedWeights = 16;
+at::Tensor packed_weight(const at::Tensor& w, const char* kind, const std::function<at::Tensor()>& make);
 
 }  // namespace gemm
 }  // namespace fastqa

@@ -768,11 +768,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& 
 // GLU channels per work item of the decode step's product (see glu_conv1d_step).
 constexpr int64_t kStepChannels = 128;
 
-std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const at::Tensor& state,
-                                                   const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                                                   bool residual, double scale) {
-  constexpr const char* op = "fastqa::glu_conv1d_step";
-  gemm::prepare();
+void check_step_args(const char* op, const at::Tensor& x_t, const at::Tensor& state, const at::Tensor& weight,
+                     const std::optional<at::Tensor>& bias) {
   FASTQA_CHECK(x_t.dim() == 2, op, "x_t must be [B, H], got ", x_t.sizes());
   FASTQA_CHECK(weight.dim() == 3, op, "weight must be [2H, H, K], got ", weight.sizes());
   const int64_t B = x_t.size(0), H = x_t.size(1), K = weight.size(2);
@@ -786,7 +783,31 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
   FASTQA_CHECK(state.scalar_type() == x_t.scalar_type() && weight.scalar_type() == x_t.scalar_type(),
               op, "x_t, state and weight must share a dtype");
   check_bias(op, bias, x_t, H);
+}
 
+// The weight of the native bf16 step, packed once per weight value (gemm::packed_weight) for gemm::bf16_brgemm:
+// for each half (a, then b) and each chunk of kStepChannels GLU channels, that chunk's rows of weight.view(2H, H*K)
+// packed by gemm::pack_vnni, one block after the other (block (half, chunk) starts at half*H*H*K + h0*H*K).
+at::Tensor pack_step_weight(const at::Tensor& weight) {
+  const int64_t H = weight.size(1), HK = weight.size(1) * weight.size(2);
+  const at::Tensor w2 = weight.contiguous().view({2 * H, HK});
+  std::vector<at::Tensor> blocks;
+  for (int64_t half = 0; half < 2; ++half) {
+    for (int64_t h0 = 0; h0 < H; h0 += kStepChannels) {
+      blocks.push_back(gemm::pack_vnni(w2.narrow(0, half * H + h0, std::min(kStepChannels, H - h0))).view(-1));
+    }
+  }
+  return at::cat(blocks);
+}
+
+// The step on checked inputs. bf16 here is the native route: the gather (copies) runs on the bf16 values as they
+// are, so the window is the product's bf16 operand and the new state bf16 without a conversion; with `packed`
+// (pack_step_weight) the products go straight from bf16 storage into float32 sums (gemm::bf16_brgemm), else
+// through the bf16 GEMM; the bias and the GLU are float32 (the epilogue's dtype); y is narrowed at the end.
+std::tuple<at::Tensor, at::Tensor> step_kernel(const at::Tensor& x_t, const at::Tensor& state,
+                                               const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                               bool residual, double scale, const at::Tensor& packed = {}) {
+  const int64_t B = x_t.size(0), H = x_t.size(1), K = weight.size(2);
   // bf16: the gather (copies) runs on the bf16 values as they are, so the window is the product's bf16 operand
   // and the new state bf16 without a conversion; the bias, the products' sums and the GLU are float32 (the
   // epilogue's dtype), and y is narrowed at the end.
@@ -853,17 +874,56 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
           fill_rows(pd, 2 * width, bd + h0, width, B);
           fill_rows(pd + width, 2 * width, bd + H + h0, width, B);
         }
-        gemm::mm_out(pre.narrow(1, 0, width), window2d, w2.narrow(0, h0, width).t(), /*accumulate=*/bd != nullptr);
-        gemm::mm_out(pre.narrow(1, width, width), window2d, w2.narrow(0, H + h0, width).t(),
-                     /*accumulate=*/bd != nullptr);
+        if (packed.defined()) {  // bf16 operands, float32 sums straight into pre (scalar_t is float here)
+          const auto* pw = packed.data_ptr<c10::BFloat16>();
+          const auto* xw = window2d.data_ptr<c10::BFloat16>();
+          float* pf = reinterpret_cast<float*>(pd);
+          gemm::bf16_brgemm(B, width, H * K, xw, H * K, pw + h0 * H * K, pf, 2 * width, bd != nullptr);
+          gemm::bf16_brgemm(B, width, H * K, xw, H * K, pw + (H + h0) * H * K, pf + width, 2 * width, bd != nullptr);
+        } else {
+          gemm::mm_out(pre.narrow(1, 0, width), window2d, w2.narrow(0, h0, width).t(), /*accumulate=*/bd != nullptr);
+          gemm::mm_out(pre.narrow(1, width, width), window2d, w2.narrow(0, H + h0, width).t(),
+                       /*accumulate=*/bd != nullptr);
+        }
         for (int64_t b = 0; b < B; ++b) {
           glu_row<scalar_t>(pd + b * 2 * width, nullptr, residual ? xd + b * H + h0 : nullptr,
                             static_cast<scalar_t>(scale), width, yd + b * H + h0);
         }
       }
+      if (packed.defined()) gemm::bf16_brgemm_release();
     });
   });
   return {b16 ? bf16::narrow(y) : y, new_state};
+}
+
+std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const at::Tensor& state,
+                                                   const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                                   bool residual, double scale) {
+  constexpr const char* op = "fastqa::glu_conv1d_step";
+  gemm::prepare();
+  check_step_args(op, x_t, state, weight, bias);
+  if (!bf16::is_bf16(x_t)) return step_kernel(x_t, state, weight, bias, residual, scale);
+  // bf16, two routes (gemm::route_for): native (step_kernel on bf16 storage) or widen -- the float32 step on
+  // widened inputs, the weight widened once per weight value (gemm::packed_weight), y rounded back; the new
+  // state holds the inputs' bf16 values, so it rounds back exactly.
+  const auto run = [&](gemm::Route route) -> std::tuple<at::Tensor, at::Tensor> {
+    if (route == gemm::Route::kNative) {
+      const bool brgemm = gemm::bf16_brgemm_usable() && (weight.size(1) * weight.size(2)) % 2 == 0;
+      const at::Tensor packed =
+          brgemm ? gemm::packed_weight(weight, "glu_conv1d_step vnni", [&] { return pack_step_weight(weight); })
+                 : at::Tensor();
+      return step_kernel(x_t, state, weight, bias, residual, scale, packed);
+    }
+    const at::Tensor w32 = gemm::packed_weight(weight, "float32", [&] { return bf16::widen(weight); });
+    const std::optional<at::Tensor> b32 =
+        bias.has_value() ? std::optional<at::Tensor>(bf16::widen(*bias)) : std::nullopt;
+    auto [y, s] = step_kernel(bf16::widen(x_t), bf16::widen(state), w32, b32, residual, scale);
+    return {bf16::narrow(y), bf16::narrow(s)};
+  };
+  const int64_t B = x_t.size(0), H = x_t.size(1), K = weight.size(2);
+  const gemm::Route route = gemm::route_for("glu_conv1d_step", gemm::shape_class({{"B", B}, {"H", H}, {"K", K}}),
+                                            [&](gemm::Route r) { (void)run(r); });
+  return run(route);
 }
 
 }  // namespace

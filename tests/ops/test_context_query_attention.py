@@ -239,17 +239,21 @@ def _padded_inputs():
 BF16_CASES = [(REAL, True)] + [(shape, bias) for shape in EDGE_SHAPES for bias in (True, False)]
 
 
+@pytest.mark.parametrize("route", ["native", "widen"])
 @pytest.mark.parametrize("shape, bias", BF16_CASES, ids=str)
-def test_bfloat16_matches_float64_reference(shape, bias):
-    """bf16 in and out (the GEMMs on the bf16 engine, softmaxes in float32): forward and every gradient of both
-    ops against float64 on the same rounded values."""
+def test_bfloat16_matches_float64_reference(shape, bias, route, monkeypatch):
+    """bf16 in and out, each route forced (native: the GEMMs on the bf16 engine; widen: in float32; softmaxes
+    in float32 either way): forward and every gradient of both ops against float64 on the same rounded values."""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
     c, q, c_mask, q_mask, w, b = make_inputs(*shape, bias=bias)
     check_bf16_against_float64(cqa("cpu"), reference.context_query_attention, (c, q, c_mask, q_mask, w, b),
                                names=CQA_NAMES)
     check_bf16_against_float64(sim("cpu"), reference.trilinear_similarity, (c, q, w, b), names=SIM_NAMES)
 
 
-def test_bfloat16_with_padding_and_empty_slices():
+@pytest.mark.parametrize("route", ["native", "widen"])
+def test_bfloat16_with_padding_and_empty_slices(route, monkeypatch):
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
     args = _padded_inputs()
     check_bf16_against_float64(cqa("cpu"), reference.context_query_attention, args, names=CQA_NAMES)
     c, q, c_mask, q_mask, w, b = (t.to(torch.bfloat16) if t.is_floating_point() else t for t in args)

@@ -178,3 +178,110 @@ def test_restoring_under_a_forced_engine_changes_nothing():
         "info = cpu_gemm_info()",
         "assert info['engine'] == 'blas' and info['shapes'] == [], info",
     ], "blas")
+
+
+# ------------------------------------------------------------------ bf16 routes (native vs widened to float32)
+
+# A bf16 decode step and a bf16 context-query attention forward at shapes no other test of the script uses.
+_ROUTE_SETUP = [
+    "import os, sys, torch, fastqa",
+    "os.environ.pop('FASTQA_CPU_BF16_ROUTE', None)",
+    "from fastqa._backend import cpu_gemm_info, cpu_gemm_plan, restore_cpu_gemm_plan",
+    "g = torch.Generator().manual_seed(0)",
+    "x = torch.randn(3, 40, generator=g).bfloat16()",
+    "state = torch.randn(3, 2, 40, generator=g).bfloat16()",
+    "w = (torch.randn(80, 40, 3, generator=g) / 11).bfloat16()",
+    "b = torch.randn(80, generator=g).bfloat16()",
+    "def step():",
+    "    return torch.ops.fastqa.glu_conv1d_step(x, state, w, b, True, 0.5)",
+    "def routes(op='glu_conv1d_step'):",
+    "    return [r for r in cpu_gemm_info()['routes'] if r['op'] == op]",
+]
+
+
+def test_bf16_route_is_measured_once_fixed_and_recorded():
+    """The first bf16 call of a shape class times both routes (both measured, > 0 ms) and keeps one; later
+    calls take it without measuring again and give bit-identical results; the plan (what checkpoints and the
+    machine's cache save) names it; another shape class is a decision of its own."""
+    _run_script([
+        *_ROUTE_SETUP,
+        "assert routes() == []",
+        "y0, s0 = step()",
+        "first = routes()",
+        "assert len(first) == 1, first",
+        "r = first[0]",
+        "assert r['shape'] == 'B=4 H=64 K=4' and r['threads'] == torch.get_num_threads() and not r['restored'], r",
+        "assert r['route'] in ('native', 'widen') and r['ms']['native'] > 0 and r['ms']['widen'] > 0, r",
+        "for _ in range(3):",
+        "    y, s = step()",
+        "    assert torch.equal(y, y0) and torch.equal(s, s0)",
+        "assert routes() == first",
+        "plan = cpu_gemm_plan()",
+        "assert {'op': 'glu_conv1d_step', 'shape': 'B=4 H=64 K=4', 'threads': r['threads'], 'route': r['route']}"
+        " in plan['routes'], plan",
+        "torch.ops.fastqa.glu_conv1d_step(x[:1], state[:1], w, b, True, 0.5)",
+        "assert len(routes()) == 2 and routes()[0] == r and routes()[1]['shape'] == 'B=1 H=64 K=4', routes()",
+    ], "auto")
+
+
+@pytest.mark.parametrize("route", ["native", "widen"])
+def test_restored_route_is_taken_without_measuring(route):
+    """A plan from another process (a checkpoint's, or the machine's cache) decides the route: the op then
+    equals, bit for bit, the route forced by FASTQA_CPU_BF16_ROUTE, and measures nothing."""
+    _run_script([
+        *_ROUTE_SETUP,
+        "threads = torch.get_num_threads()",
+        "plan = cpu_gemm_plan()",
+        f"plan['routes'] = [dict(op='glu_conv1d_step', shape='B=4 H=64 K=4', threads=threads, route={route!r}),",
+        f"                  dict(op='context_query_attention_fwd', shape='B=2 n=16 m=8 d=8', threads=threads,"
+        f" route={route!r})]",
+        "restore_cpu_gemm_plan(plan)",
+        "y, s = step()",
+        f"assert routes() == [dict(op='glu_conv1d_step', shape='B=4 H=64 K=4', threads=threads, route={route!r},"
+        " ms=dict(native=0.0, widen=0.0), restored=True)], routes()",
+        "c, q = torch.randn(2, 13, 8, generator=g).bfloat16(), torch.randn(2, 7, 8, generator=g).bfloat16()",
+        "cm, qm = torch.ones(2, 13, dtype=torch.bool), torch.ones(2, 7, dtype=torch.bool)",
+        "cw, cb = torch.randn(24, generator=g).bfloat16(), torch.zeros(1).bfloat16()",
+        "out = torch.ops.fastqa.context_query_attention_fwd(c, q, cm, qm, cw, cb)[0]",
+        "assert routes('context_query_attention_fwd')[0]['restored'], routes('context_query_attention_fwd')",
+        f"os.environ['FASTQA_CPU_BF16_ROUTE'] = {route!r}",
+        "y2, s2 = step()",
+        "assert torch.equal(y, y2) and torch.equal(s, s2)",
+        "assert torch.equal(out, torch.ops.fastqa.context_query_attention_fwd(c, q, cm, qm, cw, cb)[0])",
+    ], "auto")
+
+
+def test_forced_route_is_not_recorded_and_a_bad_one_names_the_variable():
+    _run_script([
+        *_ROUTE_SETUP,
+        "import pytest",
+        "os.environ['FASTQA_CPU_BF16_ROUTE'] = 'widen'",
+        "step()",
+        "assert routes() == [] and cpu_gemm_info()['bf16_route'] == 'widen'",
+        "os.environ['FASTQA_CPU_BF16_ROUTE'] = 'fastest'",
+        "with pytest.raises(RuntimeError, match='FASTQA_CPU_BF16_ROUTE must be auto, native or widen'):",
+        "    step()",
+        "assert 'FASTQA_CPU_BF16_ROUTE' in cpu_gemm_info()['error']",
+    ], "auto")
+
+
+def test_native_step_repacks_an_updated_weight():
+    """The native step packs its weight once per weight value: an in-place update (an optimizer step) is seen
+    by the next call, and a weight of the same shape at another address is packed afresh."""
+    _run_script([
+        *_ROUTE_SETUP,
+        "os.environ['FASTQA_CPU_BF16_ROUTE'] = 'native'",
+        "y0, _ = step()",
+        "with torch.no_grad():",
+        "    w.mul_(-1)",
+        "y1, _ = step()",
+        "os.environ['FASTQA_CPU_BF16_ROUTE'] = 'widen'",
+        "y1_widen, _ = step()",
+        "assert not torch.equal(y0, y1)",
+        "assert (y1.float() - y1_widen.float()).abs().max() <= 0.05 * y1_widen.float().abs().max(), (y1, y1_widen)",
+        "os.environ['FASTQA_CPU_BF16_ROUTE'] = 'native'",
+        "w2 = w.clone() * 2",
+        "y2 = torch.ops.fastqa.glu_conv1d_step(x, state, w2, b, True, 0.5)[0]",
+        "w2_widen = torch.ops.fastqa.glu_conv1d_step(x.float(), state.float(), w2.float(), b.float(), True, 0.5)[0]",
+        "assert (y2.float() - w2_widen).abs().max() <= 0.05 * w2_widen.abs().max()",
+    ], "auto")

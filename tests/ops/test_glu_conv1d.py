@@ -404,11 +404,15 @@ def test_cpu_bfloat16_takes_the_taps(monkeypatch):
 
 
 @needs_cpu
-@pytest.mark.parametrize("k, channels, bias", [(3, 24, True), (3, 300, False), (1, 24, True), (2, 512, True)],
-                         ids=str)
-def test_cpu_bfloat16_step_matches_float64_reference(k, channels, bias):
-    """The decode step on strided bf16 x_t / state: y_t and the new state bf16 (the state is the model's
-    rolling buffer, kept in its activations' dtype), y_t within bf16's tolerance, the state exact."""
+@pytest.mark.parametrize("route", ["native", "widen"])
+@pytest.mark.parametrize("k, channels, bias", [(3, 24, True), (3, 300, False), (1, 24, True), (2, 512, True),
+                                               (3, 13, True), (3, 256, True)], ids=str)
+def test_cpu_bfloat16_step_matches_float64_reference(k, channels, bias, route, monkeypatch):
+    """The decode step on strided bf16 x_t / state, each route forced (native: bf16 products on the packed
+    weight, or the bf16 GEMM where H*K is odd; widen: the float32 step): y_t and the new state bf16 (the state
+    is the model's rolling buffer, kept in its activations' dtype), y_t within bf16's tolerance, the state
+    exact."""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
     x, w, b = make(4, k + 2, channels, k, bias=bias)
     state = x[:, 1:k].transpose(1, 2).contiguous().transpose(1, 2)  # non-contiguous [B, K-1, H]
     args, names = (x[:, 0], state, w, b), ["x_t", "state", "weight", "bias"]

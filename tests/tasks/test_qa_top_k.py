@@ -14,7 +14,7 @@ from fastqa.tasks.qa import QAModel
 from fastqa.tasks.qa.encoding import encode_pairs
 from fastqa.tasks.qa.predictor import Answer
 from fastqa.tasks.qa.squad import Limits
-from fastqa.tasks.qa.inference import read_windows
+from fastqa.tasks.qa.inference import Passage, Query, ReadOptions, read_windows
 
 WORDS = Vocab(["<pad>", "<unk>", "peak", "second"])
 CHARS = Vocab(["<pad>", "<unk>"])
@@ -64,8 +64,8 @@ def test_the_first_4k_candidates_all_overlap_the_best():
     """The premise: reading 4K = 8 candidates for top_k=2 finds nothing but "peak" and spans holding it."""
     qa = _qa()
     (pair,) = encode_pairs([CONTEXT], ["Which?"], WORDS, CHARS, 16)
-    (reading,) = read_windows(qa.model, [(pair.context_words, pair.context_chars)],
-                              [(pair.question_words, pair.question_chars, 0)], k=8)
+    (reading,) = read_windows(qa.model, [Passage(pair.context_words, pair.context_chars)],
+                              [Query(pair.question_words, pair.question_chars, 0)], ReadOptions(k=8))
     assert len(reading.candidates) == 8
     assert all(c.start <= 20 <= c.end for c in reading.candidates)
 
@@ -108,9 +108,9 @@ def test_widen_keeps_the_smaller_pool_first_and_ends_with_every_span():
     qa = _qa()
     (pair,) = encode_pairs(["w w peak w w"], ["Which?"], WORDS, CHARS, 16)
     for max_context in (None, 3):     # one window, and three overlapping ones
-        (reading,) = read_windows(qa.model, [(pair.context_words, pair.context_chars)],
-                                  [(pair.question_words, pair.question_chars, 0)], k=3, keep_scores=True,
-                                  max_context=max_context, stride=1)
+        (reading,) = read_windows(qa.model, [Passage(pair.context_words, pair.context_chars)],
+                                  [Query(pair.question_words, pair.question_chars, 0)],
+                                  ReadOptions(k=3, keep_scores=True, max_context=max_context, stride=1))
         first = [c.log_score for c in reading.candidates]
         assert reading.can_widen and first[0] == 2 * PEAK
         reading.widen(6)
@@ -125,8 +125,8 @@ def test_widen_keeps_the_smaller_pool_first_and_ends_with_every_span():
         assert [(-c.log_score, c.start, c.end) for c in reading.candidates] == sorted(
             (-c.log_score, c.start, c.end) for c in reading.candidates)
         assert not reading.can_widen
-    (plain,) = read_windows(qa.model, [(pair.context_words, pair.context_chars)],
-                            [(pair.question_words, pair.question_chars, 0)], k=3)
+    (plain,) = read_windows(qa.model, [Passage(pair.context_words, pair.context_chars)],
+                            [Query(pair.question_words, pair.question_chars, 0)], ReadOptions(k=3))
     assert not plain.can_widen
     with pytest.raises(RuntimeError, match="keep_scores"):
         plain.widen(6)

@@ -182,10 +182,6 @@ class EncoderBlock(nn.Module):
         init_linear(self.attention.out)
         self.ffn = FeedForward(d_model, layer_set.linear)
 
-    @property
-    def num_sublayers(self) -> int:
-        return len(self.convs) + 2
-
     def forward(self, x: torch.Tensor, timing: torch.Tensor, mask: torch.Tensor,
                 packed: PackedBatch | None = None) -> torch.Tensor:
         """x: [B, L, d]; timing: [L, d]; mask: [B, L] bool (True = a real position: the keys to attend to,
@@ -248,7 +244,7 @@ class QANet(FrozenWordVectors):
         self.emb_resize = ls.conv(c.word_dim + c.char_channels + int(c.word_match), d, c.emb_resize_kernel)
         self.highway = Highway(d, 2, c.dropout, linear=ls.linear, dropout_layer=ls.dropout)
         # Survival probabilities: l counts the sublayers of one stack (1..L), the same in each pass.
-        n_emb = c.emb_conv_layers + 2                  # EncoderBlock.num_sublayers
+        n_emb = c.emb_conv_layers + 2                  # a block's convolutions, attention and feed-forward
         self._emb_survival = [survival_prob(i + 1, n_emb, c.layer_dropout) for i in range(n_emb)]
         per_block = c.model_conv_layers + 2
         total = per_block * c.model_blocks

@@ -60,11 +60,6 @@ class EncodedPair:
     def __len__(self) -> int:
         return len(self.context_tokens)
 
-    def window(self, a: int, b: int) -> "EncodedPair":
-        """The pair with the context tokens [a, b) only."""
-        return EncodedPair(self.context_words[a:b], self.context_chars[a:b], self.question_words,
-                           self.question_chars, self.offsets[a:b], self.context_tokens[a:b], self.question_tokens)
-
 
 def encode_pairs(contexts: Sequence[str], questions: Sequence[str], words: Vocab, chars: Vocab, char_limit: int
                  ) -> list[EncodedPair]:

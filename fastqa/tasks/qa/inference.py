@@ -20,8 +20,8 @@ name occurs in this window and no other). Not by probabilities within their wind
 own, so every window proposes some confident span, and the more windows a document has, the likelier a wrong one
 would win. A span's reported score is exp(its score) over the sum of that over every (start, end) pair of every
 window: a softmax over the whole document, which for a context read in one window is p_start·p_end as before.
-A reader without span logits is ranked by its per-window probabilities, and without the words (``terms``) no
-window is preferred.
+A reader without span logits is ranked by its per-window probabilities, and without the words (the ``tokens`` of
+``Passage`` and ``Query``) no window is preferred.
 
 No-answer (SQuAD v2.0) readers: every window gives a null score; the context's is the smallest over its
 windows (the window most sure the answer is there decides), and the null wins when it beats the best span.
@@ -48,8 +48,8 @@ from ...models.qanet.graphed import GraphedReader
 from .spans import decode_top_spans
 from .encoding import pad_chars
 
-__all__ = ["DEFAULT_STRIDE", "RELEVANCE_WEIGHT", "Candidate", "Reading", "plan_windows", "window_settings",
-           "inference_autocast", "lexical_terms", "paragraph_starts", "read_windows"]
+__all__ = ["DEFAULT_STRIDE", "RELEVANCE_WEIGHT", "Candidate", "Passage", "Query", "ReadOptions", "Reading", "plan_windows",
+           "window_settings", "inference_autocast", "lexical_terms", "paragraph_starts", "read_windows"]
 
 #: default overlap of consecutive windows, in tokens (the doc stride of the usual QA pipelines)
 DEFAULT_STRIDE = 128
@@ -149,6 +149,11 @@ class Reading:
         return self.log_null > self.best.log_score if math.isfinite(self.log_null) else False
 
     @property
+    def answer_window(self) -> int:
+        """The window that holds the answer: the null's when it wins, else the best span's."""
+        return self.null_window if self.is_null else self.best.window
+
+    @property
     def null_score(self) -> float:
         """The no-answer option's probability on the scale of the spans' scores (no-answer readers)."""
         return math.exp(self.log_null - self.log_z)
@@ -245,100 +250,184 @@ def _window_relevance(windows: list[tuple[int, int]], context_terms: Sequence[st
 BatchHook = Callable[[list[tuple[int, int]], tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor], None]
 
 
+@dataclass(frozen=True)
+class Passage:
+    """A context to read: word ids ``words`` [n], char ids ``chars`` [n, W]; optionally its ``tokens`` (the
+    windows' relevance to the question, module docstring) and its ``text`` with the tokens' character
+    ``offsets`` (its paragraphs: a text longer than a window is read a paragraph per window, ``plan_windows``)."""
+
+    words: torch.Tensor
+    chars: torch.Tensor
+    tokens: Sequence[str] | None = None
+    text: str | None = None
+    offsets: Sequence[tuple[int, int]] | None = None
+
+    def breaks(self) -> Sequence[int]:
+        """The tokens that start a paragraph (none known without the text and offsets)."""
+        if self.text is None or self.offsets is None:
+            return ()
+        return paragraph_starts(self.text, self.offsets)
+
+
+@dataclass(frozen=True)
+class Query:
+    """A question about ``contexts[context]``: word ids ``words`` [m], char ids ``chars`` [m, W']; optionally its
+    ``tokens`` (with the context's: the windows' relevance to it)."""
+
+    words: torch.Tensor
+    chars: torch.Tensor
+    context: int
+    tokens: Sequence[str] | None = None
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How ``read_windows`` reads.
+
+    k: the best distinct spans kept per question; max_context: the window's length in tokens (None reads every
+    context whole: training-time evaluation), ``stride`` tokens of overlap; batch_size: (question, window) rows
+    per batch; word_pad, char_pad: the vocabularies' padding ids; device: where the model runs (None: its
+    parameters'); autocast: bf16 autocast on a GPU (``inference_autocast``); keep_scores: keep every window's
+    scores on the CPU so that ``Reading.widen`` can rank more spans later; graphs: a QANet reads each batch
+    through a bucket's static buffers, replayed as a CUDA graph on a GPU (``fastqa.models.qanet.graphed``)."""
+
+    k: int = 1
+    max_answer_len: int = 30
+    max_context: int | None = None
+    stride: int = DEFAULT_STRIDE
+    batch_size: int = 32
+    word_pad: int = 0
+    char_pad: int = 0
+    device: torch.device | str | None = None
+    autocast: bool = True
+    keep_scores: bool = False
+    graphs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
 @torch.no_grad()
-def read_windows(model: nn.Module, contexts: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                 questions: Sequence[tuple[torch.Tensor, torch.Tensor, int]], *, k: int = 1,
-                 max_answer_len: int = 30, max_context: int | None = None, stride: int = DEFAULT_STRIDE,
-                 batch_size: int = 32, word_pad: int = 0, char_pad: int = 0,
-                 device: torch.device | str | None = None, autocast: bool = True, on_batch: BatchHook | None = None,
-                 progress: Callable[[int], None] | None = None,
-                 terms: tuple[Sequence[Sequence[str | None]], Sequence[Sequence[str | None]]] | None = None,
-                 breaks: Sequence[Sequence[int]] | None = None, keep_scores: bool = False,
-                 graphs: bool = False) -> list[Reading]:
+def read_windows(model: nn.Module, contexts: Sequence[Passage], questions: Sequence[Query],
+                 options: ReadOptions = ReadOptions(), *, on_batch: BatchHook | None = None,
+                 progress: Callable[[int], None] | None = None) -> list[Reading]:
     """Read every question against its context in windows; one ``Reading`` per question, in order.
 
-    contexts: (word ids [n], char ids [n, W]) per context; questions: (word ids [m], char ids [m, W'],
-    context index) per question. max_context None reads every context whole (training-time evaluation).
-    on_batch: called for every batch (e.g. to add up a loss); progress: called with the number of
-    questions whose last window was just read; autocast: bf16 autocast on a GPU (``inference_autocast``); terms: (per context, per question) the ``lexical_terms`` of
-    their tokens, for the windows' relevance to the question (module docstring); breaks: per context the tokens
-    that start a paragraph (``plan_windows``); keep_scores: keep every window's scores on the CPU so that
-    ``Reading.widen`` can rank more spans later; graphs: a QANet reads each batch through a bucket's static
-    buffers, replayed as a CUDA graph on a GPU (``fastqa.models.qanet.graphed``). The model is put in eval mode
-    and back.
+    on_batch: called for every batch (e.g. to add up a loss); progress: called with the number of questions
+    whose last window was just read. The model is put in eval mode and back.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    no_answer = bool(model.config.no_answer)
-    plans: dict[int, list[tuple[int, int]]] = {}
-    readings: list[Reading] = []
-    units: list[tuple[int, int]] = []          # (question, window index)
-    for qi, (_, _, c) in enumerate(questions):
-        if c not in plans:
-            plans[c] = plan_windows(len(contexts[c][0]), max_context, stride, breaks[c] if breaks else ())
-        readings.append(Reading(plans[c], _decoding=(max_answer_len, no_answer)))
-        units.extend((qi, wi) for wi in range(len(plans[c])))
-    # Each (question, window)'s prior: RELEVANCE_WEIGHT x BM25, for readers ranked by logits, where there are
-    # several windows and the words are known.
-    prior: dict[tuple[int, int], float] = {}
-    logits = bool(getattr(model, "SPAN_LOGITS", False))
-    if logits and terms is not None:
-        context_terms, question_terms = terms
-        for qi, (_, _, c) in enumerate(questions):
-            if len(plans[c]) > 1:
-                for wi, r in enumerate(_window_relevance(plans[c], context_terms[c], question_terms[qi])):
-                    prior[qi, wi] = RELEVANCE_WEIGHT * r
-    left = [len(r.windows) for r in readings]
-    found: list[dict[tuple[int, int], Candidate]] = [{} for _ in readings]
-    lengths = [readings[qi].windows[wi][1] - readings[qi].windows[wi][0] for qi, wi in units]
-    # Unnormalised scores where the reader has them (ranked across windows), else its log-probabilities.
-    log_z = [-math.inf if logits else 0.0] * len(readings)
+    device = torch.device(options.device) if options.device is not None else next(model.parameters()).device
+    state = _Pass(model, contexts, questions, options)
     was_training = model.training
     model.eval()
-    forward = GraphedReader.of(model) if graphs and isinstance(model, QANet) else model
+    forward = GraphedReader.of(model) if options.graphs and isinstance(model, QANet) else model
     try:
-        for rows in bucket_batches(lengths, batch_size, seed=0, shuffle=False):
-            picked = [units[r] for r in rows]
-            spans = [readings[qi].windows[wi] for qi, wi in picked]
-            ctx = [contexts[questions[qi][2]] for qi, _ in picked]
-            inputs = (pad([c[0][a:b].tolist() for c, (a, b) in zip(ctx, spans)], word_pad),
-                      pad_chars([c[1][a:b] for c, (a, b) in zip(ctx, spans)], char_pad),
-                      pad([questions[qi][0].tolist() for qi, _ in picked], word_pad),
-                      pad_chars([questions[qi][1] for qi, _ in picked], char_pad))
-            inputs = tuple(t.to(device, non_blocking=True) for t in inputs)
-            with inference_autocast(device, autocast):
-                s1, s2 = forward(*inputs, logits=True) if logits else forward(*inputs)
+        for rows in bucket_batches(state.lengths, options.batch_size, seed=0, shuffle=False):
+            picked = [state.units[r] for r in rows]
+            inputs = state.inputs(picked, device)
+            with inference_autocast(device, options.autocast):
+                s1, s2 = forward(*inputs, logits=True) if state.logits else forward(*inputs)
             s1, s2 = s1.float(), s2.float()
-            lp1, lp2 = (F.log_softmax(s1, dim=1), F.log_softmax(s2, dim=1)) if logits else (s1, s2)
             if on_batch is not None:
+                lp1, lp2 = (F.log_softmax(s1, dim=1), F.log_softmax(s2, dim=1)) if state.logits else (s1, s2)
                 on_batch(picked, inputs, lp1, lp2)
-            top = decode_top_spans(s1, s2, k, max_answer_len=max_answer_len, no_answer=no_answer,
-                                   lengths=torch.tensor([b - a for a, b in spans]))
-            # Each window's normaliser: the log of the sum of exp(start + end) over its (start, end) pairs.
-            window_z = (torch.logsumexp(s1, dim=1) + torch.logsumexp(s2, dim=1)).tolist() if logits else None
-            # One copy to the host per batch, then plain Python over k entries per row.
-            top = {name: top[name].tolist() for name in ("start", "end", "log_score", "valid", "log_null")}
-            kept = (s1.cpu(), s2.cpu()) if keep_scores else None
-            for row, (qi, wi) in enumerate(picked):
-                a = spans[row][0]
-                reading = readings[qi]
-                bonus = prior.get((qi, wi), 0.0)
-                if logits:
-                    log_z[qi] = float(np.logaddexp(log_z[qi], window_z[row] + bonus))
-                null = top["log_null"][row]
-                if no_answer and null + bonus < reading.log_null:
-                    reading.log_null, reading.null_window = null + bonus, wi
-                _merge(found[qi], top, row, a, bonus, wi)
-                if kept is not None:
-                    m = spans[row][1] - a + (1 if no_answer else 0)
-                    reading._rows.append((wi, a, kept[0][row, :m].clone(), kept[1][row, :m].clone(), bonus))
-                left[qi] -= 1
-                if progress is not None and left[qi] == 0:
+            for _ in range(state.merge(picked, s1, s2)):
+                if progress is not None:
                     progress(1)
     finally:
         model.train(was_training)
-    for reading, seen, z in zip(readings, found, log_z):
-        reading.log_z = z
-        _rank(reading, seen, k)
-    return readings
+    return state.finish()
+
+
+class _Pass:
+    """One ``read_windows`` call: every question's windows and ``Reading``, the (question, window) rows, their
+    relevance priors, the spans found so far and each document's normaliser."""
+
+    def __init__(self, model: nn.Module, contexts: Sequence[Passage], questions: Sequence[Query],
+                 options: ReadOptions) -> None:
+        self.contexts, self.questions, self.options = contexts, questions, options
+        self.no_answer = bool(model.config.no_answer)
+        # Unnormalised scores where the reader has them (ranked across windows), else its log-probabilities.
+        self.logits = bool(getattr(model, "SPAN_LOGITS", False))
+        plans: dict[int, list[tuple[int, int]]] = {}
+        self.readings: list[Reading] = []
+        self.units: list[tuple[int, int]] = []          # (question, window index)
+        for qi, q in enumerate(questions):
+            c = q.context
+            if c not in plans:
+                plans[c] = plan_windows(len(contexts[c].words), options.max_context, options.stride,
+                                        contexts[c].breaks())
+            self.readings.append(Reading(plans[c], _decoding=(options.max_answer_len, self.no_answer)))
+            self.units.extend((qi, wi) for wi in range(len(plans[c])))
+        self.prior = self._priors(plans) if self.logits else {}
+        self.left = [len(r.windows) for r in self.readings]
+        self.found: list[dict[tuple[int, int], Candidate]] = [{} for _ in self.readings]
+        self.lengths = [b - a for a, b in (self.readings[qi].windows[wi] for qi, wi in self.units)]
+        self.log_z = [-math.inf if self.logits else 0.0] * len(self.readings)
+
+    def _priors(self, plans: dict[int, list[tuple[int, int]]]) -> dict[tuple[int, int], float]:
+        """Each (question, window)'s prior: RELEVANCE_WEIGHT x BM25, where a context has several windows and the
+        words of both are known."""
+        prior: dict[tuple[int, int], float] = {}
+        context_terms: dict[int, list[str | None]] = {}
+        for qi, q in enumerate(self.questions):
+            passage = self.contexts[q.context]
+            if len(plans[q.context]) < 2 or passage.tokens is None or q.tokens is None:
+                continue
+            if q.context not in context_terms:
+                context_terms[q.context] = lexical_terms(passage.tokens)
+            relevance = _window_relevance(plans[q.context], context_terms[q.context], lexical_terms(q.tokens))
+            for wi, r in enumerate(relevance):
+                prior[qi, wi] = RELEVANCE_WEIGHT * r
+        return prior
+
+    def inputs(self, picked: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The rows ``picked``, padded, on ``device``: context words [B, L] and chars [B, L, W], question words
+        [B, M] and chars [B, M, W']."""
+        word_pad, char_pad = self.options.word_pad, self.options.char_pad
+        spans = [self.readings[qi].windows[wi] for qi, wi in picked]
+        ctx = [self.contexts[self.questions[qi].context] for qi, _ in picked]
+        qs = [self.questions[qi] for qi, _ in picked]
+        inputs = (pad([c.words[a:b].tolist() for c, (a, b) in zip(ctx, spans)], word_pad),
+                  pad_chars([c.chars[a:b] for c, (a, b) in zip(ctx, spans)], char_pad),
+                  pad([q.words.tolist() for q in qs], word_pad),
+                  pad_chars([q.chars for q in qs], char_pad))
+        return tuple(t.to(device, non_blocking=True) for t in inputs)
+
+    def merge(self, picked: list[tuple[int, int]], s1: torch.Tensor, s2: torch.Tensor) -> int:
+        """Merge a batch's start and end scores s1, s2 [B, L'] (rows ``picked``) into the readings; returns how
+        many questions just had their last window read."""
+        options, no_answer = self.options, self.no_answer
+        spans = [self.readings[qi].windows[wi] for qi, wi in picked]
+        top = decode_top_spans(s1, s2, options.k, max_answer_len=options.max_answer_len, no_answer=no_answer,
+                               lengths=torch.tensor([b - a for a, b in spans]))
+        # Each window's normaliser: the log of the sum of exp(start + end) over its (start, end) pairs.
+        window_z = (torch.logsumexp(s1, dim=1) + torch.logsumexp(s2, dim=1)).tolist() if self.logits else None
+        # One copy to the host per batch, then plain Python over k entries per row.
+        top = {name: top[name].tolist() for name in ("start", "end", "log_score", "valid", "log_null")}
+        kept = (s1.cpu(), s2.cpu()) if options.keep_scores else None
+        done = 0
+        for row, (qi, wi) in enumerate(picked):
+            a = spans[row][0]
+            reading = self.readings[qi]
+            bonus = self.prior.get((qi, wi), 0.0)
+            if self.logits:
+                self.log_z[qi] = float(np.logaddexp(self.log_z[qi], window_z[row] + bonus))
+            null = top["log_null"][row]
+            if no_answer and null + bonus < reading.log_null:
+                reading.log_null, reading.null_window = null + bonus, wi
+            _merge(self.found[qi], top, row, a, bonus, wi)
+            if kept is not None:
+                m = spans[row][1] - a + (1 if no_answer else 0)
+                reading._rows.append((wi, a, kept[0][row, :m].clone(), kept[1][row, :m].clone(), bonus))
+            self.left[qi] -= 1
+            done += self.left[qi] == 0
+        return done
+
+    def finish(self) -> list[Reading]:
+        """The readings, each with its k best spans scored over its whole document."""
+        for reading, seen, z in zip(self.readings, self.found, self.log_z):
+            reading.log_z = z
+            _rank(reading, seen, self.options.k)
+        return self.readings

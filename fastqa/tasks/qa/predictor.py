@@ -31,7 +31,7 @@ from .encoding import EncodedPair, encode_pairs
 from .squad import Limits, SquadSet, encode_squad, load_squad
 from .spec import SPEC
 from .task import PredictOutput, predict
-from .inference import BatchHook, Reading, lexical_terms, paragraph_starts, read_windows, window_settings
+from .inference import BatchHook, Passage, Query, ReadOptions, Reading, read_windows, window_settings
 
 __all__ = ["Answer", "QAModel", "answers_json", "whole_words"]
 
@@ -147,36 +147,32 @@ class QAModel:
         return window_settings(max_context, stride, self.limits.context)
 
     def _read(self, pairs: Sequence[EncodedPair], *, k: int, batch_size: int, max_answer_len: int | None,
-              max_context: int | None, stride: int | None, texts: Sequence[str] | None = None,
+              window: int, overlap: int, texts: Sequence[str] | None = None,
               on_batch: BatchHook | None = None, keep_scores: bool = False) -> list[Reading]:
+        """Read ``pairs`` in windows of ``window`` tokens overlapping by ``overlap`` (``windows``' settings)."""
         batch_size = check_int("batch_size", batch_size, low=1)
-        window, overlap = self.windows(max_context, stride)
         mal = answer_len(self.config, self.max_answer_len if max_answer_len is None else max_answer_len)
-        # Pairs about one text share its encoding (``encode_pairs``); its windows are planned once.
+        options = ReadOptions(k=k, max_answer_len=mal, max_context=window, stride=overlap, batch_size=batch_size,
+                              word_pad=self.words.pad_id, char_pad=self.chars.pad_id, device=self.device,
+                              autocast=self.dtype is None, keep_scores=keep_scores, graphs=self.graphs)
+        # Pairs about one text share its encoding (``encode_pairs``): one passage, its windows planned once.
         index: dict[int, int] = {}
-        first: list[int] = []
+        passages: list[Passage] = []
+        questions: list[Query] = []
         for i, p in enumerate(pairs):
-            if index.setdefault(id(p.context_words), len(first)) == len(first):
-                first.append(i)
-        unique = [pairs[i] for i in first]
-        return read_windows(self.model, [(p.context_words, p.context_chars) for p in unique],
-                            [(p.question_words, p.question_chars, index[id(p.context_words)]) for p in pairs], k=k,
-                            max_answer_len=mal, max_context=window, stride=overlap, batch_size=batch_size,
-                            word_pad=self.words.pad_id, char_pad=self.chars.pad_id, device=self.device,
-                            autocast=self.dtype is None,
-                            terms=([lexical_terms(p.context_tokens) for p in unique],
-                                   [lexical_terms(p.question_tokens) for p in pairs]),
-                            breaks=None if texts is None else [paragraph_starts(texts[i], pairs[i].offsets)
-                                                               for i in first], on_batch=on_batch,
-                            keep_scores=keep_scores, graphs=self.graphs)
+            c = index.setdefault(id(p.context_words), len(passages))
+            if c == len(passages):
+                passages.append(Passage(p.context_words, p.context_chars, p.context_tokens,
+                                        None if texts is None else texts[i], p.offsets))
+            questions.append(Query(p.question_words, p.question_chars, c, p.question_tokens))
+        return read_windows(self.model, passages, questions, options, on_batch=on_batch)
 
-    def _check_memory(self, lengths: Sequence[int], batch_size: int, max_context: int | None,
-                      stride: int | None) -> None:
+    def _check_memory(self, lengths: Sequence[int], batch_size: int, window: int, overlap: int) -> None:
         """Refuse, with one line, a reading whose batch of windows cannot fit in the free memory: each window
         row holds its self-attention maps (heads x length^2) and its activations (width x length), the length
         being the longest window (rows are padded to it), for the rows of one batch (at most ``batch_size``, at
-        most the windows there are). ``lengths``: the tokens of each text read."""
-        window, overlap = self.windows(max_context, stride)
+        most the windows there are). ``lengths``: the tokens of each text read; window, overlap: ``windows``'
+        settings."""
         rows = min(batch_size, sum(max(1, -(-(n - overlap) // max(1, window - overlap))) for n in lengths))
         length = min(window, max(lengths, default=1))
         heads, width = int(getattr(self.config, "heads", 1)), int(getattr(self.config, "d_model", 128))
@@ -247,12 +243,13 @@ class QAModel:
         top_k, batch_size, max_answer_len, max_context, stride = checked(
             top_k=top_k, batch_size=batch_size, max_answer_len=max_answer_len, max_context=max_context, stride=stride)
         pairs = encode_pairs(contexts, questions, self.words, self.chars, self.char_limit)
-        self._check_memory([len(p) for p in pairs], batch_size, max_context, stride)
+        window, overlap = self.windows(max_context, stride)
+        self._check_memory([len(p) for p in pairs], batch_size, window, overlap)
         # More candidates than answers: the spans that overlap a better one are left out (and the window scores
         # kept, for a pool that must grow: ``_answers``).
         several = top_k not in (None, 1)
         readings = self._read(pairs, k=4 * top_k if several else 1, batch_size=batch_size,
-                              max_answer_len=max_answer_len, max_context=max_context, stride=stride, texts=contexts,
+                              max_answer_len=max_answer_len, window=window, overlap=overlap, texts=contexts,
                               on_batch=on_batch, keep_scores=several)
         found = [self._answers(c, p, r, top_k or 1, min_score) for c, p, r in zip(contexts, pairs, readings)]
         return found, readings, pairs
@@ -295,7 +292,7 @@ class QAModel:
                    **kwargs}
         (found,), (reading,), (pair,) = self._answer_pairs([context], [question], top_k=top_k, on_batch=keep,
                                                            **options)
-        wi = reading.null_window if reading.is_null else reading.best.window
+        wi = reading.answer_window
         a, b = reading.windows[wi]
         p1, p2 = rows[wi]
         extra = 1 if self.config.no_answer else 0   # a v2.0 reader's position 0 is "no answer"

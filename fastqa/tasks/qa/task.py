@@ -26,7 +26,7 @@ from .metric import evaluate as squad_evaluate
 from .spec import SPEC
 from .readers import MODELS, answer_len, build_model, make_config, meta_config, model_kind
 from .squad import NO_TARGET, EncodedSquad, Limits, SquadSet, build_vocabs, collate, encode_squad, load_squad
-from .inference import DEFAULT_STRIDE, inference_autocast, lexical_terms, paragraph_starts, read_windows
+from .inference import DEFAULT_STRIDE, Passage, Query, ReadOptions, inference_autocast, read_windows
 
 __all__ = ["SquadData", "prepare_squad", "Recipe", "span_loss", "inference_autocast", "PredictOutput", "predict", "score_predictions", "QATask"]
 
@@ -86,8 +86,12 @@ def predict(model: nn.Module, data: SquadSet, enc: EncodedSquad, *, batch_size: 
     context may not hold the answer)."""
     max_answer_len = answer_len(model.config, max_answer_len)
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    contexts = list(zip(enc.ctx_words, enc.ctx_chars))
-    questions = [(enc.q_words[i], enc.q_chars[i], enc.example_ctx[i]) for i in range(len(enc))]
+    contexts = [Passage(words, chars, ctx.tokens, ctx.text, ctx.offsets)
+                for words, chars, ctx in zip(enc.ctx_words, enc.ctx_chars, data.contexts, strict=True)]
+    questions = [Query(enc.q_words[i], enc.q_chars[i], enc.example_ctx[i], data.questions[enc.examples[i]].tokens)
+                 for i in range(len(enc))]
+    options = ReadOptions(max_answer_len=max_answer_len, max_context=max_context, stride=stride,
+                          batch_size=batch_size, word_pad=enc.word_pad, char_pad=enc.char_pad, device=device)
     out = PredictOutput({}, {}, {}, math.nan, 0)
     loss_sum = 0.0
 
@@ -107,13 +111,8 @@ def predict(model: nn.Module, data: SquadSet, enc: EncodedSquad, *, batch_size: 
         from tqdm.auto import tqdm
         bar = tqdm(total=len(enc), desc="predicting", unit=" questions", mininterval=1.0)
     try:
-        terms = ([lexical_terms(c.tokens) for c in data.contexts],
-                 [lexical_terms(data.questions[enc.examples[i]].tokens) for i in range(len(enc))])
-        readings = read_windows(model, contexts, questions, k=1, max_answer_len=max_answer_len,
-                                max_context=max_context, stride=stride, batch_size=batch_size,
-                                word_pad=enc.word_pad, char_pad=enc.char_pad, device=device, on_batch=add_loss,
-                                progress=bar.update if bar is not None else None, terms=terms,
-                                breaks=[paragraph_starts(c.text, c.offsets) for c in data.contexts])
+        readings = read_windows(model, contexts, questions, options, on_batch=add_loss,
+                                progress=bar.update if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()

@@ -16,6 +16,9 @@ bfloat16 weights (what ``ask --precision bf16`` runs), and ConvS2S
 ``tutorial``'s training step likewise, and its beam-5 translation of 200 sentences with float32 against
 bfloat16 weights (what ``translate --precision bf16`` runs).
 
+The record names the CPU model, its bf16 units (``amx_bf16``, ``avx512_bf16`` or none) and the route each bf16
+op chose per shape class (native bf16 or widened to float32, with the milliseconds each measured).
+
 ``python -m benchmarks.cpu_bf16 [--quick] [--models] [--threads 2] [--out FILE.json]``; ``make bench-bf16``
 writes ``bench-results/cpu-bf16.{json,md}`` (the records are ``benchmarks/results/cpu-<machine>-<threads>threads-
 <date>-bf16.{json,md}``).
@@ -150,11 +153,35 @@ def _line(row: dict[str, Any]) -> str:
     return text
 
 
+# /proc/cpuinfo flags naming bf16 arithmetic units: AMX's bf16 tiles, AVX512's bf16 dot products.
+BF16_UNIT_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def bf16_units(cpuinfo: str | None = None) -> list[str] | None:
+    """The CPU's bf16 arithmetic units by their /proc/cpuinfo flags (all of them: an AMX Xeon has both), [] for
+    none, None where the flags cannot be read. ``cpuinfo``: the file's text (read when None)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return None
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
+                  if line.startswith(("flags", "Features"))), None)
+    return None if flags is None else [u for u in BF16_UNIT_FLAGS if u in flags]
+
+
 def markdown(result: dict[str, Any]) -> str:
+    units = result.get("bf16_units")
+    routes = result.get("bf16_routes") or []
     lines = [f"# bf16 vs fp32 on the CPU: {result['machine']}, {result['threads']} threads, {result['date']}", "",
-             f"torch {result['torch']}; native bf16: {result['cpu_bf16']}; measured GEMM rate fp32 "
+             f"torch {result['torch']}; native bf16: {result['cpu_bf16']} (bf16 units: "
+             f"{'unknown' if units is None else ', '.join(units) or 'none'}); measured GEMM rate fp32 "
              f"{result['peaks']['fp32']['gemm_flops'] / 1e9:.0f} GFLOP/s, bf16 "
              f"{result['peaks']['bf16']['gemm_flops'] / 1e9:.0f} GFLOP/s. Medians of interleaved runs.", "",
+             *(["bf16 routes chosen (op, shape class: route, each route's measured ms): " + "; ".join(
+                 f"{r['op']} {r['shape']}: {r['route']} ({r['ms']['native']:.3g} / {r['ms']['widen']:.3g})"
+                 for r in routes), ""] if routes else []),
              "| case | fp32 ms | bf16 ms | bf16 speedup | autocast ms | bf16 over autocast | bf16 bound ms | "
              "bf16 rel. error |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
@@ -196,9 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = op_rows(cases, settings, peaks, print)
     if args.models:
         rows += model_rows(settings, print, quick=args.quick)
+    from fastqa._backend import cpu_gemm_info
+
+    gemm = cpu_gemm_info() or {}
     result = {"machine": measure.device_name(CPU), "threads": torch.get_num_threads(),
               "date": datetime.date.today().isoformat(), "torch": torch.__version__, "cpu_bf16": cpu_bf16_support(),
-              "peaks": peaks, "rows": rows}
+              "bf16_units": bf16_units(), "bf16_routes": gemm.get("routes", []), "peaks": peaks, "rows": rows}
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(args.out, result, indent=1)

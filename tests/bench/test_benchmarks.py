@@ -137,3 +137,30 @@ def test_bf16_benchmark_writes_rows_with_speedups_and_errors(tmp_path):
         assert 0 < r["bf16_relative_error"] < 3e-2
         assert r["bf16_speedup"] == pytest.approx(r["ms"]["fp32"] / r["ms"]["bf16"])
     assert "| linear/" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.skipif(not cpu_available(), reason="compares the C++ kernels in two dtypes")
+def test_bf16_benchmark_names_the_cpu_its_bf16_units_and_the_routes(tmp_path, monkeypatch):
+    """The record says which processor and bf16 units it was measured on, and which route each bf16 op took."""
+    from benchmarks import cpu_bf16
+    from benchmarks.measure import device_name
+
+    monkeypatch.delenv("FASTQA_CPU_BF16_ROUTE", raising=False)
+    out = tmp_path / "bf16.json"
+    assert cpu_bf16.main(["--quick", "--ops", "glu_conv1d_step", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["machine"] == device_name(torch.device("cpu")) and result["machine"]
+    assert result["bf16_units"] == cpu_bf16.bf16_units()
+    assert [r["op"] for r in result["bf16_routes"]].count("glu_conv1d_step") >= 1
+    assert all(r["route"] in ("native", "widen") for r in result["bf16_routes"])
+    md = out.with_suffix(".md").read_text()
+    assert "bf16 units: " in md and "glu_conv1d_step B=" in md
+
+
+def test_bf16_units_reads_every_unit_from_the_flags():
+    from benchmarks.cpu_bf16 import bf16_units
+
+    assert bf16_units("flags\t: fpu avx512f avx512_bf16 amx_tile amx_bf16\n") == ["amx_bf16", "avx512_bf16"]
+    assert bf16_units("flags\t: fpu avx512f avx512_bf16\n") == ["avx512_bf16"]
+    assert bf16_units("flags\t: fpu avx2\n") == []
+    assert bf16_units("processor\t: 0\n") is None

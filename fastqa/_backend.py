@@ -140,8 +140,9 @@ def warn_cuda_reference(op: str, device: torch.device, reason: str, *, stackleve
 
 
 def cpu_gemm_plan() -> dict[str, Any] | None:
-    """What the CPU GEMM engine decided in this process (the process engine and every shape's), for a
-    training checkpoint: ``restore_cpu_gemm_plan`` in a resumed process makes it multiply every shape on
+    """What the CPU GEMM engine decided in this process (the process engine and every shape's) and which route
+    each bf16 op took per shape class (``routes``: native bf16 or widened to float32), for a training
+    checkpoint: ``restore_cpu_gemm_plan`` in a resumed process makes it multiply every shape on
     the same engine, so its losses equal the uninterrupted run's bit for bit. None without the extension
     or with a bad ``FASTQA_CPU_GEMM``."""
     info = cpu_gemm_info()
@@ -149,15 +150,19 @@ def cpu_gemm_plan() -> dict[str, Any] | None:
         return None
     return {"engine": info["engine"], "shapes": [{k: s[k] for k in ("m", "k", "n", "threads", "a", "w", "bias",
                                                                     "accumulate", "engine")}
-                                                 for s in info["shapes"]]}
+                                                 for s in info["shapes"]],
+            "routes": [{k: r[k] for k in ("op", "shape", "threads", "route")} for r in info.get("routes", [])]}
 
 
 def restore_cpu_gemm_plan(plan: dict[str, Any] | None) -> None:
-    """Take another process's ``cpu_gemm_plan()`` (no-op for None, without the extension, or where the
-    engine is forced by ``FASTQA_CPU_GEMM`` or oneDNN is not usable)."""
+    """Take another process's ``cpu_gemm_plan()`` (no-op for None or without the extension; the engines are
+    not taken where ``FASTQA_CPU_GEMM`` forces one or oneDNN is not usable, the bf16 routes always are, though
+    ``FASTQA_CPU_BF16_ROUTE=native|widen`` overrides them)."""
     if plan is None or _EXT is None or "error" in (cpu_gemm_info() or {}):
         return
     _EXT.gemm_restore(plan["engine"], plan["shapes"])
+    if plan.get("routes"):  # the bf16 routes (plans saved before they existed have none)
+        _EXT.route_restore(plan["routes"])
 
 
 # Keys of ``kernel_choices()``.
@@ -205,8 +210,10 @@ def restore_kernel_choices(state: dict[str, Any] | None) -> None:
 def cpu_gemm_info() -> dict[str, Any] | None:
     """The CPU kernels' GEMM engine (``FASTQA_CPU_GEMM``): ``engine`` in use for float32 ("blas":
     MKL/OpenBLAS through at::mm, "onednn": torch's oneDNN), ``requested``, ``onednn_available`` and
-    ``gflops``, each engine's measured float32 rate. The first call measures (a fraction of a second)
-    unless an op already did; None without the extension; ``{"error": ...}`` for a bad variable."""
+    ``gflops``, each engine's measured float32 rate, ``shapes`` (each GEMM shape's engine), ``routes`` (each bf16
+    op's route per shape class, with the milliseconds each route measured) and ``bf16_route``
+    (``FASTQA_CPU_BF16_ROUTE``). The first call measures (a fraction of a second) unless an op already did;
+    None without the extension; ``{"error": ...}`` for a bad variable."""
     if _EXT is None:
         return None
     try:

@@ -1,4 +1,5 @@
-"""The CPU GEMM engine decisions, made once per machine and reused by every later training run.
+"""The CPU kernels' rounding decisions -- GEMM engines and bf16 routes -- made once per machine and reused by
+every later training run.
 
 Why: with ``FASTQA_CPU_GEMM=auto`` (the default) the C++ kernels time BLAS against torch's oneDNN -- once
 for the process's engine and once per new GEMM shape -- and keep the faster one (``csrc/cpu/gemm.h``). The
@@ -16,8 +17,16 @@ and adds its own entry. Shapes first met later in a run (a longer batch, the eva
 measured when met and added to the entry at the next step boundary, so the next run restores them too.
 Decisions already in the file are never replaced: the first measurement of a shape stays the machine's.
 
-What does not use the file: ``FASTQA_CPU_GEMM=blas|onednn`` (one engine everywhere, nothing to decide),
-a torch without usable oneDNN (BLAS only), and a process without the C++ extension. A resumed run also
+bfloat16 routes: a bf16 op with two ways to run (native bf16 products, or widened to float32 and run by the
+float32 kernel; ``csrc/cpu/gemm.h``) times both the first time it meets a shape class and keeps the faster,
+which makes bf16 no slower than float32 wherever the native route loses. The routes round differently, so they
+follow the same rule: kept in the same entry (``routes``: op, shape class, threads, route), restored before the
+first step, new ones added at step boundaries, saved in checkpoints with the GEMM plan.
+
+What does not use the file: ``FASTQA_CPU_GEMM=blas|onednn`` (one engine everywhere, nothing to decide; the bf16
+routes are then measured per process, still fixed within it and saved in checkpoints), a torch without usable
+oneDNN (BLAS only), and a process without the C++ extension; ``FASTQA_CPU_BF16_ROUTE=native|widen`` forces a
+route (nothing measured or recorded). A resumed run also
 restores the checkpoint's own plan after this one, so ``--resume`` multiplies exactly as the interrupted
 process did even if the machine's file was deleted or edited meanwhile. To measure again, delete the
 file. If the cache folder cannot be written, training goes on with per-process measurement and a warning.
@@ -44,12 +53,15 @@ except ImportError:  # Windows: concurrent writers may drop each other's new sha
 
 __all__ = ["CACHE_FILE", "machine_key", "MachineGemmPlan"]
 
-log = logging.getLogger("fastqa.train")
+log = logging.getLogger("fastqa.train")  # the training run's log: the cache is opened by the trainer
 
 CACHE_FILE = "cpu-gemm.json"
 FORMAT = "fastqa-cpu-gemm-1"
 # The fields of a shape decision that identify the shape (the rest is the engine).
 _SHAPE_KEY = ("m", "k", "n", "threads", "a", "w", "bias", "accumulate")
+# The fields of a bf16 route decision that identify the op and shape class (the rest is the route).
+_ROUTE_KEY = ("op", "shape", "threads")
+_ROUTES = ("native", "widen")
 # /proc/cpuinfo flags that name a SIMD instruction set (the rest -- virtualisation, power management,
 # mitigations -- do not change which GEMM is faster and vary between kernels on the same chip).
 _ISA_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx", "asimd", "sve", "neon")
@@ -91,21 +103,36 @@ def _decision(shape: dict) -> dict:
     return {k: shape[k] for k in (*_SHAPE_KEY, "engine")}
 
 
+def _route_key(route: dict) -> tuple:
+    return tuple(route[k] for k in _ROUTE_KEY)
+
+
+def _route_decision(route: dict) -> dict:
+    """A route decision as stored: the op, shape class and threads, and the route (no measured times)."""
+    return {k: route[k] for k in (*_ROUTE_KEY, "route")}
+
+
 def _valid_plan(plan: Any) -> bool:
+    """An entry as written by record(); ``routes`` may be missing (entries written before bf16 routes existed)."""
+    routes = plan.get("routes", []) if isinstance(plan, dict) else None
     return (isinstance(plan, dict) and plan.get("engine") in ("blas", "onednn")
             and isinstance(plan.get("shapes"), list)
             and all(isinstance(s, dict) and all(k in s for k in _SHAPE_KEY) and s.get("engine") in ("blas", "onednn")
-                    for s in plan["shapes"]))
+                    for s in plan["shapes"])
+            and isinstance(routes, list)
+            and all(isinstance(r, dict) and all(k in r for k in _ROUTE_KEY) and r.get("route") in _ROUTES
+                    for r in routes))
 
 
 class MachineGemmPlan:
-    """This machine's cached GEMM decisions for the current thread count: ``restore()`` them into the
-    process before training, ``record()`` the process's new ones at step boundaries. ``open()`` returns
-    None where there is nothing to decide (engine forced, no oneDNN, no extension)."""
+    """This machine's cached GEMM engine and bf16 route decisions for the current thread count: ``restore()``
+    them into the process before training, ``record()`` the process's new ones at step boundaries. ``open()``
+    returns None where there is nothing to decide (engine forced, no oneDNN, no extension)."""
 
     def __init__(self, path: Path, key: str) -> None:
         self.path, self.key = path, key
         self._known = -1      # how many of this process's shape decisions the file holds (-1: no entry yet)
+        self._known_routes = -1  # the same for its bf16 route decisions
         self._broken = False  # the cache folder could not be written: stop trying
 
     @classmethod
@@ -140,7 +167,8 @@ class MachineGemmPlan:
         if not _valid_plan(plan):
             log.warning("%s: the entry for this machine is malformed; measuring again", self.path)
             return None
-        return {"engine": plan["engine"], "shapes": [_decision(s) for s in plan["shapes"]]}
+        return {"engine": plan["engine"], "shapes": [_decision(s) for s in plan["shapes"]],
+                "routes": [_route_decision(r) for r in plan.get("routes", [])]}
 
     def restore(self) -> bool:
         """Make this process use the cached decisions; True when there were some."""
@@ -152,8 +180,9 @@ class MachineGemmPlan:
         except Exception as e:  # a hand-edited entry with values of the wrong type: it is only a cache
             log.warning("%s: the entry for this machine cannot be restored (%s); measuring again", self.path, e)
             return False
-        self._known = len(plan["shapes"])
-        log.debug("restored %d GEMM shape decisions from %s", len(plan["shapes"]), self.path)
+        self._known, self._known_routes = len(plan["shapes"]), len(plan["routes"])
+        log.debug("restored %d GEMM shape and %d bf16 route decisions from %s", len(plan["shapes"]),
+                  len(plan["routes"]), self.path)
         return True
 
     @contextlib.contextmanager
@@ -176,7 +205,7 @@ class MachineGemmPlan:
         if self._broken:
             return
         plan = cpu_gemm_plan()
-        if plan is None or len(plan["shapes"]) <= self._known:
+        if plan is None or (len(plan["shapes"]) <= self._known and len(plan["routes"]) <= self._known_routes):
             return
         try:
             with self._exclusive():
@@ -187,8 +216,12 @@ class MachineGemmPlan:
                     entry = {"engine": plan["engine"], "shapes": []}
                 seen = {_shape_key(s) for s in entry["shapes"]}
                 new = [s for s in plan["shapes"] if _shape_key(s) not in seen]
-                if new or fresh:
+                routes = entry.get("routes", [])
+                seen_routes = {_route_key(r) for r in routes}
+                new_routes = [r for r in plan["routes"] if _route_key(r) not in seen_routes]
+                if new or new_routes or fresh:
                     entry["shapes"] = entry["shapes"] + [_decision(s) for s in new]
+                    entry["routes"] = routes + [_route_decision(r) for r in new_routes]
                     data["machines"][self.key] = entry
                     atomic_write_json(self.path, data)
         except OSError as e:
@@ -196,4 +229,4 @@ class MachineGemmPlan:
             log.warning("%s: cannot save the GEMM engine decisions (%s); the next run measures again and may "
                         "round differently", self.path, e.strerror or e)
             return
-        self._known = len(plan["shapes"])
+        self._known, self._known_routes = len(plan["shapes"]), len(plan["routes"])

@@ -67,7 +67,7 @@ from .curves import MetricsLog
 from .display import StepClock, TrainBar
 from .distributed import DistEnv
 from .ema import EMA
-from .gemm_cache import MachineGemmPlan
+from ..data.gemm_cache import MachineGemmPlan
 from .expectations import EXPECTATION_STEP, expectation_line
 from .interrupt import StopSignals, TrainingInterrupted
 from .run_folder import RunFolderLock, remove_stale_temporaries

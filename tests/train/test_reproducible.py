@@ -1,5 +1,5 @@
 """Reproducible by default: fresh training runs on one machine give bit-identical losses because the CPU
-GEMM engine decisions are made once per machine (fastqa.train.gemm_cache) and restored before the first
+GEMM engine decisions are made once per machine (fastqa.data.gemm_cache) and restored before the first
 step; a resumed run equals an uninterrupted one."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from fastqa._backend import cpu_gemm_info
 from fastqa.data.files import user_cache_dir
-from fastqa.train.gemm_cache import CACHE_FILE, MachineGemmPlan, machine_key
+from fastqa.data.gemm_cache import CACHE_FILE, MachineGemmPlan, machine_key
 
 TESTS = Path(__file__).resolve().parents[1]
 

@@ -35,7 +35,7 @@ from torch.nn.utils import parametrize
 from ..._checks import check_int, check_number
 from .graphed import StaticDecoding
 from .modeling import ConvS2S
-from .state import DecoderState
+from .state import DecoderState, EncoderOut
 
 __all__ = ["Hypothesis", "beam_search", "greedy_decode"]
 
@@ -236,68 +236,99 @@ def beam_search(model: ConvS2S, src: torch.Tensor, *, beam: int = 5, len_penalty
     max_len_a = check_number("max_len_a", max_len_a, low=0)
     max_len_b = check_number("max_len_b", max_len_b, low=0)
     forbid = _check_forbid(model, forbid)
-    cfg = model.config
     k = int(beam)
     check = _sync_interval(src.device, sync_every)
     static = _use_graphs(src.device, incremental, graphs)
     with _inference(model, cache=not (static and src.device.type == "cuda")):
         enc = model.encode(src)
-        batch, device, src_len = src.shape[0], src.device, src.shape[1]
         max_len = _max_lengths(model, src, max_len_a, max_len_b)
         steps = int(max_len.max()) + 1
-        finished = _FinishedHypotheses(batch, k, steps, src_len, enc.keys.dtype, device)
-        live = torch.arange(batch, device=device)         # original index of each remaining sentence
-        done = torch.zeros(batch, dtype=torch.bool, device=device)
-        tokens = torch.full((batch * k, 1), cfg.sos_id, dtype=torch.long, device=device)
-        attn_hist = enc.keys.new_zeros((batch * k, 0, src_len))
-        # Only the first beam of each sentence is alive at the start (all beams hold the same sos).
-        scores = torch.full((batch, k), float("-inf"), dtype=torch.float32, device=device)
-        scores[:, 0] = 0.0
-        state = model.initial_state(enc, k, incremental=incremental)
+        finished = _FinishedHypotheses(src.shape[0], k, steps, src.shape[1], enc.keys.dtype, src.device)
+        beams = _Beams.start(model, enc, src, k, max_len, incremental=incremental)
         step = _stepper(model, incremental)
         if static:
-            state, step = _static_stepper(model, state)
-        beam_offsets = torch.arange(k, device=device)
+            beams.state, step = _static_stepper(model, beams.state)
         for t in range(steps):
-            n_live = live.numel()
-            logits, attn, state = step(tokens, state)                   # [N, V], [N, S]
-            vocab = logits.shape[1]
+            logits, attn, beams.state = step(beams.tokens, beams.state)                   # [N, V], [N, S]
             logp = torch.log_softmax(logits.float(), dim=1)
-            _forbid(logp, model, max_len.eq(t).repeat_interleave(k), forbid)
-            cand = logp.add_(scores.reshape(-1, 1)).reshape(n_live, k * vocab)      # in place: [N, V] is big
-            top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)   # [B', 2k], best first
-            top_beam = top_idx.div(vocab, rounding_mode="floor")
-            top_tok = top_idx - top_beam * vocab
-            is_eos = top_tok.eq(cfg.eos_id)
-
-            # Finish the EOS candidates among the best k (finite: -inf ones come from dead beams) of the
-            # sentences not done yet (a done sentence stays in the batch until the host next looks).
-            fin = is_eos[:, :k] & top_scores[:, :k].isfinite() & ~done.unsqueeze(1)
-            rows = torch.arange(n_live, device=device).unsqueeze(1) * k + top_beam[:, :k]        # [B', k]
-            attn_hist = torch.cat([attn_hist, attn.unsqueeze(1)], dim=1)               # [N, t+1, S]
-            finished.add(live, fin, top_scores[:, :k], tokens[:, 1:], rows, attn_hist)
-            done = done | finished.count[live].ge(k) | max_len.le(t)
-
-            # The best k non-EOS candidates go on (there are at least k among the 2k: one EOS per beam).
-            order_key = is_eos.long() * top_scores.shape[1] + torch.arange(top_scores.shape[1], device=device)
-            pick = order_key.topk(k, dim=1, largest=False).indices       # [B', k], best first
-            new_beam = top_beam.gather(1, pick)
-            order = (torch.arange(n_live, device=device).unsqueeze(1) * k + new_beam).reshape(-1)
-            tokens = torch.cat([tokens.index_select(0, order), top_tok.gather(1, pick).reshape(-1, 1)], dim=1)
-            attn_hist = attn_hist.index_select(0, order)
-            scores = top_scores.gather(1, pick)
-            state = state.reorder(order, check=False)      # each row's new beam is one of its own sentence's
-
+            _forbid(logp, model, beams.max_len.eq(t).repeat_interleave(k), forbid)
+            beams.advance(logp, attn, t, finished, model.config.eos_id)
             if (t + 1) % check == 0 and t + 1 < steps:
-                keep = (~done).nonzero().squeeze(1)                                   # the host read
+                keep = (~beams.done).nonzero().squeeze(1)                                   # the host read
                 if keep.numel() == 0:
                     break
-                if keep.numel() < n_live:
-                    rows = (keep.unsqueeze(1) * k + beam_offsets).reshape(-1)
-                    live, max_len, scores, done = live[keep], max_len[keep], scores[keep], done[keep]
-                    tokens, attn_hist = tokens[rows], attn_hist[rows]
-                    state = state.select(keep)
+                if keep.numel() < beams.live.numel():
+                    beams.select(keep)
         return finished.best(nbest, len_penalty, enc.mask)
+
+
+@dataclass
+class _Beams:
+    """The beams of the sentences a beam search still holds (B' of them, k beams each: N = B' * k rows).
+
+    live [B']: each remaining sentence's original index; max_len, done [B']; tokens [N, t + 1] (sos first);
+    attn_hist [N, t, S]: each step's attention; scores [B', k]: each beam's log-probability; state: the
+    decoder's, per row."""
+
+    k: int
+    live: torch.Tensor
+    max_len: torch.Tensor
+    done: torch.Tensor
+    tokens: torch.Tensor
+    attn_hist: torch.Tensor
+    scores: torch.Tensor
+    state: DecoderState
+
+    @classmethod
+    def start(cls, model: ConvS2S, enc: EncoderOut, src: torch.Tensor, k: int, max_len: torch.Tensor, *,
+              incremental: bool) -> "_Beams":
+        """Every sentence's k beams holding sos; only the first of each is alive (the others score -inf)."""
+        batch, device, src_len = src.shape[0], src.device, src.shape[1]
+        scores = torch.full((batch, k), float("-inf"), dtype=torch.float32, device=device)
+        scores[:, 0] = 0.0
+        return cls(k, live=torch.arange(batch, device=device), max_len=max_len,
+                   done=torch.zeros(batch, dtype=torch.bool, device=device),
+                   tokens=torch.full((batch * k, 1), model.config.sos_id, dtype=torch.long, device=device),
+                   attn_hist=enc.keys.new_zeros((batch * k, 0, src_len)), scores=scores,
+                   state=model.initial_state(enc, k, incremental=incremental))
+
+    def advance(self, logp: torch.Tensor, attn: torch.Tensor, t: int, finished: "_FinishedHypotheses",
+                eos_id: int) -> None:
+        """Step t: logp [N, V] (consumed: scores are added in place, [N, V] is big), attn [N, S]. The EOS
+        candidates among the best k finish; the best k others go on."""
+        k, n_live, device = self.k, self.live.numel(), logp.device
+        vocab = logp.shape[1]
+        cand = logp.add_(self.scores.reshape(-1, 1)).reshape(n_live, k * vocab)
+        top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)   # [B', 2k], best first
+        top_beam = top_idx.div(vocab, rounding_mode="floor")
+        top_tok = top_idx - top_beam * vocab
+        is_eos = top_tok.eq(eos_id)
+
+        # Finish the EOS candidates among the best k (finite: -inf ones come from dead beams) of the
+        # sentences not done yet (a done sentence stays in the batch until the host next looks).
+        fin = is_eos[:, :k] & top_scores[:, :k].isfinite() & ~self.done.unsqueeze(1)
+        rows = torch.arange(n_live, device=device).unsqueeze(1) * k + top_beam[:, :k]        # [B', k]
+        attn_hist = torch.cat([self.attn_hist, attn.unsqueeze(1)], dim=1)               # [N, t+1, S]
+        finished.add(self.live, fin, top_scores[:, :k], self.tokens[:, 1:], rows, attn_hist)
+        self.done = self.done | finished.count[self.live].ge(k) | self.max_len.le(t)
+
+        # The best k non-EOS candidates go on (there are at least k among the 2k: one EOS per beam).
+        order_key = is_eos.long() * top_scores.shape[1] + torch.arange(top_scores.shape[1], device=device)
+        pick = order_key.topk(k, dim=1, largest=False).indices       # [B', k], best first
+        new_beam = top_beam.gather(1, pick)
+        order = (torch.arange(n_live, device=device).unsqueeze(1) * k + new_beam).reshape(-1)
+        self.tokens = torch.cat([self.tokens.index_select(0, order), top_tok.gather(1, pick).reshape(-1, 1)], dim=1)
+        self.attn_hist = attn_hist.index_select(0, order)
+        self.scores = top_scores.gather(1, pick)
+        self.state = self.state.reorder(order, check=False)      # each row's new beam is one of its own sentence's
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep the sentences ``keep`` [B''] (indices into the live ones) and their beams."""
+        rows = (keep.unsqueeze(1) * self.k + torch.arange(self.k, device=keep.device)).reshape(-1)
+        self.live, self.max_len, self.scores, self.done = (self.live[keep], self.max_len[keep], self.scores[keep],
+                                                           self.done[keep])
+        self.tokens, self.attn_hist = self.tokens[rows], self.attn_hist[rows]
+        self.state = self.state.select(keep)
 
 
 class _FinishedHypotheses:

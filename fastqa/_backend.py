@@ -3,7 +3,10 @@
 Backends:
   * ``reference`` -- pure PyTorch (``fastqa.reference``), always there: the ground truth and fallback.
   * ``cpu``       -- the C++ extension ``fastqa._C`` (``torch.ops.fastqa.*``), float32/float64 CPU tensors.
-  * ``triton``    -- ``fastqa.triton_kernels``: CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
+  * ``triton``    -- the GPU path: CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``. The ops with a
+                     Triton kernel run it (``fastqa.triton_kernels``); linear, self_attention and
+                     decode_attention have none and run torch's own ops there (``F.linear``, torch's fused
+                     attention: see each ``fastqa/ops/<op>.py``).
 
 ``backend="auto"`` (the default) picks the fastest usable one for the tensors' device and dtype;
 ``backend=`` or the ``FASTQA_BACKEND`` environment variable forces one, and forcing one that cannot

@@ -10,7 +10,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from fastqa._checks import check_bool, check_int, check_number
+from fastqa._checks import check_bool, check_int, check_number, check_text
 from fastqa.errors import UserError
 
 
@@ -118,3 +118,19 @@ def test_importing_the_checks_loads_no_torch():
     code = "import sys, fastqa._checks; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+# --- check_text: the one text check (the Python API, ask's flags, question files, the server) ---------------------
+
+def test_check_text_returns_text_and_names_what_is_wrong_where():
+    assert check_text("the context", "Ada was born.", blank=True) == "Ada was born."
+    assert check_text("sentence 1", "   ") == "   "  # blank text is refused only when asked (a blank sentence: "")
+    lone = "caf\udce9 au lait"  # a byte that was not UTF-8, decoded leniently (PEP 383)
+    with pytest.raises(UserError, match=r"^the context is not valid Unicode text \(a lone surrogate at character 3\)"
+                                        r" \(pair 2\)$"):
+        check_text("the context", lone, where=" (pair 2)")
+    with pytest.raises(UserError, match=r"^q.jsonl: line 4: the question is empty$"):
+        check_text("the question", " \n\t", at="q.jsonl: line 4: ", blank=True)
+    with pytest.raises(UserError, match=r"^--context: not valid UTF-8 text \(an undecodable byte at character 3\); "
+                                        r"pass UTF-8$"):
+        check_text("the context", lone, at="--context: ", undecodable="pass UTF-8")

@@ -9,9 +9,11 @@
     POST /answer      {"context", "question", "top_k"?, "max_answer_len"?, "min_score"?} -> {"answer", "answers"}
     POST /translate   {"text" | "sentences", "beam"?, "attention"?, "nbest"?} -> {"translations": [...]}
 
-The modules: ``limits`` (request bounds and batching, no dependencies), ``batcher`` (dynamic batching on a
-thread per model), ``engines`` (the two models behind it), ``app`` (the FastAPI application, its schemas and
-metrics; needs the ``serve`` extra: fastapi, uvicorn, prometheus-client) and ``cli`` (the subcommand).
+Each task of ``fastqa.tasks.TASKS`` brings its model flag, its route and its schemas (``TaskSpec``, ``Serving``):
+the server names no task. The modules: ``limits`` (request bounds and batching, no dependencies), ``batcher``
+(dynamic batching on a thread per model), ``engines`` (a task's model behind its batcher), ``app`` (the FastAPI
+application, its routes as module-level functions, errors and metrics; needs the ``serve`` extra: fastapi,
+uvicorn, prometheus-client) and ``cli`` (the subcommand).
 Importing this package imports none of them, so ``fastqa --help`` stays light.
 """
 from __future__ import annotations

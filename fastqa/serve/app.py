@@ -7,8 +7,11 @@ CODE}`` plus ``"field"`` when one field is at fault):
     GET  /            the page (``page.html``: inline script and style, nothing fetched from elsewhere)
     GET  /health      {"status": "ok" | "draining", "version", "models": {...}, "limits": {...}, "queue": {...}}
     GET  /metrics     Prometheus text: requests by route and status, latency histogram, batch sizes, queue depth
-    POST /answer      AnswerRequest -> {"answer": Answer, "answers": [Answer, ...]}
-    POST /translate   TranslateRequest -> {"translations": [Translation, ...]}
+    POST /answer      AnswerRequest -> {"answer": Answer, "answers": [Answer, ...]}      (fastqa/tasks/qa/serving.py)
+    POST /translate   TranslateRequest -> {"translations": [Translation, ...]}  (fastqa/tasks/translation/serving.py)
+
+Each task's route comes from its spec (``fastqa.tasks.TASKS``); ``create_app`` builds the one application: the
+routes and error handlers below are module-level functions, the state they share is ``app.state``.
 
 Status codes: 400 malformed JSON; 413 a body over ``max_body_bytes``; 422 a missing, unknown or mistyped field, a
 value out of bounds, or text the model cannot read; 503 no such model loaded, too many requests waiting for it

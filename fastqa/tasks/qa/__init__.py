@@ -11,6 +11,8 @@
     predictor.py  ``QAModel``: a trained reader answering questions, each ``Answer`` typed
     calibration.py  scores that estimate the probability of being right (Platt scaling)
     cli.py        ``fastqa qa-train | qa-predict | qa-eval | qa-calibrate | ask``
+    spec.py       ``SPEC``: the task as the command line, the server, the shipped models and the trainer see it
+    serving.py    ``POST /answer`` of ``fastqa serve``: its schemas and how a batch of requests is answered
 
 Heavy modules load on first use, so ``fastqa --help`` does not import the models.
 """

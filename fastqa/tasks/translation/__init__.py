@@ -6,6 +6,8 @@
     task.py        ``MTTask`` for ``fastqa.train.fit``; ``train_translation`` from files
     translator.py  ``Translator``: a trained model translating text (greedy, beam search, n-best, attention maps)
     cli.py         ``fastqa mt-train | translate | mt-eval``
+    spec.py        ``SPEC``: the task as the command line, the server, the shipped models and the trainer see it
+    serving.py     ``POST /translate`` of ``fastqa serve``: its schemas and how a batch of requests is answered
 
 Heavy modules load on first use, so ``fastqa --help`` does not import the models.
 """

@@ -37,6 +37,7 @@ def _run_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     task = ToyTask(dropout=0.0)
     task.command, task.preset = "toy-train", "tiny"
+    task.reference_run = SPEC.reference_run(task.kind, task.preset)  # what the trainer's expectation line quotes
     fit(task, TrainSettings(out_dir=args.out, max_steps=args.steps, log_every=1, progress=False, eval_every=0))
     return 0
 

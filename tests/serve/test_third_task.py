@@ -3,6 +3,7 @@ through the command line and through ``fastqa serve`` with no line of the packag
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -31,10 +32,14 @@ def test_adding_a_task_twice_or_a_taken_kind_is_refused(registered):
     assert tasks.task_of("no-such-model", "toy") == "toy"
 
 
-def test_a_third_task_trains_exports_answers_and_is_served(registered, capsys, tmp_path):
+def test_a_third_task_trains_exports_answers_and_is_served(registered, capsys, caplog, tmp_path):
     run, export = tmp_path / "run", tmp_path / "export"
-    rc, _, err = run_cli(capsys, ["toy-train", "--out", str(run), "--steps", "5"])
+    with caplog.at_level(logging.INFO, logger="fastqa"):
+        rc, _, err = run_cli(capsys, ["toy-train", "--out", str(run), "--steps", "5"])
     assert rc == 0 and (run / "checkpoint.pt").is_file(), err
+    # The trainer's expectation line quotes the documented run of the task's own spec.
+    assert any(m.startswith("toy-train: tiny preset") and "reaches a toy loss after 5 steps" in m
+               for m in caplog.messages), caplog.messages
     rc, out, err = run_cli(capsys, ["export", str(run), str(export)])
     assert rc == 0 and (export / "model.safetensors").is_file(), err
     x = [0.1, -0.2, 0.3, 0.0, 0.5, -1.0]

@@ -213,7 +213,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        return int(args.func(args) or 0)
+        if not hasattr(args, "threads"):  # a command that runs no model (and may not need torch)
+            return int(args.func(args) or 0)
+        from .tasks.loading import cpu_threads
+
+        # --threads for the command's length; a caller running commands in-process gets its own count back.
+        with cpu_threads(args.threads):
+            return int(args.func(args) or 0)
     except KeyboardInterrupt as e:
         # fastqa.train.TrainingInterrupted carries the checkpoint it wrote and the signal's exit status (not
         # imported here: that would load torch before --help).

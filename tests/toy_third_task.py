@@ -59,7 +59,8 @@ class ToyRegressor:
              precision: Any = None) -> "ToyRegressor":
         from torch import nn
 
-        from fastqa.tasks.loading import default_device, load_weights, open_model
+        from fastqa.tasks.loading import load_weights, open_model
+        from fastqa.train.distributed import default_device
 
         payload, where, meta = open_model(name_or_path, "no-shipped-toy", SPEC.kinds, "a toy model")
         hidden = meta["config"]["hidden"]

@@ -337,10 +337,10 @@ async def crashed(request: Request, exc: Exception) -> Response:
 def app_from_environment() -> "FastAPI":
     """The application ``fastqa serve`` describes in ``SETTINGS_ENV`` (a JSON object: the model paths, device,
     threads and limits): what each worker process of ``--workers N`` builds."""
-    from ..tasks.loading import set_threads
+    from ..tasks.loading import cpu_threads
 
     settings = json.loads(os.environ[SETTINGS_ENV])
-    set_threads(settings.get("threads"))
+    cpu_threads(settings.get("threads"))  # for the worker's life
     served = [task for task in TASKS if task.serving is not None]
     paths = {task.name: settings.get(task.serve_dest) for task in served}
     models = {task.name: None if paths[task.name] is None else task.load(

@@ -4,17 +4,16 @@ one meaning and one default each, and their resolution."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import inspect
 import json
 import math
 import os
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 from ..bounds import bound
 
 __all__ = ["Command", "add_commands", "counted", "positive_int", "nonnegative_int", "positive_float", "field_value", "PRECISIONS", "INFERENCE_PRECISIONS", "add_runtime_flags", "add_training_flags",
-           "check_training_flags", "amp_of", "cuda_graphs_of", "resolve_device", "threads"]
+           "check_training_flags", "amp_of", "cuda_graphs_of", "resolve_device"]
 
 
 def _int_at_least(text: str, minimum: int, expected: str) -> int:
@@ -210,23 +209,20 @@ def cuda_graphs_of(wanted: bool | None, device: str) -> bool | None:
 
 
 def resolve_device(text: str | None) -> str:
-    """``--device`` checked against this machine: the default, or a UserError naming the flag."""
+    """``--device`` checked against this machine: the device rule's choice (``default_device``), or a UserError
+    naming the flag."""
     import torch
 
     from ..errors import UserError
+    from ..train.distributed import default_device
 
-    if text is None:
-        if not torch.cuda.is_available():
-            return "cpu"
-        # under torchrun each rank takes its own GPU
-        return f"cuda:{os.environ['LOCAL_RANK']}" if "LOCAL_RANK" in os.environ else "cuda"
     try:
-        device = torch.device(text)
+        device = default_device(text)
     except (RuntimeError, ValueError):
         raise UserError(f"--device: {text!r} is not a device (expected cpu, cuda or cuda:N)") from None
+    if text is None:
+        return str(device)
     if device.type == "cuda":
-        if device.index is None and "LOCAL_RANK" in os.environ:  # under torchrun: this rank's own GPU
-            device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         if not torch.cuda.is_available():
             raise UserError(f"--device {text}: this torch has no usable CUDA device")
         if device.index is not None and device.index >= torch.cuda.device_count():
@@ -234,19 +230,3 @@ def resolve_device(text: str | None) -> str:
     elif device.type != "cpu":
         raise UserError(f"--device {text}: only cpu and cuda devices are supported")
     return str(device)
-
-
-@contextlib.contextmanager
-def threads(n: int | None) -> Iterator[None]:
-    """torch's intra-op thread count set to n for the command, then put back (callers in-process keep theirs)."""
-    if n is None:
-        yield
-        return
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)

@@ -8,8 +8,9 @@ what it needs to read text, loaded the same way from a shipped model's name, a r
     QAModel.load(precision="bf16")                   # weights and activations in bfloat16
 
 ``open_model`` reads the payload and checks its kind; ``unreadable_meta`` and ``load_weights`` turn what can go
-wrong with a checkpoint into one ``UserError`` format naming the file; ``default_device`` is the one device rule
-(a CUDA GPU when there is one, else the CPU); ``inference_dtype`` the one precision rule.
+wrong with a checkpoint into one ``UserError`` format naming the file; ``inference_dtype`` is the one precision
+rule and ``cpu_threads`` the one thread rule. The device rule (a CUDA GPU when there is one, else the CPU) is
+``fastqa.train.distributed.default_device``, shared with training.
 """
 from __future__ import annotations
 
@@ -18,15 +19,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection, Iterator, Protocol, TypeVar
 
-from .._checks import check_int
+from ..bounds import checked
 from ..errors import UserError
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["Predictor", "default_device", "inference_dtype", "open_model", "unreadable_meta", "load_weights",
-           "set_threads"]
+__all__ = ["Predictor", "cpu_threads", "inference_dtype", "open_model", "unreadable_meta", "load_weights"]
 
 P = TypeVar("P", bound="Predictor")
 
@@ -40,18 +40,9 @@ class Predictor(Protocol):
     def load(cls: type[P], name_or_path: str | os.PathLike | None = None, *, device: "str | torch.device | None" = None,
              layers: str | None = None, threads: int | None = None, precision: str | None = None) -> P:
         """The model ``name_or_path`` names (None: the task's shipped model) on ``device`` (None:
-        ``default_device()``), with ``layers`` (the model's layer set; None: its fast layers), ``threads``
+        ``fastqa.train.distributed.default_device``), with ``layers`` (the model's layer set; None: its fast layers), ``threads``
         CPU threads (None: PyTorch's default) and ``precision`` (``inference_dtype``)."""
         ...
-
-
-def default_device(device: "str | torch.device | None" = None) -> "torch.device":
-    """``device``, or where none is given a CUDA GPU when there is one, else the CPU."""
-    import torch
-
-    if device is not None:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def inference_dtype(precision: str | None, device: "torch.device") -> "torch.dtype | None":
@@ -75,14 +66,26 @@ def inference_dtype(precision: str | None, device: "torch.device") -> "torch.dty
     return torch.bfloat16
 
 
-def set_threads(threads: int | None) -> None:
-    """``torch.set_num_threads(threads)`` for a count given; None leaves PyTorch's default."""
-    if threads is None:
-        return
-    threads = check_int("threads", threads, low=1)
-    import torch
+class cpu_threads:
+    """The one thread rule: ``cpu_threads(n)`` sets torch's intra-op CPU thread count to ``n`` (checked against
+    its bound; None leaves it as it is). Used as ``with cpu_threads(n):`` the count from before is put back on
+    leaving, so a command run in-process leaves its caller's count as it found it."""
 
-    torch.set_num_threads(threads)
+    def __init__(self, n: int | None) -> None:
+        import torch
+
+        (n,) = checked(threads=n)
+        self.before = torch.get_num_threads()
+        if n is not None:
+            torch.set_num_threads(n)
+
+    def __enter__(self) -> "cpu_threads":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        torch.set_num_threads(self.before)
 
 
 def open_model(name_or_path: str | os.PathLike | None, shipped: str, kinds: Collection[str], what: str,

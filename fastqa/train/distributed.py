@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["DistEnv", "init_distributed", "wrap_ddp", "barrier", "all_gather_object", "any_true", "max_each",
+__all__ = ["DistEnv", "default_device", "init_distributed", "wrap_ddp", "barrier", "all_gather_object", "any_true", "max_each",
            "shutdown", "RankLost", "restart_count", "is_peer_failure", "lost_ranks", "rank_lost"]
 
 ROLL_CALL_S = 3.0  # how long a surviving rank waits for the others to answer the roll call
@@ -47,14 +47,25 @@ class DistEnv:
         return self.rank == 0
 
 
+def default_device(device: str | torch.device | None = None) -> torch.device:
+    """The one device rule, for training and inference alike: ``device``, or where none is given a CUDA GPU when
+    there is one, else the CPU. Under torchrun (``LOCAL_RANK`` set) a CUDA device without an index is this rank's
+    own GPU, so that the ranks of one machine do not all land on the first."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and "LOCAL_RANK" in os.environ:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return device
+
+
 def init_distributed(device: str | torch.device | None = None) -> DistEnv:
-    """Join torchrun's process group if there is one; pick the device (this rank's GPU under NCCL)."""
+    """Join torchrun's process group if there is one, on ``device`` (``default_device``: this rank's GPU under
+    NCCL)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device is None:
-        device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(device)
+    device = default_device(device)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":

@@ -23,7 +23,7 @@ import sys
 
 from ..flags import (add_commands, add_runtime_flags, add_skip_bad_lines_flag, add_training_flags, amp_of,
                      cuda_graphs_of,
-                     check_training_flags, counted, positive_float, probability, resolve_device, threads)
+                     check_training_flags, counted, positive_float, probability, resolve_device)
 from .readers import MODELS
 
 LAYERS = ("fast", "reference", "naive")
@@ -179,11 +179,6 @@ def _cache_dir(args):
 
 
 def run_train(args) -> int:
-    with threads(args.threads):
-        return _run_train(args)
-
-
-def _run_train(args) -> int:
     from ...errors import UserError
     from ...train.loop import TrainSettings, fit
     from .squad import Limits
@@ -229,11 +224,6 @@ def _run_train(args) -> int:
 
 
 def run_predict(args) -> int:
-    with threads(args.threads):
-        return _run_predict(args)
-
-
-def _run_predict(args) -> int:
     from ...data.files import atomic_write_json
     from ...errors import UserError
 
@@ -256,11 +246,6 @@ def _run_predict(args) -> int:
 
 
 def run_calibrate(args) -> int:
-    with threads(args.threads):
-        return _run_calibrate(args)
-
-
-def _run_calibrate(args) -> int:
     from pathlib import Path
 
     from ...data.files import atomic_write_json
@@ -364,19 +349,18 @@ def run_eval(args) -> int:
 
 
 def run_ask(args) -> int:
-    # One question is a few milliseconds of work on one thread; a second thread saves little of it and, on a
-    # machine busy with other work, waits for a core far longer. A file of questions gets torch's default.
-    with threads(args.threads if args.threads is not None or args.input is not None else 1):
-        return _run_ask(args)
-
-
-def _run_ask(args) -> int:
     from ..._checks import check_text
     from ...data.files import read_text
     from ...errors import UserError
     from ...plots import figure_format, plot_span_probabilities
+    from ..loading import cpu_threads
     from .predictor import answers_json
 
+    if args.threads is None and args.input is None:
+        # One question is a few milliseconds of work on one thread; a second thread saves little of it and, on a
+        # machine busy with other work, waits for a core far longer. A file of questions gets torch's default.
+        # (The command line puts the caller's count back when the command ends.)
+        cpu_threads(1)
     # Bytes on the command line that are not UTF-8 reach sys.argv as lone surrogates (PEP 383); they
     # would fail later, far from the flag that brought them.
     for flag, value in (("--context", args.context), ("--question", args.question)):

@@ -24,7 +24,8 @@ from ..._checks import check_int, check_number
 from ...bounds import check_fits, checked
 from ...data.vocab import Vocab
 from ...errors import UserError
-from ..loading import default_device, inference_dtype, load_weights, open_model, set_threads, unreadable_meta
+from ...train.distributed import default_device
+from ..loading import cpu_threads, inference_dtype, load_weights, open_model, unreadable_meta
 from .calibration import Calibration
 from .readers import answer_len, build_model, config_type
 from .encoding import EncodedPair, encode_pairs
@@ -109,7 +110,7 @@ class QAModel:
         kept them). The ``Predictor`` contract (``fastqa.tasks.loading``): device None picks a CUDA GPU when
         there is one; layers: QANet's "fast" (default), "reference", "naive"; threads: CPU threads; precision:
         "fp32", "bf16" or None (``fastqa.tasks.loading.inference_dtype``)."""
-        set_threads(*checked(threads=threads))
+        cpu_threads(threads)
         device = default_device(device)
         dtype = inference_dtype(precision, device)
         payload, where, meta = open_model(name_or_path, SPEC.shipped, SPEC.kinds, "a reader's")

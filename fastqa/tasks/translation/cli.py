@@ -13,7 +13,7 @@ from typing import Iterator, TextIO
 
 from ..flags import (add_commands, add_runtime_flags, add_skip_bad_lines_flag, add_training_flags, amp_of,
                      cuda_graphs_of,
-                     check_training_flags, counted, positive_float, probability, resolve_device, threads)
+                     check_training_flags, counted, positive_float, probability, resolve_device)
 
 LAYERS = ("fast", "reference")
 
@@ -137,11 +137,6 @@ def _mt_eval_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    with threads(args.threads):
-        return _run_train(args)
-
-
-def _run_train(args: argparse.Namespace) -> int:
     from ...errors import UserError
     from ...train.loop import TrainSettings
     from .task import MTOptions, train_translation
@@ -196,11 +191,6 @@ def _speed_line(stats, args: argparse.Namespace) -> str:
     how = "full recompute" if args.no_incremental else "incremental"
     return (f"decoded {stats.sentences} sentences ({stats.tokens} tokens) in {stats.seconds:.2f} s, {mode}, "
             f"{how}: {stats.sentences / s:.1f} sentences/s, {stats.tokens / s:.1f} tokens/s")
-
-
-def run_translate(args: argparse.Namespace) -> int:
-    with threads(args.threads):
-        return _run_translate(args)
 
 
 def _check_translate_flags(args: argparse.Namespace) -> None:
@@ -291,7 +281,7 @@ class _Unsure:
               f"{self._rule()}", file=sys.stderr)
 
 
-def _run_translate(args: argparse.Namespace) -> int:
+def run_translate(args: argparse.Namespace) -> int:
     from ...data.files import decode_lines, read_bytes
     from ...errors import UserError
     from ...plots import figure_format, plot_attention_map
@@ -384,11 +374,6 @@ def _stdin_bytes(stream: TextIO) -> bytes:
     return binary.read() if binary is not None else stream.read().encode("utf-8", "surrogateescape")
 
 
-def run_eval(args: argparse.Namespace) -> int:
-    with threads(args.threads):
-        return _run_eval(args)
-
-
 def _fit_confidence(args: argparse.Namespace, translations: list) -> None:
     """Write the model folder's ``confidence.json`` (``ConfidenceFloor``) from the translations of --src's
     sentences (their per-token log-probabilities and entropies)."""
@@ -411,7 +396,7 @@ def _fit_confidence(args: argparse.Namespace, translations: list) -> None:
           f"quantile), beam {floor.beam}; written to {folder / META_FILES['confidence']}", file=sys.stderr)
 
 
-def _run_eval(args: argparse.Namespace) -> int:
+def run_eval(args: argparse.Namespace) -> int:
     from ...data.files import atomic_write_json, atomic_write_text
     from ...errors import UserError
     from .bleu import corpus_scores, format_tokenized_bleu, text_tokenized_bleu, tokenized_bleu

@@ -35,7 +35,8 @@ from ...data.batching import pad
 from ...data.vocab import EOS, SOS, Vocab
 from ...errors import UserError
 from ...models.convs2s import ConvS2S, ConvS2SConfig, Hypothesis, beam_search
-from ..loading import default_device, inference_dtype, load_weights, open_model, set_threads, unreadable_meta
+from ...train.distributed import default_device
+from ..loading import cpu_threads, inference_dtype, load_weights, open_model, unreadable_meta
 from .parallel import TextCodec, encode_source
 from .spec import SPEC
 
@@ -208,7 +209,7 @@ class Translator:
         (``fastqa.tasks.loading``): device None picks a CUDA GPU when there is one; layers: "fast" (default) or
         "reference"; threads: CPU threads; precision: "fp32", "bf16" or None (float32;
         ``fastqa.tasks.loading.inference_dtype``). ``restore_case``: see the attribute."""
-        set_threads(*checked(threads=threads))
+        cpu_threads(threads)
         device = default_device(device)
         dtype = inference_dtype(precision, device)
         layers = layers or "fast"

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from .data.files import atomic_open
+from .data.metrics import read_metrics
 from .errors import UserError
 
 if TYPE_CHECKING:
@@ -318,7 +319,6 @@ def learning_curve_figure(rows: Sequence[dict], title: str = "") -> "Figure":
 def plot_learning_curve(metrics_path: str | os.PathLike, out_path: str | os.PathLike, title: str = "") -> "Figure":
     """Draw the learning curves of the ``metrics.jsonl`` at ``metrics_path`` (see :func:`learning_curve_figure`)
     into ``out_path`` (see :func:`save_figure`: ``curve.png``, ``curve.pdf``...). Returns the figure."""
-    from .train.curves import read_metrics  # lazily: fastqa.train imports this module
 
     figure_format(out_path)  # a bad suffix fails before the file is read
     fig = learning_curve_figure(read_metrics(metrics_path), title)

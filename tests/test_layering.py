@@ -17,8 +17,9 @@ FLOORS = [
     ("fastqa._backend", "fastqa.ops"),
     ("fastqa.layers",),
     ("fastqa.models",),
-    ("fastqa.data",),
-    ("fastqa.train", "fastqa.plots"),  # the loop draws curve.png; plots reads metrics.jsonl with train.curves
+    ("fastqa.data",),        # with the run log's format (data.metrics), which the loop writes and plots reads
+    ("fastqa.plots",),       # every figure; the loop draws curve.png with it
+    ("fastqa.train",),
     ("fastqa.export",),      # slim exports of any task's run (model-agnostic)
     ("fastqa.pretrained",),  # the shipped models by name, read through fastqa.export
     ("fastqa.tasks",),
@@ -43,7 +44,8 @@ def _sources() -> dict[str, Path]:
 
 
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The fastqa modules ``name`` imports anywhere in its body (lazy imports too)."""
+    """The fastqa modules ``name`` imports anywhere in its body (lazy imports too), with the parent packages each
+    import loads."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -60,6 +62,13 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
         for t in targets:
             if t in known and t != name:
                 found.add(t)
+            # Importing a.b.c runs a/__init__ and a/b/__init__ first: a parent package's imports are this
+            # module's too (those of its own parents are loaded already, before this module runs).
+            parts = t.split(".")
+            for i in range(1, len(parts)):
+                parent = ".".join(parts[:i])
+                if parent in known and not (name + ".").startswith(parent + "."):
+                    found.add(parent)
     return found
 
 
@@ -134,3 +143,11 @@ def test_reexport_lists_agree():
         missing = [n for n in module.__all__ if not hasattr(module, n)]
         assert not missing, f"{module.__name__}.__all__ names what it lacks: {missing}"
 
+
+def test_an_import_loads_its_parent_packages(tmp_path):
+    # plots importing train.curves also runs fastqa/train/__init__ (whose imports then count as the importer's);
+    # the importer's own parents are loaded already and are no edge.
+    source = tmp_path / "plots.py"
+    source.write_text("def draw():\n    from .train.curves import read_metrics\n")
+    known = {"fastqa", "fastqa.plots", "fastqa.train", "fastqa.train.curves"}
+    assert _imports("fastqa.plots", source, known) == {"fastqa.train", "fastqa.train.curves"}

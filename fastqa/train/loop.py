@@ -58,12 +58,12 @@ from torch import nn
 
 from .._backend import kernel_choices, restore_kernel_choices
 from ..data.batching import shard
+from ..data.metrics import MetricsLog
 from ..errors import UserError
 from ..plots import plot_learning_curve
 from . import cuda_graphs, display, distributed
 from .budget import TimeBudget
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
-from .curves import MetricsLog
 from .display import StepClock, TrainBar
 from .distributed import DistEnv
 from .ema import EMA

@@ -11,7 +11,7 @@ pytest.importorskip("matplotlib")
 
 from fastqa.errors import UserError  # noqa: E402
 from fastqa.plots import MARKER_MAX_POINTS, learning_curve_figure, plot_learning_curve  # noqa: E402
-from fastqa.train.curves import MetricsLog  # noqa: E402
+from fastqa.data.metrics import MetricsLog  # noqa: E402
 
 
 def _rows(evals: list[dict], *, train_steps: int = 100, every: int = 20) -> list[dict]:

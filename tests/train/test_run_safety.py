@@ -16,7 +16,7 @@ import torch
 from fastqa.errors import UserError
 from fastqa.train import TrainingInterrupted, TrainSettings, fit, load_checkpoint, save_checkpoint
 from fastqa.train import loop
-from fastqa.train.curves import read_metrics
+from fastqa.data.metrics import read_metrics
 from fastqa.train.interrupt import StopSignals
 from fastqa.train.run_folder import RunFolderLock
 from toy_task import ToyTask

@@ -20,7 +20,7 @@ import pytest
 from fastqa.data.files import _size
 from fastqa.errors import UserError
 from fastqa.train import TrainSettings, fit, load_checkpoint
-from fastqa.train.curves import read_metrics
+from fastqa.data.metrics import read_metrics
 from toy_task import ToyTask
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -143,7 +143,7 @@ def test_no_room_is_one_line_for_every_file_and_only_for_no_room(tmp_path):
 import resource, signal, sys
 from fastqa.data.files import atomic_write_text
 from fastqa.errors import UserError
-from fastqa.train.curves import MetricsLog
+from fastqa.data.metrics import MetricsLog
 resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 for write in (lambda: atomic_write_text({str(tmp_path / 'a.txt')!r}, "x" * 5000),

@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fastqa.train.curves import read_metrics  # noqa: E402
+from fastqa.data.metrics import read_metrics  # noqa: E402
 
 RUNS = {
     "baseline (articles 0-39, dropout 0.1)": HERE.parent / "qanet-small-v11" / "metrics.jsonl",

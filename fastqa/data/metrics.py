@@ -1,5 +1,6 @@
-"""The run folder's log: ``metrics.jsonl``, one JSON object per line (``curve.png`` is drawn from it by
-:func:`fastqa.plots.plot_learning_curve`)."""
+"""A training run's log: ``metrics.jsonl`` in the run folder, one JSON object per line, written by the training
+loop (``fastqa.train``) and read back by it on resume and by :func:`fastqa.plots.plot_learning_curve` (which draws
+``curve.png`` from it): a file format below both, so that neither imports the other's package."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,7 @@ import os
 import warnings
 from pathlib import Path
 
-from ..data.files import atomic_write_text, no_room_error
+from .files import atomic_write_text, no_room_error
 from ..errors import UserError
 
 __all__ = ["MetricsLog", "read_metrics"]

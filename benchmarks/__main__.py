@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from pathlib import Path
 
 import torch
+
+from fastqa.data.files import atomic_write_json, atomic_write_text
 
 from . import measure, registry, report, runner
 
@@ -91,10 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     def save_partial(partial: dict) -> None:
-        # Through a temporary file: a run killed at its time limit leaves the last complete save.
-        tmp = args.out / "results.json.partial"
-        report.write_json(partial, tmp)
-        os.replace(tmp, args.out / "results.json")
+        # Atomically: a run killed at its time limit leaves the last complete save.
+        atomic_write_json(args.out / "results.json", partial, indent=1)
 
     result = runner.run(cases, device=device, dtype=dtype, settings=settings,
                         compile_per_op=None if compile_per_op < 0 else compile_per_op,
@@ -102,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                         progress=not args.no_progress,
                         peaks=measure.machine_peaks(device, dtype, quick=True) if args.quick_peaks else None,
                         on_case=save_partial)
-    report.write_json(result, args.out / "results.json")
-    (args.out / "results.md").write_text(report.markdown(result) + "\n")
+    atomic_write_json(args.out / "results.json", result, indent=1)
+    atomic_write_text(args.out / "results.md", report.markdown(result) + "\n")
     print(report.table(result))
     if result["records"]:
         report.speedup_chart(result, args.out / "speedup.png")

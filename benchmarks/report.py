@@ -114,10 +114,6 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_json(result: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
-
-
 def load_records(path: str | Path) -> list[dict]:
     """Records of a results.json (the whole object, or a bare list of records)."""
     data = json.loads(Path(path).read_text())
@@ -136,11 +132,13 @@ def _colour(impl: str) -> str:
 
 def speedup_chart(result: dict[str, Any], path: Path) -> None:
     """Horizontal bars, one panel per op: each implementation's speedup over the eager reference
-    (log scale, 1x marked), one row per (case, mode)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    (log scale, 1x marked), one row per (case, mode). Written by the package's figure rule
+    (``fastqa.plots.save_figure``: the format by the suffix, atomically), never through pyplot."""
+    from matplotlib import ticker
+    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
+
+    from fastqa.plots import save_figure
 
     groups = grouped(result["records"])
     ops = list(dict.fromkeys(op for op, _, _ in groups))
@@ -150,8 +148,8 @@ def speedup_chart(result: dict[str, Any], path: Path) -> None:
     rows_per_op = {op: [k for k in groups if k[0] == op and len(groups[k]) > 1] for op in ops}
     ops = [op for op in ops if rows_per_op[op]] or ops[:1]
     heights = [max(1, len(rows_per_op[op])) * (0.3 * max(1, len(impls)) + 0.25) + 0.8 for op in ops]
-    fig, axes = plt.subplots(len(ops), 1, figsize=(10, sum(heights) + 1.2), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
+    fig = Figure(figsize=(10, sum(heights) + 1.2))
+    axes = fig.subplots(len(ops), 1, squeeze=False, gridspec_kw={"height_ratios": heights})
     bar_h = 0.8 / max(1, len(impls))
     all_x = [s for g in groups.values() for i, s in speedups(g, _baseline(g)).items() if i != _baseline(g)]
     lo, hi = (min(all_x + [1.0]), max(all_x + [1.0])) if all_x else (0.5, 2.0)
@@ -175,9 +173,9 @@ def speedup_chart(result: dict[str, Any], path: Path) -> None:
         ax.set_title(op if base == "eager" else f"{op} (speedup over {base})", loc="left", fontsize=10,
                      fontweight="bold")
         ax.grid(axis="x", which="both", alpha=0.25)
-        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(_TICKS))
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.xaxis.set_major_locator(ticker.FixedLocator(_TICKS))
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
     handles = [Patch(color=_colour(impl), label=impl) for impl in impls]
     meta = result["meta"]
     fig.suptitle(f"Speedup over the eager PyTorch reference (median time; > 1x is faster)\n"
@@ -187,5 +185,4 @@ def speedup_chart(result: dict[str, Any], path: Path) -> None:
                bbox_to_anchor=(0.98, 1 - 0.55 / fig.get_figheight()))
     axes[-1, 0].set_xlabel("speedup vs eager (log scale)")
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.9 / fig.get_figheight()))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

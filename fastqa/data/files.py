@@ -13,7 +13,7 @@ import tempfile
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 from ..errors import UserError
 
@@ -217,8 +217,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         f.write(text)
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2,
+                      default: Callable[[Any], Any] | None = None) -> None:
+    """``obj`` as JSON (UTF-8, one final newline) into ``path``, atomically; ``default`` as ``json.dumps``'s (what
+    a value JSON has no type for becomes, e.g. ``str``)."""
+    atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False, default=default) + "\n")
 
 
 def user_cache_dir() -> Path:

@@ -13,7 +13,9 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .common import short_error, tail, write_json_atomic
+from .common import short_error, tail
+
+from fastqa.data.files import atomic_write_json  # importable once .common has put the checkout on sys.path
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +54,7 @@ class Recorder:
 
     def flush(self, done: bool = False) -> None:
         """Write what is recorded so far; ``done`` once the phase has finished (the parent checks it)."""
-        write_json_atomic(self.path, {"items": self.items, "info": self.info, "done": done})
+        atomic_write_json(self.path, {"items": self.items, "info": self.info, "done": done}, indent=1, default=str)
 
     def item(self, name: str, fn: Callable[[], dict[str, Any]], *, min_s: float = 0.0, **labels: Any) -> dict[str, Any]:
         """Run ``fn`` (-> its figures; a ``failed`` key in them fails the item with that reason) and record it;

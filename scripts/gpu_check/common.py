@@ -1,13 +1,11 @@
 """What the supervisor and the phase children share: the repository root (put on ``sys.path``), the op
-tolerances that phase b applies and the summary prints, and small text and file helpers. Standard library only,
-so that the supervisor runs (and reports) even where torch, fastqa or the benchmarks cannot be imported."""
+tolerances that phase b applies and the summary prints, and small text helpers. Standard library only (files are
+written with fastqa's atomic writer, ``fastqa.data.files``, which is too), so that the supervisor runs (and
+reports) even where torch, fastqa's kernels or the benchmarks cannot be imported."""
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run from a checkout: the benchmarks package and an uninstalled fastqa live here
@@ -34,13 +32,6 @@ def read_tail(path: Path, lines: int = TAIL_LINES) -> str:
         return tail(path.read_text(errors="replace"), lines)
     except OSError as exc:
         return f"(no log: {exc})"
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON through a temporary file, so a reader (or a kill) never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str, allow_nan=True))
-    os.replace(tmp, path)
 
 
 def short_error(exc: BaseException) -> str:

@@ -17,10 +17,12 @@ from typing import Any, Sequence
 from . import __doc__ as USAGE
 from .child import CHILD_PHASES, child_main
 from .command_phases import run_bench_phase, run_pytest_phase
-from .common import TOLERANCES, read_tail, short_error, tail, write_json_atomic
+from .common import TOLERANCES, read_tail, short_error, tail
 from .environment import collect_environment, environment_lines
 from .processes import child_env, run_process
 from .report import render_summary, targets
+
+from fastqa.data.files import atomic_write_json  # importable once .common has put the checkout on sys.path
 
 PACKAGE_DIR = Path(__file__).resolve().parent   # what a child runs: ``python scripts/gpu_check --child KEY``
 # A first device run's command: a lent GPU gives 15 minutes in all, its start included, and one command
@@ -197,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary["meta"]["elapsed_s"] = round(time.monotonic() - start, 1)
         by_key = {p["key"]: p for p in summary["phases"]}
         summary["targets"] = targets(by_key, args.tiny)
-        write_json_atomic(out / "summary.json", summary)
+        atomic_write_json(out / "summary.json", summary, indent=1, default=str)
         (out / "summary.txt").write_text(render_summary(summary))
 
     for index, phase in enumerate(PHASES):

@@ -9,6 +9,7 @@ import torch
 from benchmarks import __main__ as cli
 from benchmarks import compare, measure, registry, report, runner
 from fastqa._backend import cpu_available
+from fastqa.data.files import atomic_write_json
 from benchmarks.cases import (cqa_case, decode_attention_case, dwsep_case, glu_case, glu_step_case, linear_argmax_case,
                               ln_dwsep_case)
 
@@ -78,7 +79,7 @@ def test_table_json_and_chart(result, tmp_path):
     dwsep_rows = [r for r in result["records"] if r["op"] == "dwsep_conv1d"]
     assert {r["impl"] for r in dwsep_rows} >= {"eager"} and {r["mode"] for r in dwsep_rows} == {"fwd", "fwd+bwd"}
     assert report.markdown(result).count("| dwsep_conv1d |") == len(dwsep_rows)  # one Markdown row per record
-    report.write_json(result, tmp_path / "results.json")
+    atomic_write_json(tmp_path / "results.json", result, indent=1)  # as python -m benchmarks writes it
     assert len(report.load_records(tmp_path / "results.json")) == len(result["records"])
     report.speedup_chart(result, tmp_path / "speedup.png")
     assert (tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"

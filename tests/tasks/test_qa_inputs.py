@@ -27,7 +27,7 @@ from squad_fixtures import make_squad, write_json
 from fastqa.bounds import BOUNDS
 from fastqa.data.files import read_json, read_text
 from fastqa.errors import UserError
-from fastqa.tasks.qa import QAModel, decode_spans
+from fastqa.tasks.qa import QAModel, decode_top_spans
 from fastqa.tasks.qa.squad import Limits, build_vocabs, encode_squad, encode_tokens, load_squad, read_squad
 
 REPO = Path(__file__).resolve().parents[2]
@@ -249,14 +249,14 @@ def test_huge_max_answer_len_is_capped_at_the_context_length(model_dir, capsys):
     g = torch.Generator().manual_seed(0)
     lp1 = torch.log_softmax(torch.randn(3, 9, generator=g), 1)
     lp2 = torch.log_softmax(torch.randn(3, 9, generator=g), 1)
-    whole = decode_spans(lp1, lp2, max_answer_len=8)
+    whole = decode_top_spans(lp1, lp2, 2, max_answer_len=8)
     # Uncapped, 10**15 would ask for a [3, 9, 10**15] band: the result proves nothing of that size was made.
     for huge in (9, 10**8, 10**15):
-        out = decode_spans(lp1, lp2, max_answer_len=huge)
+        out = decode_top_spans(lp1, lp2, 2, max_answer_len=huge)
         assert all(torch.equal(out[k], whole[k]) for k in whole)
-    out = decode_spans(torch.cat([lp1[:, :1], lp1], 1), torch.cat([lp2[:, :1], lp2], 1), max_answer_len=10**15,
-                       no_answer=True)
-    assert out["start"].shape == (3,)
+    out = decode_top_spans(torch.cat([lp1[:, :1], lp1], 1), torch.cat([lp2[:, :1], lp2], 1), 2,
+                           max_answer_len=10**15, no_answer=True)
+    assert out["start"].shape == (3, 2)
     context = "Ada Lovelace was born in Zürich in 1815. Later, Ada Lovelace played the cello every evening."
     args = ["ask", "--model", model_dir, "--context", context, "--question", "Who played the cello?"]
     rc, default, _ = run_cli(capsys, args)

@@ -11,7 +11,7 @@ from helpers import SEED_ARGS
 from squad_fixtures import make_squad, write_json
 
 from fastqa.cli import main
-from fastqa.tasks.qa import QAModel, decode_spans
+from fastqa.tasks.qa import QAModel, decode_top_spans
 from fastqa.errors import UserError
 from fastqa.tasks.qa.predictor import Answer
 
@@ -44,33 +44,32 @@ def _brute_force(lp1, lp2, max_len):
 
 
 @pytest.mark.parametrize("max_len", [0, 1, 3, 30])
-def test_decode_spans_matches_brute_force(max_len):
+def test_the_best_span_matches_brute_force(max_len):
     g = torch.Generator().manual_seed(max_len)
     B, n = 5, 23
     lengths = [23, 1, 7, 16, 2]
     mask = torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]
     lp1 = torch.log_softmax(torch.randn(B, n, generator=g).masked_fill(~mask, -1e30), 1)
     lp2 = torch.log_softmax(torch.randn(B, n, generator=g).masked_fill(~mask, -1e30), 1)
-    out = decode_spans(lp1, lp2, max_answer_len=max_len)
+    out = decode_top_spans(lp1, lp2, 1, max_answer_len=max_len)
     for b in range(B):
         (i, j), best = _brute_force(lp1[b, :lengths[b]], lp2[b, :lengths[b]], max_len)
-        assert (int(out["start"][b]), int(out["end"][b])) == (i, j)
-        assert out["score"][b].item() == pytest.approx(torch.tensor(best).exp().item(), rel=1e-5)
+        assert (int(out["start"][b, 0]), int(out["end"][b, 0])) == (i, j)
+        assert out["score"][b, 0].item() == pytest.approx(torch.tensor(best).exp().item(), rel=1e-5)
         assert 0 <= j - i <= max_len and j < lengths[b]
-    assert not out["is_null"].any() and (out["na_prob"] == 0).all()
+    assert out["valid"].all() and (out["null"] == 0).all()          # no no-answer option: no null score
 
 
-def test_decode_spans_no_answer_option():
-    # row 0: the null score wins; row 1: the span (2, 3) wins.
+def test_the_no_answer_option_gives_the_null_score_beside_the_spans():
+    # row 0: the null score beats every span; row 1: the span (2, 3) beats the null score.
     p1 = torch.tensor([[0.7, 0.1, 0.1, 0.1, 0.0], [0.1, 0.0, 0.1, 0.8, 0.0]])
     p2 = torch.tensor([[0.6, 0.1, 0.1, 0.2, 0.0], [0.05, 0.05, 0.0, 0.1, 0.8]])
-    out = decode_spans(p1.log(), p2.log(), no_answer=True)
-    assert out["is_null"].tolist() == [True, False]
-    assert (int(out["start"][1]), int(out["end"][1])) == (2, 3)        # context tokens, null removed
-    assert out["score"].tolist() == pytest.approx([0.7 * 0.6, 0.8 * 0.8])
+    out = decode_top_spans(p1.log(), p2.log(), 1, no_answer=True)
+    assert out["null"].tolist() == pytest.approx([0.7 * 0.6, 0.1 * 0.05])
+    assert (int(out["start"][1, 0]), int(out["end"][1, 0])) == (2, 3)  # context tokens, null removed
     best0 = max(p1[0, 1 + i] * p2[0, 1 + j] for i in range(4) for j in range(i, 4))
-    assert out["na_prob"][0].item() == pytest.approx(0.42 / (0.42 + best0))
-    assert out["na_prob"][1].item() == pytest.approx(0.1 * 0.05 / (0.1 * 0.05 + 0.64))
+    assert out["score"][:, 0].tolist() == pytest.approx([float(best0), 0.8 * 0.8])
+    assert (out["null"] > out["score"][:, 0]).tolist() == [True, False]
 
 
 # ------------------------------------------------------------------------------- a trained tiny model (v1.1)

@@ -4,7 +4,7 @@
     encoding.py   tokens to word and character ids, a (context, question) pair encoded, padding
     metric.py     the official EM/F1 (v1.1 and v2.0 semantics)
     readers.py    the readers a run can train (``MODELS``) and how each is built from its config
-    spans.py      span decoding: argmax p1(i)·p2(j) over i <= j <= i + max_answer_len, and the k best spans
+    spans.py      span decoding: the k best spans by p1(i)·p2(j) over i <= j <= i + max_answer_len
     inference.py  the reader's inference: contexts of any length in overlapping windows of tokens, batched,
                   their best spans merged and ranked
     task.py       ``QATask`` for ``fastqa.train.fit`` and prediction over a SQuAD set
@@ -22,7 +22,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {"QAModel": "predictor", "Answer": "predictor", "Calibration": "calibration", "QATask": "task", "Recipe": "task", "PredictOutput": "task", "predict": "task",
-            "span_loss": "task", "score_predictions": "task", "decode_spans": "spans", "decode_top_spans": "spans",
+            "span_loss": "task", "score_predictions": "task", "decode_top_spans": "spans",
             "MODELS": "readers", "load_squad": "squad", "Limits": "squad", "evaluate": "metric"}
 
 __all__ = sorted(_EXPORTS)

@@ -1,8 +1,8 @@
-"""Span decoding: argmax p1(i)·p2(j) over i <= j <= i + max_answer_len for a whole batch at once, and the
-k best distinct spans (``decode_top_spans``) the same way.
+"""Span decoding, the one decoder (the reader's inference uses it, ``fastqa.tasks.qa.inference``): the k best
+distinct spans by p1(i)·p2(j) over i <= j <= i + max_answer_len, for a whole batch at once (k = 1: the argmax).
 
-With a no-answer option (SQuAD v2.0) the null score p1(0)·p2(0) wins when it is larger than the best span's,
-and the no-answer probability is null / (null + best span).
+With a no-answer option (SQuAD v2.0) the null score p1(0)·p2(0) is returned beside the spans; the reader's
+inference weighs it against the best span over all of a context's windows.
 """
 from __future__ import annotations
 
@@ -13,45 +13,7 @@ import torch.nn.functional as F
 
 from ..._checks import check_int
 
-__all__ = ["decode_spans", "decode_top_spans"]
-
-
-def decode_spans(log_p1: torch.Tensor, log_p2: torch.Tensor, *, max_answer_len: int = 30,
-                 no_answer: bool = False) -> dict[str, torch.Tensor]:
-    """The best span of every row: argmax p1(i)·p2(j) over i ≤ j ≤ i + max_answer_len.
-
-    log_p1, log_p2: [B, n] log-probabilities ([B, 1 + n] when ``no_answer``: index 0 is "no answer").
-    Returns ``start``, ``end`` [B] (context token indices, inclusive), ``score`` [B] (the probability
-    p1·p2 of the chosen answer, the null one when it wins), ``is_null`` [B] bool and ``na_prob`` [B]
-    (null / (null + best span); 0 without a no-answer option).
-
-    A ``max_answer_len`` of n - 1 or more already allows every span of an n-token context, so it is capped
-    there: the band below is [B, n, min(max_answer_len, n - 1) + 1] whatever is asked for.
-    """
-    max_answer_len = _check(log_p1, log_p2, max_answer_len)
-    lp1, lp2 = log_p1.float(), log_p2.float()
-    if no_answer:
-        null = lp1[:, 0] + lp2[:, 0]
-        lp1, lp2 = lp1[:, 1:], lp2[:, 1:]
-    B, n = lp1.shape
-    if n == 0:
-        raise ValueError("log_p1 has no context positions to decode a span from")
-    width = min(max_answer_len, n - 1) + 1
-    # band[b, i, k] = log p2(b, i + k): the end candidates of start i (-inf past the context).
-    band = F.pad(lp2, (0, width - 1), value=-math.inf).unfold(1, width, 1)  # [B, n, width]
-    scores = (lp1.unsqueeze(2) + band).reshape(B, n * width)
-    best, flat = scores.max(dim=1)
-    start = torch.div(flat, width, rounding_mode="floor")
-    end = start + flat % width
-    if no_answer:
-        is_null = null > best
-        na_prob = torch.sigmoid(null - best)
-        score = torch.where(is_null, null, best).exp()
-    else:
-        is_null = torch.zeros(B, dtype=torch.bool, device=lp1.device)
-        na_prob = torch.zeros(B, device=lp1.device)
-        score = best.exp()
-    return {"start": start, "end": end, "score": score, "is_null": is_null, "na_prob": na_prob}
+__all__ = ["decode_top_spans"]
 
 
 def _check(log_p1: torch.Tensor, log_p2: torch.Tensor, max_answer_len: int) -> int:
@@ -72,7 +34,8 @@ def decode_top_spans(log_p1: torch.Tensor, log_p2: torch.Tensor, k: int, *, max_
     row has fewer than k spans, with ``valid`` [B, k] False there), ``log_score`` [B, k] (its log, -inf
     there), and ``null``/``log_null`` [B] (p1(0)·p2(0) and its log: the no-answer score; 0 and -inf
     without a no-answer option). The spans are distinct by construction:
-    each (i, j) is one entry of the band. With k = 1 the span is ``decode_spans``'s.
+    each (i, j) is one entry of the band. A ``max_answer_len`` of n - 1 or more already allows every span of an
+    n-token context, so it is capped there: the band is [B, n, min(max_answer_len, n - 1) + 1] whatever is asked.
 
     One ``topk`` over the [B, n·width] band of every row: no loop over positions or rows.
     """

@@ -176,7 +176,8 @@ def markdown(result: dict[str, Any]) -> str:
     routes = result.get("bf16_routes") or []
     lines = [f"# bf16 vs fp32 on the CPU: {result['machine']}, {result['threads']} threads, {result['date']}", "",
              f"torch {result['torch']}; native bf16: {result['cpu_bf16']} (bf16 units: "
-             f"{'unknown' if units is None else ', '.join(units) or 'none'}); measured GEMM rate fp32 "
+             f"{'unknown' if units is None else ', '.join(units) or 'none'}; batch-reduce GEMM micro-kernel on "
+             f"packed bf16: {'usable' if result.get('bf16_brgemm') else 'not usable'}); measured GEMM rate fp32 "
              f"{result['peaks']['fp32']['gemm_flops'] / 1e9:.0f} GFLOP/s, bf16 "
              f"{result['peaks']['bf16']['gemm_flops'] / 1e9:.0f} GFLOP/s. Medians of interleaved runs.", "",
              *(["bf16 routes chosen (op, shape class: route, each route's measured ms): " + "; ".join(
@@ -228,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     gemm = cpu_gemm_info() or {}
     result = {"machine": measure.device_name(CPU), "threads": torch.get_num_threads(),
               "date": datetime.date.today().isoformat(), "torch": torch.__version__, "cpu_bf16": cpu_bf16_support(),
-              "bf16_units": bf16_units(), "bf16_routes": gemm.get("routes", []), "peaks": peaks, "rows": rows}
+              "bf16_units": bf16_units(), "bf16_routes": gemm.get("routes", []),
+              "bf16_brgemm": gemm.get("bf16_brgemm"), "peaks": peaks, "rows": rows}
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(args.out, result, indent=1)

@@ -58,6 +58,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         }
         out["routes"] = routes;
         out["bf16_route"] = gemm::requested_route();
+        out["bf16_brgemm"] = gemm::bf16_brgemm_usable();
         return out;
       },
       "The CPU kernels' GEMM engine: the process's (float32), what FASTQA_CPU_GEMM asked for, whether "

@@ -214,8 +214,9 @@ def cpu_gemm_info() -> dict[str, Any] | None:
     """The CPU kernels' GEMM engine (``FASTQA_CPU_GEMM``): ``engine`` in use for float32 ("blas":
     MKL/OpenBLAS through at::mm, "onednn": torch's oneDNN), ``requested``, ``onednn_available`` and
     ``gflops``, each engine's measured float32 rate, ``shapes`` (each GEMM shape's engine), ``routes`` (each bf16
-    op's route per shape class, with the milliseconds each route measured) and ``bf16_route``
-    (``FASTQA_CPU_BF16_ROUTE``). The first call measures (a fraction of a second) unless an op already did;
+    op's route per shape class, with the milliseconds each route measured), ``bf16_route``
+    (``FASTQA_CPU_BF16_ROUTE``) and ``bf16_brgemm`` (whether the native bf16 routes multiply on PyTorch's
+    batch-reduce GEMM micro-kernel here: checked once on known values). The first call measures (a fraction of a second) unless an op already did;
     None without the extension; ``{"error": ...}`` for a bad variable."""
     if _EXT is None:
         return None

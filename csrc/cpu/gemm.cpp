@@ -482,18 +482,23 @@ bool bf16_brgemm_usable() {
   static const bool usable = [] {
     try {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      // Fixed values (not the global generator: a seeded user's draws must not depend on this check), odd M
-      // and N not a multiple of the vector width, and an accumulation, so that a wrong layout or tail shows.
-      constexpr int64_t m = 5, k = 36, n = 40;
-      const at::Tensor a = at::linspace(-2.0, 3.0, m * k, at::kFloat).view({m, k}).sin().to(at::kBFloat16);
-      const at::Tensor w = at::linspace(-1.0, 1.5, n * k, at::kFloat).view({n, k}).cos().to(at::kBFloat16);
-      const at::Tensor packed = pack_vnni(w);
-      at::Tensor c = at::ones({m, n}, at::kFloat);
-      bf16_brgemm(m, n, k, a.data_ptr<c10::BFloat16>(), k, packed.data_ptr<c10::BFloat16>(), c.data_ptr<float>(),
-                  n, /*accumulate=*/true);
-      bf16_brgemm_release();
-      const at::Tensor want = at::mm(a.to(at::kDouble), w.to(at::kDouble).t()) + 1;
-      return (c.to(at::kDouble) - want).abs().max().item<double>() <= 1e-4 * want.abs().max().item<double>();
+      // Fixed values (not the global generator: a seeded user's draws must not depend on this check): odd M
+      // and N not a multiple of the vector width with an accumulation, then a whole-tile product, so that a
+      // wrong layout, tail or blocking shows.
+      for (const auto& [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{5, 36, 40}, {16, 64, 128}}) {
+        const at::Tensor a = at::linspace(-2.0, 3.0, m * k, at::kFloat).view({m, k}).sin().to(at::kBFloat16);
+        const at::Tensor w = at::linspace(-1.0, 1.5, n * k, at::kFloat).view({n, k}).cos().to(at::kBFloat16);
+        const at::Tensor packed = pack_vnni(w);
+        at::Tensor c = at::ones({m, n}, at::kFloat);
+        bf16_brgemm(m, n, k, a.data_ptr<c10::BFloat16>(), k, packed.data_ptr<c10::BFloat16>(),
+                    c.data_ptr<float>(), n, /*accumulate=*/true);
+        bf16_brgemm_release();
+        const at::Tensor want = at::mm(a.to(at::kDouble), w.to(at::kDouble).t()) + 1;
+        if ((c.to(at::kDouble) - want).abs().max().item<double>() > 1e-4 * want.abs().max().item<double>()) {
+          return false;
+        }
+      }
+      return true;
     } catch (const std::exception&) {  // not built into this torch, or refused on this processor
       return false;
     }

@@ -151,7 +151,7 @@ def test_bf16_benchmark_names_the_cpu_its_bf16_units_and_the_routes(tmp_path, mo
     assert cpu_bf16.main(["--quick", "--ops", "glu_conv1d_step", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["machine"] == device_name(torch.device("cpu")) and result["machine"]
-    assert result["bf16_units"] == cpu_bf16.bf16_units()
+    assert result["bf16_units"] == cpu_bf16.bf16_units() and isinstance(result["bf16_brgemm"], bool)
     assert [r["op"] for r in result["bf16_routes"]].count("glu_conv1d_step") >= 1
     assert all(r["route"] in ("native", "widen") for r in result["bf16_routes"])
     md = out.with_suffix(".md").read_text()

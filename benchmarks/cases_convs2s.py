@@ -39,6 +39,7 @@ import torch
 
 from fastqa.models.convs2s import ConvS2S, ConvS2SConfig, beam_search, greedy_decode
 
+from . import measure
 from .registry import Case, Prepared, _fastqa_backends, register
 
 # Multi30k de->en vocabularies (spaCy tokens, min_freq 2), as the tutorial's.
@@ -283,15 +284,12 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             prepared = case.prepare(mode, device, torch.float32, compile=False, naive_limit_bytes=0)
             print(f"{case.id} [{mode}] shape={case.shape} (prepared in {time.perf_counter() - t0:.0f}s)", flush=True)
-            samples: dict[str, list[float]] = {k: [] for k in prepared.runners}
             names = list(prepared.runners)
             for impl in names[1:]:  # one untimed call each (prepare ran the first): first-use GEMM probes, caches
                 prepared.runners[impl]()
-            for r in range(args.rounds):
-                for impl in names[r % len(names):] + names[:r % len(names)]:
-                    t0 = time.perf_counter()
-                    prepared.runners[impl]()
-                    samples[impl].append(time.perf_counter() - t0)
+            # measure's interleaved timing, one call a sample and exactly --rounds rounds
+            rounds = measure.Settings(min_runs=args.rounds, max_runs=args.rounds, target_s=0.0, min_sample_s=0.0)
+            samples = measure.time_interleaved(prepared.runners, device, rounds, est_s=dict.fromkeys(names, 1.0))
             med = {k: statistics.median(v) for k, v in samples.items()}
             for impl, s in med.items():
                 extra = ""

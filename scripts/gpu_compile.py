@@ -188,8 +188,17 @@ def _dropout(shape: tuple[int, ...], *, residual: bool, scale: bool) -> Callable
     return run
 
 
-QANET = {"qanet-paper": dict(d=128, resize_in=300 + 200), "qanet-small": dict(d=64, resize_in=50 + 64 + 1)}
-CONVS2S = {"convs2s-tutorial": 512, "convs2s-small": 256}
+def _presets() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The models' presets as their config classes declare them: ``qanet-<preset>`` -> QANetConfig,
+    ``convs2s-<preset>`` -> ConvS2SConfig."""
+    from fastqa.models.convs2s import ConvS2SConfig
+    from fastqa.models.qanet import QANetConfig
+
+    vocab = 1000  # the vocabularies' sizes a preset leaves to the data; no kernel launch depends on them
+    return ({f"qanet-{name}": QANetConfig.from_preset(name, word_vocab_size=vocab, char_vocab_size=vocab)
+             for name in QANetConfig.PRESETS},
+            {f"convs2s-{name}": ConvS2SConfig.from_preset(name, src_vocab_size=vocab, tgt_vocab_size=vocab)
+             for name in ConvS2SConfig.PRESETS})
 
 
 def model_cases() -> list[Case]:
@@ -200,11 +209,13 @@ def model_cases() -> list[Case]:
     steps of 1, 5, 64 and 320 rows. Parameters in float32 (autocast's master weights, which the launchers take
     as they are); ``edge_cases`` has them in the activations' dtype too."""
     cases = []
-    for model, p in QANET.items():
-        d, only = p["d"], (model,)
-        cases.append(Case(f"{model}: resize conv C_in {p['resize_in']} K5", only,
-                          _dwsep(32, 400, p["resize_in"], d, 5, ln=False, relu=False, residual=False)))
-        for K, part in ((7, "embedding"), (5, "model")):
+    qanet, convs2s = _presets()
+    for model, c in qanet.items():
+        d, only = c.d_model, (model,)
+        resize_in, K = c.word_dim + c.char_channels + int(c.word_match), c.emb_resize_kernel  # the resize conv's
+        cases.append(Case(f"{model}: resize conv C_in {resize_in} K{K}", only,
+                          _dwsep(32, 400, resize_in, d, K, ln=False, relu=False, residual=False)))
+        for K, part in ((c.emb_conv_kernel, "embedding"), (c.model_conv_kernel, "model")):
             for L in (400, 50):
                 for residual in (False, True):  # training adds the residual after dropout, evaluation in the kernel
                     cases.append(Case(f"{model}: {part} encoder conv K{K} L{L} residual={residual}", only,
@@ -215,15 +226,15 @@ def model_cases() -> list[Case]:
         cases.append(Case(f"{model}: evaluation, 100-word questions", only, _cqa(32, 700, 100, d, backward=False),
                           ("bf16",)))
         cases.append(Case(f"{model}: serving one question", only, _cqa(1, 173, 11, d, backward=False), ("bf16",)))
-    for model, H in CONVS2S.items():
-        only = (model,)
-        cases.append(Case(f"{model}: encoder GLU conv", only, _glu(64, 30, H, 3, causal=False, mask=True,
+    for model, c in convs2s.items():
+        only, H, K = (model,), c.hidden_dim, c.kernel_size
+        cases.append(Case(f"{model}: encoder GLU conv", only, _glu(64, 30, H, K, causal=False, mask=True,
                                                                     residual=False)))
-        cases.append(Case(f"{model}: decoder GLU conv", only, _glu(64, 30, H, 3, causal=True, mask=False,
+        cases.append(Case(f"{model}: decoder GLU conv", only, _glu(64, 30, H, K, causal=True, mask=False,
                                                                     residual=False, scale=1.0)))
         for B in (1, 5, 64, 320):
-            cases.append(Case(f"{model}: decoding step B{B}", only, _glu_step(B, H, 3, residual=False)))
-    everyone = tuple(QANET) + tuple(CONVS2S)
+            cases.append(Case(f"{model}: decoding step B{B}", only, _glu_step(B, H, K, residual=False)))
+    everyone = tuple(qanet) + tuple(convs2s)
     for residual in (False, True):
         for scale in (False, True):
             cases.append(Case(f"dropout_add residual={residual} scale={scale}", everyone,

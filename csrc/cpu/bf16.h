@@ -43,6 +43,22 @@ inline at::Tensor narrow(const at::Tensor& t) {
   return t.defined() && t.scalar_type() == at::kFloat ? t.to(at::kBFloat16) : t;
 }
 
+// A parameter (weight, bias, LayerNorm gamma/beta) a kernel with activation `x` takes: in x's dtype, or float32 with
+// bf16 activations (the float32 master weights under autocast, read as they are: no per-call copy in the glue).
+inline bool param_dtype_ok(const at::Tensor& param, const at::Tensor& x) {
+  return param.scalar_type() == x.scalar_type() || (is_bf16(x) && param.scalar_type() == at::kFloat);
+}
+
+// A parameter's gradient, computed in float32 by a bf16 call, in the parameter's own dtype: rounded to bf16 for a
+// bf16 parameter, kept float32 (no round trip through bf16) for a float32 one. An absent parameter's empty
+// placeholder is rounded as the activations' dtype (bf16).
+inline at::Tensor grad_like(const at::Tensor& grad, const at::Tensor& param) {
+  return param.defined() && param.scalar_type() == at::kFloat ? grad : narrow(grad);
+}
+inline at::Tensor grad_like(const at::Tensor& grad, const c10::optional<at::Tensor>& param) {
+  return param.has_value() ? grad_like(grad, *param) : narrow(grad);
+}
+
 // The dtype of the statistics an op computes from `input` and saves for its backward (a log-sum-exp, softmax
 // probabilities, a mean and reciprocal deviation): float32 for bf16 input, what they are computed in; the input's
 // dtype otherwise.

@@ -29,10 +29,12 @@
 // mask [B, L] bool (optional): rows where it is false (padding) are zero in h, so they enter the depthwise
 // conv as its zero padding does and real rows never see them; their dL/dh is dropped (grad_x rows 0).
 //
-// dtypes: float32, float64, or bfloat16 (csrc/cpu/bf16.h) with every floating tensor of a call bf16. A bf16 call
+// dtypes: float32, float64, or bfloat16 (csrc/cpu/bf16.h) with every activation of a call bf16 and each parameter
+// bf16 or float32 (the float32 master weights under autocast, taken as they are). A bf16 call
 // widens x, the depthwise and LayerNorm parameters, the biases, the residual and grad_y to float32 and runs the
 // float32 kernels inside a gemm::Bf16Products scope, opened again on the pool's threads where the tiles' GEMMs
-// run; pw_weight, which feeds only GEMMs, stays bf16. y and the dwsep grad_x are rounded to bf16 tile by tile,
+// run; pw_weight, which feeds only GEMMs, is bf16 (a float32 one rounded once per call, inside the kernel). The
+// parameters' gradients are summed in float32 and returned in each parameter's dtype. y and the dwsep grad_x are rounded to bf16 tile by tile,
 // the other gradients once reduced; ln_stats stays float32 (what it is computed in) and the ReLU mask bool.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -401,8 +403,9 @@ Shapes check_args(const char* op, const at::Tensor& x, const at::Tensor& dw_weig
   TORCH_CHECK(pw_weight.dim() == 3 && pw_weight.size(1) == s.C_in && pw_weight.size(2) == 1 && s.C_out > 0, op,
               ": pw_weight must be [C_out, C_in=", s.C_in, ", 1], got ", pw_weight.sizes());
   TORCH_CHECK(0 <= pad_left && pad_left < s.K, op, ": pad_left must be in [0, K-1=", s.K - 1, "], got ", pad_left);
+  // A parameter: x's dtype, or float32 with bf16 x (bf16::param_dtype_ok).
   auto same_kind = [&](const at::Tensor& t, const char* name) {
-    TORCH_CHECK(t.device() == x.device() && t.scalar_type() == x.scalar_type(), op, ": ", name,
+    TORCH_CHECK(t.device() == x.device() && bf16::param_dtype_ok(t, x), op, ": ", name,
                 " must be a ", x.scalar_type(), " tensor on ", x.device(), " like x, got ", t.scalar_type(),
                 " on ", t.device());
   };
@@ -529,7 +532,8 @@ std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x, const a
   // of its tile.
   const gemm::Bf16Products bf16_scope;
   const at::Tensor wide_x = bf16::widen(x);
-  return dwsep_forward(s, wide_x, bf16::widen(dw_weight), bf16::widen(dw_bias), pw_weight, bf16::widen(pw_bias),
+  return dwsep_forward(s, wide_x, bf16::widen(dw_weight), bf16::widen(dw_bias), bf16::narrow(pw_weight),
+                       bf16::widen(pw_bias),
                        widened_residual(residual_in, residual, x, wide_x), pad_left, relu, /*bf16_out=*/true);
 }
 
@@ -652,8 +656,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_con
   const gemm::Bf16Products bf16_scope;
   auto [gx, gdw, gdb, gpw, gpb] =
       dwsep_backward(s, bf16::widen(grad_y), bf16::widen(x), bf16::widen(dw_weight),
-                     bf16::widen(dw_bias), pw_weight, pw_bias, aux, pad_left, relu, /*bf16_out=*/true);
-  return {gx, bf16::narrow(gdw), bf16::narrow(gdb), bf16::narrow(gpw), bf16::narrow(gpb)};
+                     bf16::widen(dw_bias), bf16::narrow(pw_weight), pw_bias, aux, pad_left, relu,
+                     /*bf16_out=*/true);
+  return {gx, bf16::grad_like(gdw, dw_weight), bf16::grad_like(gdb, dw_bias), bf16::grad_like(gpw, pw_weight),
+          bf16::grad_like(gpb, pw_bias)};
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -730,7 +736,7 @@ void check_ln_args(const char* op, const at::Tensor& x, const at::Tensor& ln_wei
   const int64_t C = x.size(2);
   auto check = [&](const at::Tensor& t, const char* name) {
     TORCH_CHECK(t.dim() == 1 && t.size(0) == C, op, ": ", name, " must be [C_in=", C, "], got ", t.sizes());
-    TORCH_CHECK(t.device() == x.device() && t.scalar_type() == x.scalar_type(), op, ": ", name, " must be a ",
+    TORCH_CHECK(t.device() == x.device() && bf16::param_dtype_ok(t, x), op, ": ", name, " must be a ",
                 x.scalar_type(), " tensor on ", x.device(), " like x, got ", t.scalar_type(), " on ", t.device());
   };
   check(ln_weight, "ln_weight");
@@ -811,7 +817,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_dwsep_conv1d_fwd(
   const gemm::Bf16Products bf16_scope;
   const at::Tensor wide_x = bf16::widen(x);
   return ln_forward(s, wide_x, bf16::widen(ln_weight), bf16::widen(ln_bias), eps, bf16::widen(dw_weight),
-                    bf16::widen(dw_bias), pw_weight, bf16::widen(pw_bias),
+                    bf16::widen(dw_bias), bf16::narrow(pw_weight), bf16::widen(pw_bias),
                     widened_residual(residual_in, residual, x, wide_x), mask, pad_left, relu, /*bf16_out=*/true);
 }
 
@@ -891,10 +897,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const gemm::Bf16Products bf16_scope;
   auto [gx, glw, glb, gdw, gdb, gpw, gpb] =
       ln_backward(s, bf16::widen(grad_y), bf16::widen(x), bf16::widen(ln_weight),
-                  bf16::widen(ln_bias), bf16::widen(dw_weight), bf16::widen(dw_bias), pw_weight, pw_bias, aux,
-                  ln_stats, mask, pad_left, relu);
-  return {bf16::narrow(gx), bf16::narrow(glw), bf16::narrow(glb), bf16::narrow(gdw), bf16::narrow(gdb),
-          bf16::narrow(gpw), bf16::narrow(gpb)};
+                  bf16::widen(ln_bias), bf16::widen(dw_weight), bf16::widen(dw_bias), bf16::narrow(pw_weight),
+                  pw_bias, aux, ln_stats, mask, pad_left, relu);
+  return {bf16::narrow(gx), bf16::grad_like(glw, ln_weight), bf16::grad_like(glb, ln_bias),
+          bf16::grad_like(gdw, dw_weight), bf16::grad_like(gdb, dw_bias), bf16::grad_like(gpw, pw_weight),
+          bf16::grad_like(gpb, pw_bias)};
 }
 
 }  // namespace

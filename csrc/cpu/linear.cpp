@@ -7,7 +7,8 @@
 // QANet's feed-forward layers) go through here; gemm::linear measures each shape once and keeps the faster.
 //
 // Shapes: x [..., K] (any leading dimensions, any strides), weight [N, K], bias [N] or None -> y [..., N].
-// dtypes: float32, float64 or bfloat16 (the products on the bf16 engine, see csrc/cpu/bf16.h).
+// dtypes: float32, float64 or bfloat16 (the products on the bf16 engine, see csrc/cpu/bf16.h); with bf16 x the
+// weight and bias may be float32 (the master weights under autocast), their gradients then float32.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -33,7 +34,26 @@ void check_operands(const char* op, const at::Tensor& x, const at::Tensor& weigh
   FASTQA_CHECK(weight.dim() == 2, op, "weight must be [N, K], got ", weight.sizes());
   FASTQA_CHECK(x.size(-1) == weight.size(1), op, "x's last dimension (", x.size(-1), ") must equal weight.shape[1] (",
                weight.size(1), ")");
-  FASTQA_CHECK(x.scalar_type() == weight.scalar_type(), op, "x and weight must have the same dtype");
+  FASTQA_CHECK(bf16::param_dtype_ok(weight, x), op, "weight must have x's dtype (", x.scalar_type(),
+               ") or, with bfloat16 x, float32; got ", weight.scalar_type());
+}
+
+void check_bias(const char* op, const c10::optional<at::Tensor>& bias, const at::Tensor& x, int64_t n) {
+  if (bias.has_value() && bias->defined()) {
+    FASTQA_CHECK(bias->dim() == 1 && bias->size(0) == n, op, "bias must be [", n, "], got ", bias->sizes());
+    FASTQA_CHECK(bf16::param_dtype_ok(*bias, x), op, "bias must have x's dtype (", x.scalar_type(),
+                 ") or, with bfloat16 x, float32; got ", bias->scalar_type());
+  }
+}
+
+// A float32 parameter taken with bf16 x, in x's dtype for the bf16 product: rounded once per call here, inside the
+// kernel (what casting it before the call gives, bit for bit, without a copy the dispatcher sees).
+at::Tensor as_x(const at::Tensor& param, const at::Tensor& x) {
+  return param.scalar_type() == x.scalar_type() ? param : param.to(x.scalar_type());
+}
+c10::optional<at::Tensor> as_x(const c10::optional<at::Tensor>& param, const at::Tensor& x) {
+  if (!param.has_value() || !param->defined()) return c10::nullopt;
+  return as_x(*param, x);
 }
 
 // [..., n] sizes of x with its last dimension replaced by n.
@@ -46,16 +66,16 @@ std::vector<int64_t> with_last(const at::Tensor& x, int64_t n) {
 at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
   check_operands(kFwd, x, weight);
   const int64_t n = weight.size(0), k = weight.size(1);
-  if (bias.has_value() && bias->defined()) {
-    FASTQA_CHECK(bias->dim() == 1 && bias->size(0) == n, kFwd, "bias must be [", n, "], got ", bias->sizes());
-  }
+  check_bias(kFwd, bias, x, n);
   gemm::prepare();
-  const at::Tensor y = gemm::linear(x.reshape({-1, k}), weight, bias);
+  const at::Tensor y = gemm::linear(x.reshape({-1, k}), as_x(weight, x), as_x(bias, x));
   return y.view(with_last(x, n));
 }
 
 // grad_x = grad_y W, grad_weight = grad_yᵀ x (summed over every leading position), grad_bias = Σ grad_y
-// (empty when has_bias is false).
+// (empty when has_bias is false). The parameters' gradients in weight's dtype: with bf16 x and a float32 weight,
+// summed in float32 from the exact products of the bf16 operands (a float32 GEMM on their widened copies) and
+// returned in float32, never rounded to bf16 on the way.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_bwd(const at::Tensor& grad_y, const at::Tensor& x,
                                                           const at::Tensor& weight, bool has_bias) {
   check_operands(kBwd, x, weight);
@@ -66,9 +86,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_bwd(const at::Tensor& grad
   const at::Tensor g = grad_y.reshape({-1, n});
   const at::Tensor x2 = x.reshape({-1, k});
   // Both as products "a @ wᵀ" for the entry point: grad_x = g @ (Wᵀ)ᵀ, grad_weight = gᵀ @ (xᵀ)ᵀ.
-  const at::Tensor grad_x = gemm::linear(g, weight.t(), c10::nullopt).view(x.sizes());
-  const at::Tensor grad_weight = gemm::linear(g.t(), x2.t(), c10::nullopt);
-  const at::Tensor grad_bias = has_bias ? g.sum(0) : at::empty({0}, weight.options());
+  const at::Tensor grad_x = gemm::linear(g, as_x(weight, x).t(), c10::nullopt).view(x.sizes());
+  const bool wide = weight.scalar_type() != x.scalar_type();
+  const at::Tensor grad_weight =
+      wide ? gemm::linear(bf16::widen(g).t(), bf16::widen(x2).t(), c10::nullopt)
+           : gemm::linear(g.t(), x2.t(), c10::nullopt);
+  const at::Tensor grad_bias = !has_bias ? at::empty({0}, weight.options())
+                               : wide    ? g.sum(0, /*keepdim=*/false, weight.scalar_type())
+                                         : g.sum(0);
   return {grad_x, grad_weight, grad_bias};
 }
 
@@ -112,9 +137,7 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& weight, const c1
                          at::IntArrayRef exclude) {
   check_operands(kArgmax, x, weight);
   const int64_t n = weight.size(0), k = weight.size(1);
-  if (bias.has_value() && bias->defined()) {
-    FASTQA_CHECK(bias->dim() == 1 && bias->size(0) == n, kArgmax, "bias must be [", n, "], got ", bias->sizes());
-  }
+  check_bias(kArgmax, bias, x, n);
   for (const int64_t e : exclude) {
     FASTQA_CHECK(e >= 0 && e < n, kArgmax, "excluded feature ", e, " is outside [0, ", n, ")");
   }
@@ -127,7 +150,7 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& weight, const c1
   while (excluded.count(lowest_allowed) != 0) ++lowest_allowed;
   gemm::prepare();
   // [M, n], contiguous; a bf16 product's logits are compared in float32 (the rounding is the product's).
-  const at::Tensor y = bf16::widen(gemm::linear(x.reshape({-1, k}), weight, bias));
+  const at::Tensor y = bf16::widen(gemm::linear(x.reshape({-1, k}), as_x(weight, x), as_x(bias, x)));
   const int64_t m = y.size(0);
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.pop_back();

@@ -88,9 +88,16 @@ def _below_autograd(op: Any, *args: Any) -> Any:
         return op(*args)
 
 
+CPU_ACCEPTS_FP32_WEIGHTS = frozenset({"linear", "linear_argmax", "dwsep_conv1d", "ln_dwsep_conv1d"})
+"""The ops whose C++ kernels take float32 parameters with bfloat16 activations (reading them as float32, or
+rounding a GEMM's weight once inside the kernel) and return the parameters' gradients in float32: the CPU
+backend's ``ACCEPTS_FP32_WEIGHTS``, per op."""
+
+
 def takes_fp32_params(backend: str, op: str, module: str, x: object) -> bool:
-    """Whether ``op`` on the activation ``x`` under autocast runs on Triton kernels that take float32 parameters
-    (``ACCEPTS_FP32_WEIGHTS`` of the kernel module ``module``): then the entry point passes the float32 master
+    """Whether ``op`` on the activation ``x`` under autocast runs on kernels that take float32 parameters -- the
+    Triton kernels of module ``module`` with ``ACCEPTS_FP32_WEIGHTS``, or the C++ kernels of the ops in
+    ``CPU_ACCEPTS_FP32_WEIGHTS`` under bfloat16 autocast: then the entry point passes the float32 master
     weights uncast (``entry_prologue``'s ``fp32_params``). False outside autocast and for any other backend;
     False too for a backend or input the entry point's own checks will refuse."""
     if not isinstance(x, torch.Tensor) or x.device.type not in ("cuda", "cpu"):
@@ -99,9 +106,12 @@ def takes_fp32_params(backend: str, op: str, module: str, x: object) -> bool:
     if dtype is None:
         return False
     kernels = sys.modules.get(f"fastqa.triton_kernels.{module}")   # imported by fastqa.ops where Triton runs
-    if kernels is None or not getattr(kernels, "ACCEPTS_FP32_WEIGHTS", False):
+    triton = kernels is not None and getattr(kernels, "ACCEPTS_FP32_WEIGHTS", False)
+    cpu = op in CPU_ACCEPTS_FP32_WEIGHTS and dtype == torch.bfloat16
+    if not (triton or cpu):
         return False
     try:
-        return resolve_backend(backend, op, x.device, dtype) == "triton"
+        resolved = resolve_backend(backend, op, x.device, dtype)
     except (TypeError, RuntimeError):
         return False
+    return (resolved == "triton" and triton) or (resolved == "cpu" and cpu)

@@ -315,9 +315,9 @@ if cpu_available():
     def _dwsep_conv1d_bwd_fake(grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu):
         return (x.new_empty(x.shape),
                 dw_weight.new_empty(dw_weight.shape),
-                x.new_empty(dw_bias.shape if dw_bias is not None else (0,)),
+                x.new_empty((0,)) if dw_bias is None else dw_bias.new_empty(dw_bias.shape),
                 pw_weight.new_empty(pw_weight.shape),
-                x.new_empty(pw_bias.shape if pw_bias is not None else (0,)))
+                x.new_empty((0,)) if pw_bias is None else pw_bias.new_empty(pw_bias.shape))
 
     @torch.library.register_fake("fastqa::ln_dwsep_conv1d_fwd")
     def _ln_dwsep_conv1d_fwd_fake(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, residual,
@@ -329,5 +329,5 @@ if cpu_available():
     @torch.library.register_fake("fastqa::ln_dwsep_conv1d_bwd")
     def _ln_dwsep_conv1d_bwd_fake(grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux,
                                   ln_stats, mask, pad_left, relu):
-        return ((x.new_empty(x.shape), x.new_empty(ln_weight.shape), x.new_empty(ln_bias.shape))
+        return ((x.new_empty(x.shape), ln_weight.new_empty(ln_weight.shape), ln_bias.new_empty(ln_bias.shape))
                 + _dwsep_conv1d_bwd_fake(grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu)[1:])

@@ -24,7 +24,7 @@ from .. import reference
 from .._backend import cpu_available, resolve_backend
 from .._checks import autocast_dtype, cast_floating, check_device, check_optional, check_positive, check_tensor
 from ._function import exporting, has_tangent, input_grads, once_differentiable, records_grad, register_op_autograd
-from ._registry import exported_op, kernel, qualified, register_autograd_hook
+from ._registry import exported_op, kernel, qualified, register_autograd_hook, takes_fp32_params
 
 _MODULE = "linear"
 
@@ -83,7 +83,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     backend: "auto", "reference", "cpu" or "triton" (the GPU path: ``F.linear`` on cuBLAS, what "auto" runs
     on CUDA).
     """
-    x, weight, bias = _check_arguments(x, weight, bias)
+    x, weight, bias = _check_arguments(x, weight, bias, takes_fp32_params(backend, "linear", _MODULE, x))
     resolved = resolve_backend(backend, "linear", x.device, x.dtype)
     if resolved != "cpu" or has_tangent(x, weight, bias):
         return reference.linear(x, weight, bias)   # "triton" too: the GPU path is F.linear itself
@@ -109,7 +109,7 @@ def linear_argmax(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     backend: "auto", "reference", "cpu" or "triton" (the GPU path, ``device_linear_argmax``: what "auto"
     runs on CUDA).
     """
-    x, weight, bias = _check_arguments(x, weight, bias)
+    x, weight, bias = _check_arguments(x, weight, bias, takes_fp32_params(backend, "linear_argmax", _MODULE, x))
     exclude = _check_exclude(exclude, weight.shape[0])
     resolved = resolve_backend(backend, "linear_argmax", x.device, x.dtype)
     if resolved == "triton":
@@ -167,9 +167,10 @@ def _runs(ids: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _check_arguments(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+def _check_arguments(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fp32: bool = False
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The prologue of both entry points: (x, weight, bias) checked (and cast under autocast).
+    """The prologue of both entry points: (x, weight, bias) checked (and cast under autocast; with ``fp32``, the
+    C++ kernels' float32 parameters with bf16 x, ``takes_fp32_params``, float32 ones are passed uncast).
 
     Unlike the other ops' prologue (``entry_prologue``), leading dimensions of size 0 are accepted, as
     ``nn.Linear`` accepts them: an empty batch gives an empty output (and gradients of the right shapes,
@@ -179,10 +180,13 @@ def _check_arguments(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     check_device("x", x)
     if ndim < 2:
         raise ValueError(f"x must have at least 2 dimensions ([..., K]), got shape {tuple(x.shape)}")
-    x, weight, bias = cast_floating(autocast_dtype(x.device), x, weight, bias)
-    check_tensor("weight", weight, shape=(None, x.shape[-1]), like=x)
+    dtype = autocast_dtype(x.device)
+    (x,) = cast_floating(dtype, x)
+    weight, bias = (p if fp32 and getattr(p, "dtype", None) == torch.float32 else cast_floating(dtype, p)[0]
+                    for p in (weight, bias))
+    check_tensor("weight", weight, shape=(None, x.shape[-1]), like=x, or_float32=fp32)
     check_positive("weight", weight, range(2))
-    check_optional("bias", bias, shape=(weight.shape[0],), like=x)
+    check_optional("bias", bias, shape=(weight.shape[0],), like=x, or_float32=fp32)
     return x, weight, bias
 
 
@@ -212,6 +216,6 @@ if cpu_available():
         return x.new_empty(x.shape[:-1], dtype=torch.long)
 
     @torch.library.register_fake("fastqa::linear_bwd")
-    def _bwd_fake(grad_y, x, weight, has_bias):
+    def _bwd_fake(grad_y, x, weight, has_bias):   # the parameters' gradients in weight's dtype
         return (x.new_empty(x.shape), weight.new_empty(weight.shape),
                 weight.new_empty((weight.shape[0],) if has_bias else (0,)))

@@ -464,12 +464,19 @@ def test_cpp_checks_name_arguments():
     with pytest.raises(RuntimeError, match="aux"):
         torch.ops.fastqa.dwsep_conv1d_bwd(torch.randn(1, 5, 4), x, dw, None, pw, pb,
                                           torch.empty(0, dtype=torch.bool), 1, True)
-    # bf16 x with float32 parameters (or the reverse) is refused, as any mix of dtypes is.
+    # float32 x with bf16 parameters is refused; bf16 x takes bf16 or float32 parameters (the master weights
+    # under autocast), whose gradients come back in their own dtype.
     low = x.to(torch.bfloat16)
     with pytest.raises(RuntimeError, match="dw_weight"):
-        torch.ops.fastqa.dwsep_conv1d_fwd(low, dw, None, pw.to(torch.bfloat16), None, None, 1, False)
+        torch.ops.fastqa.dwsep_conv1d_fwd(x, dw.to(torch.bfloat16), None, pw, None, None, 1, False)
     with pytest.raises(RuntimeError, match="pw_weight"):
-        torch.ops.fastqa.dwsep_conv1d_fwd(low, dw.to(torch.bfloat16), None, pw, None, None, 1, False)
+        torch.ops.fastqa.dwsep_conv1d_fwd(x, dw, None, pw.to(torch.bfloat16), None, None, 1, False)
+    with pytest.raises(RuntimeError, match="dw_weight"):
+        torch.ops.fastqa.dwsep_conv1d_fwd(low, dw.double(), None, pw, None, None, 1, False)
+    y, aux = torch.ops.fastqa.dwsep_conv1d_fwd(low, dw, None, pw.to(torch.bfloat16), pb, None, 1, False)
+    grads = torch.ops.fastqa.dwsep_conv1d_bwd(torch.ones_like(y), low, dw, None, pw.to(torch.bfloat16), pb, aux, 1,
+                                              False)
+    assert [g.dtype for g in grads] == [torch.bfloat16, torch.float32, torch.bfloat16, torch.bfloat16, torch.float32]
     with pytest.raises(RuntimeError, match="grad_y"):
         torch.ops.fastqa.dwsep_conv1d_bwd(torch.randn(1, 5, 4), low, dw.to(torch.bfloat16), None,
                                           pw.to(torch.bfloat16), None, torch.empty(0, dtype=torch.bool), 1, False)

@@ -10,7 +10,7 @@ from fastqa import reference
 from fastqa._backend import cpu_available, cpu_gemm_info, triton_usable_here
 from fastqa.layers import Linear
 
-from helpers import check_against_reference, check_bf16_against_float64, device_of, ran_ops
+from helpers import assert_close, check_against_reference, check_bf16_against_float64, device_of, ran_ops
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="the kernel is C++ only: needs fastqa._C")
 
@@ -305,6 +305,31 @@ def test_bfloat16_matches_float64_reference(shape, bias):
     """bf16 in and out, the products on the bf16 engine: forward and every gradient against float64."""
     x, weight, b = make_inputs(*shape, bias=bias)
     check_bf16_against_float64(fused, reference.linear, (x, weight, b), names=NAMES)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_bfloat16_with_float32_parameters(bias):
+    """bf16 x with float32 weight and bias (the master weights under autocast): the output bit for bit that of the
+    parameters cast first, argmax too; the parameters' gradients float32 (what the fake kernel declares), summed
+    in float32 from the exact products of the bf16 operands; float32 x with bf16 parameters is refused."""
+    x, weight, b = make_inputs((4, 6), 8, 5, bias=bias)
+    low = x.to(torch.bfloat16)
+    cast = (weight.to(torch.bfloat16), None if b is None else b.to(torch.bfloat16))
+    torch.library.opcheck(torch.ops.fastqa.linear_fwd, (low, weight, b))
+    assert torch.equal(torch.ops.fastqa.linear_fwd(low, weight, b), torch.ops.fastqa.linear_fwd(low, *cast))
+    assert torch.equal(torch.ops.fastqa.linear_argmax(low, weight, b, [1]),
+                       torch.ops.fastqa.linear_argmax(low, *cast, [1]))
+    grad_y = torch.randn(4, 6, 5).to(torch.bfloat16)
+    torch.library.opcheck(torch.ops.fastqa.linear_bwd, (grad_y, low, weight, bias))
+    grad_x, grad_w, grad_b = torch.ops.fastqa.linear_bwd(grad_y, low, weight, bias)
+    assert grad_x.dtype == torch.bfloat16 and grad_w.dtype == torch.float32
+    g2, x2 = grad_y.double().reshape(-1, 5), low.double().reshape(-1, 8)
+    assert_close(grad_w, (g2.t() @ x2).float(), name="grad_weight", atol=1e-5, rtol=1e-5)
+    if bias:
+        assert grad_b.dtype == torch.float32
+        assert_close(grad_b, g2.sum(0).float(), name="grad_bias", atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="weight"):
+        torch.ops.fastqa.linear_fwd(x, *cast)
 
 
 @pytest.mark.parametrize("shape", REAL[:1] + EDGE, ids=str)

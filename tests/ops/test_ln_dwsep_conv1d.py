@@ -266,7 +266,7 @@ def test_bfloat16_sublayer_with_mask(activation):
 
 def test_bfloat16_statistics_stay_float32():
     """The saved row statistics are float32 (what they are computed in); a bf16 copy of them is refused, as
-    are bf16 x with float32 LayerNorm parameters."""
+    are float32 x with bf16 LayerNorm parameters."""
     x, lnw, lnb, dw, pw, pb, db, res = (t.to(torch.bfloat16) for t in make_inputs(2, 8, 6, 4, 3))
     y, aux, stats = torch.ops.fastqa.ln_dwsep_conv1d_fwd(x, lnw, lnb, 1e-5, dw, db, pw, pb, res, None, 1, True)
     assert y.dtype == torch.bfloat16 and aux.dtype == torch.bool and stats.dtype == torch.float32
@@ -277,7 +277,29 @@ def test_bfloat16_statistics_stay_float32():
         torch.ops.fastqa.ln_dwsep_conv1d_bwd(grad_y, x, lnw, lnb, dw, db, pw, pb, aux, stats.to(torch.bfloat16),
                                              None, 1, True)
     with pytest.raises(RuntimeError, match="ln_weight"):
-        torch.ops.fastqa.ln_dwsep_conv1d_fwd(x, lnw.float(), lnb, 1e-5, dw, db, pw, pb, res, None, 1, True)
+        torch.ops.fastqa.ln_dwsep_conv1d_fwd(x.float(), lnw, lnb.float(), 1e-5, dw.float(), db.float(), pw.float(),
+                                             pb.float(), res.float(), None, 1, True)
+
+
+def test_bfloat16_with_float32_parameters_opcheck():
+    """bf16 activations with float32 parameters (the master weights under autocast): the outputs as with bf16
+    parameters, the parameters' gradients float32 -- what the fake kernels declare too -- and close to those of
+    the bf16 parameters' call, widened."""
+    x, lnw, lnb, dw, pw, pb, db, res = make_inputs(2, 9, 6, 5, 3)
+    low = x.to(torch.bfloat16), res.to(torch.bfloat16)
+    mask = padding_mask(2, 9)
+    fwd_args = (low[0], lnw, lnb, 1e-5, dw, db, pw, pb, low[1], mask, 1, True)
+    torch.library.opcheck(torch.ops.fastqa.ln_dwsep_conv1d_fwd, fwd_args)
+    y, aux, stats = torch.ops.fastqa.ln_dwsep_conv1d_fwd(*fwd_args)
+    params16 = [t.to(torch.bfloat16) for t in (lnw, lnb, dw, db, pw, pb)]
+    y16 = torch.ops.fastqa.ln_dwsep_conv1d_fwd(low[0], *params16[:2], 1e-5, *params16[2:], low[1], mask, 1, True)[0]
+    assert y.dtype == torch.bfloat16
+    assert_close(y.float(), y16.float(), name="y", atol=5e-2, rtol=5e-2)
+    grad_y = torch.randn(2, 9, 5).to(torch.bfloat16)
+    bwd_args = (grad_y, low[0], lnw, lnb, dw, db, pw, pb, aux, stats, mask, 1, True)
+    torch.library.opcheck(torch.ops.fastqa.ln_dwsep_conv1d_bwd, bwd_args)
+    grads = torch.ops.fastqa.ln_dwsep_conv1d_bwd(*bwd_args)
+    assert grads[0].dtype == torch.bfloat16 and all(g.dtype == torch.float32 for g in grads[1:])
 
 
 def test_bfloat16_opcheck():

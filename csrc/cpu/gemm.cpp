@@ -433,8 +433,9 @@ Route route_for(const char* op, const std::string& shape, const std::function<vo
   const auto found = table.index.find(key);
   if (found != table.index.end()) return table.seen[found->second].route;
   // A few calls of each: the first of a class is measured on the caller's own inputs, so the cost is a
-  // handful of calls once per class and process (and none in a process that restored the plan).
-  const auto t = time_pair([&] { run(Route::kNative); }, [&] { run(Route::kWiden); }, 3, 9, 0.03);
+  // handful of calls once per class and process (and none in a process that restored the plan). At least
+  // five of each: medians of three picked either route on a loaded machine.
+  const auto t = time_pair([&] { run(Route::kNative); }, [&] { run(Route::kWiden); }, 5, 15, 0.05);
   r.native_ms = t.first * 1e3;
   r.widen_ms = t.second * 1e3;
   r.route = r.native_ms <= r.widen_ms ? Route::kNative : Route::kWiden;

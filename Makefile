@@ -51,10 +51,13 @@ lint: install
 wheel-check: install
 	$(PY) -m pytest tests/test_wheel.py -q $(PYTEST_ARGS)
 
+# The whole suite: about 20 minutes on 2 cores from a fresh clone (docs/development.md). The GPU compile check
+# (tests/test_gpu_compile.py, about 11 minutes of both cores on a cold cache) starts in the background when pytest
+# has collected and its tests run last, so its compiles use the core the other tests' one-thread models leave idle.
 test: lint triton-pin
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
-# What a change to one op or one command needs first (about a minute on 2 cores; the whole suite takes 16-26):
+# What a change to one op or one command needs first (about a minute on 2 cores; the whole suite about 20):
 # lint, the layering, the argument checks, the conventions every op shares, backend selection, the command line
 # (one-line usage errors, bounds) and the set-up. TESTS= adds the changed op's or command's own file:
 # make test-quick TESTS=tests/ops/test_glu_conv1d.py

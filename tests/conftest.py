@@ -101,3 +101,29 @@ def pytest_collection_modifyitems(config, items):
         for name in missing:
             if _OPTIONAL[name](item):
                 item.add_marker(pytest.mark.skip(reason=f"needs the optional package {name!r} (not installed here)"))
+    # The GPU compile check's tests last: their check runs in the background meanwhile (pytest_collection_finish).
+    items[:] = [i for i in items if not _gpu_compile(i)] + [i for i in items if _gpu_compile(i)]
+
+
+def _gpu_compile(item) -> bool:
+    return item.path.name == "test_gpu_compile.py"
+
+
+_GPU_COMPILE_MODULES: list = []
+
+
+def pytest_collection_finish(session):
+    """Start the GPU compile check (tests/test_gpu_compile.py) now, in the background, when this session runs a
+    test that needs its report: it compiles on the core the other tests leave idle."""
+    if session.config.option.collectonly:
+        return
+    for item in session.items:
+        if _gpu_compile(item) and "report" in getattr(item, "fixturenames", ()):
+            _GPU_COMPILE_MODULES.append(item.module)
+            item.module.start()
+            return
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for module in _GPU_COMPILE_MODULES:
+        module.stop()

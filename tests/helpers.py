@@ -31,28 +31,37 @@ TRAIN_SEED = _train_seed()
 # The training commands' flag for it (qa-train, mt-train).
 SEED_ARGS = ["--seed", str(TRAIN_SEED)]
 
-# Per-dtype tolerances (atol, rtol) for kernels vs the float reference computed in the same dtype.
-TOLERANCES = {
-    torch.float64: (1e-10, 1e-8),
-    torch.float32: (2e-4, 2e-4),
-    torch.float16: (5e-3, 5e-3),
-    torch.bfloat16: (5e-2, 2e-2),
+# The one tolerance table: (atol, rtol) per comparison and dtype. The comparisons:
+# - "same dtype": a kernel against the reference computed in the same dtype (``assert_close``'s default).
+# - "vs fp32": a 16-bit kernel against the fp32 reference run on the same (rounded) inputs: the kernel's own
+#   rounding of intermediates adds to the dtype's.
+# - "vs float64": a kernel in a dtype against the float64 reference, atol relative to the largest reference
+#   magnitude (weight gradients are sums over B * L rows).
+# - "scaled": |got - want| <= atol * max(1, max |want|) + rtol * |want| (attention outputs; one number, atol = rtol).
+# - "gpu model shapes": model-sized shapes on a GPU against float64, max |diff| <= atol * max(1, max |want|) (no rtol).
+TOLERANCES: dict[str, dict[torch.dtype, tuple[float, float]]] = {
+    "same dtype": {
+        torch.float64: (1e-10, 1e-8),
+        torch.float32: (2e-4, 2e-4),
+        torch.float16: (5e-3, 5e-3),
+        torch.bfloat16: (5e-2, 2e-2),
+    },
+    "vs fp32": {torch.float16: (1e-2, 1e-2), torch.bfloat16: (6e-2, 3e-2)},
+    "vs float64": {
+        torch.float64: (1e-10, 1e-8),
+        torch.float32: (1e-5, 1e-4),
+        torch.float16: (4e-3, 1e-2),
+        torch.bfloat16: (3e-2, 3e-2),
+    },
+    "scaled": {torch.float32: (2e-4, 2e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)},
+    "gpu model shapes": {torch.float32: (5e-3, 0.0), torch.float16: (1e-2, 0.0), torch.bfloat16: (4e-2, 0.0)},
 }
-# A 16-bit kernel against the fp32 reference run on the same (rounded) inputs: the kernel's own
-# rounding of intermediates adds to the dtype's.
-LOW_PRECISION_TOLERANCES = {torch.float16: (1e-2, 1e-2), torch.bfloat16: (6e-2, 3e-2)}
-# (atol, rtol) of a Triton kernel in a dtype vs the float64 reference, atol relative to the largest
-# reference magnitude (weight gradients are sums over B * L rows).
-FLOAT64_REFERENCE_TOLERANCES = {
-    torch.float64: (1e-10, 1e-8),
-    torch.float32: (1e-5, 1e-4),
-    torch.float16: (4e-3, 1e-2),
-    torch.bfloat16: (3e-2, 3e-2),
-}
-# One number per dtype: |got - want| <= tol * max(1, max |want|) + tol * |want| (attention outputs).
-SCALED_TOLERANCES = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
-# Model-sized shapes on a GPU: max |diff| <= tol * max(1, max |want|), against float64.
-GPU_MODEL_SHAPE_TOLERANCES = {torch.float32: 5e-3, torch.float16: 1e-2, torch.bfloat16: 4e-2}
+
+
+def _same_dtype(dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol) of a result in ``dtype`` against the reference in the same dtype (float32's for other dtypes)."""
+    table = TOLERANCES["same dtype"]
+    return table.get(dtype, table[torch.float32])
 
 
 def compiled_backends() -> list[str]:
@@ -83,7 +92,7 @@ def as_leaves(args: Sequence) -> list:
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, name: str,
                  atol: float | None = None, rtol: float | None = None) -> None:
     """torch.testing.assert_close with the worst mismatch's index in the message."""
-    default_atol, default_rtol = TOLERANCES.get(expected.dtype, TOLERANCES[torch.float32])
+    default_atol, default_rtol = _same_dtype(expected.dtype)
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
     assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
@@ -155,10 +164,10 @@ def check_bf16_against_float64(fn: Callable, ref: Callable, args: Sequence, kwar
                                tol: tuple[float, float] | None = None, outputs: int = 1) -> None:
     """Forward and every gradient of ``fn`` on bfloat16 copies of ``args`` against ``ref`` run in float64 on
     the same (rounded) values: the kernel must return bf16 (its first ``outputs`` outputs and every gradient)
-    and stay within ``FLOAT64_REFERENCE_TOLERANCES[bf16]`` (or ``tol``): |got - want| <= atol * max(1,
+    and stay within ``TOLERANCES["vs float64"][bf16]`` (or ``tol``): |got - want| <= atol * max(1,
     max |want|) + rtol * |want|. The upstream gradient is bf16 and non-contiguous."""
     kwargs = kwargs or {}
-    atol, rtol = FLOAT64_REFERENCE_TOLERANCES[torch.bfloat16] if tol is None else tol
+    atol, rtol = TOLERANCES["vs float64"][torch.bfloat16] if tol is None else tol
     if grad_args is None:
         grad_args = [isinstance(a, torch.Tensor) and a.is_floating_point() for a in args]
     low = [a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
@@ -205,7 +214,7 @@ def _gradient_atol(want: torch.Tensor, atol: float | None) -> float:
     """A gradient's absolute tolerance: the dtype's, or 1/20 of its rtol times the largest |want| when that is
     larger. A weight gradient sums B * L terms; an entry that cancels to near 0 keeps an error of the size of
     its terms (seen: 2.6e-4 on a 0.12 entry of a gradient reaching 365, with BLAS in another order)."""
-    default_atol, default_rtol = TOLERANCES.get(want.dtype, TOLERANCES[torch.float32])
+    default_atol, default_rtol = _same_dtype(want.dtype)
     base = default_atol if atol is None else atol
     if not want.numel() or not want.is_floating_point():
         return base

@@ -107,7 +107,7 @@ def test_fast_equals_reference_outputs_and_gradients(dtype):
         (logits * grad_out).sum().backward()
         results.append((logits, attn, {k: p.grad for k, p in model.named_parameters()}))
     (lf, af, gf), (lr, ar, gr) = results
-    atol, rtol = TOLERANCES[dtype]
+    atol, rtol = TOLERANCES["same dtype"][dtype]
     assert_close(lf, lr, name="logits", atol=atol, rtol=rtol)
     assert_close(af, ar, name="attention", atol=atol, rtol=rtol)
     assert gf.keys() == gr.keys()
@@ -245,7 +245,7 @@ def test_packed_encoder_equals_padded_encoder(layers, monkeypatch):
         (enc.keys.pow(2).sum() + (enc.values * enc.mask.unsqueeze(-1)).sum()).backward()
         outs[name] = enc
         grads[name] = {k: p.grad.clone() for k, p in model.encoder.named_parameters() if p.grad is not None}
-    atol, rtol = TOLERANCES[torch.float64]
+    atol, rtol = TOLERANCES["same dtype"][torch.float64]
     real = src.ne(PAD).unsqueeze(-1)
     assert_close(outs["packed"].keys, outs["padded"].keys, name="keys", atol=atol, rtol=rtol)
     assert_close(outs["packed"].values * real, outs["padded"].values * real, name="values", atol=atol, rtol=rtol)

@@ -136,7 +136,7 @@ def test_fast_reference_naive_same_outputs_and_gradients(no_answer, word_match):
         loss.backward()
         grads[impl] = {k: p.grad for k, p in model.named_parameters() if p.requires_grad}
         assert all(g is not None for g in grads[impl].values()), f"{impl}: a parameter got no gradient"
-    atol, rtol = TOLERANCES[torch.float64]
+    atol, rtol = TOLERANCES["same dtype"][torch.float64]
     for impl in ("fast", "naive"):
         for i, (got, want) in enumerate(zip(outputs[impl], outputs["reference"])):
             assert_close(got, want, name=f"{impl} output {i}", atol=atol, rtol=rtol)
@@ -310,7 +310,7 @@ def test_char_embedding_equals_the_per_word_conv(chunk_values):
         return h.amax(dim=2).reshape(b, n, -1)
 
     got, want = ce(cc), plain(cc)
-    atol, rtol = TOLERANCES[torch.float64]
+    atol, rtol = TOLERANCES["same dtype"][torch.float64]
     assert_close(got, want, name="char embedding", atol=atol, rtol=rtol)
     assert (got[1, 6] == 0).all()
     g = torch.randn(got.shape, dtype=torch.float64)

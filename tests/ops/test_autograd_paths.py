@@ -170,7 +170,7 @@ def test_exported_module_gradients_match_reference(name, strict):
     weight = torch.randn(fused(*inputs).shape, generator=torch.Generator().manual_seed(5))
     out, gx, grads = _train_step(exported, inputs, weight)
     out_ref, gx_ref, grads_ref = _train_step(reference, inputs, weight)
-    atol, rtol = TOLERANCES[torch.float32]
+    atol, rtol = TOLERANCES["same dtype"][torch.float32]
     assert_close(out, out_ref, atol=atol, rtol=rtol, name="output")
     assert_close(gx, gx_ref, atol=atol, rtol=rtol, name="grad of the first input")
     assert set(grads) == set(grads_ref)
@@ -244,7 +244,7 @@ def test_func_jvp_matches_reference(op, backend, device):
     out, tangent = torch.func.jvp(lambda *a: fn(*a, backend=backend), primals, tangents)
     out_ref, tangent_ref = torch.func.jvp(lambda *a: fn(*a, backend="reference"), primals, tangents)
     assert tangent_ref.abs().max() > 0.1
-    atol, rtol = TOLERANCES[torch.float32]
+    atol, rtol = TOLERANCES["same dtype"][torch.float32]
     assert_close(out, out_ref, atol=atol, rtol=rtol, name=f"{op} output")
     assert_close(tangent, tangent_ref, atol=atol, rtol=rtol, name=f"{op} tangent")
 
@@ -263,7 +263,7 @@ def test_forward_ad_dual_tensors_match_reference(op, backend, device):
             results.append(forward_ad.unpack_dual(fn(*duals, backend=be)))
     (out, tangent), (out_ref, tangent_ref) = results
     assert tangent is not None, f"{op}: forward-mode tangent dropped"
-    atol, rtol = TOLERANCES[torch.float32]
+    atol, rtol = TOLERANCES["same dtype"][torch.float32]
     assert_close(out, out_ref, atol=atol, rtol=rtol, name=f"{op} output")
     assert_close(tangent, tangent_ref, atol=atol, rtol=rtol, name=f"{op} tangent")
 
@@ -330,7 +330,7 @@ def test_nonfinite_values_propagate_like_torch(case, value, backend, device):
         out = fn(*leaves, backend=be)
         out.backward(weight)
         results.append([out.detach()] + [t.grad for t in leaves])
-    atol, rtol = TOLERANCES[torch.float32]
+    atol, rtol = TOLERANCES["same dtype"][torch.float32]
     names = ["output"] + [f"grad {i}" for i in range(len(inputs))]
     for name, got, want in zip(names, *results):
         assert torch.equal(got.isnan(), want.isnan()), f"{case} {name}: NaN positions differ"

@@ -47,7 +47,7 @@ def test_matches_reference(shape, dtype, bias, mask):
     rows = {None: None, "shared": 1, "per_row": shape[1]}[bias]
     inputs = make_inputs(*shape, dtype=dtype, bias=rows, mask=mask)
     (out, weights), (out_ref, weights_ref) = both(*inputs)
-    atol, rtol = TOLERANCES[dtype]
+    atol, rtol = TOLERANCES["same dtype"][dtype]
     assert_close(out, out_ref, name="out", atol=atol, rtol=rtol)
     assert_close(weights, weights_ref, name="weights", atol=atol, rtol=rtol)
     if inputs[4] is not None:

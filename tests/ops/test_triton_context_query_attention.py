@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from helpers import device_of, SCALED_TOLERANCES, assert_close
+from helpers import device_of, TOLERANCES, assert_close
 
 pytest.importorskip("triton")
 importlib.import_module("fastqa.triton_kernels.context_query_attention")  # registers fastqa_triton::*
@@ -34,7 +34,6 @@ def default_configs(monkeypatch):
     monkeypatch.setenv("FASTQA_TRITON_AUTOTUNE", "0")
 
 
-TOL = SCALED_TOLERANCES
 
 
 def make_inputs(batch: int, n: int, m: int, d: int, *, dtype: torch.dtype = torch.float32, bias: bool = True,
@@ -78,7 +77,7 @@ def noncontiguous_like(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 1
 
 
 def check(got: torch.Tensor, want: torch.Tensor, name: str, dtype: torch.dtype, scale: float | None = None) -> None:
-    tol = TOL[dtype]
+    tol = TOLERANCES["scaled"][dtype][0]
     scale = max(want.abs().max().item() if scale is None else scale, 1.0)
     assert got.dtype == want.dtype or got.dtype == dtype, f"{name}: dtype {got.dtype}"
     assert_close(got.float(), want.float(), name=name, atol=tol * scale, rtol=tol)

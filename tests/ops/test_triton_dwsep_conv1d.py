@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 
 from fastqa.reference.dwsep_conv1d import conv_padding, dwsep_conv1d as reference  # noqa: E402
 from fastqa.triton_kernels import dwsep_conv1d as kernels  # noqa: E402,F401  (registers the ops)
-from helpers import device_of, fp64_dot_skip_reason, FLOAT64_REFERENCE_TOLERANCES, assert_close  # noqa: E402
+from helpers import device_of, fp64_dot_skip_reason, TOLERANCES, assert_close  # noqa: E402
 
 DEVICE = device_of("triton")
 FWD = torch.ops.fastqa_triton.dwsep_conv1d_fwd
@@ -22,7 +22,6 @@ LN_FWD = torch.ops.fastqa_triton.ln_dwsep_conv1d_fwd
 LN_BWD = torch.ops.fastqa_triton.ln_dwsep_conv1d_bwd
 GRAD_NAMES = ("x", "dw_weight", "dw_bias", "pw_weight", "pw_bias", "ln_weight", "ln_bias")
 
-TOL = FLOAT64_REFERENCE_TOLERANCES
 
 
 def make_inputs(B, L, C_in, C_out, K, *, dtype=torch.float32, dw_bias=True, pw_bias=True, residual=True,
@@ -89,12 +88,12 @@ def check_mask(mask, args, padding, dtype, ln=None):
     x, dw_w, dw_b, pw_w, pw_b, _ = [None if a is None else a.double() for a in args]
     pre = pre_activation(x, dw_w, dw_b, pw_w, pw_b, padding,
                          None if ln is None else (ln[0].double(), ln[1].double(), ln[2]))
-    clear = pre.abs() > 4 * TOL[dtype][0] * max(1.0, pre.abs().max().item())
+    clear = pre.abs() > 4 * TOLERANCES["vs float64"][dtype][0] * max(1.0, pre.abs().max().item())
     assert torch.equal(mask[clear], (pre > 0)[clear]), "ReLU mask in aux disagrees with the pre-activation sign"
 
 
 def close(got, want, name, dtype):
-    atol, rtol = TOL[dtype]
+    atol, rtol = TOLERANCES["vs float64"][dtype]
     scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
     assert got.dtype == dtype, f"{name}: dtype {got.dtype}, expected {dtype}"
     assert_close(got.double(), want, name=name, atol=atol * scale, rtol=rtol)

@@ -15,13 +15,12 @@ pytest.importorskip("triton")
 import fastqa  # noqa: E402
 from fastqa.reference.glu_conv1d import glu_conv1d, glu_conv1d_step  # noqa: E402
 from fastqa.triton_kernels import glu_conv1d as kernels  # noqa: E402
-from helpers import (device_of, fp64_dot_skip_reason, GPU_MODEL_SHAPE_TOLERANCES, LOW_PRECISION_TOLERANCES,  # noqa: E402
+from helpers import (device_of, fp64_dot_skip_reason, TOLERANCES,  # noqa: E402
                      assert_close, ran_ops)
 
 OPS = torch.ops.fastqa_triton
 DEVICE = device_of("triton")
 SCALE = 0.5 ** 0.5
-LOW_PRECISION_TOL = LOW_PRECISION_TOLERANCES
 
 
 @pytest.fixture(autouse=True)
@@ -106,8 +105,8 @@ def _check_case(B, T, H, K, causal, mask, residual, bias, *, dtype=torch.float32
     after = [t for t in (x, w, b, m, gy) if t is not None]
     assert all(torch.equal(u, v) for u, v in zip(before, after)), "an input or grad_y was modified"
 
-    low = dtype in LOW_PRECISION_TOL
-    atol, rtol = LOW_PRECISION_TOL[dtype] if low else (None, None)
+    low = dtype in TOLERANCES["vs fp32"]
+    atol, rtol = TOLERANCES["vs fp32"][dtype] if low else (None, None)
     ref_dtype = torch.float32 if low else dtype
     y_ref, grads_ref = _reference_grads(x, w, b, m, gy, causal=causal, residual=residual, dtype=ref_dtype)
     assert y.dtype == dtype and gx.dtype == dtype and gw.dtype == dtype
@@ -267,8 +266,8 @@ def test_step_strided_state_and_low_precision():
     y_t, new_state = OPS.glu_conv1d_step(x_t, state, w, b, True, SCALE)
     y_ref, state_ref = glu_conv1d_step(x_t.float(), state.float(), w.float(), b.float(), residual=True, scale=SCALE)
     assert y_t.dtype == torch.bfloat16
-    assert_close(y_t.float(), y_ref, name="y_t", atol=LOW_PRECISION_TOL[torch.bfloat16][0],
-                 rtol=LOW_PRECISION_TOL[torch.bfloat16][1])
+    assert_close(y_t.float(), y_ref, name="y_t", atol=TOLERANCES["vs fp32"][torch.bfloat16][0],
+                 rtol=TOLERANCES["vs fp32"][torch.bfloat16][1])
     assert torch.equal(new_state.float(), state_ref)
 
 
@@ -334,7 +333,6 @@ def test_torch_compile_fullgraph():
 # GPU: the ConvS2S shapes
 # ---------------------------------------------------------------------------------------------
 
-GPU_TOL = GPU_MODEL_SHAPE_TOLERANCES
 
 
 def _assert_rel(actual: torch.Tensor, expected: torch.Tensor, tol: float, name: str) -> None:
@@ -357,7 +355,7 @@ class TestGPU:
         y, _, gx, gw, gb = _run_fwd_bwd(x, w, b, m, gy, causal=causal, residual=True)
         y_ref, (gx_ref, gw_ref, gb_ref) = _reference_grads(x, w, b, m, gy, causal=causal, residual=True,
                                                            dtype=torch.float64)
-        tol = GPU_TOL[dtype]
+        tol = TOLERANCES["gpu model shapes"][dtype][0]
         for name, u, v in (("y", y, y_ref), ("grad_x", gx, gx_ref), ("grad_weight", gw, gw_ref),
                            ("grad_bias", gb, gb_ref)):
             assert u.dtype == dtype
@@ -379,7 +377,7 @@ class TestGPU:
         x, w, b, _ = _make_inputs(B, T, H, K, mask=None, bias=True, dtype=dtype)
         ys, _ = _step_through(x, w, b, residual=False)
         y_ref = glu_conv1d(x.double(), w.double(), b.double(), causal=True, residual=False, scale=SCALE)
-        _assert_rel(ys, y_ref, GPU_TOL[dtype], "stepped y")
+        _assert_rel(ys, y_ref, TOLERANCES["gpu model shapes"][dtype][0], "stepped y")
 
     def test_torch_compile_fullgraph_model_shapes(self):
         x, w, b, m = _make_inputs(self.B, self.T, self.H, 3, mask="random", bias=True, dtype=torch.float16)

@@ -28,7 +28,8 @@ from typing import Callable, Sequence
 
 import torch
 from torch.autograd import forward_ad
-from torch.autograd import function as _autograd_function
+
+from ._torch_private import autograd_kernel, delayed_error, forward_ad_level
 
 
 def wants(ctx, inputs: Sequence[str], *names: str) -> bool:
@@ -65,7 +66,7 @@ def once_differentiable(op: str) -> Callable:
                 return outputs
             # create_graph=True: hand back aliases whose grad_fn raises when differentiated.
             outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-            err_fn = _autograd_function._functions.DelayedError(message, len(outputs))
+            err_fn = delayed_error(message, len(outputs))
             leaves = [None if o is None else o.detach().requires_grad_() for o in outputs]
             return err_fn(*leaves)
 
@@ -93,7 +94,7 @@ def records_grad(*tensors: torch.Tensor | None) -> bool:
 def has_tangent(*tensors: torch.Tensor | None) -> bool:
     """Whether forward-mode AD carries a tangent through any of ``tensors``: a dual tensor of
     ``torch.autograd.forward_ad`` or an input of ``torch.func.jvp`` (which sets a dual level too)."""
-    if forward_ad._current_level < 0 or torch.compiler.is_compiling():
+    if forward_ad_level() < 0 or torch.compiler.is_compiling():
         return False
     return any(isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
@@ -116,14 +117,12 @@ def register_op_autograd(qualname: str, op: str, setup_context: Callable, backwa
     Idempotent."""
     if qualname in _REGISTERED:
         return
-    from torch._library.autograd import Info, make_autograd_impl
-
     ns, name = qualname.split("::")
     overload = getattr(getattr(torch.ops, ns), name).default
-    kernel_impl = make_autograd_impl(overload, Info(once_differentiable(op)(backward), setup_context))
+    kernel_impl = autograd_kernel(overload, once_differentiable(op)(backward), setup_context)
     message = forward_ad_message(op, qualname)
 
-    def autograd_kernel(keyset, *args, **kwargs):
+    def checked_kernel(keyset, *args, **kwargs):
         if has_tangent(*args):
             raise RuntimeError(message)
         return kernel_impl(keyset, *args, **kwargs)
@@ -133,7 +132,7 @@ def register_op_autograd(qualname: str, op: str, setup_context: Callable, backwa
         # A torch.library.custom_op (the Triton ops) comes with an Autograd kernel of its own, which
         # this one replaces (on purpose: that one drops forward-mode tangents); torch warns about it.
         warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel")
-        lib.impl(name, autograd_kernel, "Autograd", with_keyset=True, allow_override=True)
+        lib.impl(name, checked_kernel, "Autograd", with_keyset=True, allow_override=True)
     _LIBRARIES.append(lib)  # a Library deregisters its kernels when it is garbage-collected
     _REGISTERED.add(qualname)
 

@@ -22,6 +22,7 @@ import torch
 
 from .._backend import cpu_available, resolve_backend
 from .._checks import autocast_dtype
+from ._torch_private import below_autograd
 
 _NAMESPACES = {"cpu": "fastqa", "triton": "fastqa_triton"}
 _AUTOGRAD_HOOKS: dict[str, list[Callable[[str], None]]] = {}
@@ -84,7 +85,7 @@ def _below_autograd(op: Any, *args: Any) -> Any:
     forward-only decode step) handle gradients themselves, and the Python autograd kernel that
     ``register_op_autograd`` puts on each forward op (for graphs that call the op directly) would only
     re-dispatch -- at ~0.1 ms a call, what a small op's whole kernel takes."""
-    with torch._C._AutoDispatchBelowAutograd():
+    with below_autograd():
         return op(*args)
 
 

@@ -15,64 +15,50 @@ from __future__ import annotations
 import torch
 
 from .. import reference
-from .._backend import cpu_available, resolve_backend, warn_cuda_reference
+from .._backend import resolve_backend, warn_cuda_reference
 from .._checks import cast_floating, check_bool, check_number, check_optional, check_tensor, entry_prologue
 from ..reference.glu_conv1d import SQRT_HALF
-from ._function import exporting, has_tangent, input_grads, once_differentiable, records_grad, register_op_autograd
-from ._registry import exported_op, kernel, qualified, register_autograd_hook, takes_fp32_params
+from ._declare import OpDecl, declare
+from ._function import has_tangent, records_grad
+from ._registry import kernel, takes_fp32_params
 
 _MODULE = "glu_conv1d"
 
 __all__ = ["glu_conv1d", "glu_conv1d_step"]
 
 
-_GLU_INPUTS = ("backend", "x", "weight", "bias", "mask", "pad_left", "residual", "scale")
-# The inputs of the custom op ns::glu_conv1d_fwd, in order (its autograd formula, _register_autograd).
-_GLU_OP_INPUTS = _GLU_INPUTS[1:]
-
-
-def _glu_save(ctx, backend: str, inputs: tuple, aux: torch.Tensor) -> None:
-    """What the backward needs, from the forward op's inputs (_GLU_OP_INPUTS order) and its aux."""
+def _save(ctx, inputs: tuple, outputs: tuple) -> None:
     x, weight, bias, mask, pad_left, residual, scale = inputs
-    ctx.save_for_backward(x, weight, mask, aux)
-    ctx.backend, ctx.pad_left, ctx.residual, ctx.scale = backend, pad_left, residual, scale
-    ctx.has_bias = bias is not None
+    ctx.save_for_backward(x, weight, mask, outputs[1])   # aux
+    ctx.pad_left, ctx.residual, ctx.scale, ctx.has_bias = pad_left, residual, scale, bias is not None
 
 
-def _glu_grads(ctx, grad_y: torch.Tensor) -> dict:
+def _grads(ctx, grad_y: torch.Tensor) -> dict:
     x, weight, mask, aux = ctx.saved_tensors
     grads = kernel(ctx.backend, _MODULE, "glu_conv1d_bwd")(
         grad_y, x, weight, mask, aux, ctx.pad_left, ctx.residual, ctx.scale, ctx.has_bias)
     return dict(zip(("x", "weight", "bias"), grads))
 
 
-class _GLUConv1dFunction(torch.autograd.Function):
-    """y = GLU(conv(pad(x·mask)) + bias) (+ x) · scale through a backend's fused kernels."""
-
-    @staticmethod
-    def forward(ctx, backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                mask: torch.Tensor | None, pad_left: int, residual: bool, scale: float) -> torch.Tensor:
-        inputs = (x, weight, bias, mask, pad_left, residual, scale)
-        y, aux = kernel(backend, _MODULE, "glu_conv1d_fwd")(*inputs)
-        _glu_save(ctx, backend, inputs, aux)
-        return y
-
-    @staticmethod
-    @once_differentiable("glu_conv1d")
-    def backward(ctx, grad_y: torch.Tensor):
-        return input_grads(ctx, _GLU_INPUTS, **_glu_grads(ctx, grad_y))
+def _fwd_fake(x, weight, bias, mask, pad_left, residual, scale):
+    b, t, h = x.shape
+    k = weight.shape[2]
+    return x.new_empty((b, t, h)), x.new_empty((b * (t + k - 1) - (k - 1), 2 * h))
 
 
-def _register_autograd(backend: str) -> None:
-    """The Function's formula on ``<ns>::glu_conv1d_fwd`` itself (graphs that call the op: torch.export)."""
-    def setup_context(ctx, inputs, output):
-        ctx.mark_non_differentiable(output[1])
-        _glu_save(ctx, backend, inputs, output[1])
+def _bwd_fake(grad_y, x, weight, mask, aux, pad_left, residual, scale, has_bias):
+    return (x.new_empty(x.shape), weight.new_empty(weight.shape),
+            weight.new_empty((weight.shape[0],) if has_bias else (0,)))
 
-    def backward(ctx, grad_y, _grad_aux):
-        return input_grads(ctx, _GLU_OP_INPUTS, **_glu_grads(ctx, grad_y))
 
-    register_op_autograd(qualified(backend, "glu_conv1d_fwd"), "glu_conv1d", setup_context, backward)
+def _step_fake(x_t, state, weight, bias, residual, scale):
+    return x_t.new_empty(x_t.shape), state.new_empty(state.shape)
+
+
+# y = GLU(conv(pad(x·mask)) + bias) (+ x) · scale through a backend's fused kernels.
+_GLU = declare(OpDecl(
+    "glu_conv1d", _MODULE, ("x", "weight", "bias", "mask", "pad_left", "residual", "scale"), _grads, _save,
+    fakes={"glu_conv1d_fwd": _fwd_fake, "glu_conv1d_bwd": _bwd_fake, "glu_conv1d_step": _step_fake}))
 
 
 def _check_weight(weight: object, like: torch.Tensor, channels: int, fp32: bool) -> int:
@@ -116,9 +102,7 @@ def glu_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         weight, bias = cast_floating(x.dtype, weight, bias)
         return reference.glu_conv1d(x, weight, bias, causal=causal, residual=residual, scale=scale, mask=mask)
     pad_left = k - 1 if causal else (k - 1) // 2
-    if exporting():   # the op and the formula registered on it (see exporting())
-        return exported_op(backend, "glu_conv1d_fwd")(x, weight, bias, mask, pad_left, residual, scale)[0]
-    return _GLUConv1dFunction.apply(backend, x, weight, bias, mask, pad_left, residual, scale)
+    return _GLU.call(backend, x, weight, bias, mask, pad_left, residual, scale)
 
 
 def glu_conv1d_step(x_t: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -155,22 +139,3 @@ def glu_conv1d_step(x_t: torch.Tensor, state: torch.Tensor, weight: torch.Tensor
         return reference.glu_conv1d_step(x_t, state, weight, bias, residual=residual, scale=scale)
     return kernel(backend, _MODULE, "glu_conv1d_step")(x_t, state, weight, bias, residual, scale)
 
-
-register_autograd_hook(_MODULE, _register_autograd)
-
-if cpu_available():
-    @torch.library.register_fake("fastqa::glu_conv1d_fwd")
-    def _fwd_fake(x, weight, bias, mask, pad_left, residual, scale):
-        b, t, h = x.shape
-        k = weight.shape[2]
-        return x.new_empty((b, t, h)), x.new_empty((b * (t + k - 1) - (k - 1), 2 * h))
-
-    @torch.library.register_fake("fastqa::glu_conv1d_bwd")
-    def _bwd_fake(grad_y, x, weight, mask, aux, pad_left, residual, scale, has_bias):
-        b, t, h = x.shape
-        return (x.new_empty((b, t, h)), weight.new_empty(weight.shape),
-                weight.new_empty((weight.shape[0],) if has_bias else (0,)))
-
-    @torch.library.register_fake("fastqa::glu_conv1d_step")
-    def _step_fake(x_t, state, weight, bias, residual, scale):
-        return x_t.new_empty(x_t.shape), state.new_empty(state.shape)

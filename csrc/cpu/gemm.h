@@ -198,7 +198,7 @@ void bf16_brgemm_release();
 // reused by later calls: kept while `w` is the same live tensor with the same version counter and data (an
 // optimizer step bumps the version: the next call makes a fresh copy), the most recent kPackedWeights of them.
 // `kind` names what make() builds. Inference tensors (no version counter) are never cached: make() runs each call.
-constexpr size_t kPackedWeights = 16;
+constexpr size_t kPackedWeights = 64;  // every layer of a deep decoder, in both routes
 at::Tensor packed_weight(const at::Tensor& w, const char* kind, const std::function<at::Tensor()>& make);
 
 }  // namespace gemm

@@ -3,6 +3,7 @@ writing them atomically (a temporary file in the same folder, flushed, then rena
 crash leaves the old file or the new one, never half of one)."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import json
@@ -129,11 +130,19 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         fault_point(f"{path.name}:created")
-        with os.fdopen(fd, mode, **kwargs) as f:
+        f = os.fdopen(fd, mode, **kwargs)
+        try:
             yield f
             f.flush()
             fault_point(f"{path.name}:written")
             os.fsync(f.fileno())
+        except BaseException:
+            # Closing flushes what is still buffered, which fails the same way (a full disk) and would replace
+            # the error being raised: close without letting that second error through.
+            with contextlib.suppress(OSError):
+                f.close()
+            raise
+        f.close()
         # mkstemp creates 0600; give the file the mode an ordinary open() would (0666 less the umask).
         umask = os.umask(0)
         os.umask(umask)

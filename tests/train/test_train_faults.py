@@ -112,8 +112,12 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    # The new checkpoint's size is near the previous one's, not equal: it also carries what the run measured since
+    # (the machine's GEMM and bf16 route choices).
     assert lines[0].startswith(f"error: {out / 'checkpoint.pt'}: cannot write the checkpoint (File too large): "
-                               f"it needs {_size(len(before))}, "), lines[0]
+                               "it needs "), lines[0]
+    needed = re.search(r"it needs ([0-9.]+) kB, ", lines[0])
+    assert needed and limit < 1e3 * float(needed.group(1)) < 2 * len(before), lines[0]
     assert " free there" in lines[0] and f"at most {_size(limit)} (ulimit -f)" in lines[0]
     assert lines[0].endswith("; the previous one is unchanged")
     assert "the learning curve is not updated: " in proc.stderr   # written first, bigger here: a warning

@@ -27,6 +27,7 @@ import torch
 from .._backend import cpu_available
 from ._function import exporting, input_grads, once_differentiable, register_op_autograd
 from ._registry import exported_op, kernel, qualified, register_autograd_hook
+from ._torch_private import op_schema
 
 
 def save_all(ctx, inputs: tuple, outputs: tuple) -> None:
@@ -59,6 +60,10 @@ class OpDecl:
     @property
     def forward_op(self) -> str:
         return self.fwd or self.name + "_fwd"
+
+
+DECLARED: dict[str, "Op"] = {}
+"""Every op ``declare`` has made, by name (tests/ops/test_op_schemas.py checks them against the schemas)."""
 
 
 class Op:
@@ -121,6 +126,7 @@ def declare(decl: OpDecl) -> Op:
     def register(backend: str) -> None:
         if backend not in decl.backends:
             return
+
         def setup_context(ctx, inputs: tuple, output: Any) -> None:
             outputs = _as_tuple(output)
             if len(outputs) > 1:
@@ -131,20 +137,21 @@ def declare(decl: OpDecl) -> Op:
         def op_backward(ctx, grad: torch.Tensor, *_aux_grads: Any) -> tuple:
             return input_grads(ctx, decl.inputs, **decl.grads(ctx, grad))
 
-        _check_inputs(decl, backend)
+        check_inputs(decl, backend)
         register_op_autograd(qualified(backend, fwd), decl.name, setup_context, op_backward)
 
     register_autograd_hook(decl.module, register)
     if cpu_available():
         for op_name, fake in decl.fakes.items():
             torch.library.register_fake(qualified("cpu", op_name))(fake)
-    return Op(decl, function)
+    DECLARED[decl.name] = Op(decl, function)
+    return DECLARED[decl.name]
 
 
-def _check_inputs(decl: OpDecl, backend: str) -> None:
+def check_inputs(decl: OpDecl, backend: str) -> None:
     """The declared inputs are the registered forward op's arguments (a declaration out of step with its
     schema would hand the gradients to the wrong inputs)."""
-    schema = exported_op(backend, decl.forward_op).default._schema
+    schema = op_schema(exported_op(backend, decl.forward_op))
     names = tuple(arg.name for arg in schema.arguments)
     if names != decl.inputs:
         raise RuntimeError(f"fastqa.ops: the declaration of {decl.name} lists inputs {decl.inputs}, but "

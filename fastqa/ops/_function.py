@@ -1,11 +1,10 @@
-"""The convention every autograd Function of ``fastqa.ops`` follows.
+"""The convention every autograd Function of ``fastqa.ops`` follows (``fastqa.ops._declare`` makes them from
+each op's declaration; this module holds the pieces).
 
-* ``forward(ctx, backend, <tensors in the functional signature's order>, <settings>)``: the backend
-  name comes first; the kernels come from ``fastqa.ops._registry.kernel``.
-* Each Function names its forward inputs in a module-level tuple (``_<OP>_INPUTS``, ``"backend"``
-  first; module level because Dynamo cannot trace a class attribute's methods); the backward asks
-  ``wants(ctx, INPUTS, ...)`` whether a kernel must run at all, and returns
-  ``input_grads(ctx, INPUTS, x=..., weight=...)``: one entry per input, None where autograd does not
+* ``forward(ctx, backend, <the forward op's inputs in its schema's order>)``: the backend name comes
+  first; the kernels come from ``fastqa.ops._registry.kernel``.
+* The backward asks ``wants(ctx, ctx.input_names, ...)`` whether a kernel must run at all, and returns
+  ``input_grads(ctx, inputs, x=..., weight=...)``: one entry per input, None where autograd does not
   want it -- an absent optional input never is, so the empty tensor the kernels return for its gradient
   is dropped there, while an empty gradient of a present input (an empty batch) is kept.
 * The backward kernels have no derivative of their own, so every backward is wrapped in

@@ -7,7 +7,7 @@ Every op ``<name>`` has, per compiled backend, a pair of custom ops with identic
 saves for its backward (its "aux" outputs) is the backend's own business: the Function stores them
 and hands them back unread.
 
-Each op module also registers its autograd formula on its ``<ns>::<name>_fwd`` ops
+Each op's declaration (``fastqa.ops._declare``) registers its autograd formula on its ``<ns>::<name>_fwd`` ops
 (``register_autograd_hook``): at once for the C++ ops, and for the Triton ops when their module is
 imported (``register_triton_autograd``, called by ``fastqa.ops`` after importing the kernels).
 """

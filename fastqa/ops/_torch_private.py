@@ -13,6 +13,7 @@ and fails naming the one a torch release moved or removed.
   ``forward_ad.dual_level`` and ``torch.func.jvp``).
 * ``registered_op_names()``: the qualified names of every registered operator
   (``torch._C._dispatch_get_all_op_names``).
+* ``op_schema(packet)``: a custom op's ``torch.FunctionSchema`` (its default overload's ``_schema``).
 """
 from __future__ import annotations
 
@@ -71,3 +72,9 @@ def forward_ad_level() -> int:
 
 def registered_op_names() -> list[str]:
     return list(torch._C._dispatch_get_all_op_names())
+
+
+def op_schema(packet: Any) -> Any:
+    """The schema of ``packet`` (e.g. ``torch.ops.fastqa.glu_conv1d_fwd``): ``.arguments`` (each with ``.name``),
+    ``.returns``; ``str()`` gives ``ns::name(args) -> returns``."""
+    return packet.default._schema

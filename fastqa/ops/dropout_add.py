@@ -16,61 +16,42 @@ from __future__ import annotations
 import torch
 
 from .. import reference
-from .._backend import cpu_available, resolve_backend, warn_cuda_reference
+from .._backend import resolve_backend, warn_cuda_reference
 from .._checks import check_device, check_int, check_number, check_optional, check_tensor
-from ._function import exporting, has_tangent, input_grads, once_differentiable, register_op_autograd
-from ._registry import exported_op, kernel, qualified, register_autograd_hook
+from ._declare import OpDecl, declare
+from ._function import has_tangent, wants
+from ._registry import kernel
 
 _MODULE = "dropout_add"
 
 __all__ = ["dropout_add"]
 
-_DA_INPUTS = ("backend", "branch", "residual", "example_scale", "p", "seed")
-_DA_OP_INPUTS = _DA_INPUTS[1:]
 
-
-def _da_save(ctx, backend: str, example_scale: torch.Tensor | None, p: float, seed: torch.Tensor) -> None:
+def _save(ctx, inputs: tuple, outputs: tuple) -> None:
+    _, _, example_scale, p, seed = inputs
     # The seed tensor itself, not a copy: save_for_backward's version check refuses a backward whose seed
     # was overwritten in place after the forward read it (its mask would not be the forward's).
     ctx.save_for_backward(example_scale, seed)
-    ctx.backend, ctx.p = backend, p
+    ctx.p = p
 
 
-def _da_grads(ctx, grad_out: torch.Tensor, inputs: tuple) -> tuple:
-    """The gradients of ``inputs``: the kernel on grad_out (same seed, no residual) for branch, grad_out itself
-    for residual; example_scale is a constant."""
+def _grads(ctx, grad_out: torch.Tensor) -> dict:
+    """The kernel on grad_out (same seed, no residual) for branch, grad_out itself for residual;
+    example_scale is a constant."""
     example_scale, seed = ctx.saved_tensors
     grad_branch = None
-    if ctx.needs_input_grad[inputs.index("branch")]:
+    if wants(ctx, ctx.input_names, "branch"):
         grad_branch = kernel(ctx.backend, _MODULE, "dropout_add")(grad_out, None, example_scale, ctx.p, seed)
-    return input_grads(ctx, inputs, branch=grad_branch, residual=grad_out)
+    return {"branch": grad_branch, "residual": grad_out}
 
 
-class _DropoutAddFunction(torch.autograd.Function):
-    """residual + branch * keep(seed) / P(keep) * example_scale through a backend's kernel."""
-
-    @staticmethod
-    def forward(ctx, backend: str, branch: torch.Tensor, residual: torch.Tensor | None,
-                example_scale: torch.Tensor | None, p: float, seed: torch.Tensor) -> torch.Tensor:
-        _da_save(ctx, backend, example_scale, p, seed)
-        return kernel(backend, _MODULE, "dropout_add")(branch, residual, example_scale, p, seed)
-
-    @staticmethod
-    @once_differentiable("dropout_add")
-    def backward(ctx, grad_out: torch.Tensor):
-        return _da_grads(ctx, grad_out, _DA_INPUTS)
+def _fake(branch, residual, example_scale, p, seed):
+    return branch.new_empty(branch.shape)
 
 
-def _register_autograd(backend: str) -> None:
-    """The Function's formula on ``<ns>::dropout_add`` itself (graphs that call the op: torch.export)."""
-    def setup_context(ctx, inputs, output):
-        _, _, example_scale, p, seed = inputs
-        _da_save(ctx, backend, example_scale, p, seed)
-
-    def backward(ctx, grad_out):
-        return _da_grads(ctx, grad_out, _DA_OP_INPUTS)
-
-    register_op_autograd(qualified(backend, "dropout_add"), "dropout_add", setup_context, backward)
+# residual + branch * keep(seed) / P(keep) * example_scale through a backend's kernel.
+_DROPOUT_ADD = declare(OpDecl("dropout_add", _MODULE, ("branch", "residual", "example_scale", "p", "seed"),
+                              _grads, _save, fakes={"dropout_add": _fake}, fwd="dropout_add"))
 
 
 def dropout_add(branch: torch.Tensor, p: float, seed: int | torch.Tensor, residual: torch.Tensor | None = None,
@@ -100,9 +81,7 @@ def dropout_add(branch: torch.Tensor, p: float, seed: int | torch.Tensor, residu
         if resolved != "reference":
             warn_cuda_reference("dropout_add", branch.device, "an input carries a forward-mode tangent")
         return reference.dropout_add(branch, p, seed, residual, example_scale)
-    if exporting():   # the op and the formula registered on it (see exporting())
-        return exported_op(resolved, "dropout_add")(branch, residual, example_scale, p, seed)
-    return _DropoutAddFunction.apply(resolved, branch, residual, example_scale, p, seed)
+    return _DROPOUT_ADD.call(resolved, branch, residual, example_scale, p, seed)
 
 
 def _seed_tensor(seed: object, device: torch.device) -> torch.Tensor:
@@ -119,11 +98,3 @@ def _seed_tensor(seed: object, device: torch.device) -> torch.Tensor:
     seed = check_int("seed", seed, low=-2 ** 63, high=2 ** 63 - 1, expected="an int64", error=ValueError)
     return torch.tensor(seed, dtype=torch.int64, device=device)
 
-
-register_autograd_hook(_MODULE, _register_autograd)
-
-
-if cpu_available():
-    @torch.library.register_fake("fastqa::dropout_add")
-    def _fake(branch, residual, example_scale, p, seed):
-        return branch.new_empty(branch.shape)

@@ -21,58 +21,46 @@ import torch
 import torch.nn.functional as F
 
 from .. import reference
-from .._backend import cpu_available, resolve_backend
+from .._backend import resolve_backend
 from .._checks import autocast_dtype, cast_floating, check_device, check_optional, check_positive, check_tensor
-from ._function import exporting, has_tangent, input_grads, once_differentiable, records_grad, register_op_autograd
-from ._registry import exported_op, kernel, qualified, register_autograd_hook, takes_fp32_params
+from ._declare import OpDecl, declare
+from ._function import exporting, has_tangent, records_grad
+from ._registry import kernel, takes_fp32_params
 
 _MODULE = "linear"
 
 __all__ = ["linear", "linear_argmax"]
 
-_LINEAR_INPUTS = ("backend", "x", "weight", "bias")
-_LINEAR_OP_INPUTS = _LINEAR_INPUTS[1:]
 
-
-def _linear_save(ctx, backend: str, inputs: tuple) -> None:
+def _save(ctx, inputs: tuple, outputs: tuple) -> None:
     x, weight, bias = inputs
     ctx.save_for_backward(x, weight)
-    ctx.backend, ctx.has_bias = backend, bias is not None
+    ctx.has_bias = bias is not None
 
 
-def _linear_grads(ctx, grad_y: torch.Tensor) -> dict:
+def _grads(ctx, grad_y: torch.Tensor) -> dict:
     x, weight = ctx.saved_tensors
     grads = kernel(ctx.backend, _MODULE, "linear_bwd")(grad_y, x, weight, ctx.has_bias)
     return dict(zip(("x", "weight", "bias"), grads))
 
 
-class _LinearFunction(torch.autograd.Function):
-    """x Wᵀ + b, each product on the engine measured fastest for its shape."""
-
-    @staticmethod
-    def forward(ctx, backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        y = kernel(backend, _MODULE, "linear_fwd")(x, weight, bias)
-        _linear_save(ctx, backend, (x, weight, bias))
-        return y
-
-    @staticmethod
-    @once_differentiable("linear")
-    def backward(ctx, grad_y: torch.Tensor):
-        return input_grads(ctx, _LINEAR_INPUTS, **_linear_grads(ctx, grad_y))
+def _fwd_fake(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-def _register_autograd(backend: str) -> None:
-    """The Function's formula on ``fastqa::linear_fwd`` itself (graphs that call the op: torch.export)."""
-    if backend != "cpu":
-        return  # no Triton kernel
+def _argmax_fake(x, weight, bias, exclude):
+    return x.new_empty(x.shape[:-1], dtype=torch.long)
 
-    def setup_context(ctx, inputs, output):
-        _linear_save(ctx, backend, inputs)
 
-    def backward(ctx, grad_y):
-        return input_grads(ctx, _LINEAR_OP_INPUTS, **_linear_grads(ctx, grad_y))
+def _bwd_fake(grad_y, x, weight, has_bias):   # the parameters' gradients in weight's dtype
+    return (x.new_empty(x.shape), weight.new_empty(weight.shape),
+            weight.new_empty((weight.shape[0],) if has_bias else (0,)))
 
-    register_op_autograd(qualified(backend, "linear_fwd"), "linear", setup_context, backward)
+
+# x Wᵀ + b through the C++ kernels, each product on the engine measured fastest for its shape (the GPU path
+# is F.linear itself).
+_LINEAR = declare(OpDecl("linear", _MODULE, ("x", "weight", "bias"), _grads, _save, backends=("cpu",),
+                         fakes={"linear_fwd": _fwd_fake, "linear_argmax": _argmax_fake, "linear_bwd": _bwd_fake}))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -87,12 +75,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     resolved = resolve_backend(backend, "linear", x.device, x.dtype)
     if resolved != "cpu" or has_tangent(x, weight, bias):
         return reference.linear(x, weight, bias)   # "triton" too: the GPU path is F.linear itself
-    if exporting():   # the op and the formula registered on it (see exporting())
-        return exported_op(resolved, "linear_fwd")(x, weight, bias)
-    if not records_grad(x, weight, bias):
+    if not records_grad(x, weight, bias) and not exporting():
         # Nothing to differentiate (inference, decoding): the kernel alone, without the Function's cost.
         return kernel(resolved, _MODULE, "linear_fwd")(x, weight, bias)
-    return _LinearFunction.apply(resolved, x, weight, bias)
+    return _LINEAR.call(resolved, x, weight, bias)
 
 
 def linear_argmax(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -203,19 +189,3 @@ def _check_exclude(exclude: object, features: int) -> list[int]:
         raise ValueError(f"exclude leaves none of the {features} output features to choose")
     return ids
 
-
-register_autograd_hook(_MODULE, _register_autograd)
-
-if cpu_available():
-    @torch.library.register_fake("fastqa::linear_fwd")
-    def _fwd_fake(x, weight, bias):
-        return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-    @torch.library.register_fake("fastqa::linear_argmax")
-    def _argmax_fake(x, weight, bias, exclude):
-        return x.new_empty(x.shape[:-1], dtype=torch.long)
-
-    @torch.library.register_fake("fastqa::linear_bwd")
-    def _bwd_fake(grad_y, x, weight, has_bias):   # the parameters' gradients in weight's dtype
-        return (x.new_empty(x.shape), weight.new_empty(weight.shape),
-                weight.new_empty((weight.shape[0],) if has_bias else (0,)))

@@ -23,61 +23,44 @@ from typing import Sequence
 import torch
 
 from .. import reference
-from .._backend import cpu_available, resolve_backend, warn_cuda_reference
+from .._backend import resolve_backend, warn_cuda_reference
 from .._checks import check_int, check_tensor, entry_prologue
-from ._function import exporting, has_tangent, input_grads, once_differentiable, register_op_autograd
-from ._registry import cpu_statistics_dtype, exported_op, kernel, qualified, register_autograd_hook
+from ._declare import OpDecl, declare
+from ._function import has_tangent
+from ._registry import cpu_statistics_dtype, kernel
 
 _MODULE = "self_attention"
 
 __all__ = ["self_attention"]
 
-_SA_INPUTS = ("backend", "qkv", "mask", "heads", "segments")
-_SA_OP_INPUTS = _SA_INPUTS[1:]
 
-
-def _sa_save(ctx, backend: str, inputs: tuple, out: torch.Tensor, lse: torch.Tensor) -> None:
+def _save(ctx, inputs: tuple, outputs: tuple) -> None:
     qkv, mask, heads, segments = inputs
-    ctx.save_for_backward(qkv, mask, out, lse)
-    ctx.backend, ctx.heads, ctx.segments = backend, heads, segments
+    ctx.save_for_backward(qkv, mask, *outputs)   # out, lse
+    ctx.heads, ctx.segments = heads, segments
 
 
-def _sa_grads(ctx, grad_out: torch.Tensor) -> dict:
+def _grads(ctx, grad_out: torch.Tensor) -> dict:
     qkv, mask, out, lse = ctx.saved_tensors
     grad_qkv = kernel(ctx.backend, _MODULE, "self_attention_bwd")(grad_out, qkv, mask, out, lse, ctx.heads,
                                                                   ctx.segments)
     return {"qkv": grad_qkv}
 
 
-class _SelfAttentionFunction(torch.autograd.Function):
-    """softmax(q kᵀ / sqrt(D) + mask) v through a backend's fused kernels."""
-
-    @staticmethod
-    def forward(ctx, backend: str, qkv: torch.Tensor, mask: torch.Tensor, heads: int,
-                segments: list[int] | None) -> torch.Tensor:
-        out, lse = kernel(backend, _MODULE, "self_attention_fwd")(qkv, mask, heads, segments)
-        _sa_save(ctx, backend, (qkv, mask, heads, segments), out, lse)
-        return out
-
-    @staticmethod
-    @once_differentiable("self_attention")
-    def backward(ctx, grad_out: torch.Tensor):
-        return input_grads(ctx, _SA_INPUTS, **_sa_grads(ctx, grad_out))
+def _fwd_fake(qkv, mask, heads, segments=None):
+    b, length, c3 = qkv.shape
+    lse = qkv.new_empty((b, heads, length), dtype=cpu_statistics_dtype(qkv.dtype))
+    return qkv.new_empty((b, length, c3 // 3)), lse
 
 
-def _register_autograd(backend: str) -> None:
-    """The Function's formula on ``fastqa::self_attention_fwd`` itself (graphs that call the op: torch.export)."""
-    if backend != "cpu":
-        return  # no Triton kernel
+def _bwd_fake(grad_out, qkv, mask, out, lse, heads, segments=None):
+    return qkv.new_empty(qkv.shape)
 
-    def setup_context(ctx, inputs, output):
-        ctx.mark_non_differentiable(output[1])
-        _sa_save(ctx, backend, inputs, output[0], output[1])
 
-    def backward(ctx, grad_out, _grad_lse):
-        return input_grads(ctx, _SA_OP_INPUTS, **_sa_grads(ctx, grad_out))
-
-    register_op_autograd(qualified(backend, "self_attention_fwd"), "self_attention", setup_context, backward)
+# softmax(q kᵀ / sqrt(D) + mask) v through the C++ kernels (the GPU path is torch's own attention).
+_SELF_ATTENTION = declare(OpDecl("self_attention", _MODULE, ("qkv", "mask", "heads", "segments"), _grads, _save,
+                                 fakes={"self_attention_fwd": _fwd_fake, "self_attention_bwd": _bwd_fake},
+                                 backends=("cpu",)))
 
 
 def self_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int, *, segments: Sequence[int] | None = None,
@@ -111,9 +94,7 @@ def self_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int, *, segment
         return reference.self_attention(qkv, mask, heads, segments)
     if resolved == "triton":
         return packed_attention(qkv, mask, heads, segments)
-    if exporting():   # the op and the formula registered on it (see exporting())
-        return exported_op(resolved, "self_attention_fwd")(qkv, mask, heads, segments)[0]
-    return _SelfAttentionFunction.apply(resolved, qkv, mask, heads, segments)
+    return _SELF_ATTENTION.call(resolved, qkv, mask, heads, segments)
 
 
 def _device_lengths(segments: Sequence[int], device: torch.device) -> torch.Tensor:
@@ -157,16 +138,3 @@ def packed_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int,
     back = segment_of * longest + torch.arange(length, device=device) - starts[segment_of]   # [L]
     return out.view(b, count * longest, c3 // 3).index_select(1, back)
 
-
-register_autograd_hook(_MODULE, _register_autograd)
-
-if cpu_available():
-    @torch.library.register_fake("fastqa::self_attention_fwd")
-    def _fwd_fake(qkv, mask, heads, segments=None):
-        b, length, c3 = qkv.shape
-        lse = qkv.new_empty((b, heads, length), dtype=cpu_statistics_dtype(qkv.dtype))
-        return qkv.new_empty((b, length, c3 // 3)), lse
-
-    @torch.library.register_fake("fastqa::self_attention_bwd")
-    def _bwd_fake(grad_out, qkv, mask, out, lse, heads, segments=None):
-        return qkv.new_empty(qkv.shape)

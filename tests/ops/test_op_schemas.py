@@ -6,12 +6,15 @@ Both namespaces are registered in this process: the C++ extension, and the Trito
 interpreter (tests/conftest.py sets TRITON_INTERPRET=1 where there is no GPU)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import fastqa.ops  # noqa: F401  (registers both namespaces where they can run)
 from fastqa._backend import cpu_available, triton_usable_here
-from fastqa.ops._torch_private import registered_op_names
+from fastqa.ops._declare import DECLARED, check_inputs
+from fastqa.ops._torch_private import op_schema, registered_op_names
 
 pytestmark = pytest.mark.skipif(not (cpu_available() and triton_usable_here()),
                                 reason="needs the C++ extension and Triton (or its interpreter)")
@@ -24,7 +27,7 @@ def _ops(namespace: str) -> dict[str, str]:
     for qualname in registered_op_names():
         if qualname.startswith(prefix):
             name = qualname[len(prefix):]
-            schema = getattr(getattr(torch.ops, namespace), name).default._schema
+            schema = op_schema(getattr(getattr(torch.ops, namespace), name))
             out[name] = str(schema).split("::", 1)[1]
     return out
 
@@ -43,3 +46,21 @@ def test_the_comparison_sees_a_difference():
     a = torch._C.parse_schema("x(Tensor a, Tensor? b) -> Tensor")
     b = torch._C.parse_schema("x(Tensor a, Tensor b) -> Tensor")
     assert str(a) != str(b)
+
+
+def test_every_op_with_a_backward_is_declared_with_its_schemas_inputs():
+    """An op with a backward kernel gets its autograd formula from one declaration (fastqa.ops._declare),
+    whose inputs are the forward op's arguments on every backend that has it."""
+    with_backward = {name[:-len("_bwd")] for name in _ops("fastqa") if name.endswith("_bwd")}
+    assert with_backward, "no fastqa:: op with a backward is registered"
+    assert with_backward <= set(DECLARED), f"not declared: {sorted(with_backward - set(DECLARED))}"
+    for name, op in DECLARED.items():
+        for backend in op.decl.backends:
+            check_inputs(op.decl, backend)   # raises on a mismatch
+
+
+def test_a_declaration_out_of_step_with_its_schema_is_refused():
+    decl = dataclasses.replace(DECLARED["glu_conv1d"].decl, inputs=("x", "bias", "weight", "mask", "pad_left",
+                                                                     "residual", "scale"))
+    with pytest.raises(RuntimeError, match=r"declaration of glu_conv1d lists inputs .* fastqa::glu_conv1d_fwd takes"):
+        check_inputs(decl, "cpu")

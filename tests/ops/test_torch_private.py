@@ -45,3 +45,9 @@ def test_forward_ad_level():
 
 def test_registered_op_names_lists_aten():
     assert "aten::mul.Tensor" in private.registered_op_names() or "aten::mul" in private.registered_op_names()
+
+
+def test_op_schema_names_the_arguments():
+    schema = private.op_schema(torch.ops.aten.relu)
+    assert [a.name for a in schema.arguments] == ["self"]
+    assert str(schema) == "aten::relu(Tensor self) -> Tensor"

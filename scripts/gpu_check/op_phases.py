@@ -22,38 +22,55 @@ from .common import DTYPE_SHORT, EAGER_FACTOR, TOLERANCES, short_error
 from .measuring import count_kernels, counted, host_profile, time_steps
 
 
+def _presets() -> tuple[Any, Any]:
+    """The presets the checks run at: QANet ``paper`` and ConvS2S ``tutorial``, as their config classes declare
+    them (the widths, heads and kernel sizes; no kernel depends on the vocabularies' sizes)."""
+    from fastqa.models.convs2s import ConvS2SConfig
+    from fastqa.models.qanet import QANetConfig
+
+    return (QANetConfig.from_preset("paper", word_vocab_size=1000, char_vocab_size=1000),
+            ConvS2SConfig.from_preset("tutorial", src_vocab_size=1000, tgt_vocab_size=1000))
+
+
 def op_cases(tiny: bool) -> list[OpCase]:
-    """The op checks at the models' shapes (QANet: B32, context 400, question 50, d 128, kernels 7 and 5,
-    8 heads; ConvS2S: B64, T 30, H 512, embedding 256, vocabulary 5893, beam 5), built with the benchmark's
-    case constructors. The first case of each op comes first, so a short time box still covers every op."""
+    """The op checks at the models' shapes (QANet ``paper``: B32, context 400, question 50, d 128, kernels 7
+    and 5, 8 heads; ConvS2S ``tutorial``: B64, T 30, H 512, embedding 256, vocabulary 5893, beam 5), the widths,
+    heads and kernels from the presets, built with the benchmark's case constructors. The first case of each op
+    comes first, so a short time box still covers every op."""
+    qanet, convs2s = _presets()
+    k_emb, k_model, k_resize, k_glu = (qanet.emb_conv_kernel, qanet.model_conv_kernel, qanet.emb_resize_kernel,
+                                       convs2s.kernel_size)
     if tiny:
         B, n, m, d, h, res_in = 2, 12, 5, 8, 2, 12
         Bt, T, H, E, V, beam = 2, 6, 8, 8, 37, 2
         packed = (5, 7, 4)
     else:
-        B, n, m, d, h, res_in = 32, 400, 50, 128, 8, 500
-        Bt, T, H, E, V, beam = 64, 30, 512, 256, 5893, 5
+        d, h = qanet.d_model, qanet.heads
+        res_in = qanet.word_dim + qanet.char_channels + int(qanet.word_match)   # the resize conv's input
+        H, E = convs2s.hidden_dim, convs2s.embed_dim
+        B, n, m = 32, 400, 50               # QANet's training batch, context and question limits
+        Bt, T, V, beam = 64, 30, 5893, 5    # ConvS2S's batch, sentence length, target vocabulary, beam
         # a packed batch of contexts: the lengths a padded B32 batch of 400 leaves (uniform in [200, 400])
         packed = tuple(200 + (37 * i) % 201 for i in range(B))
     first = [
-        bc.dwsep_case(B, n, d, d, 7, relu_residual=True),             # QANet embedding encoder conv, context
-        bc.ln_dwsep_case(B, n, d, 7),                                 # its whole sublayer, LayerNorm fused
+        bc.dwsep_case(B, n, d, d, k_emb, relu_residual=True),         # QANet embedding encoder conv, context
+        bc.ln_dwsep_case(B, n, d, k_emb),                             # its whole sublayer, LayerNorm fused
         bc.trilinear_case(B, n, m, d),
         bc.cqa_case(B, n, m, d),
         bc.self_attention_case(B, n, d, h),
         bc.dropout_add_case(B, n, d),
         bc.linear_case((B, n), d, d, what="ffn"),
-        bc.glu_case(Bt, H, T, 3, causal=True),                         # ConvS2S decoder
-        bc.glu_step_case(Bt, H, 3, steps=T),                           # ... incremental decoding
+        bc.glu_case(Bt, H, T, k_glu, causal=True),                     # ConvS2S decoder
+        bc.glu_step_case(Bt, H, k_glu, steps=T),                       # ... incremental decoding
         bc.decode_attention_case(Bt, beam, T, E),                      # a beam step's attention
         bc.linear_argmax_case(Bt * beam, E, V),                        # greedy / beam next token
     ]
     more = [
-        bc.glu_case(Bt, H, T, 3, causal=False),                        # ConvS2S encoder (padding masked)
-        bc.dwsep_case(B, n, d, d, 5, relu_residual=True),             # QANet model encoder conv
-        bc.ln_dwsep_case(B, n, d, 5),
-        bc.dwsep_case(B, m, d, d, 7, relu_residual=True),             # question side
-        bc.dwsep_case(B, n, res_in, d, 5, relu_residual=False),       # [word; char] -> d resize
+        bc.glu_case(Bt, H, T, k_glu, causal=False),                    # ConvS2S encoder (padding masked)
+        bc.dwsep_case(B, n, d, d, k_model, relu_residual=True),       # QANet model encoder conv
+        bc.ln_dwsep_case(B, n, d, k_model),
+        bc.dwsep_case(B, m, d, d, k_emb, relu_residual=True),         # question side
+        bc.dwsep_case(B, n, res_in, d, k_resize, relu_residual=False),  # [word; char] -> d resize
         bc.self_attention_case(B, m, d, h),
         bc.packed_self_attention_case(packed, d, h),
         bc.linear_case((Bt, T), E, V, what="vocab"),                   # ConvS2S output projection, training

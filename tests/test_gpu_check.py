@@ -13,7 +13,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from helpers import load_script
+import torch
+from helpers import TOLERANCES, load_script
+from tolerances import TABLE
 
 import fastqa
 
@@ -170,3 +172,12 @@ def test_helpers(gpu_check):
     assert events["top"] == ["_dwsep_fwd_kernel x2"]
     with pytest.raises(SystemExit):
         gpu_check.parse_args(["--phases", "a,z", "--device", "cpu"])
+
+
+def test_the_gpu_check_judges_by_the_one_tolerance_table(gpu_check):
+    """Phase b's thresholds are the "gpu check" row of tests/tolerances.py, the table the tests read, not a copy
+    of their own."""
+    common = importlib.import_module("gpu_check.common")
+    assert common.TOLERANCES == {dtype: atol for dtype, (atol, _) in TABLE["gpu check"].items()}
+    assert common.TOLERANCES == {"float32": 1e-4, "bfloat16": 2e-2}   # the thresholds phase b has always used
+    assert TOLERANCES["gpu check"][torch.float32] == (1e-4, 0.0)

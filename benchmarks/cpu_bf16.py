@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import torch
 
+from fastqa._backend import cpu_bf16_units
 from fastqa.data.files import atomic_write_json, atomic_write_text
 
 from . import measure
@@ -153,22 +154,8 @@ def _line(row: dict[str, Any]) -> str:
     return text
 
 
-# /proc/cpuinfo flags naming bf16 arithmetic units: AMX's bf16 tiles, AVX512's bf16 dot products.
-BF16_UNIT_FLAGS = ("amx_bf16", "avx512_bf16")
-
-
-def bf16_units(cpuinfo: str | None = None) -> list[str] | None:
-    """The CPU's bf16 arithmetic units by their /proc/cpuinfo flags (all of them: an AMX Xeon has both), [] for
-    none, None where the flags cannot be read. ``cpuinfo``: the file's text (read when None)."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return None
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
-                  if line.startswith(("flags", "Features"))), None)
-    return None if flags is None else [u for u in BF16_UNIT_FLAGS if u in flags]
+# The CPU's bf16 units by their /proc/cpuinfo flags: the package's own reading of them.
+bf16_units = cpu_bf16_units
 
 
 def markdown(result: dict[str, Any]) -> str:

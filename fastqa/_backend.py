@@ -260,10 +260,14 @@ def info() -> dict[str, Any]:
     }
 
 
-def cpu_bf16_support(cpuinfo: str | None = None) -> str | None:
-    """The CPU's native bfloat16 arithmetic: "amx_bf16" (matrix tiles: Intel Xeon 4th generation and later),
-    "avx512_bf16" (vector dot products: AMD Zen 4 and later, Intel Cooper Lake), "none", or None where the CPU's
-    flags cannot be read (no /proc/cpuinfo). ``cpuinfo``: the text of /proc/cpuinfo (read when None)."""
+# /proc/cpuinfo flags naming bf16 arithmetic units, the faster first: AMX's bf16 tiles, AVX512's bf16 dot products.
+BF16_UNIT_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_bf16_units(cpuinfo: str | None = None) -> list[str] | None:
+    """The CPU's bf16 arithmetic units by their /proc/cpuinfo flags (all of them, in ``BF16_UNIT_FLAGS``' order:
+    an AMX Xeon has both), [] for none, None where the flags cannot be read (no /proc/cpuinfo).
+    ``cpuinfo``: the file's text (read when None)."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -272,9 +276,15 @@ def cpu_bf16_support(cpuinfo: str | None = None) -> str | None:
             return None
     flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
                   if line.startswith(("flags", "Features"))), None)
-    if flags is None:
-        return None
-    return next((name for name in ("amx_bf16", "avx512_bf16") if name in flags), "none")
+    return None if flags is None else [unit for unit in BF16_UNIT_FLAGS if unit in flags]
+
+
+def cpu_bf16_support(cpuinfo: str | None = None) -> str | None:
+    """The CPU's native bfloat16 arithmetic: "amx_bf16" (matrix tiles: Intel Xeon 4th generation and later),
+    "avx512_bf16" (vector dot products: AMD Zen 4 and later, Intel Cooper Lake), "none", or None where the CPU's
+    flags cannot be read (no /proc/cpuinfo). ``cpuinfo``: the text of /proc/cpuinfo (read when None)."""
+    units = cpu_bf16_units(cpuinfo)
+    return None if units is None else (units[0] if units else "none")
 
 
 def cpu_bf16_refusal(what: str) -> str | None:

@@ -116,10 +116,7 @@ def check_int(name: str, value: object, *, low: int | None = None, high: int | N
     """
     if _compiling():
         return value  # type: ignore[return-value]
-    if expected is None:
-        expected = "an int" + _bounds(low, high, False, False)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise (error or TypeError)(f"{name} must be {expected}, got {type(value).__name__}")
+    expected = _expected_type(name, value, numbers.Integral, "an int", (low, high, False, False), expected, error)
     value = int(value)
     if (low is not None and value < low) or (high is not None and value > high):
         raise (error or ValueError)(f"{name} must be {expected}, got {value}")
@@ -138,10 +135,8 @@ def check_number(name: str, value: object, *, low: float | None = None, high: fl
     """
     if _compiling():
         return value  # type: ignore[return-value]
-    if expected is None:
-        expected = "a number" + _bounds(low, high, low_open, high_open)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise (error or TypeError)(f"{name} must be {expected}, got {type(value).__name__}")
+    expected = _expected_type(name, value, numbers.Real, "a number", (low, high, low_open, high_open), expected,
+                              error)
     value = float(value)
     if (math.isnan(value)
             or (low is not None and (value <= low if low_open else value < low))
@@ -157,6 +152,17 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
+
+
+def _expected_type(name: str, value: object, kind: type, noun: str, bounds: tuple, expected: str | None,
+                   error: type[Exception] | None) -> str:
+    """What ``value`` must be ("``noun``" and its ``bounds``, (low, high, low_open, high_open), unless
+    ``expected`` says), once it is a ``kind`` and not a bool (else the TypeError, or ``error``, saying so)."""
+    if expected is None:
+        expected = noun + _bounds(*bounds)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise (error or TypeError)(f"{name} must be {expected}, got {type(value).__name__}")
+    return expected
 
 
 def _compiling() -> bool:

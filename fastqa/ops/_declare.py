@@ -160,3 +160,44 @@ def check_inputs(decl: OpDecl, backend: str) -> None:
 
 def _camel(name: str) -> str:
     return "".join(part.capitalize() for part in name.split("_"))
+
+
+class Draw:
+    """What an op's example draws its inputs with: seeded standard-normal tensors (times ``scale``) and
+    all-True padding masks, on one device (drawn on the CPU, so every device sees the same values)."""
+
+    def __init__(self, device: torch.device | str, seed: int = 0):
+        self.device = torch.device(device)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def randn(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=self.generator) * scale).to(self.device)
+
+    def mask(self, *shape: int) -> torch.Tensor:
+        return torch.ones(*shape, dtype=torch.bool, device=self.device)
+
+
+@dataclass(frozen=True)
+class Example:
+    """A small call of the public op ``fastqa.<op>``: ``make(draw, batch)`` -> (args, kwargs) without
+    ``backend``, its tensors from ``draw`` (a ``Draw``) with ``batch`` rows (0: an empty batch); ``grads``: the
+    positions in args of the inputs it differentiates (empty for an op without a backward). The checks every
+    op gets take their inputs from it (tests/ops/test_op_conventions.py: double backward, empty batches;
+    tests/ops/test_gpu_paths.py: the GPU path reads nothing on the host, the device guard), so a new op declares
+    one beside itself and nothing in those tests."""
+
+    op: str
+    make: Callable[[Draw, int], tuple[tuple, dict]]
+    grads: tuple[int, ...] = ()
+
+    def inputs(self, device: torch.device | str = "cpu", batch: int = 2, seed: int = 0) -> tuple[tuple, dict]:
+        return self.make(Draw(device, seed), batch)
+
+
+EXAMPLES: dict[str, Example] = {}
+"""Every public op's example, by name (tests/ops/test_op_conventions.py checks that each has one)."""
+
+
+def example(op: str, make: Callable[[Draw, int], tuple[tuple, dict]], grads: tuple[int, ...] = ()) -> None:
+    """Register ``op``'s ``Example``."""
+    EXAMPLES[op] = Example(op, make, grads)

@@ -11,7 +11,7 @@ import torch
 from .. import reference
 from .._backend import resolve_backend, warn_cuda_reference
 from .._checks import cast_floating, check_positive, check_tensor, entry_prologue
-from ._declare import OpDecl, declare
+from ._declare import OpDecl, declare, example
 from ._function import has_tangent
 from ._registry import cpu_statistics_dtype, kernel, takes_fp32_params
 
@@ -121,3 +121,9 @@ def context_query_attention(c: torch.Tensor, q: torch.Tensor, c_mask: torch.Tens
         return reference.context_query_attention(c, q, c_mask, q_mask, *cast_floating(c.dtype, weight, bias))
     return _CQA.call(backend, c, q, c_mask, q_mask, weight, bias)
 
+
+# The small calls the checks every op gets run (fastqa.ops._declare.Example).
+example("trilinear_similarity", lambda d, b: ((d.randn(b, 7, 4), d.randn(b, 5, 4), d.randn(12, scale=0.3)), {}),
+        grads=(0, 1, 2))
+example("context_query_attention", lambda d, b: ((d.randn(b, 7, 4), d.randn(b, 5, 4), d.mask(b, 7), d.mask(b, 5),
+                                                  d.randn(12, scale=0.3)), {}), grads=(0, 1, 4))

@@ -18,6 +18,7 @@ import torch
 from .. import reference
 from .._backend import cpu_available, resolve_backend
 from .._checks import check_number, check_optional, check_positive, check_tensor, entry_prologue
+from ._declare import example
 from ._function import has_tangent, records_grad
 from ._registry import kernel
 
@@ -67,3 +68,7 @@ if cpu_available():
     @torch.library.register_fake("fastqa::decode_attention")
     def _fake(q, keys, values, bias, mask, scale):
         return q.new_empty((*q.shape[:2], values.shape[2])), q.new_empty((*q.shape[:2], keys.shape[1]))
+
+
+# The small calls the checks every op gets run (fastqa.ops._declare.Example).
+example("decode_attention", lambda d, b: ((d.randn(b, 1, 4), d.randn(b, 5, 4), d.randn(b, 5, 3)), {}))

@@ -18,7 +18,7 @@ import torch
 from .. import reference
 from .._backend import resolve_backend, warn_cuda_reference
 from .._checks import check_device, check_int, check_number, check_optional, check_tensor
-from ._declare import OpDecl, declare
+from ._declare import OpDecl, declare, example
 from ._function import has_tangent, wants
 from ._registry import kernel
 
@@ -98,3 +98,6 @@ def _seed_tensor(seed: object, device: torch.device) -> torch.Tensor:
     seed = check_int("seed", seed, low=-2 ** 63, high=2 ** 63 - 1, expected="an int64", error=ValueError)
     return torch.tensor(seed, dtype=torch.int64, device=device)
 
+
+# The small calls the checks every op gets run (fastqa.ops._declare.Example).
+example("dropout_add", lambda d, b: ((d.randn(b, 9, 8), 0.3, 7, d.randn(b, 9, 8)), {}), grads=(0, 3))

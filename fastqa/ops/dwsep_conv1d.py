@@ -3,8 +3,8 @@
 y = act(pointwise(depthwise(x) + dw_bias) + pw_bias) + residual, on channels-last [B, L, C] data, as
 ``fastqa.reference.dwsep_conv1d``. The compiled backends expose ``<ns>::dwsep_conv1d_fwd`` ->
 (y, aux) and ``<ns>::dwsep_conv1d_bwd`` with identical schemas; aux is whatever the backend's
-backward needs (the CPU kernel: the bool ReLU mask, or an empty tensor without ReLU) and is passed
-back unread.
+backward needs (the ReLU mask: bool on the CPU, packed bits in Triton; None without ReLU) and is passed
+back unread. An absent bias's gradient is None too: no placeholder tensor is allocated.
 
 ``ln_dwsep_conv1d`` puts a LayerNorm over the channels in front (QANet's whole conv sublayer,
 y = act(pw(dw(LN(x)))) + residual), as ``<ns>::ln_dwsep_conv1d_fwd`` -> (y, aux, ln_stats) and
@@ -29,7 +29,7 @@ from .._checks import (cast_floating, check_choice, check_number, check_optional
 from ..reference.dwsep_conv1d import ACTIVATIONS, PADDINGS, conv_padding
 from ..reference.dwsep_conv1d import dwsep_conv1d as dwsep_conv1d_reference
 from ..reference.dwsep_conv1d import ln_dwsep_conv1d as ln_dwsep_conv1d_reference
-from ._declare import OpDecl, declare
+from ._declare import OpDecl, declare, example
 from ._function import has_tangent, wants
 from ._registry import cpu_statistics_dtype, kernel, takes_fp32_params
 
@@ -81,16 +81,16 @@ def _ln_dwsep_grads(ctx, grad_y: torch.Tensor) -> dict:
 def _dwsep_conv1d_fwd_fake(x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu):
     batch, length, _ = x.shape
     y = x.new_empty(batch, length, pw_weight.shape[0])
-    aux = x.new_empty(y.shape if relu else (0,), dtype=torch.bool)
+    aux = x.new_empty(y.shape, dtype=torch.bool) if relu else None
     return y, aux
 
 
 def _dwsep_conv1d_bwd_fake(grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu):
     return (x.new_empty(x.shape),
             dw_weight.new_empty(dw_weight.shape),
-            x.new_empty((0,)) if dw_bias is None else dw_bias.new_empty(dw_bias.shape),
+            None if dw_bias is None else dw_bias.new_empty(dw_bias.shape),
             pw_weight.new_empty(pw_weight.shape),
-            x.new_empty((0,)) if pw_bias is None else pw_bias.new_empty(pw_bias.shape))
+            None if pw_bias is None else pw_bias.new_empty(pw_bias.shape))
 
 
 def _ln_dwsep_conv1d_fwd_fake(x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, residual,
@@ -228,3 +228,10 @@ def ln_dwsep_conv1d(
     return _LN_DWSEP.call(resolved, x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, residual,
                           mask, pad_left, relu)
 
+
+# The small calls the checks every op gets run (fastqa.ops._declare.Example).
+example("dwsep_conv1d", lambda d, b: ((d.randn(b, 9, 8), d.randn(8, 1, 3, scale=0.5), d.randn(6, 8, 1, scale=0.3)),
+                                      {"activation": "relu"}), grads=(0, 1, 2))
+example("ln_dwsep_conv1d", lambda d, b: ((d.randn(b, 9, 8), 1 + d.randn(8, scale=0.1), d.randn(8, scale=0.1),
+                                          d.randn(8, 1, 3, scale=0.5), d.randn(6, 8, 1, scale=0.3)), {}),
+        grads=(0, 1, 2, 3, 4))

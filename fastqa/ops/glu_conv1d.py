@@ -18,7 +18,7 @@ from .. import reference
 from .._backend import resolve_backend, warn_cuda_reference
 from .._checks import cast_floating, check_bool, check_number, check_optional, check_tensor, entry_prologue
 from ..reference.glu_conv1d import SQRT_HALF
-from ._declare import OpDecl, declare
+from ._declare import OpDecl, declare, example
 from ._function import has_tangent, records_grad
 from ._registry import kernel, takes_fp32_params
 
@@ -139,3 +139,7 @@ def glu_conv1d_step(x_t: torch.Tensor, state: torch.Tensor, weight: torch.Tensor
         return reference.glu_conv1d_step(x_t, state, weight, bias, residual=residual, scale=scale)
     return kernel(backend, _MODULE, "glu_conv1d_step")(x_t, state, weight, bias, residual, scale)
 
+
+# The small calls the checks every op gets run (fastqa.ops._declare.Example).
+example("glu_conv1d", lambda d, b: ((d.randn(b, 9, 8), d.randn(16, 8, 3, scale=0.2)), {"causal": True}), grads=(0, 1))
+example("glu_conv1d_step", lambda d, b: ((d.randn(b, 8), d.randn(b, 2, 8), d.randn(16, 8, 3, scale=0.2)), {}))

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .. import reference
 from .._backend import resolve_backend
 from .._checks import autocast_dtype, cast_floating, check_device, check_optional, check_positive, check_tensor
-from ._declare import OpDecl, declare
+from ._declare import OpDecl, declare, example
 from ._function import exporting, has_tangent, records_grad
 from ._registry import kernel, takes_fp32_params
 
@@ -189,3 +189,7 @@ def _check_exclude(exclude: object, features: int) -> list[int]:
         raise ValueError(f"exclude leaves none of the {features} output features to choose")
     return ids
 
+
+# The small calls the checks every op gets run (fastqa.ops._declare.Example).
+example("linear", lambda d, b: ((d.randn(b, 9, 8), d.randn(6, 8, scale=0.3)), {}), grads=(0, 1))
+example("linear_argmax", lambda d, b: ((d.randn(b, 9, 8), d.randn(6, 8, scale=0.3), None, [1]), {}))

@@ -25,7 +25,7 @@ import torch
 from .. import reference
 from .._backend import resolve_backend, warn_cuda_reference
 from .._checks import check_int, check_tensor, entry_prologue
-from ._declare import OpDecl, declare
+from ._declare import OpDecl, declare, example
 from ._function import has_tangent
 from ._registry import cpu_statistics_dtype, kernel
 
@@ -138,3 +138,6 @@ def packed_attention(qkv: torch.Tensor, mask: torch.Tensor, heads: int,
     back = segment_of * longest + torch.arange(length, device=device) - starts[segment_of]   # [L]
     return out.view(b, count * longest, c3 // 3).index_select(1, back)
 
+
+# The small calls the checks every op gets run (fastqa.ops._declare.Example).
+example("self_attention", lambda d, b: ((d.randn(b, 6, 12), d.mask(b, 6), 2), {}), grads=(0,))

@@ -21,9 +21,11 @@ from fastqa import _backend, reference
 from fastqa.models import packing, regularization
 from fastqa.models.device import reads_are_free
 from fastqa.models.qanet import modeling as qanet_modeling
+from fastqa.ops._declare import EXAMPLES
+from fastqa.ops._torch_private import registered_op_names
 from fastqa.ops.linear import device_linear_argmax
 from fastqa.ops.self_attention import packed_attention
-from helpers import NoHostReads, padding_mask
+from helpers import NoHostReads, assert_close, padding_mask
 
 needs_triton = pytest.mark.skipif(not _backend.triton_usable_here(), reason="the triton backend cannot run here")
 
@@ -121,6 +123,50 @@ def test_device_linear_argmax_equals_reference(exclude):
     with NoHostReads():
         got = device_linear_argmax(x, w, None, exclude)
     assert torch.equal(got, reference.linear_argmax(x, w, None, exclude))
+
+
+# ----------------------------------------------------------------------------- every op's GPU path
+
+def triton_kernel_ops() -> list[str]:
+    """The public ops whose GPU path is a Triton kernel (a ``fastqa_triton::<op>`` or ``<op>_fwd`` custom op); the
+    others' GPU path is torch ops."""
+    importlib.import_module("fastqa.triton_kernels")   # registers torch.ops.fastqa_triton.*
+    names = {name.split("::", 1)[1] for name in registered_op_names() if name.startswith("fastqa_triton::")}
+    return sorted(op for op in EXAMPLES if op in names or f"{op}_fwd" in names)
+
+
+# The ops whose GPU path is torch ops; a Triton kernel's launches are checked on a GPU (TestGPU).
+_TORCH_GPU_PATHS = sorted(set(EXAMPLES) - set(triton_kernel_ops())) if _backend.triton_usable_here() else []
+
+
+@needs_triton
+def test_the_ops_split_into_kernels_and_torch_paths():
+    assert {"linear", "self_attention"} <= set(_TORCH_GPU_PATHS)
+    assert {"dwsep_conv1d", "glu_conv1d_step"} <= set(triton_kernel_ops())
+
+
+@needs_triton
+@pytest.mark.parametrize("op", _TORCH_GPU_PATHS)
+def test_every_torch_op_gpu_path_reads_nothing_on_the_host(op):
+    """An op whose GPU path is torch ops (no Triton kernel of its own) runs backend="triton" on its example
+    (fastqa.ops._declare.Example) without one host read, forward and backward, with the reference's values."""
+    example = EXAMPLES[op]
+    args, kwargs = example.inputs()
+    leaves = [t.clone().requires_grad_() if i in example.grads else t for i, t in enumerate(args)]
+    with NoHostReads():
+        out = getattr(fastqa, op)(*leaves, **kwargs, backend="triton")
+        outs = out if isinstance(out, tuple) else (out,)
+        grads = (torch.autograd.grad(outs[0].sum(), [leaves[i] for i in example.grads]) if example.grads else ())
+    want = getattr(reference, op)(*args, **kwargs)
+    for i, (got, ref) in enumerate(zip(outs, want if isinstance(want, tuple) else (want,))):
+        assert_close(got, ref, name=f"{op} output {i}")
+    ref_leaves = [t.clone().requires_grad_() if i in example.grads else t for i, t in enumerate(args)]
+    if example.grads:
+        ref_out = getattr(reference, op)(*ref_leaves, **kwargs)
+        ref_grads = torch.autograd.grad((ref_out[0] if isinstance(ref_out, tuple) else ref_out).sum(),
+                                        [ref_leaves[i] for i in example.grads])
+        for i, got, ref in zip(example.grads, grads, ref_grads):
+            assert_close(got, ref, name=f"{op} gradient of input {i}")
 
 
 # ----------------------------------------------------------------------------- warnings
@@ -312,34 +358,28 @@ class TestGPU:
         assert torch.equal(idx, reference.linear_argmax(q, w, b, [0, 1, 2]))
 
     def test_every_triton_op_on_the_second_gpu(self):
-        """Tensors on cuda:1 while cuda:0 is current: the same results as on cuda:0 (the device guard)."""
+        """Tensors on cuda:1 while cuda:0 is current: the same results as on cuda:0 (the device guard), for every
+        op with a Triton kernel, on its example (fastqa.ops._declare.Example)."""
         if torch.cuda.device_count() < 2:
             pytest.skip("needs two GPUs")
-        g = torch.Generator().manual_seed(0)
-        x, dw, pw = torch.randn(2, 37, 16, generator=g), torch.randn(16, 1, 5, generator=g), torch.randn(
-            24, 16, 1, generator=g)
-        lnw, lnb = torch.ones(16), torch.zeros(16)
-        gw, gb = torch.randn(32, 16, 3, generator=g) * 0.2, torch.randn(32, generator=g)
-        c, q, cw = torch.randn(2, 37, 16, generator=g), torch.randn(2, 9, 16, generator=g), torch.randn(48, generator=g)
-        cm, qm = padding_mask(2, 37), padding_mask(2, 9)
 
         def run(device):
-            t = [v.to(device).requires_grad_(v.is_floating_point()) for v in (x, dw, pw, lnw, lnb, gw, gb, c, q, cw)]
-            tx, tdw, tpw, tlnw, tlnb, tgw, tgb, tc, tq, tcw = t
-            outs = [fastqa.dwsep_conv1d(tx, tdw, tpw, activation="relu", backend="triton"),
-                    fastqa.ln_dwsep_conv1d(tx, tlnw, tlnb, tdw, tpw, backend="triton"),
-                    fastqa.glu_conv1d(tx, tgw, tgb, causal=True, backend="triton"),
-                    fastqa.context_query_attention(tc, tq, cm.to(device), qm.to(device), tcw, backend="triton"),
-                    fastqa.trilinear_similarity(tc, tq, tcw, backend="triton"),
-                    fastqa.dropout_add(tx, 0.2, 5, tx, backend="triton")]
-            with torch.no_grad():
-                outs.append(fastqa.glu_conv1d_step(tx[:, 0], tx[:, :2], tgw, tgb, backend="triton")[0])
-            sum(o.float().sum() for o in outs[:-1]).backward()
-            return [o.detach().cpu() for o in outs] + [v.grad.cpu() for v in t if v.grad is not None]
+            results = []
+            for op in triton_kernel_ops():
+                example = EXAMPLES[op]
+                args, kwargs = example.inputs(device)
+                args = [t.requires_grad_() if i in example.grads else t for i, t in enumerate(args)]
+                out = getattr(fastqa, op)(*args, **kwargs, backend="triton")
+                out = out[0] if isinstance(out, tuple) else out
+                if example.grads:
+                    results += torch.autograd.grad(out.float().sum(), [args[i] for i in example.grads])
+                results.append(out.detach())
+            return [r.cpu() for r in results]
 
         want = run(torch.device("cuda:0"))
         with torch.cuda.device(0):
             got = run(torch.device("cuda:1"))
+        assert len(got) == len(want)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b)
 

@@ -3,51 +3,53 @@ double backward, the documented empty-batch behaviour, the FASTQA_TRITON_AUTOTUN
 precision policy."""
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
 import fastqa
+import fastqa.ops
+from fastqa.ops._declare import DECLARED, EXAMPLES
 from helpers import compiled_backends, device_of
 
 
-def _calls(device: torch.device):
-    """(op name, differentiable inputs, fn(*inputs, backend) -> tensor) for every op with a backward."""
-    g = torch.Generator().manual_seed(0)
+def _call(op: str, device: torch.device, batch: int = 2):
+    """(differentiable inputs, fn(*inputs, backend) -> the op's first output) for ``op``'s declared example."""
+    example = EXAMPLES[op]
+    args, kwargs = example.inputs(device, batch)
 
-    def rand(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g) * scale).to(device)
+    def fn(*leaves, backend):
+        full = list(args)
+        for i, leaf in zip(example.grads, leaves):
+            full[i] = leaf
+        out = getattr(fastqa, op)(*full, **kwargs, backend=backend)
+        return out[0] if isinstance(out, tuple) else out
 
-    x, dw, pw = rand(2, 9, 8), rand(8, 1, 3, scale=0.5), rand(6, 8, 1, scale=0.3)
-    lnw, lnb = 1 + rand(8, scale=0.1), rand(8, scale=0.1)
-    c, q, w = rand(2, 7, 4), rand(2, 5, 4), rand(12, scale=0.3)
-    cm, qm = torch.ones(2, 7, dtype=torch.bool, device=device), torch.ones(2, 5, dtype=torch.bool, device=device)
-    gw = rand(16, 8, 3, scale=0.2)
-    return [
-        ("dwsep_conv1d", (x, dw, pw), lambda x, dw, pw, backend: fastqa.dwsep_conv1d(
-            x, dw, pw, activation="relu", backend=backend)),
-        ("ln_dwsep_conv1d", (x, lnw, lnb, dw, pw), lambda x, lnw, lnb, dw, pw, backend: fastqa.ln_dwsep_conv1d(
-            x, lnw, lnb, dw, pw, backend=backend)),
-        ("trilinear_similarity", (c, q, w), lambda c, q, w, backend: fastqa.trilinear_similarity(
-            c, q, w, backend=backend)),
-        ("context_query_attention", (c, q, w), lambda c, q, w, backend: fastqa.context_query_attention(
-            c, q, cm, qm, w, backend=backend)),
-        ("glu_conv1d", (x, gw), lambda x, gw, backend: fastqa.glu_conv1d(x, gw, causal=True, backend=backend)),
-        ("linear", (x, pw[:, :, 0]), lambda x, w, backend: fastqa.linear(x, w, backend=backend)),
-        ("dropout_add", (x, x.flip(2)), lambda b, r, backend: fastqa.dropout_add(b, 0.3, 7, r, backend=backend)),
-    ]
+    return tuple(args[i] for i in example.grads), fn
 
 
-OPS = [name for name, _, _ in _calls(torch.device("cpu"))]
-# No fused kernel of its own on the GPU path: F.linear there, which differentiates twice.
-CPU_ONLY = {"linear"}
+def test_every_public_op_declares_an_example():
+    """The checks below run every op through its ``Example`` (fastqa.ops._declare): an op without one would
+    go unchecked, so it fails here instead; an op with a backward declares what it differentiates."""
+    assert set(EXAMPLES) == set(fastqa.ops.__all__), sorted(set(EXAMPLES) ^ set(fastqa.ops.__all__))
+    for name in DECLARED:
+        assert EXAMPLES[name].grads, f"{name}'s example differentiates nothing"
 
 
-@pytest.mark.parametrize("op, backend", [(op, backend) for backend in compiled_backends() for op in OPS
-                                         if backend == "cpu" or op not in CPU_ONLY])
+# The ops with a backward; each runs on the compiled backends its declaration names (linear and
+# self_attention have no fused kernel of their own on the GPU path: torch ops there, which differentiate twice).
+# Not self_attention: its reference is torch's scaled_dot_product_attention, whose CPU backward has no
+# derivative, so the error's advice (backend="reference") does not hold for it.
+_WITH_BACKWARD = sorted(set(DECLARED) - {"self_attention"})
+
+
+@pytest.mark.parametrize("op, backend", [(op, backend) for backend in compiled_backends() for op in _WITH_BACKWARD
+                                         if backend in DECLARED[op].decl.backends])
 def test_double_backward_raises_one_clear_error(op, backend):
     """create_graph=True works (first-order gradients are right); differentiating them raises a
     RuntimeError naming the op and the way out, the same for every op and backend."""
-    _, inputs, fn = next(call for call in _calls(device_of(backend)) if call[0] == op)
+    inputs, fn = _call(op, device_of(backend))
     leaves = [t.clone().requires_grad_() for t in inputs]
     ref_leaves = [t.clone().requires_grad_() for t in inputs]
     grads = torch.autograd.grad((fn(*leaves, backend=backend) ** 2).sum(), leaves, create_graph=True)
@@ -64,59 +66,34 @@ def test_double_backward_raises_one_clear_error(op, backend):
 
 def test_first_order_backward_needs_no_graph():
     """A plain backward (no create_graph) returns gradients that carry no graph."""
-    _, (x, dw, pw), fn = _calls(torch.device("cpu"))[0]
+    (x, *rest), fn = _call("dwsep_conv1d", torch.device("cpu"))
     x = x.clone().requires_grad_()
-    gx, = torch.autograd.grad(fn(x, dw, pw, backend="cpu").sum(), x)
+    gx, = torch.autograd.grad(fn(x, *rest, backend="cpu").sum(), x)
     assert gx.grad_fn is None and not gx.requires_grad
 
 
-def _empty_batch_calls(device: torch.device):
-    """(op name, fn(backend) -> result) with a batch of 0 in the first input, for every public op."""
-    def rand(*shape):
-        return torch.randn(*shape).to(device)
-
-    def bools(*shape):
-        return torch.ones(*shape, dtype=torch.bool, device=device)
-
-    x, dw, pw, lnw, lnb = rand(0, 9, 8), rand(8, 1, 3), rand(6, 8, 1), rand(8), rand(8)
-    c, q, w = rand(0, 7, 4), rand(0, 5, 4), rand(12)
-    gw = rand(16, 8, 3)
-    qkv = rand(0, 6, 12)
-    return {
-        "dwsep_conv1d": lambda backend: fastqa.dwsep_conv1d(x, dw, pw, backend=backend),
-        "ln_dwsep_conv1d": lambda backend: fastqa.ln_dwsep_conv1d(x, lnw, lnb, dw, pw, backend=backend),
-        "trilinear_similarity": lambda backend: fastqa.trilinear_similarity(c, q, w, backend=backend),
-        "context_query_attention": lambda backend: fastqa.context_query_attention(
-            c, q, bools(0, 7), bools(0, 5), w, backend=backend),
-        "glu_conv1d": lambda backend: fastqa.glu_conv1d(x, gw, causal=True, backend=backend),
-        "glu_conv1d_step": lambda backend: fastqa.glu_conv1d_step(x[:, 0], x[:, :2], gw, backend=backend),
-        "self_attention": lambda backend: fastqa.self_attention(qkv, bools(0, 6), 2, backend=backend),
-        "decode_attention": lambda backend: fastqa.decode_attention(rand(0, 1, 4), rand(0, 5, 4), rand(0, 5, 3),
-                                                                    backend=backend),
-        "linear": lambda backend: fastqa.linear(x, pw[:, :, 0], backend=backend),
-        "linear_argmax": lambda backend: fastqa.linear_argmax(x, pw[:, :, 0], None, [1], backend=backend),
-        "dropout_add": lambda backend: fastqa.dropout_add(x, 0.3, 7, x, backend=backend),
-    }
-
-
 # Elementwise and per-row ops accept an empty batch as torch's do (nn.Linear, dropout): an empty result.
-ACCEPT_EMPTY = {"linear": (0, 9, 6), "linear_argmax": (0, 9), "dropout_add": (0, 9, 8)}
+ACCEPT_EMPTY = {"linear", "linear_argmax", "dropout_add"}
 
 
 @pytest.mark.parametrize("backend", ["reference", *compiled_backends()])
-@pytest.mark.parametrize("op", list(_empty_batch_calls(torch.device("cpu"))))
+@pytest.mark.parametrize("op", sorted(EXAMPLES))
 def test_empty_batch_is_the_documented_one(op, backend):
-    """docs/DESIGN.md: an empty batch raises a ValueError naming the argument, on every backend -- except for
-    the ops that accept it as torch's own do (``ACCEPT_EMPTY``), which return an empty result of the right
-    shape (their gradients: tests/ops/test_linear.py, test_dropout_add.py)."""
-    call = _empty_batch_calls(device_of(backend))[op]
+    """docs/DESIGN.md: an empty batch raises a ValueError naming the argument (the op's first), on every
+    backend -- except for the ops that accept it as torch's own do (``ACCEPT_EMPTY``), which return an empty
+    result of the shape a batch of 2 gives but for the batch (their gradients: tests/ops/test_linear.py,
+    test_dropout_add.py)."""
+    device = device_of(backend)
+    fn = getattr(fastqa, op)
+    args, kwargs = EXAMPLES[op].inputs(device, batch=0)
     if op in ACCEPT_EMPTY:
-        assert tuple(call(backend).shape) == ACCEPT_EMPTY[op]
+        full_args, full_kwargs = EXAMPLES[op].inputs(device, batch=2)
+        want = fn(*full_args, **full_kwargs, backend="reference").shape
+        assert tuple(fn(*args, **kwargs, backend=backend).shape) == (0, *want[1:])
         return
-    first = {"trilinear_similarity": "c", "context_query_attention": "c", "glu_conv1d_step": "x_t",
-             "self_attention": "qkv", "decode_attention": "q"}.get(op, "x")
+    first = next(iter(inspect.signature(fn).parameters))
     with pytest.raises(ValueError, match=rf"^{first} must have a non-empty batch"):
-        call(backend)
+        fn(*args, **kwargs, backend=backend)
 
 
 triton = pytest.importorskip("triton")
@@ -157,7 +134,6 @@ def test_autotune_switch_is_honoured_by_launch(monkeypatch):
 def test_every_triton_launch_goes_through_the_switch():
     """No launcher indexes a kernel directly (kernel[grid](...)): all use _common.launch (the autotune switch
     and the device guard)."""
-    import inspect
     import re
 
     from fastqa.triton_kernels import context_query_attention, dropout_add, dwsep_conv1d, glu_conv1d

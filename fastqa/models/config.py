@@ -60,3 +60,17 @@ class ModelConfig:
     def _check_bool(self, name: str) -> None:
         check_bool(f"{type(self).__name__}.{name}", getattr(self, name))
 
+
+    def _check_special_ids(self, ids: Sequence[str], vocab_sizes: Sequence[str]) -> None:
+        """The special token ids ``ids`` (ints >= 0, distinct: two ids "must differ", more "must be distinct")
+        and the vocabulary sizes ``vocab_sizes``, each large enough to hold them all."""
+        for name in ids:
+            self._check_int(name, 0)
+        values = {name: getattr(self, name) for name in ids}
+        if len(set(values.values())) != len(values):
+            model = type(self).__name__
+            if len(ids) == 2:
+                raise ValueError(f"{model}.{ids[0]} and {ids[1]} must differ, both are {values[ids[0]]}")
+            raise ValueError(f"{model} special ids must be distinct, got {values}")
+        for name in vocab_sizes:
+            self._check_int(name, max(values.values()) + 1)

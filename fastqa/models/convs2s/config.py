@@ -61,13 +61,7 @@ class ConvS2SConfig(ModelConfig):
     def __post_init__(self) -> None:
         for name in ("embed_dim", "hidden_dim", "encoder_layers", "decoder_layers", "kernel_size", "max_positions"):
             self._check_int(name, 1)
-        for name in ("pad_id", "unk_id", "sos_id", "eos_id"):
-            self._check_int(name, 0)
-        specials = {"pad_id": self.pad_id, "unk_id": self.unk_id, "sos_id": self.sos_id, "eos_id": self.eos_id}
-        if len(set(specials.values())) != 4:
-            raise ValueError(f"ConvS2SConfig special ids must be distinct, got {specials}")
-        for name in ("src_vocab_size", "tgt_vocab_size"):
-            self._check_int(name, max(specials.values()) + 1)
+        self._check_special_ids(("pad_id", "unk_id", "sos_id", "eos_id"), ("src_vocab_size", "tgt_vocab_size"))
         if self.kernel_size % 2 == 0:
             raise ValueError(f"ConvS2SConfig.kernel_size must be odd (centred encoder convolutions), "
                              f"got {self.kernel_size}")

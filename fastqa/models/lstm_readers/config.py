@@ -60,11 +60,7 @@ class LSTMReaderConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         self._check_choice("variant", VARIANTS)
-        for name in ("pad_id", "unk_id"):
-            self._check_int(name, 0)
-        if self.pad_id == self.unk_id:
-            raise ValueError(f"LSTMReaderConfig.pad_id and unk_id must differ, both are {self.pad_id}")
-        self._check_int("word_vocab_size", max(self.pad_id, self.unk_id) + 1)
+        self._check_special_ids(("pad_id", "unk_id"), ("word_vocab_size",))
         for name in ("word_dim", "hidden_dim", "num_layers"):
             self._check_int(name, 1)
         self._check_prob("dropout")

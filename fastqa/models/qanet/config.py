@@ -87,12 +87,7 @@ class QANetConfig(ModelConfig):
     MODEL = "QANet"
 
     def __post_init__(self) -> None:
-        for name in ("pad_id", "unk_id"):
-            self._check_int(name, 0)
-        if self.pad_id == self.unk_id:
-            raise ValueError(f"QANetConfig.pad_id and unk_id must differ, both are {self.pad_id}")
-        for name in ("word_vocab_size", "char_vocab_size"):
-            self._check_int(name, max(self.pad_id, self.unk_id) + 1)
+        self._check_special_ids(("pad_id", "unk_id"), ("word_vocab_size", "char_vocab_size"))
         for name in ("word_dim", "char_dim", "char_channels", "char_kernel", "d_model", "heads",
                      "emb_resize_kernel", "emb_conv_layers", "emb_conv_kernel", "model_blocks",
                      "model_conv_layers", "model_conv_kernel", "model_passes", "max_word_len"):

@@ -5,7 +5,6 @@ import torch
 
 from ..ops.dropout_add import dropout_add
 from ..reference.dropout_add import DropoutAdd as _ReferenceDropoutAdd
-from ..reference.dropout_add import draw_device_seed
 
 __all__ = ["DropoutAdd"]
 
@@ -21,5 +20,5 @@ class DropoutAdd(_ReferenceDropoutAdd):
 
     def apply_dropout(self, branch: torch.Tensor, residual: torch.Tensor | None, example_scale: torch.Tensor | None,
                       generator: torch.Generator | None) -> torch.Tensor:
-        seed = draw_device_seed(branch.device, generator)
-        return dropout_add(branch, self.p, seed, residual, example_scale, backend=self.backend)
+        return dropout_add(branch, self.p, self.seed(branch.device, generator), residual, example_scale,
+                           backend=self.backend)

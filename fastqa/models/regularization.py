@@ -92,6 +92,8 @@ class TorchDropoutAdd(reference.DropoutAdd):
     hashed from a seed: the models' pure-PyTorch layer sets. (The reference layer reproduces the fused
     layer's masks bit for bit, but with ~15 integer passes per call it would make a slow baseline.)"""
 
+    SEEDED = False   # no seed: a model shares no DropoutSeeds with it
+
     def apply_dropout(self, branch: torch.Tensor, residual: torch.Tensor | None, example_scale: torch.Tensor | None,
                       generator: torch.Generator | None) -> torch.Tensor:
         branch = dropout(branch, self.p, True, generator)

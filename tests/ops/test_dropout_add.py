@@ -285,3 +285,54 @@ def test_the_layers_seeds_repeat_with_torch_manual_seed_and_never_reach_the_host
     assert all(torch.equal(a, b) for a, b in zip(first, run(1)))
     assert not torch.equal(first[0], first[1])
     assert not torch.equal(first[0], run(2)[0])
+
+
+def test_a_forwards_shared_seeds_are_one_draw_and_each_call_its_own():
+    """``share_dropout_seeds``: the layers of a module take their seeds from one block per forward (one draw on
+    the device, one-element views of it, no allocation per call), a call past the block draws the next block;
+    each call its own mask, the same torch.manual_seed the same masks, and a backward after later forwards
+    (new blocks) still reuses its forward's mask. Outside a drawn forward a layer draws its own seed."""
+    from torch import nn
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fastqa.models.regularization import TorchDropoutAdd
+    from fastqa.reference.dropout_add import DropoutSeeds, share_dropout_seeds
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    model = nn.ModuleDict({"a": DropoutAdd(0.5), "b": reference.DropoutAdd(0.5), "plain": TorchDropoutAdd(0.5)})
+    seeds = share_dropout_seeds(model.train(), 2)
+    assert isinstance(seeds, DropoutSeeds) and model["a"].seeds is seeds and model["b"].seeds is seeds
+    assert model["plain"].seeds is None   # its masks hash no seed
+    assert share_dropout_seeds(nn.ModuleDict({"plain": TorchDropoutAdd(0.5)}), 2) is None
+    branch = torch.randn(4, 30, 8, requires_grad=True)
+
+    def forward(seed):
+        torch.manual_seed(seed)
+        seeds.draw(branch.device)
+        outs = [model["a"](branch), model["b"](branch), model["a"](branch)]   # the third: past the block
+        seeds.release()
+        return outs
+
+    with Ops() as ops:
+        first = forward(1)
+    assert ops.names.count("randint") == 2 and "_local_scalar_dense" not in ops.names
+    assert all(not torch.equal(first[i] != 0, first[j] != 0) for i, j in ((0, 1), (0, 2), (1, 2)))
+    again = forward(1)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    other = forward(2)
+    assert not torch.equal(first[0], other[0])
+    first[0].backward(torch.ones_like(first[0]))     # after two more forwards (new blocks)
+    assert torch.equal(branch.grad != 0, first[0] != 0)
+    with Ops() as ops:
+        model["a"](branch)                            # outside a drawn forward: its own seed
+    assert ops.names.count("randint") == 1 and seeds.take() is None
+    with pytest.raises(ValueError, match="per_forward"):
+        DropoutSeeds(0)

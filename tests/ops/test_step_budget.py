@@ -92,7 +92,30 @@ def test_one_bf16_train_step_stays_within_its_dispatch_budget():
     # No parameter of linear or the convs is cast at all (the kernels take float32 weights): the copies left are
     # the few other parameters' casts (once per step however often they are used) and activations'.
     assert counts.ops["_to_copy"] <= 0.2 * 299
-    assert counts.ops["dropout_add"] > 0 and counts.ops["randint"] == counts.ops["dropout_add"] // 2
+    # One draw of the forward's dropout seeds, whatever the number of dropout calls.
+    assert counts.ops["dropout_add"] > 0 and counts.ops["randint"] == 1
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(emb_conv_layers=1, model_blocks=3, model_conv_layers=2)],
+                         ids=["small", "deeper"])
+def test_a_training_forward_draws_its_dropout_seeds_once(overrides):
+    """QANet's ``dropout_calls`` is the number of dropout calls of a training forward (a padded batch, packed,
+    included): the block of seeds it draws is all it draws, one ``randint``, each call a seed of its own."""
+    model = _model(**overrides)
+    cw, cc, qw, qc, _, _ = _batch()
+    cw[0, 12:] = 0   # padding: the packed context path
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), _Counts() as counts:
+        model(cw, cc, qw, qc)
+    assert counts.ops["randint"] == 1 and counts.ops["dropout_add"] == model.dropout_calls(), counts.ops
+
+
+def test_a_convs2s_training_forward_draws_its_dropout_seeds_once():
+    """ConvS2S's block of seeds (embeddings, each conv's input, the decoder's output features) is all its
+    training forward draws: one ``randint`` for every dropout call."""
+    model, _, (src, tgt) = _convs2s_case()
+    with torch.no_grad(), _Counts() as counts:
+        model(src, tgt[:, :-1])
+    assert counts.ops["randint"] == 1 and counts.ops["dropout_add"] == model.dropout_seeds.per_forward, counts.ops
 
 
 def test_a_weight_changed_in_place_is_cast_anew():

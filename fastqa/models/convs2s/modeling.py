@@ -31,6 +31,7 @@ from torch.nn.utils import parametrizations
 
 import fastqa.layers
 import fastqa.reference
+from fastqa.reference.dropout_add import share_dropout_seeds
 
 from ..checks import check_config
 from ..device import reads_are_free
@@ -293,6 +294,9 @@ class ConvS2S(nn.Module):
         self.layers = layers
         self.encoder = ConvS2SEncoder(config, layers)
         self.decoder = ConvS2SDecoder(config, layers)
+        # A training forward draws its dropout seeds at once (one draw on the device, not one per call): the
+        # embeddings' and each conv input's in the encoder and the decoder, and the decoder's output features.
+        self.dropout_seeds = share_dropout_seeds(self, config.encoder_layers + config.decoder_layers + 3)
 
     def encode(self, src: torch.Tensor) -> EncoderOut:
         """src: [B, S] int64 (padded with pad_id) -> EncoderOut."""
@@ -314,7 +318,13 @@ class ConvS2S(nn.Module):
         """src: [B, S], tgt_in: [B, T] (starts with sos) -> (logits [B, T, V_tgt], attention [B, T, S])."""
         if isinstance(src, torch.Tensor) and isinstance(tgt_in, torch.Tensor) and src.shape[:1] != tgt_in.shape[:1]:
             raise ValueError(f"src and tgt_in must have the same batch size, got {src.shape[0]} and {tgt_in.shape[0]}")
-        return self.decode(tgt_in, self.encode(src))
+        seeds = self.dropout_seeds if self.training and isinstance(src, torch.Tensor) else None
+        if seeds is not None:
+            seeds.draw(src.device)
+        out = self.decode(tgt_in, self.encode(src))
+        if seeds is not None:
+            seeds.release()
+        return out
 
     def initial_state(self, enc: EncoderOut, rows_per_sentence: int = 1, *, incremental: bool = True,
                       fold_attention: bool | None = None) -> DecoderState:

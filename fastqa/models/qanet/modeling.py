@@ -32,6 +32,7 @@ from torch import nn
 
 from ... import layers as fused
 from ... import reference
+from ...reference.dropout_add import share_dropout_seeds
 from ..blocks import FrozenWordVectors, Highway, TimingSignal, init_linear
 from ..checks import check_config, check_qa_inputs
 from ..device import reads_are_free
@@ -269,6 +270,16 @@ class QANet(FrozenWordVectors):
         # is more than an eighth of the batch; the pure-PyTorch sets compute the padding, as a PyTorch user's
         # model does. The same values at every real position either way.
         self.pack_padding = layers == "fast"
+        # A training forward draws its dropout seeds at once (one draw on the device, not one per call).
+        self.dropout_seeds = share_dropout_seeds(self, self.dropout_calls())
+
+    def dropout_calls(self) -> int:
+        """The dropout calls of one training forward: per text (context, question) the word vectors', the
+        characters', the highway's layers' and the embedding block's sublayers'; the resized attention's; and
+        three model passes over the blocks' sublayers."""
+        c = self.config
+        per_text = 2 + len(self.highway.layers) + c.emb_conv_layers + 2
+        return 2 * per_text + 1 + 3 * c.model_blocks * (c.model_conv_layers + 2)
 
     def _embed(self, words: torch.Tensor, chars: torch.Tensor, other_words: torch.Tensor,
                packed: PackedBatch | None = None) -> torch.Tensor:
@@ -318,6 +329,17 @@ class QANet(FrozenWordVectors):
         Unlike the log-probabilities they compare between contexts, so the windows of one long document are
         ranked by them (``fastqa.tasks.qa.inference``; a reader's ``SPAN_LOGITS`` says it offers them)."""
         cw, cc, qw, qc = check_qa_inputs("QANet", context_words, context_chars, question_words, question_chars)
+        seeds = self.dropout_seeds if self.training else None
+        if seeds is not None:
+            seeds.draw(cw.device)
+        out = self._forward(cw, cc, qw, qc, logits)
+        if seeds is not None:
+            seeds.release()
+        return out
+
+    def _forward(self, cw: torch.Tensor, cc: torch.Tensor, qw: torch.Tensor, qc: torch.Tensor,
+                 logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward on checked inputs."""
         pad = self.config.pad_id
         c_mask, q_mask = cw != pad, qw != pad
 

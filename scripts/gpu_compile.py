@@ -1,7 +1,7 @@
 """Ahead-of-time compile check of every Triton kernel of fastqa for real GPU targets, on a machine without a GPU.
 
 ``make gpu-compile`` runs this under the pinned Triton (3.6.0, the GPU machine's version) installed in
-``.venv/triton-3.6.0`` and put first on PYTHONPATH, with TRITON_INTERPRET unset; ``make test`` runs it through
+``.venv/triton-3.6.0`` and put first on PYTHONPATH, with TRITON_INTERPRET unset; ``make test-gpu-compile`` runs it through
 tests/test_gpu_compile.py. docs/gpu-compile.md describes the check and carries its table.
 
 1. Record, do not launch: every kernel module's ``launch`` (``triton_kernels/_common.py``, the one launch path of

@@ -1,13 +1,14 @@
 """scripts/gpu_compile.py (``make gpu-compile``): every Triton kernel, in every autotuning configuration, dtype and
 constexpr variant the ops reach, compiles for sm_90 and sm_80 under the pinned Triton of the GPU machine (installed
-by ``make test`` / ``make gpu-compile`` into .venv/triton-<version>), within shared memory, with no spills in the
+by ``make test-gpu-compile`` / ``make gpu-compile`` into .venv/triton-<version>), within shared memory, with no spills in the
 configurations the models can reach, and the resource table in docs/gpu-compile.md is current.
 
 The check runs once, in a subprocess (TRITON_INTERPRET unset, the pinned folder first on PYTHONPATH), through the
 results cache in .venv/ (a first run compiles about 3,100 kernels, minutes of both cores; then seconds). A session
 that collects these tests starts it in the background as soon as collection ends (``start``, from conftest's
-``pytest_collection_finish``), at a lower priority, and runs these tests last: the compiles fill the core that the
-other tests (tiny models on one torch thread) leave idle, and the ``report`` fixture waits for what is left.
+``pytest_collection_finish``), at a lower priority, and runs these tests last: collected with other tests (``pytest tests``), the compiles fill
+the core that those (tiny models on one torch thread) leave idle, and the ``report`` fixture waits for what is left.
+``make test`` leaves this file to ``make test-gpu-compile``, which CI runs after it.
 Without the pinned Triton (no registry access) the tests fail under CI=true and skip elsewhere.
 """
 from __future__ import annotations

@@ -17,18 +17,23 @@
 // backward needs both probability matrices and S̿ᵀc, which it would otherwise recompute (one of the ten
 // [n, m, d] products of the backward) for the cost of storing m·d values per batch element.
 //
-// bfloat16 (csrc/cpu/bf16.h): each entry widens its bf16 tensors and runs the float32 kernel, by one of two
-// routes chosen per shape class (gemm::route_for): "native" takes every GEMM above (the bilinear term, S̿ᵀc,
-// [A, B] and the backward's products) on the bf16 engine, "widen" in float32 (the float32 kernel's speed plus
-// the conversions: where small bf16 GEMMs lose to float32 ones, bf16 is not slower than float32); the
-// softmaxes, the epilogue and the weight-gradient sums are the kernel's own float32 loops. out and the
-// gradients come back in bf16; aux_row and aux_col stay float32: they are the softmax probabilities the
-// backward differentiates through, and rounding them to bf16 would add an error the forward never made.
+// bfloat16: two routes per entry, chosen per shape class (gemm::route_for). "native" (where PyTorch's batch-reduce
+// GEMM micro-kernel takes bf16, gemm::bf16_brgemm_usable) reads the bf16 inputs in place and writes bf16 results:
+// every product above on bf16 operands (the inputs themselves, or per-element bf16 tiles of the probabilities and
+// gradients) summed in float32 into float32 tiles, the softmaxes, epilogues and weight-gradient sums the float32
+// kernel's loops on those tiles (the section "native bfloat16 route" below); without the micro-kernel it is the
+// float32 kernel on widened copies with its GEMMs on torch's bf16 GEMM. "widen" widens the inputs and runs the
+// float32 kernel with float32 products (the float32 kernel's speed plus the conversions: where native loses,
+// bf16 is not slower than float32). out and the gradients come back in bf16 (a float32 weight and bias, the
+// master weights under autocast, are read as float32 and get float32 gradients); aux_row and aux_col stay
+// float32: they are the softmax probabilities the backward differentiates through, and rounding them to bf16
+// would add an error the forward never made.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include "cpu/bf16.h"
+#include "cpu/bf16_rows.h"
 #include "cpu/common.h"
 #include "cpu/gemm.h"
 
@@ -91,16 +96,17 @@ void check_similarity_args(const char* op, const Tensor& c, const Tensor& q, con
               ": c and q must be non-empty, got ", c.sizes(), " and ", q.sizes());
   TORCH_CHECK(c.scalar_type() == at::kFloat || c.scalar_type() == at::kDouble || c.scalar_type() == at::kBFloat16,
               op, ": c must be float32, float64 or bfloat16, got ", c.scalar_type());
-  TORCH_CHECK(q.scalar_type() == c.scalar_type() && weight.scalar_type() == c.scalar_type(), op,
-              ": c, q and weight must share a dtype, got ", c.scalar_type(), ", ", q.scalar_type(), ", ",
-              weight.scalar_type());
+  TORCH_CHECK(q.scalar_type() == c.scalar_type(), op, ": c and q must share a dtype, got ", c.scalar_type(), " and ",
+              q.scalar_type());
+  // The parameters: c's dtype, or float32 with bf16 c (the float32 master weights under autocast).
+  TORCH_CHECK(bf16::param_dtype_ok(weight, c), op, ": weight must be ", c.scalar_type(),
+              bf16::is_bf16(c) ? " or float32" : "", " (c's dtype), got ", weight.scalar_type());
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == 3 * c.size(2), op, ": weight must be [3d] = [",
               3 * c.size(2), "], got ", weight.sizes());
   if (bias.has_value()) {
-    TORCH_CHECK(bias->numel() == 1 && bias->dim() <= 1 && bias->scalar_type() == c.scalar_type() &&
-                    bias->device().is_cpu(),
-                op, ": bias must be a one-element CPU tensor of c's dtype, got ", bias->sizes(), " ",
-                bias->scalar_type());
+    TORCH_CHECK(bias->numel() == 1 && bias->dim() <= 1 && bf16::param_dtype_ok(*bias, c) && bias->device().is_cpu(),
+                op, ": bias must be a one-element CPU tensor of c's dtype", bf16::is_bf16(c) ? " or float32" : "",
+                ", got ", bias->sizes(), " ", bias->scalar_type());
   }
 }
 
@@ -289,6 +295,13 @@ std::pair<Tensor, Tensor> backward_over_batch(const Tensor& c, const Tensor& wei
   return reduce_weight_grads<T>(partial, weight, bias);
 }
 
+// The native bf16 route of each entry (defined below, with the helpers they share).
+Tensor trilinear_similarity_fwd_native(const Tensor& c, const Tensor& q, const Tensor& weight,
+                                       const c10::optional<Tensor>& bias);
+std::tuple<Tensor, Tensor, Tensor, Tensor> trilinear_similarity_bwd_native(const Tensor& grad_s, const Tensor& c,
+                                                                           const Tensor& q, const Tensor& weight,
+                                                                           const c10::optional<Tensor>& bias);
+
 // ------------------------------------------------------------------------------------------------
 // trilinear_similarity_fwd / _bwd
 // ------------------------------------------------------------------------------------------------
@@ -300,6 +313,9 @@ Tensor trilinear_similarity_fwd(const Tensor& c_in, const Tensor& q_in, const Te
   check_similarity_args(op, c_in, q_in, weight_in, bias);
   if (bf16::is_bf16(c_in)) {  // the float32 kernel, its GEMMs in bf16 or float32 (the route; top of the file)
     const auto run = [&](gemm::Route route) {
+      if (route == gemm::Route::kNative && gemm::bf16_brgemm_usable()) {
+        return trilinear_similarity_fwd_native(c_in, q_in, weight_in, bias);
+      }
       gemm::Bf16Products scope(route == gemm::Route::kNative);
       return bf16::narrow(trilinear_similarity_fwd(bf16::widen(c_in), bf16::widen(q_in), bf16::widen(weight_in),
                                                    bf16::widen(bias)));
@@ -338,10 +354,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> trilinear_similarity_bwd(const Tensor
   check_same_shape(op, "grad_s", grad_s, {batch, n, m}, c_in.scalar_type());
   if (bf16::is_bf16(c_in)) {
     const auto run = [&](gemm::Route route) -> std::tuple<Tensor, Tensor, Tensor, Tensor> {
+      if (route == gemm::Route::kNative && gemm::bf16_brgemm_usable()) {
+        return trilinear_similarity_bwd_native(grad_s, c_in, q_in, weight_in, bias);
+      }
       gemm::Bf16Products scope(route == gemm::Route::kNative);
       auto [gc, gq, gw, gb] = trilinear_similarity_bwd(bf16::widen(grad_s), bf16::widen(c_in), bf16::widen(q_in),
                                                        bf16::widen(weight_in), bf16::widen(bias));
-      return {bf16::narrow(gc), bf16::narrow(gq), bf16::narrow(gw), bf16::narrow(gb)};
+      return {bf16::narrow(gc), bf16::narrow(gq), bf16::grad_like(gw, weight_in), bf16::grad_like(gb, bias)};
     };
     return run(gemm::route_for(op, shape_class_of(c_in, q_in), [&](gemm::Route r) { (void)run(r); }));
   }
@@ -425,9 +444,10 @@ void exp_shifted_accumulate<float>(float* s, const float* shift, float* sum, int
 // bilinear term of S (the linear terms are added here); on exit p = S̄ (row softmax over the real
 // question words) and pc = S̿ (column softmax over the real context words). A slice with no real word
 // is all zeros. q_real [m] / c_real [n]: the masks as 1/0 of type T, so the loops stay branch-free and
-// vectorise; col_max / col_sum: [m] scratch.
-template <typename T>
-void masked_softmaxes(T* pc, T* p, const T* c, const Weights<T>& w, const T* sq, const T* q_real,
+// vectorise; col_max / col_sum: [m] scratch. context_term(i) = c_i·w_c (the float32 kernel's dot, or the
+// native bf16 route's precomputed sums).
+template <typename T, typename ContextTerm>
+void masked_softmaxes(T* pc, T* p, const ContextTerm& context_term, const T* sq, const T* q_real,
                       const T* c_real, int64_t n, int64_t m, T* col_max, T* col_sum) {
   constexpr T lowest = -std::numeric_limits<T>::infinity();
   std::fill(col_max, col_max + m, lowest);
@@ -435,7 +455,9 @@ void masked_softmaxes(T* pc, T* p, const T* c, const Weights<T>& w, const T* sq,
   for (int64_t i = 0; i < n; ++i) {
     T* s = pc + i * m;
     T* pi = p + i * m;
-    add_linear_terms(s, c + i * w.d, w, sq, m);
+    const T sc = context_term(i);
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) s[j] += sc + sq[j];
     T row_max = lowest;
 #pragma omp simd reduction(max : row_max)
     for (int64_t j = 0; j < m; ++j) row_max = max_of(row_max, q_real[j] != 0 ? s[j] : lowest);
@@ -584,6 +606,419 @@ void transpose_into(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_
 }
 
 // ------------------------------------------------------------------------------------------------
+// The native bfloat16 route: bf16 tiles read in place, products on the batch-reduce micro-kernel
+// ------------------------------------------------------------------------------------------------
+//
+// Each batch element's products take gemm::bf16_brgemm: a row-major bf16 left factor (the inputs c, grad_s
+// or the [dA, dB] rows where they are one already, else a bf16 copy of a probability or gradient tile) times
+// a right factor packed in VNNI pairs per call (at most [n, 2d] values, from L2), summed in float32 into
+// float32 tiles. The softmaxes, the epilogues and the weight-gradient sums are the float32 kernel's loops on
+// those tiles; nothing is widened whole and no float32 copy of c, grad_out or out is made. A product's
+// odd inner size is padded with a zero column and row (the micro-kernel takes bf16 in pairs).
+
+using Bits = uint16_t;  // a bf16 value's bits (bf16_rows.h)
+
+inline int64_t even_up(int64_t k) { return (k + 1) & ~int64_t(1); }
+
+// A right factor [k, n] whose (r, j) value is at(r, j) (bits), packed as gemm::bf16_brgemm reads it:
+// [even_up(k) / 2, n, 2], rows r and r + 1 interleaved; the row past an odd k is zero.
+template <typename At>
+void pack_right(Bits* dst, int64_t k, int64_t n, const At& at) {
+  for (int64_t r = 0; r < k; r += 2) {
+    Bits* pair = dst + r * n;
+    const bool second = r + 1 < k;
+    for (int64_t j = 0; j < n; ++j) {
+      pair[2 * j] = at(r, j);
+      pair[2 * j + 1] = second ? at(r + 1, j) : Bits(0);
+    }
+  }
+}
+
+// A left factor [rows, ld] in bits: at(r, k) for k < cols, zero for cols <= k < ld.
+template <typename At>
+void make_left(Bits* dst, int64_t rows, int64_t cols, int64_t ld, const At& at) {
+  for (int64_t r = 0; r < rows; ++r) {
+    Bits* row = dst + r * ld;
+    for (int64_t k = 0; k < cols; ++k) row[k] = at(r, k);
+    for (int64_t k = cols; k < ld; ++k) row[k] = 0;
+  }
+}
+
+// c_b [n, d] as a left factor with an even inner size: c itself for even d, else its copy into pad.
+const Bits* context_left(const Bits* cb, int64_t n, int64_t d, std::vector<Bits>& pad) {
+  if (d % 2 == 0) return cb;
+  pad.resize(n * (d + 1));
+  make_left(pad.data(), n, d, d + 1, [&](int64_t r, int64_t k) { return cb[r * d + k]; });
+  return pad.data();
+}
+
+inline Bits rnd(float v) { return bf16::round_bits(v); }
+
+// dst[0, count) = src[0, count), with non-temporal stores where dst is 16-byte aligned: a result far larger than
+// the caches that the kernel does not read back (no read-for-ownership of its lines). The caller fences
+// (stream_fence) before its results are read by other threads.
+void stream_copy(Bits* dst, const Bits* src, int64_t count) {
+#ifdef __SSE2__
+  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    const int64_t blocks = count / 8;
+    auto* d = reinterpret_cast<__m128i*>(dst);
+    const auto* s = reinterpret_cast<const __m128i*>(src);
+    for (int64_t v = 0; v < blocks; ++v) _mm_stream_si128(d + v, _mm_loadu_si128(s + v));
+    std::copy(src + blocks * 8, src + count, dst + blocks * 8);
+    return;
+  }
+#endif
+  std::copy(src, src + count, dst);
+}
+
+inline void stream_fence() {
+#ifdef __SSE2__
+  _mm_sfence();
+#endif
+}
+inline float wid(Bits b) { return bf16::to_float(b); }
+
+// The weights in float32 (w [3d] and b are a few hundred values: widened once per call).
+struct NativeWeights {
+  Tensor w32;
+  c10::optional<Tensor> b32;
+  Weights<float> w;
+  NativeWeights(const Tensor& weight, const c10::optional<Tensor>& bias)
+      : w32(bf16::widen(weight).contiguous()), b32(bf16::widen(bias)), w(unpack_weights<float>(w32, b32)) {}
+};
+
+// The question's similarity factors of one batch element: q∘w_cq packed as the right factor of c·(q∘w_cq)ᵀ
+// ([d, m]) when transposed, else of dS·(q∘w_cq) ([m, d]); sq = q·w_q + b.
+void question_factors(const Bits* qb, int64_t m, int64_t d, const Weights<float>& w, bool transposed, Bits* qw_p,
+                      float* sq) {
+  if (transposed) {
+    pack_right(qw_p, d, m, [&](int64_t r, int64_t j) { return rnd(wid(qb[j * d + r]) * w.wcq[r]); });
+  } else {
+    pack_right(qw_p, m, d, [&](int64_t r, int64_t j) { return rnd(wid(qb[r * d + j]) * w.wcq[j]); });
+  }
+  if (sq == nullptr) return;
+  for (int64_t j = 0; j < m; ++j) {
+    float acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t k = 0; k < d; ++k) acc += wid(qb[j * d + k]) * w.wq[k];
+    sq[j] = acc + w.bias;
+  }
+}
+
+// sc[i] = c_i·w_c.
+void context_terms(const Bits* cb, int64_t n, int64_t d, const Weights<float>& w, float* sc) {
+  for (int64_t i = 0; i < n; ++i) {
+    float acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t k = 0; k < d; ++k) acc += wid(cb[i * d + k]) * w.wc[k];
+    sc[i] = acc;
+  }
+}
+
+// The similarity backward's sums for one batch element, given dS [n, m] (float32), dc_acc = the products into
+// dc [n, d] and e = dSᵀ·c [m, d]: dc = dc_acc + rowsum(dS)⊗w_c and dq = dq_acc + e∘w_cq + colsum(dS)⊗w_q
+// rounded to bf16, and this element's weight-gradient row (dw_c, dw_q, dw_cq, db) into dw [3d + 1].
+// dq_acc: [m, ld_dq] or null.
+void similarity_sums(const float* ds, const Bits* cb, const Bits* qb, const Weights<float>& w, const float* dc_acc,
+                     const float* e, const float* dq_acc, int64_t ld_dq, int64_t n, int64_t m, int64_t d,
+                     float* colsum, Bits* dc, Bits* dq, float* dw) {
+  float* dwc = dw;
+  float* dwq = dw + d;
+  float* dwcq = dw + 2 * d;
+  std::fill(colsum, colsum + m, 0.f);
+  std::fill(dw, dw + 3 * d + 1, 0.f);
+  float total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* si = ds + i * m;
+    float rowsum = 0;
+#pragma omp simd reduction(+ : rowsum)
+    for (int64_t j = 0; j < m; ++j) {
+      rowsum += si[j];
+      colsum[j] += si[j];
+    }
+    total += rowsum;
+    const Bits* ci = cb + i * d;
+    const float* ai = dc_acc + i * d;
+    Bits* dci = dc + i * d;
+#pragma omp simd
+    for (int64_t k = 0; k < d; ++k) {
+      dci[k] = rnd(ai[k] + rowsum * w.wc[k]);
+      dwc[k] += rowsum * wid(ci[k]);
+    }
+  }
+  for (int64_t j = 0; j < m; ++j) {
+    const float* ej = e + j * d;
+    const Bits* qj = qb + j * d;
+    Bits* dqj = dq + j * d;
+    const float cs = colsum[j];
+#pragma omp simd
+    for (int64_t k = 0; k < d; ++k) {
+      const float qv = wid(qj[k]);
+      dqj[k] = rnd((dq_acc != nullptr ? dq_acc[j * ld_dq + k] : 0.f) + ej[k] * w.wcq[k] + cs * w.wq[k]);
+      dwq[k] += cs * qv;
+      dwcq[k] += ej[k] * qv;
+    }
+  }
+  dw[3 * d] = total;
+}
+
+// (grad_weight, grad_bias) in the parameters' dtype from the float32 per-element rows.
+std::pair<Tensor, Tensor> native_weight_grads(const Tensor& partial, const NativeWeights& nw, const Tensor& weight,
+                                              const c10::optional<Tensor>& bias) {
+  auto [gw, gb] = reduce_weight_grads<float>(partial, nw.w32, nw.b32);
+  return {bf16::grad_like(gw, weight), bf16::grad_like(gb, bias)};
+}
+
+Tensor trilinear_similarity_fwd_native(const Tensor& c_in, const Tensor& q_in, const Tensor& weight,
+                                       const c10::optional<Tensor>& bias) {
+  const Tensor c = c_in.contiguous(), q = q_in.contiguous();
+  const int64_t batch = c.size(0), n = c.size(1), m = q.size(1), d = c.size(2), dE = even_up(d);
+  const NativeWeights nw(weight, bias);
+  const Weights<float>& w = nw.w;
+  Tensor s = at::empty({batch, n, m}, c.options());
+  const Bits* cd = bf16::bits(c.data_ptr<c10::BFloat16>());
+  const Bits* qd = bf16::bits(q.data_ptr<c10::BFloat16>());
+  Bits* sd = bf16::bits(s.data_ptr<c10::BFloat16>());
+  at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<Bits> qw_p(dE * m), c_pad, s_rows(n * m);
+    std::vector<float> sq(m), sc(n), sf(n * m);
+    for (int64_t b = b0; b < b1; ++b) {
+      const Bits* cb = cd + b * n * d;
+      const Bits* qb = qd + b * m * d;
+      question_factors(qb, m, d, w, /*transposed=*/true, qw_p.data(), sq.data());
+      context_terms(cb, n, d, w, sc.data());
+      gemm::bf16_brgemm(n, m, dE, reinterpret_cast<const c10::BFloat16*>(context_left(cb, n, d, c_pad)), dE,
+                        reinterpret_cast<const c10::BFloat16*>(qw_p.data()), sf.data(), m, false);
+      for (int64_t i = 0; i < n; ++i) {
+#pragma omp simd
+        for (int64_t j = 0; j < m; ++j) s_rows[i * m + j] = rnd(sf[i * m + j] + sc[i] + sq[j]);
+      }
+      stream_copy(sd + b * n * m, s_rows.data(), n * m);
+    }
+    stream_fence();
+    gemm::bf16_brgemm_release();
+  });
+  return s;
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> trilinear_similarity_bwd_native(const Tensor& grad_s, const Tensor& c_in,
+                                                                           const Tensor& q_in, const Tensor& weight,
+                                                                           const c10::optional<Tensor>& bias) {
+  const Tensor g = grad_s.contiguous(), c = c_in.contiguous(), q = q_in.contiguous();
+  const int64_t batch = c.size(0), n = c.size(1), m = q.size(1), d = c.size(2), nE = even_up(n), mE = even_up(m);
+  const NativeWeights nw(weight, bias);
+  const Weights<float>& w = nw.w;
+  Tensor grad_c = at::empty_like(c), grad_q = at::empty_like(q);
+  Tensor partial = at::empty({batch, 3 * d + 1}, c.options().dtype(at::kFloat));
+  const Bits* gd = bf16::bits(g.data_ptr<c10::BFloat16>());
+  const Bits* cd = bf16::bits(c.data_ptr<c10::BFloat16>());
+  const Bits* qd = bf16::bits(q.data_ptr<c10::BFloat16>());
+  Bits* gcd = bf16::bits(grad_c.data_ptr<c10::BFloat16>());
+  Bits* gqd = bf16::bits(grad_q.data_ptr<c10::BFloat16>());
+  float* pd = partial.data_ptr<float>();
+  at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<Bits> qw_p(mE * d), ds_l(n * mE), ds_t(m * nE), c_p(nE * d), dc_rows(n * d);
+    std::vector<float> ds(n * m), dcf(n * d), e(m * d), colsum(m);
+    for (int64_t b = b0; b < b1; ++b) {
+      const Bits* gb = gd + b * n * m;
+      const Bits* cb = cd + b * n * d;
+      const Bits* qb = qd + b * m * d;
+#pragma omp simd
+      for (int64_t k = 0; k < n * m; ++k) ds[k] = wid(gb[k]);
+      question_factors(qb, m, d, w, /*transposed=*/false, qw_p.data(), nullptr);
+      const Bits* ds_left = gb;
+      if (m % 2 != 0) {
+        make_left(ds_l.data(), n, m, mE, [&](int64_t r, int64_t k) { return gb[r * m + k]; });
+        ds_left = ds_l.data();
+      }
+      gemm::bf16_brgemm(n, d, mE, reinterpret_cast<const c10::BFloat16*>(ds_left), mE,
+                        reinterpret_cast<const c10::BFloat16*>(qw_p.data()), dcf.data(), d, false);  // dS·(q∘w_cq)
+      make_left(ds_t.data(), m, n, nE, [&](int64_t r, int64_t k) { return gb[k * m + r]; });
+      pack_right(c_p.data(), n, d, [&](int64_t r, int64_t j) { return cb[r * d + j]; });
+      gemm::bf16_brgemm(m, d, nE, reinterpret_cast<const c10::BFloat16*>(ds_t.data()), nE,
+                        reinterpret_cast<const c10::BFloat16*>(c_p.data()), e.data(), d, false);  // dSᵀ·c
+      similarity_sums(ds.data(), cb, qb, w, dcf.data(), e.data(), nullptr, 0, n, m, d, colsum.data(),
+                      dc_rows.data(), gqd + b * m * d, pd + b * (3 * d + 1));
+      stream_copy(gcd + b * n * d, dc_rows.data(), n * d);
+    }
+    stream_fence();
+    gemm::bf16_brgemm_release();
+  });
+  auto [gw, gb] = native_weight_grads(partial, nw, weight, bias);
+  return {grad_c, grad_q, gw, gb};
+}
+
+std::tuple<Tensor, Tensor, Tensor> context_query_attention_fwd_native(const Tensor& c_in, const Tensor& q_in,
+                                                                      const Tensor& c_mask_in, const Tensor& q_mask_in,
+                                                                      const Tensor& weight,
+                                                                      const c10::optional<Tensor>& bias) {
+  const Tensor c = c_in.contiguous(), q = q_in.contiguous();
+  const Tensor c_mask = c_mask_in.contiguous(), q_mask = q_mask_in.contiguous();
+  const int64_t batch = c.size(0), n = c.size(1), m = q.size(1), d = c.size(2);
+  const int64_t nE = even_up(n), mE = even_up(m), dE = even_up(d);
+  const NativeWeights nw(weight, bias);
+  const Weights<float>& w = nw.w;
+  const auto f32 = c.options().dtype(at::kFloat);
+  Tensor out = empty_large({batch, n, 4 * d}, c.options());
+  Tensor p_row = empty_large({batch, n, m}, f32);
+  Tensor p_col = empty_large({batch, n + d, m}, f32);
+  const Bits* cd = bf16::bits(c.data_ptr<c10::BFloat16>());
+  const Bits* qd = bf16::bits(q.data_ptr<c10::BFloat16>());
+  Bits* od = bf16::bits(out.data_ptr<c10::BFloat16>());
+  float* prd = p_row.data_ptr<float>();
+  float* pcd = p_col.data_ptr<float>();
+  // `out` (far larger than the caches, not read back by the forward) is written row by row through a row buffer
+  // (stream_copy) where its rows are whole 16-byte blocks.
+  const bool stream = d % 2 == 0 && reinterpret_cast<uintptr_t>(od) % 16 == 0;
+  at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<Bits> qw_p(dE * m), c_pad, c_p(nE * d), pc_t(m * nE), p_l(n * mE), qt_p(mE * 2 * d);
+    std::vector<Bits> row(stream ? 4 * d : 0);
+    std::vector<float> sq(m), sc(n), ctc(m * d), ab(n * 2 * d), col_max(m), col_sum(m), q_real(m), c_real(n);
+    for (int64_t b = b0; b < b1; ++b) {
+      const Bits* cb = cd + b * n * d;
+      const Bits* qb = qd + b * m * d;
+      float* pr = prd + b * n * m;
+      float* pc = pcd + b * (n + d) * m;
+      question_factors(qb, m, d, w, /*transposed=*/true, qw_p.data(), sq.data());
+      context_terms(cb, n, d, w, sc.data());
+      gemm::bf16_brgemm(n, m, dE, reinterpret_cast<const c10::BFloat16*>(context_left(cb, n, d, c_pad)), dE,
+                        reinterpret_cast<const c10::BFloat16*>(qw_p.data()), pc, m, false);  // c·(q∘w_cq)ᵀ
+      mask_to_real(ptr<bool>(q_mask) + b * m, q_real.data(), m);
+      mask_to_real(ptr<bool>(c_mask) + b * n, c_real.data(), n);
+      masked_softmaxes(pc, pr, [&](int64_t i) { return sc[i]; }, sq.data(), q_real.data(), c_real.data(), n, m,
+                       col_max.data(), col_sum.data());
+      // S̿ᵀ·c [m, d], kept transposed in aux_col's rows [n, n + d) for the backward
+      make_left(pc_t.data(), m, n, nE, [&](int64_t r, int64_t k) { return rnd(pc[k * m + r]); });
+      pack_right(c_p.data(), n, d, [&](int64_t r, int64_t j) { return cb[r * d + j]; });
+      gemm::bf16_brgemm(m, d, nE, reinterpret_cast<const c10::BFloat16*>(pc_t.data()), nE,
+                        reinterpret_cast<const c10::BFloat16*>(c_p.data()), ctc.data(), d, false);
+      transpose_into(pc + n * m, m, ctc.data(), d, d, m);
+      // [A, B] = S̄·[q, S̿ᵀ·c]
+      make_left(p_l.data(), n, m, mE, [&](int64_t r, int64_t k) { return rnd(pr[r * m + k]); });
+      pack_right(qt_p.data(), m, 2 * d,
+                 [&](int64_t r, int64_t j) { return j < d ? qb[r * d + j] : rnd(ctc[r * d + j - d]); });
+      gemm::bf16_brgemm(n, 2 * d, mE, reinterpret_cast<const c10::BFloat16*>(p_l.data()), mE,
+                        reinterpret_cast<const c10::BFloat16*>(qt_p.data()), ab.data(), 2 * d, false);
+      Bits* ob = od + b * n * 4 * d;
+      for (int64_t i = 0; i < n; ++i) {  // out = [c, A, c∘A, c∘B]
+        Bits* oi = stream ? row.data() : ob + i * 4 * d;
+        const Bits* ci = cb + i * d;
+        const float* ai = ab.data() + i * 2 * d;
+#pragma omp simd
+        for (int64_t k = 0; k < d; ++k) {
+          const float cv = wid(ci[k]);
+          oi[k] = ci[k];
+          oi[d + k] = rnd(ai[k]);
+          oi[2 * d + k] = rnd(cv * ai[k]);
+          oi[3 * d + k] = rnd(cv * ai[d + k]);
+        }
+        if (stream) stream_copy(ob + i * 4 * d, row.data(), 4 * d);
+      }
+    }
+    stream_fence();
+    gemm::bf16_brgemm_release();
+  });
+  return {out, p_row, p_col};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd_native(
+    const Tensor& grad_out, const Tensor& c_in, const Tensor& q_in, const Tensor& c_mask, const Tensor& q_mask,
+    const Tensor& weight, const c10::optional<Tensor>& bias, const Tensor& out_in, const Tensor& aux_row,
+    const Tensor& aux_col) {
+  (void)c_mask;  // the masks live in the probabilities: masked entries are zero there
+  (void)q_mask;
+  const Tensor g = grad_out.contiguous(), c = c_in.contiguous(), q = q_in.contiguous(), out = out_in.contiguous(),
+               p_row = aux_row.contiguous(), p_col = aux_col.contiguous();
+  const int64_t batch = c.size(0), n = c.size(1), m = q.size(1), d = c.size(2);
+  const int64_t nE = even_up(n), mE = even_up(m), dE = even_up(d);
+  const NativeWeights nw(weight, bias);
+  const Weights<float>& w = nw.w;
+  Tensor grad_c = empty_large(c.sizes(), c.options()), grad_q = at::empty_like(q);
+  Tensor partial = at::empty({batch, 3 * d + 1}, c.options().dtype(at::kFloat));
+  const Bits* gd = bf16::bits(g.data_ptr<c10::BFloat16>());
+  const Bits* cd = bf16::bits(c.data_ptr<c10::BFloat16>());
+  const Bits* qd = bf16::bits(q.data_ptr<c10::BFloat16>());
+  const Bits* od = bf16::bits(out.data_ptr<c10::BFloat16>());
+  const float* prd = p_row.data_ptr<float>();
+  const float* pcd = p_col.data_ptr<float>();
+  Bits* gcd = bf16::bits(grad_c.data_ptr<c10::BFloat16>());
+  Bits* gqd = bf16::bits(grad_q.data_ptr<c10::BFloat16>());
+  float* pd = partial.data_ptr<float>();
+  const auto as_bf16 = [](const Bits* p) { return reinterpret_cast<const c10::BFloat16*>(p); };
+  at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<Bits> ctc_p(mE * d), p_l(n * mE), dab(n * 2 * d), qt_p(2 * d * m), p_t(m * nE), dab_p(nE * 2 * d),
+        dctc_p(dE * m), c_pad, s_l(n * 2 * mE), dcq_p(2 * mE * d), ds_t(m * nE), c_p(nE * d), dc_rows(n * d);
+    std::vector<float> ctc(m * d), dcf(n * d), dp(n * m), dqd(m * 2 * d), dpc(n * m), e(m * d), col_dot(m),
+        colsum(m);
+    for (int64_t b = b0; b < b1; ++b) {
+      const Bits* gb = gd + b * n * 4 * d;
+      const Bits* cb = cd + b * n * d;
+      const Bits* qb = qd + b * m * d;
+      const Bits* ob = od + b * n * 4 * d;
+      const float* pr = prd + b * n * m;
+      const float* pc = pcd + b * (n + d) * m;
+      transpose_into(ctc.data(), d, pc + n * m, m, m, d);  // the forward's S̿ᵀ·c [m, d]
+      // B = S̄·(S̿ᵀc) into dc's float32 tile
+      make_left(p_l.data(), n, m, mE, [&](int64_t r, int64_t k) { return rnd(pr[r * m + k]); });
+      pack_right(ctc_p.data(), m, d, [&](int64_t r, int64_t j) { return rnd(ctc[r * d + j]); });
+      gemm::bf16_brgemm(n, d, mE, as_bf16(p_l.data()), mE, as_bf16(ctc_p.data()), dcf.data(), d, false);
+      // the epilogue's backward: [dA, dB] = [g1 + g2∘c, g3∘c], dc = g0 + g2∘A + g3∘B
+      for (int64_t i = 0; i < n; ++i) {
+        const Bits* gi = gb + i * 4 * d;
+        const Bits* ai = ob + i * 4 * d + d;
+        const Bits* ci = cb + i * d;
+        Bits* dabi = dab.data() + i * 2 * d;
+        float* dci = dcf.data() + i * d;
+#pragma omp simd
+        for (int64_t k = 0; k < d; ++k) {
+          const float cv = wid(ci[k]), g2 = wid(gi[2 * d + k]), g3 = wid(gi[3 * d + k]);
+          dabi[k] = rnd(wid(gi[d + k]) + g2 * cv);
+          dabi[d + k] = rnd(g3 * cv);
+          dci[k] = wid(gi[k]) + g2 * wid(ai[k]) + g3 * dci[k];
+        }
+      }
+      // dS̄ = [dA, dB]·[q, S̿ᵀc]ᵀ
+      pack_right(qt_p.data(), 2 * d, m,
+                 [&](int64_t r, int64_t j) { return r < d ? qb[j * d + r] : rnd(ctc[j * d + r - d]); });
+      gemm::bf16_brgemm(n, m, 2 * d, as_bf16(dab.data()), 2 * d, as_bf16(qt_p.data()), dp.data(), m, false);
+      // [S̄ᵀ·dA, d(S̿ᵀc) = S̄ᵀ·dB]
+      make_left(p_t.data(), m, n, nE, [&](int64_t r, int64_t k) { return rnd(pr[k * m + r]); });
+      pack_right(dab_p.data(), n, 2 * d, [&](int64_t r, int64_t j) { return dab[r * 2 * d + j]; });
+      gemm::bf16_brgemm(m, 2 * d, nE, as_bf16(p_t.data()), nE, as_bf16(dab_p.data()), dqd.data(), 2 * d, false);
+      // dS̿ = c·d(S̿ᵀc)ᵀ
+      pack_right(dctc_p.data(), d, m, [&](int64_t r, int64_t j) { return rnd(dqd[j * 2 * d + d + r]); });
+      gemm::bf16_brgemm(n, m, dE, as_bf16(context_left(cb, n, d, c_pad)), dE, as_bf16(dctc_p.data()), dpc.data(), m,
+                        false);
+      // dS (into dp) through both softmaxes; the masked_softmaxes_backward reads p and pc read-only
+      masked_softmaxes_backward(dp.data(), dpc.data(), pr, pc, n, m, col_dot.data());
+      // dc += [S̿, dS]·[d(S̿ᵀc); q∘w_cq]: the column softmax's and the similarity's share of dc, one product
+      make_left(s_l.data(), n, 2 * mE, 2 * mE, [&](int64_t r, int64_t k) {
+        if (k < m) return rnd(pc[r * m + k]);
+        if (k >= mE && k - mE < m) return rnd(dp[r * m + k - mE]);
+        return Bits(0);
+      });
+      pack_right(dcq_p.data(), 2 * mE, d, [&](int64_t r, int64_t j) {
+        if (r < m) return rnd(dqd[r * 2 * d + d + j]);
+        if (r >= mE && r - mE < m) return rnd(wid(qb[(r - mE) * d + j]) * w.wcq[j]);
+        return Bits(0);
+      });
+      gemm::bf16_brgemm(n, d, 2 * mE, as_bf16(s_l.data()), 2 * mE, as_bf16(dcq_p.data()), dcf.data(), d, true);
+      // e = dSᵀ·c
+      make_left(ds_t.data(), m, n, nE, [&](int64_t r, int64_t k) { return rnd(dp[k * m + r]); });
+      pack_right(c_p.data(), n, d, [&](int64_t r, int64_t j) { return cb[r * d + j]; });
+      gemm::bf16_brgemm(m, d, nE, as_bf16(ds_t.data()), nE, as_bf16(c_p.data()), e.data(), d, false);
+      similarity_sums(dp.data(), cb, qb, w, dcf.data(), e.data(), dqd.data(), 2 * d, n, m, d, colsum.data(),
+                      dc_rows.data(), gqd + b * m * d, pd + b * (3 * d + 1));
+      stream_copy(gcd + b * n * d, dc_rows.data(), n * d);
+    }
+    stream_fence();
+    gemm::bf16_brgemm_release();
+  });
+  auto [gw, gb] = native_weight_grads(partial, nw, weight, bias);
+  return {grad_c, grad_q, gw, gb};
+}
+
+// ------------------------------------------------------------------------------------------------
 // context_query_attention_fwd / _bwd
 // ------------------------------------------------------------------------------------------------
 
@@ -603,6 +1038,9 @@ std::tuple<Tensor, Tensor, Tensor> context_query_attention_fwd(const Tensor& c_i
   check_attention_args(op, c_in, q_in, c_mask_in, q_mask_in, weight_in, bias);
   if (bf16::is_bf16(c_in)) {  // out in bf16; the probabilities (aux) stay float32
     const auto run = [&](gemm::Route route) -> std::tuple<Tensor, Tensor, Tensor> {
+      if (route == gemm::Route::kNative && gemm::bf16_brgemm_usable()) {
+        return context_query_attention_fwd_native(c_in, q_in, c_mask_in, q_mask_in, weight_in, bias);
+      }
       gemm::Bf16Products scope(route == gemm::Route::kNative);
       auto [o, row, col] = context_query_attention_fwd(convert_large(c_in, at::kFloat), bf16::widen(q_in),
                                                        c_mask_in, q_mask_in, bf16::widen(weight_in),
@@ -634,7 +1072,8 @@ std::tuple<Tensor, Tensor, Tensor> context_query_attention_fwd(const Tensor& c_i
         bilinear_term(c_b, q_b, w, sim, pc_b);
         mask_to_real(ptr<bool>(q_mask) + b * m, q_real.data(), m);
         mask_to_real(ptr<bool>(c_mask) + b * n, c_real.data(), n);
-        masked_softmaxes(ptr<scalar_t>(pc_b), ptr<scalar_t>(p_b), cb, w, sim.sq.data(), q_real.data(),
+        const auto context_term = [&](int64_t i) { return dot(cb + i * d, w.wc, d); };
+        masked_softmaxes(ptr<scalar_t>(pc_b), ptr<scalar_t>(p_b), context_term, sim.sq.data(), q_real.data(),
                          c_real.data(), n, m, col_max.data(), col_sum.data());
         q_slot.copy_(q_b);
         gemm::mm_out(ctc, pc_b.t(), c_b);  // S̿ᵀ·c
@@ -661,6 +1100,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
   check_same_shape(op, "aux_col", aux_col, {batch, n + d, m}, bf16::statistics_dtype(c_in));
   if (bf16::is_bf16(c_in)) {
     const auto run = [&](gemm::Route route) -> std::tuple<Tensor, Tensor, Tensor, Tensor> {
+      if (route == gemm::Route::kNative && gemm::bf16_brgemm_usable()) {
+        return context_query_attention_bwd_native(grad_out, c_in, q_in, c_mask, q_mask, weight_in, bias, out_in,
+                                                  aux_row, aux_col);
+      }
       gemm::Bf16Products scope(route == gemm::Route::kNative);
       // The kernel reads only A = out[..., d:2d] of out (attention_output_backward): that quarter alone is
       // widened, the rest of the float32 copy is never read.
@@ -669,7 +1112,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
       auto [gc, gq, gw, gb] = context_query_attention_bwd(
           convert_large(grad_out, at::kFloat), convert_large(c_in, at::kFloat), bf16::widen(q_in), c_mask, q_mask,
           bf16::widen(weight_in), bf16::widen(bias), out_a, aux_row, aux_col);
-      return {convert_large(gc, at::kBFloat16), bf16::narrow(gq), bf16::narrow(gw), bf16::narrow(gb)};
+      return {convert_large(gc, at::kBFloat16), bf16::narrow(gq), bf16::grad_like(gw, weight_in),
+              bf16::grad_like(gb, bias)};
     };
     return run(gemm::route_for(op, shape_class_of(c_in, q_in), [&](gemm::Route r) { (void)run(r); }));
   }

@@ -89,7 +89,8 @@ def _below_autograd(op: Any, *args: Any) -> Any:
         return op(*args)
 
 
-CPU_ACCEPTS_FP32_WEIGHTS = frozenset({"linear", "linear_argmax", "dwsep_conv1d", "ln_dwsep_conv1d"})
+CPU_ACCEPTS_FP32_WEIGHTS = frozenset({"linear", "linear_argmax", "dwsep_conv1d", "ln_dwsep_conv1d",
+                                      "trilinear_similarity", "context_query_attention"})
 """The ops whose C++ kernels take float32 parameters with bfloat16 activations (reading them as float32, or
 rounding a GEMM's weight once inside the kernel) and return the parameters' gradients in float32: the CPU
 backend's ``ACCEPTS_FP32_WEIGHTS``, per op."""

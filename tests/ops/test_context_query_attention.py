@@ -11,8 +11,8 @@ from fastqa import reference
 from fastqa.layers import ContextQueryAttention, TrilinearSimilarity
 from fastqa.ops import context_query_attention, trilinear_similarity
 
-from helpers import (check_against_reference, check_bf16_against_float64, compiled_backends, kernel_ops, ran_kernels,
-                     ran_ops)
+from helpers import (TOLERANCES, assert_close, check_against_reference, check_bf16_against_float64, compiled_backends,
+                     kernel_ops, ran_kernels, ran_ops)
 
 BACKENDS = compiled_backends()
 
@@ -292,7 +292,9 @@ def test_bfloat16_mixed_dtypes_are_refused():
     with pytest.raises(RuntimeError, match="share a dtype"):
         ops.context_query_attention_fwd(c16, q, c_mask, q_mask, w16, b16)
     with pytest.raises(RuntimeError, match="bias"):
-        ops.trilinear_similarity_fwd(c16, q16, w16, b)
+        ops.trilinear_similarity_fwd(c16, q16, w16, b.double())
+    with pytest.raises(RuntimeError, match="weight"):   # float32 c takes float32 parameters only
+        ops.trilinear_similarity_fwd(c, q, w16, None)
     out, aux_row, aux_col = ops.context_query_attention_fwd(c16, q16, c_mask, q_mask, w16, b16)
     with pytest.raises(RuntimeError, match="aux_row"):   # the probabilities of a bf16 forward are float32
         ops.context_query_attention_bwd(torch.zeros_like(out), c16, q16, c_mask, q_mask, w16, b16, out,
@@ -300,6 +302,34 @@ def test_bfloat16_mixed_dtypes_are_refused():
     with pytest.raises(RuntimeError, match="grad_out"):
         ops.context_query_attention_bwd(torch.zeros(out.shape), c16, q16, c_mask, q_mask, w16, b16, out, aux_row,
                                         aux_col)
+
+
+@pytest.mark.parametrize("route", ["native", "widen"])
+@pytest.mark.parametrize("shape", [(2, 40, 11, 16), (3, 65, 17, 5)], ids=str)
+def test_bfloat16_with_float32_parameters(shape, route, monkeypatch):
+    """bf16 c and q with the float32 master weight and bias (what autocast passes): both ops, forward and every
+    gradient against float64 on the same values, the parameters' gradients in float32."""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
+    c, q, c_mask, q_mask, w, b = make_inputs(*shape)
+    c16, q16 = c.to(torch.bfloat16), q.to(torch.bfloat16)
+    atol, rtol = TOLERANCES["vs float64"][torch.bfloat16]
+    for op, ref, args in (
+            (context_query_attention, reference.context_query_attention, (c16, q16, c_mask, q_mask, w, b)),
+            (trilinear_similarity, reference.trilinear_similarity, (c16, q16, w, b))):
+        leaves = [a.clone().requires_grad_() if a.is_floating_point() else a for a in args]
+        exact = [a.detach().double().requires_grad_() if a.is_floating_point() else a for a in args]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = op(*leaves, backend="cpu")
+        want = ref(*exact)
+        assert got.dtype == torch.bfloat16
+        grad = torch.randn(got.shape, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+        floats = [i for i, a in enumerate(args) if a.is_floating_point()]
+        got_grads = torch.autograd.grad(got, [leaves[i] for i in floats], grad)
+        want_grads = torch.autograd.grad(want, [exact[i] for i in floats], grad.double())
+        assert [g.dtype for g in got_grads] == [args[i].dtype for i in floats]
+        for name, g, ww in [("out", got, want)] + list(zip(["c", "q", "weight", "bias"], got_grads, want_grads)):
+            scale = max(1.0, float(ww.detach().abs().max()))
+            assert_close(g.double(), ww.detach(), name=f"{op.__name__} {name}", atol=atol * scale, rtol=rtol)
 
 
 # ------------------------------------------------------------------ layers

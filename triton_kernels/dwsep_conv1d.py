@@ -473,9 +473,9 @@ def _row_mask(mask: Optional[torch.Tensor], x: torch.Tensor) -> Optional[torch.T
 def _forward(x: torch.Tensor, ln: Optional[Tuple[torch.Tensor, torch.Tensor, float]], dw_weight: torch.Tensor,
              dw_bias: Optional[torch.Tensor], pw_weight: torch.Tensor, pw_bias: Optional[torch.Tensor],
              residual: Optional[torch.Tensor], pad_left: int, relu: bool, mask: Optional[torch.Tensor] = None
-             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """y, aux (packed ReLU mask or empty) and the LayerNorm row statistics ([B, 2, L]: mean, rstd,
-    in the accumulation dtype; empty without ``ln`` = (ln_weight, ln_bias, eps)). mask: [B, L] bool,
+             ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """y, aux (packed ReLU mask; None without ReLU) and the LayerNorm row statistics ([B, 2, L]: mean, rstd,
+    in the accumulation dtype; None without ``ln`` = (ln_weight, ln_bias, eps)). mask: [B, L] bool,
     rows where it is False enter the depthwise conv as zeros (after the LayerNorm)."""
     _check_args(x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left)
     B, L, C_in = x.shape
@@ -483,8 +483,8 @@ def _forward(x: torch.Tensor, ln: Optional[Tuple[torch.Tensor, torch.Tensor, flo
     C_out, K = pw_weight.shape[0], dw_weight.shape[-1]
     check_optional("residual", residual, shape=(B, L, C_out), like=x)
     y = torch.empty((B, L, C_out), dtype=x.dtype, device=x.device)
-    aux = torch.empty((B, L, triton.cdiv(C_out, 8)) if relu else (0,), dtype=torch.uint8, device=x.device)
-    stats = torch.empty((B, 2, L) if ln is not None else (0,), dtype=accumulator_dtype(x.dtype), device=x.device)
+    aux = torch.empty((B, L, triton.cdiv(C_out, 8)), dtype=torch.uint8, device=x.device) if relu else None
+    stats = torch.empty((B, 2, L), dtype=accumulator_dtype(x.dtype), device=x.device) if ln is not None else None
     if B * L == 0:
         return y, aux, stats
     dtype_args = dtype_constants(x.dtype)
@@ -497,10 +497,12 @@ def _forward(x: torch.Tensor, ln: Optional[Tuple[torch.Tensor, torch.Tensor, flo
                ACC=dtype_args["ACC"], BLOCK_C=triton.next_power_of_2(C_in))
     res = residual if residual is not None else y  # dummy pointer when absent (never read)
     grid = lambda meta: (triton.cdiv(L, meta["BLOCK_L"]), triton.cdiv(C_out, meta["BLOCK_N"]), B)  # noqa: E731
+    # Dummy pointers (never read or written) for what is absent.
     launch(
-        _fwd_kernel, grid, x, stats, lnw, lnb, dw_weight.contiguous(), x if dw_bias is None else dw_bias.contiguous(),
-        pw_weight.contiguous(), x if pw_bias is None else pw_bias.contiguous(), res, y, aux,
-        aux if mask_u8 is None else mask_u8, L, C_in, C_out, bucket(L, 1024), pad_left,
+        _fwd_kernel, grid, x, x if stats is None else stats, lnw, lnb, dw_weight.contiguous(),
+        x if dw_bias is None else dw_bias.contiguous(), pw_weight.contiguous(),
+        x if pw_bias is None else pw_bias.contiguous(), res, y, y if aux is None else aux,
+        x if mask_u8 is None else mask_u8, L, C_in, C_out, bucket(L, 1024), pad_left,
         x.stride(0), x.stride(1), x.stride(2), res.stride(0), res.stride(1), res.stride(2),
         K=K, HAS_LN=ln is not None, HAS_DW_BIAS=dw_bias is not None, HAS_PW_BIAS=pw_bias is not None,
         HAS_RES=residual is not None, RELU=relu, HAS_MASK=mask_u8 is not None, **dtype_args)
@@ -509,11 +511,11 @@ def _forward(x: torch.Tensor, ln: Optional[Tuple[torch.Tensor, torch.Tensor, flo
 
 def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
               dw_weight: torch.Tensor, dw_bias: Optional[torch.Tensor], pw_weight: torch.Tensor,
-              pw_bias: Optional[torch.Tensor], aux: torch.Tensor, pad_left: int, relu: bool,
-              mask: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+              pw_bias: Optional[torch.Tensor], aux: Optional[torch.Tensor], pad_left: int, relu: bool,
+              mask: Optional[torch.Tensor] = None) -> Dict[str, Optional[torch.Tensor]]:
     """Gradients by input name: x, dw_weight, dw_bias, pw_weight, pw_bias, and with
-    ``ln`` = (ln_weight, ln_bias, ln_stats) also ln_weight, ln_bias; an absent bias's is empty.
-    mask: the forward's row mask."""
+    ``ln`` = (ln_weight, ln_bias, ln_stats) also ln_weight, ln_bias; an absent bias's is None.
+    aux: the forward's (None without ReLU); mask: the forward's row mask."""
     _check_args(x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left)
     B, L, C_in = x.shape
     mask_u8 = _row_mask(mask, x)
@@ -522,17 +524,18 @@ def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Te
     check_tensor("grad_y", grad_y, shape=(B, L, C_out), like=x)
     if relu:
         check_tensor("aux", aux, shape=(B, L, triton.cdiv(C_out, 8)), dtype=torch.uint8, floating=False, like=x)
+    elif aux is not None:
+        raise ValueError("aux must be None without relu (the forward's), got a tensor")
     dev, acc = x.device, accumulator_dtype(x.dtype)
     if ln is not None:
         _check_ln(x, ln[0], ln[1])
         check_tensor("ln_stats", ln[2], shape=(B, 2, L), dtype=acc)
         if ln[2].device != dev:
             raise ValueError(f"ln_stats must be on {dev} like the input, got {ln[2].device}")
-    absent = lambda: x.new_empty(0)  # noqa: E731  (a fresh one each: outputs must not alias)
     if B * L == 0:  # no rows: zero gradients, and no empty grid to launch
         zero = lambda t: torch.zeros_like(t, memory_format=torch.contiguous_format)  # noqa: E731
-        grads = {"x": zero(x), "dw_weight": zero(dw_weight), "dw_bias": absent() if dw_bias is None else zero(dw_bias),
-                 "pw_weight": zero(pw_weight), "pw_bias": absent() if pw_bias is None else zero(pw_bias)}
+        grads = {"x": zero(x), "dw_weight": zero(dw_weight), "dw_bias": None if dw_bias is None else zero(dw_bias),
+                 "pw_weight": zero(pw_weight), "pw_bias": None if pw_bias is None else zero(pw_bias)}
         if ln is not None:
             grads.update(ln_weight=zero(ln[0]), ln_bias=zero(ln[1]))
         return grads
@@ -541,6 +544,7 @@ def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Te
     dwb = x if dw_bias is None else dw_bias.contiguous()
     stats, lnw, lnb = (ln[2], ln[0].contiguous(), ln[1].contiguous()) if ln is not None else (x, x, x)
     dtype_args = dtype_constants(x.dtype)
+    aux = grad_y if aux is None else aux  # a dummy pointer without ReLU (never read)
     rows_bucket = bucket(B * L, 1 << 16)
     strides = (grad_y.stride(0), grad_y.stride(1), grad_y.stride(2), x.stride(0), x.stride(1), x.stride(2))
 
@@ -548,10 +552,10 @@ def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Te
     gh = torch.empty((B, L, C_in), dtype=acc, device=dev)
     s_dh = _num_splits(dev, B, L, triton.cdiv(C_in, 64))
     p_dww = torch.empty((s_dh, C_in, K), dtype=acc, device=dev)
-    p_dwb = torch.empty((s_dh, C_in) if dw_bias is not None else (0,), dtype=acc, device=dev)
+    p_dwb = torch.empty((s_dh, C_in), dtype=acc, device=dev) if dw_bias is not None else None
     launch(
         _bwd_dh_kernel, lambda meta: (s_dh, triton.cdiv(C_in, meta["BLOCK_C"])), grad_y, aux, x, stats, lnw, lnb, pww, gh,
-        p_dwb, p_dww, mask_ptr, B, L, C_in, C_out, rows_bucket, pad_left, *strides,
+        p_dww if p_dwb is None else p_dwb, p_dww, mask_ptr, B, L, C_in, C_out, rows_bucket, pad_left, *strides,
         K=K, K_P2=triton.next_power_of_2(K), HAS_LN=ln is not None, HAS_DW_BIAS=dw_bias is not None, RELU=relu,
         HAS_MASK=mask_u8 is not None, **dtype_args)
 
@@ -572,18 +576,18 @@ def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Te
     # Pointwise weight / bias partials, h recomputed from x.
     s_pw = _num_splits(dev, B, L, triton.cdiv(C_out, 64) * triton.cdiv(C_in, 64))
     p_pw = torch.empty((s_pw, C_out, C_in), dtype=acc, device=dev)
-    p_pwb = torch.empty((s_pw, C_out) if pw_bias is not None else (0,), dtype=acc, device=dev)
+    p_pwb = torch.empty((s_pw, C_out), dtype=acc, device=dev) if pw_bias is not None else None
     launch(
         _bwd_dpw_kernel, lambda meta: (s_pw, triton.cdiv(C_out, meta["BLOCK_N"]), triton.cdiv(C_in, meta["BLOCK_C"])),
-        grad_y, aux, x, stats, lnw, lnb, dww, dwb, p_pw, p_pwb, mask_ptr, B, L, C_in, C_out, rows_bucket, pad_left,
+        grad_y, aux, x, stats, lnw, lnb, dww, dwb, p_pw, p_pw if p_pwb is None else p_pwb, mask_ptr, B, L, C_in, C_out, rows_bucket, pad_left,
         *strides, K=K, HAS_LN=ln is not None, HAS_DW_BIAS=dw_bias is not None, HAS_PW_BIAS=pw_bias is not None,
         RELU=relu, HAS_MASK=mask_u8 is not None, **dtype_args)
 
     # Each parameter's gradient in its own dtype, straight from the fp32 sums (no rounding for fp32 ones).
     grads = {"x": grad_x, "dw_weight": p_dww.sum(0).to(dw_weight.dtype).view(dw_weight.shape),
-             "dw_bias": p_dwb.sum(0).to(dw_bias.dtype) if dw_bias is not None else absent(),
+             "dw_bias": p_dwb.sum(0).to(dw_bias.dtype) if dw_bias is not None else None,
              "pw_weight": p_pw.sum(0).to(pw_weight.dtype).view(pw_weight.shape),
-             "pw_bias": p_pwb.sum(0).to(pw_bias.dtype) if pw_bias is not None else absent()}
+             "pw_bias": p_pwb.sum(0).to(pw_bias.dtype) if pw_bias is not None else None}
     if ln is not None:
         grads.update(ln_weight=p_lnw.sum(0).to(ln[0].dtype), ln_bias=p_lnb.sum(0).to(ln[1].dtype))
     return grads
@@ -594,17 +598,17 @@ def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Te
 # ln_ variant (pre-LayerNorm fused in front: y = act(pw(dw(LN(x)))) + residual) is Triton-only.
 # ----------------------------------------------------------------------------------------------------
 FWD_SCHEMA = ("(Tensor x, Tensor dw_weight, Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, "
-              "Tensor? residual, int pad_left, bool relu) -> (Tensor y, Tensor aux)")
+              "Tensor? residual, int pad_left, bool relu) -> (Tensor y, Tensor? aux)")
 BWD_SCHEMA = ("(Tensor grad_y, Tensor x, Tensor dw_weight, Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, "
-              "Tensor aux, int pad_left, bool relu) -> (Tensor grad_x, Tensor grad_dw_weight, "
-              "Tensor grad_dw_bias, Tensor grad_pw_weight, Tensor grad_pw_bias)")
+              "Tensor? aux, int pad_left, bool relu) -> (Tensor grad_x, Tensor grad_dw_weight, "
+              "Tensor? grad_dw_bias, Tensor grad_pw_weight, Tensor? grad_pw_bias)")
 LN_FWD_SCHEMA = ("(Tensor x, Tensor ln_weight, Tensor ln_bias, float eps, Tensor dw_weight, Tensor? dw_bias, "
                  "Tensor pw_weight, Tensor? pw_bias, Tensor? residual, Tensor? mask, int pad_left, bool relu) "
-                 "-> (Tensor y, Tensor aux, Tensor ln_stats)")
+                 "-> (Tensor y, Tensor? aux, Tensor ln_stats)")
 LN_BWD_SCHEMA = ("(Tensor grad_y, Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor dw_weight, Tensor? dw_bias, "
-                 "Tensor pw_weight, Tensor? pw_bias, Tensor aux, Tensor ln_stats, Tensor? mask, int pad_left, bool relu) "
+                 "Tensor pw_weight, Tensor? pw_bias, Tensor? aux, Tensor ln_stats, Tensor? mask, int pad_left, bool relu) "
                  "-> (Tensor grad_x, Tensor grad_ln_weight, Tensor grad_ln_bias, Tensor grad_dw_weight, "
-                 "Tensor grad_dw_bias, Tensor grad_pw_weight, Tensor grad_pw_bias)")
+                 "Tensor? grad_dw_bias, Tensor grad_pw_weight, Tensor? grad_pw_bias)")
 
 
 # Gradient outputs of the _bwd ops, in schema order.
@@ -638,15 +642,15 @@ def _ln_dwsep_bwd(grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, 
 def _fwd_outputs_fake(x, pw_weight, relu):
     B, L, _ = x.shape
     C_out = pw_weight.shape[0]
-    return x.new_empty((B, L, C_out)), x.new_empty((B, L, (C_out + 7) // 8) if relu else (0,), dtype=torch.uint8)
+    return x.new_empty((B, L, C_out)), x.new_empty((B, L, (C_out + 7) // 8), dtype=torch.uint8) if relu else None
 
 
 def _param_grads_fake(x, dw_weight, dw_bias, pw_weight, pw_bias):
-    """Fake (grad_dw_weight, grad_dw_bias, grad_pw_weight, grad_pw_bias); absent biases: empty."""
+    """Fake (grad_dw_weight, grad_dw_bias, grad_pw_weight, grad_pw_bias); absent biases: None."""
     return (dw_weight.new_empty(dw_weight.shape),
-            x.new_empty((0,)) if dw_bias is None else dw_bias.new_empty(dw_bias.shape),
+            None if dw_bias is None else dw_bias.new_empty(dw_bias.shape),
             pw_weight.new_empty(pw_weight.shape),
-            x.new_empty((0,)) if pw_bias is None else pw_bias.new_empty(pw_bias.shape))
+            None if pw_bias is None else pw_bias.new_empty(pw_bias.shape))
 
 
 def _dwsep_fwd_fake(x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu):

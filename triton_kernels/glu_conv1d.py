@@ -84,7 +84,7 @@ _SCHEMAS = {
                       "float scale) -> (Tensor y, Tensor aux)",
     "glu_conv1d_bwd": "(Tensor grad_y, Tensor x, Tensor weight, Tensor? mask, Tensor aux, int pad_left, "
                       "bool residual, float scale, bool has_bias) -> (Tensor grad_x, Tensor grad_weight, "
-                      "Tensor grad_bias)",
+                      "Tensor? grad_bias)",
     "glu_conv1d_step": "(Tensor x_t, Tensor state, Tensor weight, Tensor? bias, bool residual, float scale) "
                        "-> (Tensor y_t, Tensor new_state)",
 }
@@ -468,8 +468,8 @@ def glu_conv1d_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Opti
 
 
 def glu_conv1d_bwd(grad_y: Tensor, x: Tensor, weight: Tensor, mask: Optional[Tensor], aux: Tensor, pad_left: int,
-                   residual: bool, scale: float, has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """-> (grad_x [B, T, H] in x's dtype, grad_weight [2H, H, K] and grad_bias [2H] (empty without a bias)
+                   residual: bool, scale: float, has_bias: bool) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """-> (grad_x [B, T, H] in x's dtype, grad_weight [2H, H, K] and grad_bias [2H] (None without a bias)
     in weight's dtype). aux is the forward's pre-activation."""
     B, T, H, K = _check_conv_args(x, weight, mask, pad_left)
     _check_params(x, weight, None)
@@ -477,8 +477,8 @@ def glu_conv1d_bwd(grad_y: Tensor, x: Tensor, weight: Tensor, mask: Optional[Ten
         raise ValueError(f"grad_y must be [B, T, H] and aux [B, T, 2H]; got {tuple(grad_y.shape)}, {tuple(aux.shape)}")
     dev = x.device
     grad_x = torch.empty((B, T, H), dtype=x.dtype, device=dev)
-    grad_bias = torch.zeros((2 * H,) if has_bias else (0,), dtype=weight.dtype, device=dev)
     if grad_x.numel() == 0:
+        grad_bias = torch.zeros((2 * H,), dtype=weight.dtype, device=dev) if has_bias else None
         return grad_x.zero_(), torch.zeros_like(weight, memory_format=torch.contiguous_format), grad_bias
     aux = aux.contiguous()
     m, sm_b, sm_t = _mask_args(mask, x)
@@ -489,12 +489,11 @@ def glu_conv1d_bwd(grad_y: Tensor, x: Tensor, weight: Tensor, mask: Optional[Ten
     # (1) d_pre and the bias partials.
     dpre = torch.empty((B, T, 2 * H), dtype=x.dtype, device=dev)
     n_t = triton.cdiv(T, _DPRE_BLOCK_T)
-    dbias_part = torch.empty((B * n_t, 2 * H) if has_bias else (0,), dtype=part_dtype, device=dev)
+    dbias_part = torch.empty((B * n_t, 2 * H), dtype=part_dtype, device=dev) if has_bias else None
     launch(
         _glu_dpre, lambda meta: (n_t, triton.cdiv(H, meta["BLOCK_N"]), B), grad_y, aux, dpre, dbias_part if has_bias else dpre, T, H, float(scale), *grad_y.stride(),
         HAS_BIAS=bool(has_bias), ACC=consts["ACC"], BLOCK_T=_DPRE_BLOCK_T)
-    if has_bias:
-        grad_bias = dbias_part.sum(0).to(weight.dtype)
+    grad_bias = dbias_part.sum(0).to(weight.dtype) if has_bias else None
 
     # (2) grad_x.
     w = packed_weight(weight, x.dtype)
@@ -578,7 +577,7 @@ def _fwd_fake(x, weight, bias, mask, pad_left, residual, scale):
 
 def _bwd_fake(grad_y, x, weight, mask, aux, pad_left, residual, scale, has_bias):
     return (x.new_empty(x.shape), weight.new_empty(weight.shape),
-            weight.new_empty((weight.shape[0],) if has_bias else (0,)))
+            weight.new_empty((weight.shape[0],)) if has_bias else None)
 
 
 def _step_fake(x_t, state, weight, bias, residual, scale):

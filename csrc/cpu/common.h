@@ -204,6 +204,12 @@ inline const T* data_or_null(const c10::optional<at::Tensor>& t) {
   return t.has_value() ? t->data_ptr<T>() : nullptr;
 }
 
+// An op's optional (`Tensor?`) output: absent (None in Python, nothing allocated) where the kernel left it
+// undefined -- an absent bias's gradient, a mask a variant does not keep.
+inline c10::optional<at::Tensor> if_defined(const at::Tensor& t) {
+  return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt;
+}
+
 // A CPU float32/float64/bfloat16 tensor: the dtypes the CPU kernels take (bf16 through its float32 kernel,
 // csrc/cpu/bf16.h).
 inline void check_cpu_float(const char* op, const char* name, const at::Tensor& t) {

@@ -11,7 +11,8 @@
 //
 // aux (what the forward hands its backward): the ReLU mask (bool [B, L, C_out], !(pre-activation <= 0):
 // true for NaN, so a NaN's gradient passes as through torch.relu's threshold_backward) when relu, else
-// an empty bool tensor. The depthwise output is NOT saved: the backward recomputes it
+// absent (None: nothing allocated), as are the gradients of absent biases. The depthwise output is NOT saved:
+// the backward recomputes it
 // tile by tile (K FMAs per element, cheaper than writing and re-reading [B, L, C_in]).
 //
 // Backward is deterministic and independent of the thread count: its tiling does not depend on the
@@ -466,8 +467,8 @@ std::tuple<at::Tensor, at::Tensor> dwsep_forward(const Shapes& s, const at::Tens
   const bool onednn = gemm::engine_for(x.scalar_type()) == gemm::Engine::kOneDnn;
   const at::Tensor w_t = onednn ? pointwise_2d(pw_weight).t() : pointwise_2d(pw_weight).t().contiguous();
   at::Tensor y = at::empty({s.B, s.L, s.C_out}, bf16_out ? x.options().dtype(at::kBFloat16) : x.options());
-  at::Tensor aux = relu ? at::empty({s.B, s.L, s.C_out}, x.options().dtype(at::kBool))
-                        : at::empty({0}, x.options().dtype(at::kBool));
+  // The ReLU mask; none without ReLU (the op's aux is then absent: nothing allocated).
+  at::Tensor aux = relu ? at::empty({s.B, s.L, s.C_out}, x.options().dtype(at::kBool)) : at::Tensor();
   at::Tensor y2d = y.view({s.B * s.L, s.C_out});
   const Tiling tiles(s.B, s.L, s.C_in, s.C_out, s.K, at::get_num_threads(), /*group_sequences=*/true);
   // The tiles' GEMMs run on the pool's threads: they take their products in bf16 when the caller does.
@@ -518,35 +519,45 @@ c10::optional<at::Tensor> widened_residual(const c10::optional<at::Tensor>& give
   return given->is_same(x) ? wide_x : bf16::widen(*checked);
 }
 
-std::tuple<at::Tensor, at::Tensor> dwsep_conv1d_fwd(const at::Tensor& x, const at::Tensor& dw_weight,
-                                                    const c10::optional<at::Tensor>& dw_bias,
-                                                    const at::Tensor& pw_weight,
-                                                    const c10::optional<at::Tensor>& pw_bias,
-                                                    const c10::optional<at::Tensor>& residual_in, int64_t pad_left,
-                                                    bool relu) {
+std::tuple<at::Tensor, c10::optional<at::Tensor>> dwsep_conv1d_fwd(
+    const at::Tensor& x, const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias,
+    const at::Tensor& pw_weight, const c10::optional<at::Tensor>& pw_bias,
+    const c10::optional<at::Tensor>& residual_in, int64_t pad_left, bool relu) {
   constexpr const char* op = "dwsep_conv1d_fwd";
   const Shapes s = check_args(op, x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left);
   const c10::optional<at::Tensor> residual = checked_residual(op, residual_in, s, x);
-  if (!bf16::is_bf16(x)) return dwsep_forward(s, x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu);
+  if (!bf16::is_bf16(x)) {
+    auto [y, aux] = dwsep_forward(s, x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu);
+    return {y, if_defined(aux)};
+  }
   // bf16 (csrc/cpu/bf16.h): the float32 kernel on widened copies, its products in bf16; y rounded once, at the end
   // of its tile.
   const gemm::Bf16Products bf16_scope;
   const at::Tensor wide_x = bf16::widen(x);
-  return dwsep_forward(s, wide_x, bf16::widen(dw_weight), bf16::widen(dw_bias), bf16::narrow(pw_weight),
-                       bf16::widen(pw_bias),
-                       widened_residual(residual_in, residual, x, wide_x), pad_left, relu, /*bf16_out=*/true);
+  auto [y, aux] = dwsep_forward(s, wide_x, bf16::widen(dw_weight), bf16::widen(dw_bias), bf16::narrow(pw_weight),
+                                bf16::widen(pw_bias), widened_residual(residual_in, residual, x, wide_x), pad_left,
+                                relu, /*bf16_out=*/true);
+  return {y, if_defined(aux)};
 }
 
-// The backward's checks of grad_y and aux (the rest is check_args').
-void check_grad_and_aux(const char* op, const Shapes& s, const at::Tensor& grad_y, const at::Tensor& x,
-                        const at::Tensor& aux, bool relu) {
+// The backward's checks of grad_y and aux (the rest is check_args'): aux, the forward's ReLU mask with relu,
+// absent without.
+at::Tensor check_grad_and_aux(const char* op, const Shapes& s, const at::Tensor& grad_y, const at::Tensor& x,
+                              const c10::optional<at::Tensor>& aux_in, bool relu) {
   TORCH_CHECK(grad_y.sizes() == at::IntArrayRef({s.B, s.L, s.C_out}) && grad_y.scalar_type() == x.scalar_type() &&
                   grad_y.device() == x.device(),
               op, ": grad_y must be a [B, L, C_out]=[", s.B, ", ", s.L, ", ", s.C_out, "] ", x.scalar_type(),
               " tensor like x, got ", grad_y.sizes(), " ", grad_y.scalar_type());
-  TORCH_CHECK(!relu || (aux.scalar_type() == at::kBool && aux.sizes() == grad_y.sizes()), op,
+  if (!relu) {
+    TORCH_CHECK(!aux_in.has_value(), op, ": without relu, aux must be None (the forward's), got a tensor");
+    return at::Tensor();
+  }
+  TORCH_CHECK(aux_in.has_value(), op, ": with relu, aux must be the forward's bool mask [B, L, C_out], got None");
+  const at::Tensor& aux = *aux_in;
+  TORCH_CHECK(aux.scalar_type() == at::kBool && aux.sizes() == grad_y.sizes(), op,
               ": with relu, aux must be the forward's bool mask [B, L, C_out], got ", aux.sizes(), " ",
               aux.scalar_type());
+  return aux;
 }
 
 // The backward on checked arguments (check_args, check_grad_and_aux); the dtypes as dwsep_forward's, grad_y x's.
@@ -573,9 +584,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
   at::Tensor grad_x = at::empty({s.B, s.L, s.C_in}, bf16_out ? opts.dtype(at::kBFloat16) : opts);
   // Per-block partials, zero-initialised so blocks accumulate into them directly.
   at::Tensor part_pw = at::zeros({groups, s.C_out, s.C_in}, opts);
-  at::Tensor part_pb = at::zeros({groups, pw_bias ? s.C_out : 0}, opts);
+  at::Tensor part_pb = pw_bias ? at::zeros({groups, s.C_out}, opts) : at::Tensor();
   at::Tensor part_dw = at::zeros({groups, s.K, s.C_in}, opts);
-  at::Tensor part_db = at::zeros({groups, dw_bias ? s.C_in : 0}, opts);
+  at::Tensor part_db = dw_bias ? at::zeros({groups, s.C_in}, opts) : at::Tensor();
   const bool b16 = gemm::bf16_products();  // as in the forward: the blocks' GEMMs run on the pool's threads
 
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dwsep_conv1d_bwd", [&] {
@@ -638,28 +649,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
 
   at::Tensor grad_pw_weight = reduce_partials(part_pw).view({s.C_out, s.C_in, 1});
   at::Tensor grad_dw_weight = reduce_partials(part_dw).t().contiguous().view({s.C_in, 1, s.K});
-  at::Tensor grad_pw_bias = pw_bias ? reduce_partials(part_pb) : at::empty({0}, opts);
-  at::Tensor grad_dw_bias = dw_bias ? reduce_partials(part_db) : at::empty({0}, opts);
+  // An absent bias has no gradient (undefined: the op returns None).
+  at::Tensor grad_pw_bias = pw_bias ? reduce_partials(part_pb) : at::Tensor();
+  at::Tensor grad_dw_bias = dw_bias ? reduce_partials(part_db) : at::Tensor();
   return {grad_x, grad_dw_weight, grad_dw_bias, grad_pw_weight, grad_pw_bias};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_conv1d_bwd(
+std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>, at::Tensor, c10::optional<at::Tensor>> dwsep_conv1d_bwd(
     const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& dw_weight,
     const c10::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
-    const c10::optional<at::Tensor>& pw_bias, const at::Tensor& aux, int64_t pad_left, bool relu) {
+    const c10::optional<at::Tensor>& pw_bias, const c10::optional<at::Tensor>& aux_in, int64_t pad_left, bool relu) {
   constexpr const char* op = "dwsep_conv1d_bwd";
   const Shapes s = check_args(op, x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left);
-  check_grad_and_aux(op, s, grad_y, x, aux, relu);
+  const at::Tensor aux = check_grad_and_aux(op, s, grad_y, x, aux_in, relu);
   if (!bf16::is_bf16(x)) {
-    return dwsep_backward(s, grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu);
+    auto [gx, gdw, gdb, gpw, gpb] =
+        dwsep_backward(s, grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu);
+    return {gx, gdw, if_defined(gdb), gpw, if_defined(gpb)};
   }
   const gemm::Bf16Products bf16_scope;
   auto [gx, gdw, gdb, gpw, gpb] =
       dwsep_backward(s, bf16::widen(grad_y), bf16::widen(x), bf16::widen(dw_weight),
                      bf16::widen(dw_bias), bf16::narrow(pw_weight), pw_bias, aux, pad_left, relu,
                      /*bf16_out=*/true);
-  return {gx, bf16::grad_like(gdw, dw_weight), bf16::grad_like(gdb, dw_bias), bf16::grad_like(gpw, pw_weight),
-          bf16::grad_like(gpb, pw_bias)};
+  return {gx, bf16::grad_like(gdw, dw_weight), if_defined(bf16::grad_like(gdb, dw_bias)),
+          bf16::grad_like(gpw, pw_weight), if_defined(bf16::grad_like(gpb, pw_bias))};
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -798,7 +812,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_forward(
   return {y, aux, stats};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_dwsep_conv1d_fwd(
+std::tuple<at::Tensor, c10::optional<at::Tensor>, at::Tensor> ln_dwsep_conv1d_fwd(
     const at::Tensor& x, const at::Tensor& ln_weight, const at::Tensor& ln_bias, double eps,
     const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
     const c10::optional<at::Tensor>& pw_bias, const c10::optional<at::Tensor>& residual_in,
@@ -810,15 +824,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_dwsep_conv1d_fwd(
   const at::Tensor mask = checked_row_mask(op, mask_in, x);
   const c10::optional<at::Tensor> residual = checked_residual(op, residual_in, s, x);
   if (!bf16::is_bf16(x)) {
-    return ln_forward(s, x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias, residual, mask,
-                      pad_left, relu);
+    auto [y, aux, stats] = ln_forward(s, x, ln_weight, ln_bias, eps, dw_weight, dw_bias, pw_weight, pw_bias,
+                                      residual, mask, pad_left, relu);
+    return {y, if_defined(aux), stats};
   }
   // bf16: as dwsep_conv1d_fwd; the statistics are saved in float32, the dtype they are computed in.
   const gemm::Bf16Products bf16_scope;
   const at::Tensor wide_x = bf16::widen(x);
-  return ln_forward(s, wide_x, bf16::widen(ln_weight), bf16::widen(ln_bias), eps, bf16::widen(dw_weight),
-                    bf16::widen(dw_bias), bf16::narrow(pw_weight), bf16::widen(pw_bias),
-                    widened_residual(residual_in, residual, x, wide_x), mask, pad_left, relu, /*bf16_out=*/true);
+  auto [y, aux, stats] =
+      ln_forward(s, wide_x, bf16::widen(ln_weight), bf16::widen(ln_bias), eps, bf16::widen(dw_weight),
+                 bf16::widen(dw_bias), bf16::narrow(pw_weight), bf16::widen(pw_bias),
+                 widened_residual(residual_in, residual, x, wide_x), mask, pad_left, relu, /*bf16_out=*/true);
+  return {y, if_defined(aux), stats};
 }
 
 // The backward on checked arguments (check_args, check_ln_args, check_grad_and_aux, the ln_stats check,
@@ -876,23 +893,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           grad_pw_bias};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ln_dwsep_conv1d_bwd(
-    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& ln_weight, const at::Tensor& ln_bias,
-    const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
-    const c10::optional<at::Tensor>& pw_bias, const at::Tensor& aux, const at::Tensor& ln_stats,
-    const c10::optional<at::Tensor>& mask_in, int64_t pad_left, bool relu) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::optional<at::Tensor>, at::Tensor,
+           c10::optional<at::Tensor>>
+ln_dwsep_conv1d_bwd(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& ln_weight,
+                    const at::Tensor& ln_bias, const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias,
+                    const at::Tensor& pw_weight, const c10::optional<at::Tensor>& pw_bias,
+                    const c10::optional<at::Tensor>& aux_in, const at::Tensor& ln_stats,
+                    const c10::optional<at::Tensor>& mask_in, int64_t pad_left, bool relu) {
   constexpr const char* op = "ln_dwsep_conv1d_bwd";
   const Shapes s = check_args(op, x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left);
   check_ln_args(op, x, ln_weight, ln_bias);
-  check_grad_and_aux(op, s, grad_y, x, aux, relu);
+  const at::Tensor aux = check_grad_and_aux(op, s, grad_y, x, aux_in, relu);
   TORCH_CHECK(ln_stats.sizes() == at::IntArrayRef({s.B, 2, s.L}) && ln_stats.scalar_type() == bf16::statistics_dtype(x) &&
                   ln_stats.device() == x.device(),
               op, ": ln_stats must be the forward's [B, 2, L]=[", s.B, ", 2, ", s.L, "] ", bf16::statistics_dtype(x),
               " tensor, got ", ln_stats.sizes(), " ", ln_stats.scalar_type());
   const at::Tensor mask = checked_row_mask(op, mask_in, x);
   if (!bf16::is_bf16(x)) {
-    return ln_backward(s, grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias, pw_weight, pw_bias, aux, ln_stats, mask,
-                       pad_left, relu);
+    auto [gx, glw, glb, gdw, gdb, gpw, gpb] = ln_backward(s, grad_y, x, ln_weight, ln_bias, dw_weight, dw_bias,
+                                                          pw_weight, pw_bias, aux, ln_stats, mask, pad_left, relu);
+    return {gx, glw, glb, gdw, if_defined(gdb), gpw, if_defined(gpb)};
   }
   const gemm::Bf16Products bf16_scope;
   auto [gx, glw, glb, gdw, gdb, gpw, gpb] =
@@ -900,8 +920,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                   bf16::widen(ln_bias), bf16::widen(dw_weight), bf16::widen(dw_bias), bf16::narrow(pw_weight),
                   pw_bias, aux, ln_stats, mask, pad_left, relu);
   return {bf16::narrow(gx), bf16::grad_like(glw, ln_weight), bf16::grad_like(glb, ln_bias),
-          bf16::grad_like(gdw, dw_weight), bf16::grad_like(gdb, dw_bias), bf16::grad_like(gpw, pw_weight),
-          bf16::grad_like(gpb, pw_bias)};
+          bf16::grad_like(gdw, dw_weight), if_defined(bf16::grad_like(gdb, dw_bias)), bf16::grad_like(gpw, pw_weight),
+          if_defined(bf16::grad_like(gpb, pw_bias))};
 }
 
 }  // namespace
@@ -910,21 +930,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 TORCH_LIBRARY_FRAGMENT(fastqa, m) {
   m.def(
       "dwsep_conv1d_fwd(Tensor x, Tensor dw_weight, Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, "
-      "Tensor? residual, int pad_left, bool relu) -> (Tensor y, Tensor aux)");
+      "Tensor? residual, int pad_left, bool relu) -> (Tensor y, Tensor? aux)");
   m.def(
       "dwsep_conv1d_bwd(Tensor grad_y, Tensor x, Tensor dw_weight, Tensor? dw_bias, Tensor pw_weight, "
-      "Tensor? pw_bias, Tensor aux, int pad_left, bool relu) -> (Tensor grad_x, Tensor grad_dw_weight, "
-      "Tensor grad_dw_bias, Tensor grad_pw_weight, Tensor grad_pw_bias)");
+      "Tensor? pw_bias, Tensor? aux, int pad_left, bool relu) -> (Tensor grad_x, Tensor grad_dw_weight, "
+      "Tensor? grad_dw_bias, Tensor grad_pw_weight, Tensor? grad_pw_bias)");
   m.def(
       "ln_dwsep_conv1d_fwd(Tensor x, Tensor ln_weight, Tensor ln_bias, float eps, Tensor dw_weight, "
       "Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, Tensor? residual, Tensor? mask, int pad_left, "
-      "bool relu) -> (Tensor y, Tensor aux, Tensor ln_stats)");
+      "bool relu) -> (Tensor y, Tensor? aux, Tensor ln_stats)");
   m.def(
       "ln_dwsep_conv1d_bwd(Tensor grad_y, Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor dw_weight, "
-      "Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, Tensor aux, Tensor ln_stats, Tensor? mask, int pad_left, "
+      "Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, Tensor? aux, Tensor ln_stats, Tensor? mask, int pad_left, "
       "bool relu) "
       "-> (Tensor grad_x, Tensor grad_ln_weight, Tensor grad_ln_bias, Tensor grad_dw_weight, "
-      "Tensor grad_dw_bias, Tensor grad_pw_weight, Tensor grad_pw_bias)");
+      "Tensor? grad_dw_bias, Tensor grad_pw_weight, Tensor? grad_pw_bias)");
 }
 
 TORCH_LIBRARY_IMPL(fastqa, CPU, m) {

@@ -473,7 +473,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_kernel(const at::Tensor& grad
   const at::Tensor pre = aux.contiguous();
   const int64_t n_blocks = (g.B * g.T + kRowBlock - 1) / kRowBlock;
   at::Tensor grad_pre = at::empty({g.N, 2 * g.H}, x.options());
-  at::Tensor bias_partials = at::empty({has_bias ? n_blocks : 0, 2 * g.H}, x.options());
+  at::Tensor bias_partials = has_bias ? at::empty({n_blocks, 2 * g.H}, x.options()) : at::Tensor();
 
   // grad_pre = d y / d pre (junk rows zero), per-block bias-gradient partials, per-block "all finite"
   // flags and per-row maxima (for the Winograd choice), in one pass.
@@ -514,7 +514,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_kernel(const at::Tensor& grad
     transformable = fill_padded<scalar_t>(x, m, g, xp.data_ptr<scalar_t>(), row_max.data()) &&
                     moderate_range(std::move(row_max));
   });
-  at::Tensor grad_bias = has_bias ? at::empty({2 * g.H}, x.options()) : at::empty({0}, x.options());
+  at::Tensor grad_bias = has_bias ? at::empty({2 * g.H}, x.options()) : at::Tensor();  // undefined: None
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "glu_conv1d_bwd_bias", [&] {
     if (has_bias) {  // fixed-order sum of the per-block partials
       scalar_t* gbd = grad_bias.data_ptr<scalar_t>();
@@ -658,7 +658,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16(const at::Tensor& grad_y
   const int64_t n_blocks = (g.B * g.T + kRowBlock - 1) / kRowBlock;
   const float s = static_cast<float>(scale);
   at::Tensor grad_pre = at::empty({g.N, 2 * H}, x.options());
-  at::Tensor bias_partials = at::empty({has_bias ? n_blocks : 0, 2 * H}, x.options().dtype(at::kFloat));
+  at::Tensor bias_partials = has_bias ? at::empty({n_blocks, 2 * H}, x.options().dtype(at::kFloat)) : at::Tensor();
   {
     const at::BFloat16* ad = aux.data_ptr<at::BFloat16>();
     const at::BFloat16* gyd = grad_y.data_ptr<at::BFloat16>();
@@ -682,7 +682,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16(const at::Tensor& grad_y
       std::memset(static_cast<void*>(gpd + (b * g.Tp + g.T) * 2 * H), 0, (g.K - 1) * 2 * H * sizeof(at::BFloat16));
     }
   }
-  at::Tensor grad_bias = at::empty({0}, x.options());
+  at::Tensor grad_bias;  // undefined without a bias: the op returns None
   if (has_bias) {  // fixed-order sum of the per-block partials, in float32
     at::Tensor sum = at::zeros({2 * H}, bias_partials.options());
     float* gbd = sum.data_ptr<float>();
@@ -752,17 +752,17 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
                           : fwd_kernel(x, weight, bias, g, m, residual, scale);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> glu_conv1d_bwd(const at::Tensor& grad_y, const at::Tensor& x,
-                                                              const at::Tensor& weight,
-                                                              const std::optional<at::Tensor>& mask,
-                                                              const at::Tensor& aux, int64_t pad_left, bool residual,
-                                                              double scale, bool has_bias) {
+std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>> glu_conv1d_bwd(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& mask,
+    const at::Tensor& aux, int64_t pad_left, bool residual, double scale, bool has_bias) {
   gemm::prepare();
   const Geometry g = check_bwd_args(grad_y, x, weight, mask, aux, pad_left);
   at::Tensor mask_holder;
   const bool* m = mask_data(mask, mask_holder);
-  return bf16::is_bf16(x) ? bwd_bf16(grad_y, x, weight, g, m, aux, residual, scale, has_bias)
-                          : bwd_kernel(grad_y, x, weight, g, m, aux, residual, scale, has_bias);
+  auto [grad_x, grad_weight, grad_bias] = bf16::is_bf16(x)
+                                              ? bwd_bf16(grad_y, x, weight, g, m, aux, residual, scale, has_bias)
+                                              : bwd_kernel(grad_y, x, weight, g, m, aux, residual, scale, has_bias);
+  return {grad_x, grad_weight, if_defined(grad_bias)};
 }
 
 // GLU channels per work item of the decode step's product (see glu_conv1d_step).
@@ -934,7 +934,7 @@ TORCH_LIBRARY_FRAGMENT(fastqa, m) {
       "float scale) -> (Tensor y, Tensor aux)");
   m.def(
       "glu_conv1d_bwd(Tensor grad_y, Tensor x, Tensor weight, Tensor? mask, Tensor aux, int pad_left, "
-      "bool residual, float scale, bool has_bias) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
+      "bool residual, float scale, bool has_bias) -> (Tensor grad_x, Tensor grad_weight, Tensor? grad_bias)");
   m.def(
       "glu_conv1d_step(Tensor x_t, Tensor state, Tensor weight, Tensor? bias, bool residual, float scale) "
       "-> (Tensor y_t, Tensor new_state)");

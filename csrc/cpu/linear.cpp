@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <array>
 #include <limits>
 #include <set>
 #include <tuple>
@@ -72,12 +73,13 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::
   return y.view(with_last(x, n));
 }
 
-// grad_x = grad_y W, grad_weight = grad_yᵀ x (summed over every leading position), grad_bias = Σ grad_y
-// (empty when has_bias is false). The parameters' gradients in weight's dtype: with bf16 x and a float32 weight,
-// summed in float32 from the exact products of the bf16 operands (a float32 GEMM on their widened copies) and
-// returned in float32, never rounded to bf16 on the way.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_bwd(const at::Tensor& grad_y, const at::Tensor& x,
-                                                          const at::Tensor& weight, bool has_bias) {
+// grad_x = grad_y W, grad_weight = grad_yᵀ x (summed over every leading position), grad_bias = Σ grad_y, each
+// computed only where output_mask asks for it (absent, None, elsewhere: an input that needs no gradient, or a
+// bias there is not, allocates nothing). The parameters' gradients in weight's dtype: with bf16 x and a float32
+// weight, summed in float32 from the exact products of the bf16 operands (a float32 GEMM on their widened copies)
+// and returned in float32, never rounded to bf16 on the way.
+std::tuple<c10::optional<at::Tensor>, c10::optional<at::Tensor>, c10::optional<at::Tensor>> linear_bwd(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight, std::array<bool, 3> output_mask) {
   check_operands(kBwd, x, weight);
   const int64_t n = weight.size(0), k = weight.size(1);
   FASTQA_CHECK(grad_y.sizes() == at::IntArrayRef(with_last(x, n)), kBwd, "grad_y must be x's shape with N = ", n,
@@ -86,14 +88,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_bwd(const at::Tensor& grad
   const at::Tensor g = grad_y.reshape({-1, n});
   const at::Tensor x2 = x.reshape({-1, k});
   // Both as products "a @ wᵀ" for the entry point: grad_x = g @ (Wᵀ)ᵀ, grad_weight = gᵀ @ (xᵀ)ᵀ.
-  const at::Tensor grad_x = gemm::linear(g, as_x(weight, x).t(), c10::nullopt).view(x.sizes());
+  c10::optional<at::Tensor> grad_x, grad_weight, grad_bias;
+  if (output_mask[0]) grad_x = gemm::linear(g, as_x(weight, x).t(), c10::nullopt).view(x.sizes());
   const bool wide = weight.scalar_type() != x.scalar_type();
-  const at::Tensor grad_weight =
-      wide ? gemm::linear(bf16::widen(g).t(), bf16::widen(x2).t(), c10::nullopt)
-           : gemm::linear(g.t(), x2.t(), c10::nullopt);
-  const at::Tensor grad_bias = !has_bias ? at::empty({0}, weight.options())
-                               : wide    ? g.sum(0, /*keepdim=*/false, weight.scalar_type())
-                                         : g.sum(0);
+  if (output_mask[1]) {
+    grad_weight = wide ? gemm::linear(bf16::widen(g).t(), bf16::widen(x2).t(), c10::nullopt)
+                       : gemm::linear(g.t(), x2.t(), c10::nullopt);
+  }
+  if (output_mask[2]) grad_bias = wide ? g.sum(0, /*keepdim=*/false, weight.scalar_type()) : g.sum(0);
   return {grad_x, grad_weight, grad_bias};
 }
 
@@ -178,8 +180,8 @@ TORCH_LIBRARY_FRAGMENT(fastqa, m) {
   m.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias) -> Tensor y");
   m.def("linear_argmax(Tensor x, Tensor weight, Tensor? bias, int[] exclude) -> Tensor index");
   m.def(
-      "linear_bwd(Tensor grad_y, Tensor x, Tensor weight, bool has_bias) -> (Tensor grad_x, Tensor grad_weight, "
-      "Tensor grad_bias)");
+      "linear_bwd(Tensor grad_y, Tensor x, Tensor weight, bool[3] output_mask) -> (Tensor? grad_x, "
+      "Tensor? grad_weight, Tensor? grad_bias)");
 }
 
 TORCH_LIBRARY_IMPL(fastqa, CPU, m) {

@@ -5,8 +5,9 @@ each op's declaration; this module holds the pieces).
   first; the kernels come from ``fastqa.ops._registry.kernel``.
 * The backward asks ``wants(ctx, ctx.input_names, ...)`` whether a kernel must run at all, and returns
   ``input_grads(ctx, inputs, x=..., weight=...)``: one entry per input, None where autograd does not
-  want it -- an absent optional input never is, so the empty tensor the kernels return for its gradient
-  is dropped there, while an empty gradient of a present input (an empty batch) is kept.
+  want it -- an absent optional input never is (the backward kernels return None for an absent bias's
+  gradient and allocate nothing for it; context_query_attention's still returns an empty tensor, dropped
+  there), while an empty gradient of a present input (an empty batch) is kept.
 * The backward kernels have no derivative of their own, so every backward is wrapped in
   ``once_differentiable(op)``: it runs without recording a graph, and differentiating its result
   (double backward) raises the same ``RuntimeError`` for every op, naming the op and what to use.
@@ -38,8 +39,9 @@ def wants(ctx, inputs: Sequence[str], *names: str) -> bool:
 
 def input_grads(ctx, inputs: Sequence[str], **grads: torch.Tensor | None) -> tuple:
     """backward's return value: grads[name] for every input autograd wants, None elsewhere. autograd never
-    wants the gradient of an absent (None) input, so the kernels' empty placeholder for it never gets through,
-    and a present input's empty gradient (an empty batch) is returned as it is, with the input's shape."""
+    wants the gradient of an absent (None) input, so what a kernel returns for it (None, or an empty placeholder)
+    never gets through, and a present input's empty gradient (an empty batch) is returned as it is, with the
+    input's shape."""
     unknown = set(grads) - set(inputs)
     assert not unknown, f"not forward inputs: {sorted(unknown)}"
     return tuple(grads.get(name) if need else None for name, need in zip(inputs, ctx.needs_input_grad))

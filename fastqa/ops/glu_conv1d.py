@@ -4,7 +4,7 @@ Kernels (per compiled backend, identical schemas; ``ns`` = ``fastqa`` or ``fastq
 
     ns::glu_conv1d_fwd(x, weight, bias?, mask?, pad_left, residual, scale) -> (y, aux)
     ns::glu_conv1d_bwd(grad_y, x, weight, mask?, aux, pad_left, residual, scale, has_bias)
-        -> (grad_x, grad_weight, grad_bias)          # grad_bias is empty when has_bias is False
+        -> (grad_x, grad_weight, grad_bias?)         # grad_bias is None when has_bias is False
     ns::glu_conv1d_step(x_t, state, weight, bias?, residual, scale) -> (y_t, new_state)   # forward only
 
 ``aux`` is whatever the backend's backward wants (the CPU kernel: the pre-activation in its padded
@@ -48,7 +48,7 @@ def _fwd_fake(x, weight, bias, mask, pad_left, residual, scale):
 
 def _bwd_fake(grad_y, x, weight, mask, aux, pad_left, residual, scale, has_bias):
     return (x.new_empty(x.shape), weight.new_empty(weight.shape),
-            weight.new_empty((weight.shape[0],) if has_bias else (0,)))
+            weight.new_empty((weight.shape[0],)) if has_bias else None)
 
 
 def _step_fake(x_t, state, weight, bias, residual, scale):

@@ -5,8 +5,8 @@ cuBLAS, and ``linear_argmax`` as that GEMM, fills of the excluded columns and ``
 no host synchronisation)::
 
     fastqa::linear_fwd(x, weight, bias?) -> y
-    fastqa::linear_bwd(grad_y, x, weight, has_bias) -> (grad_x, grad_weight, grad_bias)   # grad_bias empty
-                                                                                          # without a bias
+    fastqa::linear_bwd(grad_y, x, weight, output_mask) -> (grad_x?, grad_weight?, grad_bias?)   # None where
+                                                                                   # output_mask is False
     fastqa::linear_argmax(x, weight, bias?, exclude) -> index    # forward only: argmax of the output
 Each of the three products runs on the GEMM engine measured fastest for its shape (``FASTQA_CPU_GEMM``,
 ``fastqa.info()["cpu_extension"]["gemm"]["shapes"]``): where oneDNN beats BLAS on a shape (a vocabulary
@@ -24,7 +24,7 @@ from .. import reference
 from .._backend import resolve_backend
 from .._checks import autocast_dtype, cast_floating, check_device, check_optional, check_positive, check_tensor
 from ._declare import OpDecl, declare, example
-from ._function import exporting, has_tangent, records_grad
+from ._function import exporting, has_tangent, records_grad, wants
 from ._registry import kernel, takes_fp32_params
 
 _MODULE = "linear"
@@ -33,15 +33,18 @@ __all__ = ["linear", "linear_argmax"]
 
 
 def _save(ctx, inputs: tuple, outputs: tuple) -> None:
-    x, weight, bias = inputs
+    x, weight, _ = inputs
     ctx.save_for_backward(x, weight)
-    ctx.has_bias = bias is not None
 
 
 def _grads(ctx, grad_y: torch.Tensor) -> dict:
+    """The kernel computes (and allocates) only the gradients autograd wants: never an absent bias's."""
     x, weight = ctx.saved_tensors
-    grads = kernel(ctx.backend, _MODULE, "linear_bwd")(grad_y, x, weight, ctx.has_bias)
-    return dict(zip(("x", "weight", "bias"), grads))
+    names = ("x", "weight", "bias")
+    output_mask = [wants(ctx, ctx.input_names, name) for name in names]
+    if not any(output_mask):
+        return {}
+    return dict(zip(names, kernel(ctx.backend, _MODULE, "linear_bwd")(grad_y, x, weight, output_mask)))
 
 
 def _fwd_fake(x, weight, bias):
@@ -52,9 +55,9 @@ def _argmax_fake(x, weight, bias, exclude):
     return x.new_empty(x.shape[:-1], dtype=torch.long)
 
 
-def _bwd_fake(grad_y, x, weight, has_bias):   # the parameters' gradients in weight's dtype
-    return (x.new_empty(x.shape), weight.new_empty(weight.shape),
-            weight.new_empty((weight.shape[0],) if has_bias else (0,)))
+def _bwd_fake(grad_y, x, weight, output_mask):   # the parameters' gradients in weight's dtype
+    shapes = ((x, x.shape), (weight, weight.shape), (weight, (weight.shape[0],)))
+    return tuple(like.new_empty(shape) if wanted else None for wanted, (like, shape) in zip(output_mask, shapes))
 
 
 # x Wᵀ + b through the C++ kernels, each product on the engine measured fastest for its shape (the GPU path

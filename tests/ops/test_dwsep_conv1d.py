@@ -464,6 +464,11 @@ def test_cpp_checks_name_arguments():
     with pytest.raises(RuntimeError, match="aux"):
         torch.ops.fastqa.dwsep_conv1d_bwd(torch.randn(1, 5, 4), x, dw, None, pw, pb,
                                           torch.empty(0, dtype=torch.bool), 1, True)
+    with pytest.raises(RuntimeError, match="with relu, aux must be .* got None"):
+        torch.ops.fastqa.dwsep_conv1d_bwd(torch.randn(1, 5, 4), x, dw, None, pw, pb, None, 1, True)
+    with pytest.raises(RuntimeError, match="without relu, aux must be None"):
+        torch.ops.fastqa.dwsep_conv1d_bwd(torch.randn(1, 5, 4), x, dw, None, pw, pb,
+                                          torch.ones(1, 5, 4, dtype=torch.bool), 1, False)
     # float32 x with bf16 parameters is refused; bf16 x takes bf16 or float32 parameters (the master weights
     # under autocast), whose gradients come back in their own dtype.
     low = x.to(torch.bfloat16)
@@ -474,12 +479,15 @@ def test_cpp_checks_name_arguments():
     with pytest.raises(RuntimeError, match="dw_weight"):
         torch.ops.fastqa.dwsep_conv1d_fwd(low, dw.double(), None, pw, None, None, 1, False)
     y, aux = torch.ops.fastqa.dwsep_conv1d_fwd(low, dw, None, pw.to(torch.bfloat16), pb, None, 1, False)
+    assert aux is None   # no ReLU mask without ReLU: nothing allocated for it
     grads = torch.ops.fastqa.dwsep_conv1d_bwd(torch.ones_like(y), low, dw, None, pw.to(torch.bfloat16), pb, aux, 1,
                                               False)
-    assert [g.dtype for g in grads] == [torch.bfloat16, torch.float32, torch.bfloat16, torch.bfloat16, torch.float32]
+    # The absent dw_bias has no gradient at all (None, not an empty placeholder).
+    assert [None if g is None else g.dtype for g in grads] == [torch.bfloat16, torch.float32, None, torch.bfloat16,
+                                                               torch.float32]
     with pytest.raises(RuntimeError, match="grad_y"):
         torch.ops.fastqa.dwsep_conv1d_bwd(torch.randn(1, 5, 4), low, dw.to(torch.bfloat16), None,
-                                          pw.to(torch.bfloat16), None, torch.empty(0, dtype=torch.bool), 1, False)
+                                          pw.to(torch.bfloat16), None, None, 1, False)
 
 
 def test_conv_padding_values():

@@ -236,6 +236,8 @@ def test_opcheck(backend):
         torch.library.opcheck(fwd, (x, w, bias, m, pad_left, residual, 0.7))
         _, aux = fwd(x, w, bias, m, pad_left, residual, 0.7)
         torch.library.opcheck(bwd, (torch.randn_like(x), x, w, m, aux, pad_left, residual, 0.7, bias is not None))
+        grad_bias = bwd(torch.randn_like(x), x, w, m, aux, pad_left, residual, 0.7, bias is not None)[2]
+        assert (grad_bias is None) == (bias is None)   # no placeholder for an absent bias
     torch.library.opcheck(step, (x[:, 0], x[:, 1:3], w, b, True, 0.7))
     torch.library.opcheck(step, (x[:, 0], x[:, 1:3], w, None, False, 1.0))
 

@@ -122,7 +122,23 @@ def test_without_gradients_runs_the_kernel_alone():
 def test_opcheck(bias):
     x, weight, b = make_inputs((4, 6), 8, 5, bias=bias)
     torch.library.opcheck(torch.ops.fastqa.linear_fwd, (x, weight, b))
-    torch.library.opcheck(torch.ops.fastqa.linear_bwd, (torch.randn(4, 6, 5), x, weight, bias))
+    torch.library.opcheck(torch.ops.fastqa.linear_bwd, (torch.randn(4, 6, 5), x, weight, [True, True, bias]))
+
+
+def test_backward_computes_only_the_gradients_asked_for():
+    """linear_bwd's output_mask: a gradient not asked for (an input that needs none, an absent bias) is None,
+    nothing allocated; the ones asked for are those of the full call."""
+    x, weight, b = make_inputs((4, 6), 8, 5)
+    grad_y = torch.randn(4, 6, 5)
+    full = torch.ops.fastqa.linear_bwd(grad_y, x, weight, [True, True, True])
+    for mask in ([False, True, False], [True, False, False], [False, False, True]):
+        got = torch.ops.fastqa.linear_bwd(grad_y, x, weight, mask)
+        for wanted, g, want in zip(mask, got, full):
+            assert (g is None) if not wanted else torch.equal(g, want)
+    # Through autograd: a frozen weight's gradient is never computed, x's is the full call's.
+    x.requires_grad_()
+    fused(x, weight.detach(), None).backward(grad_y)
+    assert torch.equal(x.grad, full[0])
 
 
 def test_compiles_without_graph_breaks():
@@ -320,8 +336,9 @@ def test_bfloat16_with_float32_parameters(bias):
     assert torch.equal(torch.ops.fastqa.linear_argmax(low, weight, b, [1]),
                        torch.ops.fastqa.linear_argmax(low, *cast, [1]))
     grad_y = torch.randn(4, 6, 5).to(torch.bfloat16)
-    torch.library.opcheck(torch.ops.fastqa.linear_bwd, (grad_y, low, weight, bias))
-    grad_x, grad_w, grad_b = torch.ops.fastqa.linear_bwd(grad_y, low, weight, bias)
+    torch.library.opcheck(torch.ops.fastqa.linear_bwd, (grad_y, low, weight, [True, True, bias]))
+    grad_x, grad_w, grad_b = torch.ops.fastqa.linear_bwd(grad_y, low, weight, [True, True, bias])
+    assert (grad_b is None) == (not bias)   # no placeholder for an absent bias
     assert grad_x.dtype == torch.bfloat16 and grad_w.dtype == torch.float32
     g2, x2 = grad_y.double().reshape(-1, 5), low.double().reshape(-1, 8)
     assert_close(grad_w, (g2.t() @ x2).float(), name="grad_weight", atol=1e-5, rtol=1e-5)

@@ -130,7 +130,7 @@ def declare(decl: OpDecl) -> Op:
         def setup_context(ctx, inputs: tuple, output: Any) -> None:
             outputs = _as_tuple(output)
             if len(outputs) > 1:
-                ctx.mark_non_differentiable(*outputs[1:])
+                ctx.mark_non_differentiable(*(t for t in outputs[1:] if t is not None))
             ctx.backend, ctx.input_names = backend, decl.inputs
             decl.save(ctx, tuple(inputs), outputs)
 

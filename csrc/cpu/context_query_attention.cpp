@@ -196,6 +196,31 @@ struct SimilarityGradScratch {
       : ds_t_c(at::empty({m, d}, opts)), colsum(m) {}
 };
 
+// The weight gradient's parts in dw [3d + 1] = [dw_c; dw_q; dw_cq; db], zeroed together with colsum [m]:
+// what both similarity backwards (float kernels and the native bf16 route) sum into.
+template <typename T>
+struct WeightGradParts {
+  T* c;
+  T* q;
+  T* cq;
+  WeightGradParts(T* dw, int64_t d, T* colsum, int64_t m) : c(dw), q(dw + d), cq(dw + 2 * d) {
+    std::fill(colsum, colsum + m, T(0));
+    std::fill(dw, dw + 3 * d + 1, T(0));
+  }
+};
+
+// The sum of row si [m], also added into the column sums colsum [m].
+template <typename T>
+inline T add_row_sums(const T* si, int64_t m, T* colsum) {
+  T rowsum = 0;
+#pragma omp simd reduction(+ : rowsum)
+  for (int64_t j = 0; j < m; ++j) {
+    rowsum += si[j];
+    colsum[j] += si[j];
+  }
+  return rowsum;
+}
+
 // Backward of S = c·qwᵀ + c·w_c + (q·w_q)ᵀ + b for one batch element, given ds [n, m]:
 //   dc (+)= ds·qw + rowsum(ds)⊗w_c,   dq (+)= (dsᵀ·c)∘w_cq + colsum(ds)⊗w_q,
 // and this element's weight gradient (dw_c, dw_q, dw_cq, db) into dw [3d + 1] (reduced by the caller
@@ -217,27 +242,17 @@ void bilinear_backward(const Tensor& ds, const Tensor& c_b, const Tensor& q_b, c
   const T* q = ptr<T>(q_b);
   T* dc = ptr<T>(dc_b);
   T* colsum = scratch.colsum.data();
-  T* dwc = dw;
-  T* dwq = dw + d;
-  T* dwcq = dw + 2 * d;
-  std::fill(colsum, colsum + m, T(0));
-  std::fill(dw, dw + 3 * d + 1, T(0));
+  const WeightGradParts<T> dwp(dw, d, colsum, m);
   T total = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const T* si = s + i * m;
-    T rowsum = 0;
-#pragma omp simd reduction(+ : rowsum)
-    for (int64_t j = 0; j < m; ++j) {
-      rowsum += si[j];
-      colsum[j] += si[j];
-    }
+    const T rowsum = add_row_sums(s + i * m, m, colsum);
     total += rowsum;
     T* dci = dc + i * d;
     const T* ci = c + i * d;
 #pragma omp simd
     for (int64_t k = 0; k < d; ++k) {
       dci[k] += rowsum * w.wc[k];
-      dwc[k] += rowsum * ci[k];
+      dwp.c[k] += rowsum * ci[k];
     }
   }
   const T* e = ptr<T>(scratch.ds_t_c);
@@ -250,8 +265,8 @@ void bilinear_backward(const Tensor& ds, const Tensor& c_b, const Tensor& q_b, c
 #pragma omp simd
     for (int64_t k = 0; k < d; ++k) {
       dqj[k] = (accumulate ? dqj[k] : T(0)) + ej[k] * w.wcq[k] + cs * w.wq[k];
-      dwq[k] += cs * qj[k];
-      dwcq[k] += ej[k] * qj[k];
+      dwp.q[k] += cs * qj[k];
+      dwp.cq[k] += ej[k] * qj[k];
     }
   }
   dw[3 * d] = total;
@@ -722,20 +737,10 @@ void context_terms(const Bits* cb, int64_t n, int64_t d, const Weights<float>& w
 void similarity_sums(const float* ds, const Bits* cb, const Bits* qb, const Weights<float>& w, const float* dc_acc,
                      const float* e, const float* dq_acc, int64_t ld_dq, int64_t n, int64_t m, int64_t d,
                      float* colsum, Bits* dc, Bits* dq, float* dw) {
-  float* dwc = dw;
-  float* dwq = dw + d;
-  float* dwcq = dw + 2 * d;
-  std::fill(colsum, colsum + m, 0.f);
-  std::fill(dw, dw + 3 * d + 1, 0.f);
+  const WeightGradParts<float> dwp(dw, d, colsum, m);
   float total = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const float* si = ds + i * m;
-    float rowsum = 0;
-#pragma omp simd reduction(+ : rowsum)
-    for (int64_t j = 0; j < m; ++j) {
-      rowsum += si[j];
-      colsum[j] += si[j];
-    }
+    const float rowsum = add_row_sums(ds + i * m, m, colsum);
     total += rowsum;
     const Bits* ci = cb + i * d;
     const float* ai = dc_acc + i * d;
@@ -743,7 +748,7 @@ void similarity_sums(const float* ds, const Bits* cb, const Bits* qb, const Weig
 #pragma omp simd
     for (int64_t k = 0; k < d; ++k) {
       dci[k] = rnd(ai[k] + rowsum * w.wc[k]);
-      dwc[k] += rowsum * wid(ci[k]);
+      dwp.c[k] += rowsum * wid(ci[k]);
     }
   }
   for (int64_t j = 0; j < m; ++j) {
@@ -755,8 +760,8 @@ void similarity_sums(const float* ds, const Bits* cb, const Bits* qb, const Weig
     for (int64_t k = 0; k < d; ++k) {
       const float qv = wid(qj[k]);
       dqj[k] = rnd((dq_acc != nullptr ? dq_acc[j * ld_dq + k] : 0.f) + ej[k] * w.wcq[k] + cs * w.wq[k]);
-      dwq[k] += cs * qv;
-      dwcq[k] += ej[k] * qv;
+      dwp.q[k] += cs * qv;
+      dwp.cq[k] += ej[k] * qv;
     }
   }
   dw[3 * d] = total;

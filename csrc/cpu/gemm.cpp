@@ -215,15 +215,46 @@ ShapeKey key_of(const ShapeChoice& s) {
   return ShapeKey{s.m, s.k, s.n, s.threads, s.a_layout, s.w_layout, s.bias, s.accumulate};
 }
 
-// The shapes decided so far, in the order first seen, and where each one's key sits among them.
-struct ShapeTable {
-  std::mutex mutex;
-  std::vector<ShapeChoice> seen;
-  std::map<ShapeKey, size_t> index;
+// The choices made so far, one per key, in the order first made. A lookup that misses makes the choice
+// under the lock, so each key is measured once, whichever thread asks first.
+template <typename Key, typename Value, typename Mutex>
+class ChoiceTable {
+ public:
+  template <typename Make>
+  Value get_or_make(const Key& key, Make&& make) {
+    std::lock_guard<Mutex> lock(mutex_);
+    const auto found = index_.find(key);
+    if (found != index_.end()) return seen_[found->second];
+    Value value = make();
+    index_.emplace(key, seen_.size());
+    seen_.push_back(value);
+    return value;
+  }
+
+  // A restored plan's choice: replaces one made in this process, keeps its place.
+  void put(const Key& key, const Value& value) {
+    std::lock_guard<Mutex> lock(mutex_);
+    const auto [slot, added] = index_.emplace(key, seen_.size());
+    if (added) {
+      seen_.push_back(value);
+    } else {
+      seen_[slot->second] = value;
+    }
+  }
+
+  std::vector<Value> all() {
+    std::lock_guard<Mutex> lock(mutex_);
+    return seen_;
+  }
+
+ private:
+  Mutex mutex_;
+  std::vector<Value> seen_;
+  std::map<Key, size_t> index_;
 };
 
-ShapeTable& shape_table() {
-  static ShapeTable table;
+ChoiceTable<ShapeKey, ShapeChoice, std::mutex>& shape_table() {
+  static ChoiceTable<ShapeKey, ShapeChoice, std::mutex> table;
   return table;
 }
 
@@ -283,26 +314,17 @@ Engine engine_for(at::ScalarType dtype) {
 }
 
 std::vector<ShapeChoice> shape_choices() {
-  ShapeTable& table = shape_table();
-  std::lock_guard<std::mutex> lock(table.mutex);
-  return table.seen;
+  return shape_table().all();
 }
 
 void restore(Engine process, const std::vector<ShapeChoice>& shapes) {
   const Choice& c = choice();
   if (c.requested != "auto" || !c.onednn_available) return;  // forced, or BLAS only: the same everywhere
   restored_process_engine.store(static_cast<int>(process), std::memory_order_relaxed);
-  ShapeTable& table = shape_table();
-  std::lock_guard<std::mutex> lock(table.mutex);
   for (ShapeChoice s : shapes) {
     s.restored = true;
     s.blas_gflops = s.onednn_gflops = 0;
-    const auto [slot, added] = table.index.emplace(key_of(s), table.seen.size());
-    if (added) {
-      table.seen.push_back(s);
-    } else {
-      table.seen[slot->second] = s;
-    }
+    shape_table().put(key_of(s), s);
   }
 }
 
@@ -322,15 +344,14 @@ Engine engine_for(const at::Tensor& a, const at::Tensor& w, bool with_bias, bool
   s.w_layout = layout_of(w);
   s.bias = with_bias;
   s.accumulate = accumulate;
-  ShapeTable& table = shape_table();
-  std::lock_guard<std::mutex> lock(table.mutex);  // a probe runs once per shape, whichever thread asks first
-  const auto found = table.index.find(key_of(s));
-  if (found != table.index.end()) return table.seen[found->second].engine;
-  std::tie(s.blas_gflops, s.onednn_gflops) = probe(a, w, with_bias, accumulate);
-  s.engine = choose(s.blas_gflops, s.onednn_gflops, true, "auto");
-  table.index.emplace(key_of(s), table.seen.size());
-  table.seen.push_back(s);
-  return s.engine;
+  return shape_table()
+      .get_or_make(key_of(s),
+                   [&] {
+                     std::tie(s.blas_gflops, s.onednn_gflops) = probe(a, w, with_bias, accumulate);
+                     s.engine = choose(s.blas_gflops, s.onednn_gflops, true, "auto");
+                     return s;
+                   })
+      .engine;
 }
 
 void mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
@@ -404,15 +425,9 @@ namespace {
 
 using RouteKey = std::tuple<std::string, std::string, int>;
 
-// The routes decided so far, in the order first decided. Recursive: a route's run may call another op.
-struct RouteTable {
-  std::recursive_mutex mutex;
-  std::vector<RouteChoice> seen;
-  std::map<RouteKey, size_t> index;
-};
-
-RouteTable& route_table() {
-  static RouteTable table;
+// The routes decided so far. Recursive: a route's measuring run may call another op.
+ChoiceTable<RouteKey, RouteChoice, std::recursive_mutex>& route_table() {
+  static ChoiceTable<RouteKey, RouteChoice, std::recursive_mutex> table;
   return table;
 }
 
@@ -427,41 +442,32 @@ Route route_for(const char* op, const std::string& shape, const std::function<vo
   if (r.op.rfind("fastqa::", 0) == 0) r.op.erase(0, 8);  // the op's schema name, recorded without its namespace
   r.shape = shape;
   r.threads = at::get_num_threads();
-  const RouteKey key{r.op, r.shape, r.threads};
-  RouteTable& table = route_table();
-  std::lock_guard<std::recursive_mutex> lock(table.mutex);  // measured once, whichever thread asks first
-  const auto found = table.index.find(key);
-  if (found != table.index.end()) return table.seen[found->second].route;
-  // A few calls of each: the first of a class is measured on the caller's own inputs, so the cost is a
-  // handful of calls once per class and process (and none in a process that restored the plan). At least
-  // five of each: medians of three picked either route on a loaded machine.
-  const auto t = time_pair([&] { run(Route::kNative); }, [&] { run(Route::kWiden); }, 5, 15, 0.05);
-  r.native_ms = t.first * 1e3;
-  r.widen_ms = t.second * 1e3;
-  r.route = r.native_ms <= r.widen_ms ? Route::kNative : Route::kWiden;
-  table.index.emplace(key, table.seen.size());
-  table.seen.push_back(r);
-  return r.route;
+  return route_table()
+      .get_or_make(RouteKey{r.op, r.shape, r.threads},
+                   [&] {
+                     // A few calls of each: the first of a class is measured on the caller's own inputs, so the
+                     // cost is a handful of calls once per class and process (and none in a process that
+                     // restored the plan). At least five of each: medians of three picked either route on a
+                     // loaded machine.
+                     const auto t =
+                         time_pair([&] { run(Route::kNative); }, [&] { run(Route::kWiden); }, 5, 15, 0.05);
+                     r.native_ms = t.first * 1e3;
+                     r.widen_ms = t.second * 1e3;
+                     r.route = r.native_ms <= r.widen_ms ? Route::kNative : Route::kWiden;
+                     return r;
+                   })
+      .route;
 }
 
 std::vector<RouteChoice> route_choices() {
-  RouteTable& table = route_table();
-  std::lock_guard<std::recursive_mutex> lock(table.mutex);
-  return table.seen;
+  return route_table().all();
 }
 
 void restore_routes(const std::vector<RouteChoice>& routes) {
-  RouteTable& table = route_table();
-  std::lock_guard<std::recursive_mutex> lock(table.mutex);
   for (RouteChoice r : routes) {
     r.restored = true;
     r.native_ms = r.widen_ms = 0;
-    const auto [slot, added] = table.index.emplace(RouteKey{r.op, r.shape, r.threads}, table.seen.size());
-    if (added) {
-      table.seen.push_back(r);
-    } else {
-      table.seen[slot->second] = r;
-    }
+    route_table().put(RouteKey{r.op, r.shape, r.threads}, r);
   }
 }
 

@@ -384,25 +384,35 @@ void probs_and_grad<float>(float* s, float* dp, int64_t n, float lse, float delt
   }
 }
 
+// The softmax statistics of a block's rows p [kRows][len]: for r < n, row(r) turns its row into exponentials
+// and returns (max, sum of exp(s - max)), whose log-sum-exp goes to lse[r] and 1 / sum to inv_sum[r]; rows
+// past n are zeroed. P: the probabilities' element type.
+template <typename T, typename P, typename Row>
+void softmax_stats_rows(P* p, int64_t len, int64_t n, T* lse, T* inv_sum, Row&& row) {
+  for (int64_t r = 0; r < kRows; ++r) {
+    if (r >= n) {
+      std::fill(p + r * len, p + (r + 1) * len, P(0));
+      inv_sum[r] = 0;
+      continue;
+    }
+    const auto [m, sum] = row(r);
+    inv_sum[r] = T(1) / sum;
+    lse[r] = m + std::log(sum);
+  }
+}
+
 // In place on scores [kRows, Lp]: rows r < n become exp(s - max), their log-sum-exp goes to lse[r] and
 // 1 / sum to inv_sum[r] (the normalisation is applied to the [kRows, D] output, not to the Lp
 // probabilities). Rows past n are zeroed.
 template <typename T>
 void softmax_rows(T* scores, int64_t Lp, int64_t n, T* lse, T* inv_sum) {
-  for (int64_t r = 0; r < kRows; ++r) {
+  softmax_stats_rows(scores, Lp, n, lse, inv_sum, [&](int64_t r) {
     T* s = scores + r * Lp;
-    if (r >= n) {
-      std::fill(s, s + Lp, T(0));
-      inv_sum[r] = 0;
-      continue;
-    }
     T m = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : m)
     for (int64_t j = 0; j < Lp; ++j) m = max_of(m, s[j]);
-    const T sum = exp_shifted_sum(s, Lp, m);
-    inv_sum[r] = T(1) / sum;
-    lse[r] = m + std::log(sum);
-  }
+    return std::pair<T, T>(m, exp_shifted_sum(s, Lp, m));
+  });
 }
 
 // The bf16 kernels below: AVX512-BF16's dot products, and AVX512BW/VL's 16-bit masked loads and shuffles (every
@@ -507,13 +517,8 @@ void scores(const uint32_t* aw, int64_t Dh, const uint32_t* bw, int64_t Lk, floa
 // the float32 exponentials; rows past n are zeros. One pass: no float32 probabilities are stored.
 void softmax_round_rows(const float* s, int64_t Lk, int64_t n, const V* rmax, uint16_t* pb, float* lse,
                         float* inv_sum) {
-  for (int64_t r = 0; r < kRows; ++r) {
+  softmax_stats_rows(pb, Lk, n, lse, inv_sum, [&](int64_t r) {
     uint16_t* p = pb + r * Lk;
-    if (r >= n) {
-      std::fill(p, p + Lk, uint16_t(0));
-      inv_sum[r] = 0;
-      continue;
-    }
     float m = rmax[r][0];
     for (int64_t l = 1; l < 16; ++l) m = max_of(m, rmax[r][l]);
     V acc = {};
@@ -524,9 +529,8 @@ void softmax_round_rows(const float* s, int64_t Lk, int64_t n, const V* rmax, ui
     }
     float sum = 0;
     for (int64_t l = 0; l < 16; ++l) sum += acc[l];
-    inv_sum[r] = 1.0f / sum;
-    lse[r] = m + std::log(sum);
-  }
+    return std::pair<float, float>(m, sum);
+  });
 }
 
 // out[r][:] = sum_{j < L} pb[r][j] * m[j][:] for r < kRows: pb [kRows][Lk] bf16 rows (pairs of keys are

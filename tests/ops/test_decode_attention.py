@@ -17,9 +17,10 @@ from helpers import TOLERANCES, assert_close, check_bf16_against_float64, device
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="the kernel is C++ only: needs fastqa._C")
 
 # (B, R, S, E, Ev): ConvS2S greedy (one row per sentence) and beam 5 (the folded memory: Ev = H), then
-# edges: one position, widths below the vector width, more rows than positions.
+# edges: one position, widths below the vector width, more rows than positions, value widths with a partial
+# block of columns past 16 and as many rows as the bf16 pair-product path keeps in registers (8).
 REAL = [(16, 1, 30, 256, 256), (4, 5, 23, 256, 512)]
-EDGE = [(1, 1, 1, 1, 1), (3, 2, 5, 3, 7), (2, 9, 4, 17, 5)]
+EDGE = [(1, 1, 1, 1, 1), (3, 2, 5, 3, 7), (2, 9, 4, 17, 5), (2, 8, 9, 33, 49)]
 
 
 def make_inputs(b, r, s, e, ev, *, dtype=torch.float32, seed=0, bias=None, mask=True):

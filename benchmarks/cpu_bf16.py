@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     peaks = {name: measure.machine_peaks(CPU, dtype, quick=args.quick)
              for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     # The two ops the op suite leaves to the GPU check, at QANet's shapes, so that every op has its bf16 row.
-    extra = [] if args.quick else [trilinear_case(32, 400, 50, 128), dropout_add_case(32, 400, 128)]
+    B = 8 if args.quick else 32
+    extra = [trilinear_case(B, 400, 50, 128, quick=args.quick), dropout_add_case(B, 400, 128, quick=args.quick)]
     registered = [op for op in args.ops or () if op not in {c.op for c in extra}]
     cases = [] if args.ops and not registered else [
         c for c in select(registered or None, None, quick=args.quick) if isinstance(c, OpCase)]

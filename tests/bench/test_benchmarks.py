@@ -158,6 +158,18 @@ def test_bf16_benchmark_names_the_cpu_its_bf16_units_and_the_routes(tmp_path, mo
     assert "bf16 units: " in md and "glu_conv1d_step B=" in md
 
 
+@pytest.mark.skipif(not cpu_available(), reason="compares the C++ kernels in two dtypes")
+def test_bf16_benchmark_quick_runs_the_ops_the_op_suite_leaves_out(tmp_path):
+    """trilinear_similarity and dropout_add are not registered op cases; --quick --ops still measures them."""
+    from benchmarks import cpu_bf16
+
+    out = tmp_path / "bf16.json"
+    assert cpu_bf16.main(["--quick", "--ops", "trilinear_similarity", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["case"].split("/")[0] for r in rows] == ["trilinear_similarity"] * 2
+    assert {r["case"].split()[-1] for r in rows} == {"fwd", "fwd+bwd"}
+
+
 def test_bf16_units_reads_every_unit_from_the_flags():
     from benchmarks.cpu_bf16 import bf16_units
 

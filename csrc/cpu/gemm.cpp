@@ -397,7 +397,6 @@ at::Tensor linear(const at::Tensor& a, const at::Tensor& w, const c10::optional<
   return has_bias ? at::addmm(*bias, a, w.t()) : at::mm(a, w.t());
 }
 
-
 // ---- bfloat16 routes ----------------------------------------------------------------------------------------
 
 const char* route_name(Route r) { return r == Route::kWiden ? "widen" : "native"; }
@@ -484,6 +483,37 @@ void bf16_brgemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_
 }
 
 void bf16_brgemm_release() { at::native::cpublas::brgemm_release(/*is_vnni=*/true); }
+
+at::Tensor bf16_tn_float(const at::Tensor& g, const at::Tensor& x) {
+  const int64_t M = g.size(0), N = g.size(1), K = x.size(1);
+  // The left factor is the transposed copy: of the narrower operand, the result transposed back if need be.
+  if (K < N) return bf16_tn_float(x, g).t().contiguous();
+  at::Tensor out = at::zeros({N, K}, g.options().dtype(at::kFloat));
+  if (M == 0 || N == 0 || K == 0) return out;
+  // The reduction over M in pairs (the packed layout): an odd M gets a zero row in both factors.
+  const int64_t Mp = M + M % 2;
+  const at::Tensor gp = Mp == M ? g : at::cat({g, at::zeros({1, N}, g.options())});
+  const at::Tensor xp = Mp == M ? x : at::cat({x, at::zeros({1, K}, x.options())});
+  const at::Tensor a = gp.t().contiguous();  // [N, Mp]: row-major left factor
+  const at::Tensor b = pack_vnni(xp.t());    // [Mp / 2, K, 2]
+  const c10::BFloat16* ad = a.data_ptr<c10::BFloat16>();
+  const c10::BFloat16* bd = b.data_ptr<c10::BFloat16>();
+  float* od = out.data_ptr<float>();
+  // Blocks of rows of the reduction, summed into the float32 result in order: the same sums on any thread count.
+  constexpr int64_t kRowsPerBlock = 512;
+  constexpr int64_t kOutRows = 16;
+  at::parallel_for(0, (N + kOutRows - 1) / kOutRows, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r0 = t * kOutRows, rows = std::min(kOutRows, N - r0);
+      for (int64_t m0 = 0; m0 < Mp; m0 += kRowsPerBlock) {
+        const int64_t mb = std::min(kRowsPerBlock, Mp - m0);
+        bf16_brgemm(rows, K, mb, ad + r0 * Mp + m0, Mp, bd + m0 * K, od + r0 * K, K, /*accumulate=*/true);
+      }
+    }
+    bf16_brgemm_release();
+  });
+  return out;
+}
 
 bool bf16_brgemm_usable() {
   static const bool usable = [] {

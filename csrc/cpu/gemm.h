@@ -194,6 +194,11 @@ void bf16_brgemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_
                  float* c, int64_t ldc, bool accumulate);
 void bf16_brgemm_release();
 
+// gᵀ x for bf16 g [M, N] and x [M, K] (any strides), summed over the M rows in float32 from the exact products of the
+// bf16 values: a float32 [N, K] (a linear layer's weight gradient), on bf16_brgemm (check bf16_brgemm_usable
+// first) in blocks of rows, the output rows split between the threads; the narrower factor is the one transposed.
+at::Tensor bf16_tn_float(const at::Tensor& g, const at::Tensor& x);
+
 // A copy of a weight made for a kernel (widened to float32, transposed, packed), made once per weight value and
 // reused by later calls: kept while `w` is the same live tensor with the same version counter and data (an
 // optimizer step bumps the version: the next call makes a fresh copy), the most recent kPackedWeights of them.

@@ -73,11 +73,26 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::
   return y.view(with_last(x, n));
 }
 
+// grad_weight = grad_yᵀ x in float32 from bf16 operands: the exact products summed in float32, on the bf16
+// micro-kernel with float32 sums (native, gemm::bf16_tn_float) or a float32 GEMM on widened copies (widen),
+// whichever measures faster for the shape class (gemm::route_for; they differ only in the order of the sums).
+at::Tensor bf16_weight_grad(const at::Tensor& g, const at::Tensor& x2) {
+  const bool native_ok = bf16::is_bf16(g) && bf16::is_bf16(x2) && gemm::bf16_brgemm_usable();
+  const auto run = [&](gemm::Route route) {
+    return route == gemm::Route::kNative && native_ok ? gemm::bf16_tn_float(g, x2)
+                                         : gemm::linear(bf16::widen(g).t(), bf16::widen(x2).t(), c10::nullopt);
+  };
+  const gemm::Route route = gemm::route_for(
+      "linear_bwd_weight", gemm::shape_class({{"M", g.size(0)}, {"N", g.size(1)}, {"K", x2.size(1)}}),
+      [&](gemm::Route r) { (void)run(r); });
+  return run(route);
+}
+
 // grad_x = grad_y W, grad_weight = grad_yᵀ x (summed over every leading position), grad_bias = Σ grad_y, each
 // computed only where output_mask asks for it (absent, None, elsewhere: an input that needs no gradient, or a
 // bias there is not, allocates nothing). The parameters' gradients in weight's dtype: with bf16 x and a float32
-// weight, summed in float32 from the exact products of the bf16 operands (a float32 GEMM on their widened copies)
-// and returned in float32, never rounded to bf16 on the way.
+// weight, summed in float32 from the exact products of the bf16 operands (bf16_weight_grad) and returned in
+// float32, never rounded to bf16 on the way.
 std::tuple<c10::optional<at::Tensor>, c10::optional<at::Tensor>, c10::optional<at::Tensor>> linear_bwd(
     const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight, std::array<bool, 3> output_mask) {
   check_operands(kBwd, x, weight);
@@ -92,8 +107,7 @@ std::tuple<c10::optional<at::Tensor>, c10::optional<at::Tensor>, c10::optional<a
   if (output_mask[0]) grad_x = gemm::linear(g, as_x(weight, x).t(), c10::nullopt).view(x.sizes());
   const bool wide = weight.scalar_type() != x.scalar_type();
   if (output_mask[1]) {
-    grad_weight = wide ? gemm::linear(bf16::widen(g).t(), bf16::widen(x2).t(), c10::nullopt)
-                       : gemm::linear(g.t(), x2.t(), c10::nullopt);
+    grad_weight = wide ? bf16_weight_grad(g, x2) : gemm::linear(g.t(), x2.t(), c10::nullopt);
   }
   if (output_mask[2]) grad_bias = wide ? g.sum(0, /*keepdim=*/false, weight.scalar_type()) : g.sum(0);
   return {grad_x, grad_weight, grad_bias};

@@ -349,6 +349,22 @@ def test_bfloat16_with_float32_parameters(bias):
         torch.ops.fastqa.linear_fwd(x, *cast)
 
 
+@pytest.mark.parametrize("route", ["native", "widen"])
+@pytest.mark.parametrize("lead, k, n", [((4, 6), 8, 5), ((3, 401), 24, 37), ((1,), 2, 1)], ids=str)
+def test_bfloat16_weight_gradient_on_each_route_is_the_float32_sum_of_exact_products(monkeypatch, route, lead, k, n):
+    """With bf16 x and a float32 weight the weight's gradient is float32 on either route (the bf16 micro-kernel in
+    blocks of rows, or a float32 GEMM on widened copies): the exact products of the bf16 values summed in float32,
+    also for an odd number of rows, several blocks of them and an output narrower than a vector."""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
+    x, weight, _ = make_inputs(lead, k, n, bias=False)
+    low = x.to(torch.bfloat16)
+    grad_y = torch.randn(*lead, n, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    _, grad_w, _ = torch.ops.fastqa.linear_bwd(grad_y, low, weight, [False, True, False])
+    assert grad_w.dtype == torch.float32
+    want = grad_y.double().reshape(-1, n).t() @ low.double().reshape(-1, k)
+    assert_close(grad_w, want.float(), name="grad_weight", atol=1e-4, rtol=1e-5)
+
+
 @pytest.mark.parametrize("shape", REAL[:1] + EDGE, ids=str)
 def test_bfloat16_argmax_is_the_argmax_of_the_bf16_logits(shape):
     x, weight, b = (t.to(torch.bfloat16) for t in make_inputs(*shape))

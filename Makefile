@@ -51,9 +51,6 @@ lint: install
 wheel-check: install
 	$(PY) -m pytest tests/test_wheel.py -q $(PYTEST_ARGS)
 
-# The whole suite: about 20 minutes on 2 cores from a fresh clone (docs/development.md). The GPU compile check
-# (tests/test_gpu_compile.py, about 11 minutes of both cores on a cold cache) starts in the background when pytest
-# has collected and its tests run last, so its compiles use the core the other tests' one-thread models leave idle.
 # The test suite but the GPU compile check (about 15 minutes from a fresh clone on 2 cores).
 test: lint
 	$(PY) -m pytest tests --ignore=tests/test_gpu_compile.py $(PYTEST_ARGS)

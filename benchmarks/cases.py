@@ -14,6 +14,13 @@ from fastqa import reference as ref
 from .registry import OpCase, OpInputs, register
 
 
+#: The models' training shapes every op check takes (the benchmark's cases, the GPU check's op phases, the GPU
+#: compile check): QANet's batch and its context and question limits; ConvS2S's batch, sentence length, target
+#: vocabulary (Multi30k's, the tutorial preset's) and beam. The widths, heads and kernels are the presets'.
+QANET_BATCH = {"B": 32, "n": 400, "m": 50}
+CONVS2S_BATCH = {"B": 64, "T": 30, "V": 5893, "beam": 5}
+
+
 def _randn(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
     return torch.randn(shape, generator=gen, dtype=torch.float64) * scale
 

@@ -27,6 +27,8 @@ block can hold, spills in a configuration the models reach (the autotuner's spac
 models' shapes, in the dtypes they run there), a grid out of range, a kernel no case launched. Spills at edge
 shapes, and other configurations over the shared memory limit at edge shapes, are reported only.
 
+The benchmark's registered op cases (``registered_cases``) are recorded too, as edge cases.
+
 Results are cached in ``.venv/gpu-compile-cache.json``, keyed on the Triton version and, per target, on a hash of
 (kernel, its source with dependencies and line, signature, constexprs, specialisation attributes, options): a
 rerun compiles only what changed. ``--write-docs`` writes the table into docs/gpu-compile.md and the summary into
@@ -51,6 +53,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run from a checkout: the benchmarks package (the registered op cases) lives here
+    sys.path.insert(0, str(ROOT))
 EXPECTED_TRITON = "3.6.0"
 DEFAULT_CACHE = ROOT / ".venv" / "gpu-compile-cache.json"
 TABLE_DOC = ROOT / "docs" / "gpu-compile.md"
@@ -203,43 +207,71 @@ def _presets() -> tuple[dict[str, Any], dict[str, Any]]:
 
 def model_cases() -> list[Case]:
     """What QANet (fastqa/models/qanet: presets ``paper``, ``small``) and ConvS2S (fastqa/models/convs2s: presets
-    ``tutorial``, ``small``) launch: batch 32, context 400, questions of 50 (training limits) and of 9 words,
-    and in evaluation (bf16) of 100 words (a question's length sets the row kernels' BLOCK_M); kernels K = 5
-    (resize conv, model encoder) and 7 (embedding encoder); ConvS2S batch 64, 30 tokens, K = 3, and decoding
-    steps of 1, 5, 64 and 320 rows. Parameters in float32 (autocast's master weights, which the launchers take
-    as they are); ``edge_cases`` has them in the activations' dtype too."""
+    ``tutorial``, ``small``) launch, at the training shapes every op check takes (``benchmarks.cases``: QANet
+    batch 32, context 400, questions of 50; ConvS2S batch 64, 30 tokens) and the widths and kernels of each
+    preset: also questions of 9 words, and in evaluation (bf16) of 100 words (a question's length sets the row
+    kernels' BLOCK_M); QANet's kernels K = 5 (resize conv, model encoder) and 7 (embedding encoder), ConvS2S's
+    K = 3, and decoding steps of 1, 5, 64 and 320 rows. Parameters in float32 (autocast's master weights, which
+    the launchers take as they are); ``edge_cases`` has them in the activations' dtype too."""
+    from benchmarks.cases import CONVS2S_BATCH, QANET_BATCH
+
+    B, n, m_train = QANET_BATCH["B"], QANET_BATCH["n"], QANET_BATCH["m"]
+    Bt, T = CONVS2S_BATCH["B"], CONVS2S_BATCH["T"]
     cases = []
     qanet, convs2s = _presets()
     for model, c in qanet.items():
         d, only = c.d_model, (model,)
         resize_in, K = c.word_dim + c.char_channels + int(c.word_match), c.emb_resize_kernel  # the resize conv's
         cases.append(Case(f"{model}: resize conv C_in {resize_in} K{K}", only,
-                          _dwsep(32, 400, resize_in, d, K, ln=False, relu=False, residual=False)))
+                          _dwsep(B, n, resize_in, d, K, ln=False, relu=False, residual=False)))
         for K, part in ((c.emb_conv_kernel, "embedding"), (c.model_conv_kernel, "model")):
-            for L in (400, 50):
+            for L in (n, m_train):  # the context's and the question's encoders
                 for residual in (False, True):  # training adds the residual after dropout, evaluation in the kernel
                     cases.append(Case(f"{model}: {part} encoder conv K{K} L{L} residual={residual}", only,
-                                      _dwsep(32, L, d, d, K, ln=True, relu=True, residual=residual, mask=True)))
-        for m in (50, 9):  # training: questions cut to 50 words
-            cases.append(Case(f"{model}: context-query attention m{m}", only, _cqa(32, 400, m, d)))
+                                      _dwsep(B, L, d, d, K, ln=True, relu=True, residual=residual, mask=True)))
+        for m in (m_train, 9):  # training: questions cut to m_train words
+            cases.append(Case(f"{model}: context-query attention m{m}", only, _cqa(B, n, m, d)))
         # Evaluation and serving (bf16 autocast): questions are not cut.
-        cases.append(Case(f"{model}: evaluation, 100-word questions", only, _cqa(32, 700, 100, d, backward=False),
+        cases.append(Case(f"{model}: evaluation, 100-word questions", only, _cqa(B, 700, 100, d, backward=False),
                           ("bf16",)))
         cases.append(Case(f"{model}: serving one question", only, _cqa(1, 173, 11, d, backward=False), ("bf16",)))
     for model, c in convs2s.items():
         only, H, K = (model,), c.hidden_dim, c.kernel_size
-        cases.append(Case(f"{model}: encoder GLU conv", only, _glu(64, 30, H, K, causal=False, mask=True,
+        cases.append(Case(f"{model}: encoder GLU conv", only, _glu(Bt, T, H, K, causal=False, mask=True,
                                                                     residual=False)))
-        cases.append(Case(f"{model}: decoder GLU conv", only, _glu(64, 30, H, K, causal=True, mask=False,
+        cases.append(Case(f"{model}: decoder GLU conv", only, _glu(Bt, T, H, K, causal=True, mask=False,
                                                                     residual=False, scale=1.0)))
-        for B in (1, 5, 64, 320):
-            cases.append(Case(f"{model}: decoding step B{B}", only, _glu_step(B, H, K, residual=False)))
+        for rows in (1, 5, Bt, 320):
+            cases.append(Case(f"{model}: decoding step B{rows}", only, _glu_step(rows, H, K, residual=False)))
     everyone = tuple(qanet) + tuple(convs2s)
     for residual in (False, True):
         for scale in (False, True):
             cases.append(Case(f"dropout_add residual={residual} scale={scale}", everyone,
-                              _dropout((32, 400, 128), residual=residual, scale=scale)))
+                              _dropout((B, n, 128), residual=residual, scale=scale)))
     return cases
+
+
+def registered_cases() -> list[Case]:
+    """The benchmark's registered op cases (``benchmarks/cases.py``) of the ops with Triton kernels, at their
+    shapes and flags, counted as edge cases (spills there are reported, not failures); the ops whose GPU path is
+    torch's own (linear, self-attention, decode-time attention) launch no kernel of fastqa's."""
+    from benchmarks import cases as _registered  # noqa: F401 -- registers the cases
+    from benchmarks.registry import OpCase, select
+
+    def dwsep(s: dict) -> Callable[[Any], None]:
+        return _dwsep(s["B"], s["L"], s["C_in"], s["C_out"], s["K"], ln=False, relu=s["relu_residual"],
+                      residual=s["relu_residual"])
+
+    adapters: dict[str, Callable[[dict], Callable[[Any], None]]] = {
+        "dwsep_conv1d": dwsep,
+        "ln_dwsep_conv1d": lambda s: _dwsep(s["B"], s["L"], s["C"], s["C"], s["K"], ln=True, relu=True, residual=True),
+        "context_query_attention": lambda s: _cqa(s["B"], s["n"], s["m"], s["d"]),
+        "glu_conv1d": lambda s: _glu(s["B"], s["T"], s["H"], s["K"], causal=s["causal"], mask=not s["causal"],
+                                     residual=False),
+        "glu_conv1d_step": lambda s: _glu_step(s["B"], s["H"], s["K"], residual=False),
+    }
+    return [Case(f"benchmark case {c.id}", (), adapters[c.op](c.shape))
+            for c in select() if isinstance(c, OpCase) and c.op in adapters]
 
 
 def edge_cases() -> list[Case]:
@@ -818,7 +850,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         modules = kernel_modules()
         all_kernels = kernels(modules)
-        cases = model_cases() + edge_cases()
+        cases = model_cases() + edge_cases() + registered_cases()
         launches = record_launches(modules, cases)
         launched = {_name(launch.kernel) for launch in launches}
         uncovered = sorted(set(all_kernels) - launched)

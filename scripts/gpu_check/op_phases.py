@@ -48,8 +48,8 @@ def op_cases(tiny: bool) -> list[OpCase]:
         d, h = qanet.d_model, qanet.heads
         res_in = qanet.word_dim + qanet.char_channels + int(qanet.word_match)   # the resize conv's input
         H, E = convs2s.hidden_dim, convs2s.embed_dim
-        B, n, m = 32, 400, 50               # QANet's training batch, context and question limits
-        Bt, T, V, beam = 64, 30, 5893, 5    # ConvS2S's batch, sentence length, target vocabulary, beam
+        B, n, m = (bc.QANET_BATCH[k] for k in ("B", "n", "m"))
+        Bt, T, V, beam = (bc.CONVS2S_BATCH[k] for k in ("B", "T", "V", "beam"))
         # a packed batch of contexts: the lengths a padded B32 batch of 400 leaves (uniform in [200, 400])
         packed = tuple(200 + (37 * i) % 201 for i in range(B))
     first = [

@@ -4,11 +4,24 @@
 #include <pybind11/pybind11.h>
 #include <torch/library.h>
 
+#include <string>
+#include <vector>
+
 #include "cpu/gemm.h"
 
 TORCH_LIBRARY(fastqa, m) {
   // Schemas live next to their kernels (csrc/cpu/*.cpp, TORCH_LIBRARY_FRAGMENT).
 }
+
+namespace {
+// One Python dict per recorded choice, in the order the choices were made.
+template <class Record, class ToDict>
+pybind11::list to_dicts(const std::vector<Record>& records, ToDict to_dict) {
+  pybind11::list out;
+  for (const Record& record : records) out.append(to_dict(record));
+  return out;
+}
+}  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fastqa CPU kernels; the ops themselves are torch.ops.fastqa.*";
@@ -28,35 +41,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         out["requested"] = c.requested;
         out["onednn_available"] = c.onednn_available;
         out["gflops"] = rates;
-        pybind11::list shapes;
-        for (const gemm::ShapeChoice& s : gemm::shape_choices()) {
-          pybind11::dict d;
-          d["m"] = s.m;
-          d["k"] = s.k;
-          d["n"] = s.n;
-          d["threads"] = s.threads;
-          d["a"] = std::string(1, s.a_layout);
-          d["w"] = std::string(1, s.w_layout);
-          d["bias"] = s.bias;
-          d["accumulate"] = s.accumulate;
-          d["gflops"] = pybind11::dict(pybind11::arg("blas") = s.blas_gflops, pybind11::arg("onednn") = s.onednn_gflops);
-          d["engine"] = gemm::engine_name(s.engine);
-          d["restored"] = s.restored;
-          shapes.append(d);
-        }
-        out["shapes"] = shapes;
-        pybind11::list routes;
-        for (const gemm::RouteChoice& r : gemm::route_choices()) {
-          pybind11::dict d;
-          d["op"] = r.op;
-          d["shape"] = r.shape;
-          d["threads"] = r.threads;
-          d["ms"] = pybind11::dict(pybind11::arg("native") = r.native_ms, pybind11::arg("widen") = r.widen_ms);
-          d["route"] = gemm::route_name(r.route);
-          d["restored"] = r.restored;
-          routes.append(d);
-        }
-        out["routes"] = routes;
+        using pybind11::arg;
+        out["shapes"] = to_dicts(gemm::shape_choices(), [](const gemm::ShapeChoice& s) {
+          return pybind11::dict(arg("m") = s.m, arg("k") = s.k, arg("n") = s.n, arg("threads") = s.threads,
+                                arg("a") = std::string(1, s.a_layout), arg("w") = std::string(1, s.w_layout),
+                                arg("bias") = s.bias, arg("accumulate") = s.accumulate,
+                                arg("gflops") = pybind11::dict(arg("blas") = s.blas_gflops, arg("onednn") = s.onednn_gflops),
+                                arg("engine") = gemm::engine_name(s.engine), arg("restored") = s.restored);
+        });
+        out["routes"] = to_dicts(gemm::route_choices(), [](const gemm::RouteChoice& r) {
+          return pybind11::dict(arg("op") = r.op, arg("shape") = r.shape, arg("threads") = r.threads,
+                                arg("ms") = pybind11::dict(arg("native") = r.native_ms, arg("widen") = r.widen_ms),
+                                arg("route") = gemm::route_name(r.route), arg("restored") = r.restored);
+        });
         out["bf16_route"] = gemm::requested_route();
         out["bf16_brgemm"] = gemm::bf16_brgemm_usable();
         return out;

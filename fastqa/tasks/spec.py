@@ -83,6 +83,15 @@ class TaskSpec:
     serve_help: str = ""
     reference_runs: Mapping[tuple[str, str], ReferenceRun] = field(default_factory=dict)
 
+    @classmethod
+    def in_folder(cls, package: str, **fields: Any) -> "TaskSpec":
+        """The spec of the task folder ``package`` (a spec module passes its ``__package__``): its commands are
+        ``package.cli`` and its serving ``package.serving:SERVING``, as a task folder lays them out, unless
+        ``fields`` names others; ``fields`` gives the rest."""
+        fields.setdefault("commands", f"{package}.cli")
+        fields.setdefault("serving", f"{package}.serving:SERVING")
+        return cls(**fields)
+
     def register(self, subparsers: Any) -> None:
         """Add the task's subcommands to the ``fastqa`` command."""
         importlib.import_module(self.commands).register(subparsers)

@@ -7,13 +7,12 @@ from .readers import MODELS
 
 __all__ = ["SPEC"]
 
-SPEC = TaskSpec(
+SPEC = TaskSpec.in_folder(
+    __package__,
     name="qa",
-    commands="fastqa.tasks.qa.cli",
     predictor="fastqa.tasks.qa.predictor:QAModel",
     kinds=MODELS,
     shipped="qanet-small-squad",
-    serving="fastqa.tasks.qa.serving:SERVING",
     serve_flag="--qa-model",
     serve_help="a qa-train run folder, an export or a shipped model's name (with neither model flag: the shipped models)",
     reference_runs={

@@ -6,13 +6,12 @@ from ..spec import ReferenceRun, TaskSpec
 
 __all__ = ["SPEC"]
 
-SPEC = TaskSpec(
+SPEC = TaskSpec.in_folder(
+    __package__,
     name="translation",
-    commands="fastqa.tasks.translation.cli",
     predictor="fastqa.tasks.translation.translator:Translator",
     kinds=("convs2s",),
     shipped="convs2s-small-multi30k",
-    serving="fastqa.tasks.translation.serving:SERVING",
     serve_flag="--mt-model",
     serve_help="an mt-train run folder, an export or a shipped model's name",
     reference_runs={

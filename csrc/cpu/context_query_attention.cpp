@@ -774,6 +774,28 @@ std::pair<Tensor, Tensor> native_weight_grads(const Tensor& partial, const Nativ
   return {bf16::grad_like(gw, weight), bf16::grad_like(gb, bias)};
 }
 
+// The step both native backwards end a batch element with, and its per-thread buffers: e = dSᵀ·c, then
+// similarity_sums into dc (dc_out [n, d], streamed), dq (dq_out [m, d]) and the weight partial row dw.
+struct SimilarityTail {
+  int64_t n, m, d, nE;
+  std::vector<Bits> ds_t, c_p, dc_rows;
+  std::vector<float> e, colsum;
+  SimilarityTail(int64_t n_, int64_t m_, int64_t d_)
+      : n(n_), m(m_), d(d_), nE(even_up(n_)), ds_t(m_ * nE), c_p(nE * d_), dc_rows(n_ * d_), e(m_ * d_), colsum(m_) {}
+  // ds_t_at(r, k) = dS[k, r] in bf16; ds [n, m] the float32 dS; dq_acc (leading dimension ld_dq) may be null.
+  template <class DsTAt>
+  void finish(const DsTAt& ds_t_at, const float* ds, const Bits* cb, const Bits* qb, const Weights<float>& w,
+              const float* dc_acc, const float* dq_acc, int64_t ld_dq, Bits* dc_out, Bits* dq_out, float* dw) {
+    make_left(ds_t.data(), m, n, nE, ds_t_at);
+    pack_right(c_p.data(), n, d, [&](int64_t r, int64_t j) { return cb[r * d + j]; });
+    gemm::bf16_brgemm(m, d, nE, reinterpret_cast<const c10::BFloat16*>(ds_t.data()), nE,
+                      reinterpret_cast<const c10::BFloat16*>(c_p.data()), e.data(), d, false);
+    similarity_sums(ds, cb, qb, w, dc_acc, e.data(), dq_acc, ld_dq, n, m, d, colsum.data(), dc_rows.data(), dq_out,
+                    dw);
+    stream_copy(dc_out, dc_rows.data(), n * d);
+  }
+};
+
 Tensor trilinear_similarity_fwd_native(const Tensor& c_in, const Tensor& q_in, const Tensor& weight,
                                        const c10::optional<Tensor>& bias) {
   const Tensor c = c_in.contiguous(), q = q_in.contiguous();
@@ -822,8 +844,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> trilinear_similarity_bwd_native(const
   Bits* gqd = bf16::bits(grad_q.data_ptr<c10::BFloat16>());
   float* pd = partial.data_ptr<float>();
   at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<Bits> qw_p(mE * d), ds_l(n * mE), ds_t(m * nE), c_p(nE * d), dc_rows(n * d);
-    std::vector<float> ds(n * m), dcf(n * d), e(m * d), colsum(m);
+    std::vector<Bits> qw_p(mE * d), ds_l(n * mE);
+    std::vector<float> ds(n * m), dcf(n * d);
+    SimilarityTail tail(n, m, d);
     for (int64_t b = b0; b < b1; ++b) {
       const Bits* gb = gd + b * n * m;
       const Bits* cb = cd + b * n * d;
@@ -838,13 +861,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> trilinear_similarity_bwd_native(const
       }
       gemm::bf16_brgemm(n, d, mE, reinterpret_cast<const c10::BFloat16*>(ds_left), mE,
                         reinterpret_cast<const c10::BFloat16*>(qw_p.data()), dcf.data(), d, false);  // dS·(q∘w_cq)
-      make_left(ds_t.data(), m, n, nE, [&](int64_t r, int64_t k) { return gb[k * m + r]; });
-      pack_right(c_p.data(), n, d, [&](int64_t r, int64_t j) { return cb[r * d + j]; });
-      gemm::bf16_brgemm(m, d, nE, reinterpret_cast<const c10::BFloat16*>(ds_t.data()), nE,
-                        reinterpret_cast<const c10::BFloat16*>(c_p.data()), e.data(), d, false);  // dSᵀ·c
-      similarity_sums(ds.data(), cb, qb, w, dcf.data(), e.data(), nullptr, 0, n, m, d, colsum.data(),
-                      dc_rows.data(), gqd + b * m * d, pd + b * (3 * d + 1));
-      stream_copy(gcd + b * n * d, dc_rows.data(), n * d);
+      tail.finish([&](int64_t r, int64_t k) { return gb[k * m + r]; }, ds.data(), cb, qb, w, dcf.data(), nullptr, 0,
+                  gcd + b * n * d, gqd + b * m * d, pd + b * (3 * d + 1));
     }
     stream_fence();
     gemm::bf16_brgemm_release();
@@ -952,9 +970,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd_native(
   const auto as_bf16 = [](const Bits* p) { return reinterpret_cast<const c10::BFloat16*>(p); };
   at::parallel_for(0, batch, 1, [&](int64_t b0, int64_t b1) {
     std::vector<Bits> ctc_p(mE * d), p_l(n * mE), dab(n * 2 * d), qt_p(2 * d * m), p_t(m * nE), dab_p(nE * 2 * d),
-        dctc_p(dE * m), c_pad, s_l(n * 2 * mE), dcq_p(2 * mE * d), ds_t(m * nE), c_p(nE * d), dc_rows(n * d);
-    std::vector<float> ctc(m * d), dcf(n * d), dp(n * m), dqd(m * 2 * d), dpc(n * m), e(m * d), col_dot(m),
-        colsum(m);
+        dctc_p(dE * m), c_pad, s_l(n * 2 * mE), dcq_p(2 * mE * d);
+    std::vector<float> ctc(m * d), dcf(n * d), dp(n * m), dqd(m * 2 * d), dpc(n * m), col_dot(m);
+    SimilarityTail tail(n, m, d);
     for (int64_t b = b0; b < b1; ++b) {
       const Bits* gb = gd + b * n * 4 * d;
       const Bits* cb = cd + b * n * d;
@@ -1008,13 +1026,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd_native(
         return Bits(0);
       });
       gemm::bf16_brgemm(n, d, 2 * mE, as_bf16(s_l.data()), 2 * mE, as_bf16(dcq_p.data()), dcf.data(), d, true);
-      // e = dSᵀ·c
-      make_left(ds_t.data(), m, n, nE, [&](int64_t r, int64_t k) { return rnd(dp[k * m + r]); });
-      pack_right(c_p.data(), n, d, [&](int64_t r, int64_t j) { return cb[r * d + j]; });
-      gemm::bf16_brgemm(m, d, nE, as_bf16(ds_t.data()), nE, as_bf16(c_p.data()), e.data(), d, false);
-      similarity_sums(dp.data(), cb, qb, w, dcf.data(), e.data(), dqd.data(), 2 * d, n, m, d, colsum.data(),
-                      dc_rows.data(), gqd + b * m * d, pd + b * (3 * d + 1));
-      stream_copy(gcd + b * n * d, dc_rows.data(), n * d);
+      tail.finish([&](int64_t r, int64_t k) { return rnd(dp[k * m + r]); }, dp.data(), cb, qb, w, dcf.data(),
+                  dqd.data(), 2 * d, gcd + b * n * d, gqd + b * m * d, pd + b * (3 * d + 1));
     }
     stream_fence();
     gemm::bf16_brgemm_release();

@@ -221,6 +221,45 @@ inline T add_row_sums(const T* si, int64_t m, T* colsum) {
   return rowsum;
 }
 
+// The similarity backward's sums for one batch element, in the float32 and the bf16 routes (E the inputs'
+// element, Out the gradients', load/store the conversions from and to float sums): given dS [n, m],
+// dc_acc = the products into dc [n, d] and e = dSᵀ·c [m, d], dc = dc_acc + rowsum(dS)⊗w_c and
+// dq = dq_acc + e∘w_cq + colsum(dS)⊗w_q (dq_acc [m, ld_dq] or null), and this element's weight-gradient
+// row (dw_c, dw_q, dw_cq, db) into dw [3d + 1]. dc_acc and dq_acc may be dc and dq themselves.
+template <typename T, typename E, typename Out, class Load, class Store>
+void similarity_row_sums(const T* ds, const E* cb, const E* qb, const Weights<T>& w, const T* dc_acc, const T* e,
+                         const T* dq_acc, int64_t ld_dq, int64_t n, int64_t m, int64_t d, T* colsum, Out* dc,
+                         Out* dq, T* dw, const Load& load, const Store& store) {
+  const WeightGradParts<T> dwp(dw, d, colsum, m);
+  T total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const T rowsum = add_row_sums(ds + i * m, m, colsum);
+    total += rowsum;
+    const E* ci = cb + i * d;
+    const T* ai = dc_acc + i * d;
+    Out* dci = dc + i * d;
+#pragma omp simd
+    for (int64_t k = 0; k < d; ++k) {
+      dci[k] = store(ai[k] + rowsum * w.wc[k]);
+      dwp.c[k] += rowsum * load(ci[k]);
+    }
+  }
+  for (int64_t j = 0; j < m; ++j) {
+    const T* ej = e + j * d;
+    const E* qj = qb + j * d;
+    Out* dqj = dq + j * d;
+    const T cs = colsum[j];
+#pragma omp simd
+    for (int64_t k = 0; k < d; ++k) {
+      const T qv = load(qj[k]);
+      dqj[k] = store((dq_acc != nullptr ? dq_acc[j * ld_dq + k] : T(0)) + ej[k] * w.wcq[k] + cs * w.wq[k]);
+      dwp.q[k] += cs * qv;
+      dwp.cq[k] += ej[k] * qv;
+    }
+  }
+  dw[3 * d] = total;
+}
+
 // Backward of S = c·qwᵀ + c·w_c + (q·w_q)ᵀ + b for one batch element, given ds [n, m]:
 //   dc (+)= ds·qw + rowsum(ds)⊗w_c,   dq (+)= (dsᵀ·c)∘w_cq + colsum(ds)⊗w_q,
 // and this element's weight gradient (dw_c, dw_q, dw_cq, db) into dw [3d + 1] (reduced by the caller
@@ -237,39 +276,11 @@ void bilinear_backward(const Tensor& ds, const Tensor& c_b, const Tensor& q_b, c
   }
   gemm::mm_out(scratch.ds_t_c, ds.t(), c_b);
 
-  const T* s = ptr<T>(ds);
-  const T* c = ptr<T>(c_b);
-  const T* q = ptr<T>(q_b);
   T* dc = ptr<T>(dc_b);
-  T* colsum = scratch.colsum.data();
-  const WeightGradParts<T> dwp(dw, d, colsum, m);
-  T total = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const T rowsum = add_row_sums(s + i * m, m, colsum);
-    total += rowsum;
-    T* dci = dc + i * d;
-    const T* ci = c + i * d;
-#pragma omp simd
-    for (int64_t k = 0; k < d; ++k) {
-      dci[k] += rowsum * w.wc[k];
-      dwp.c[k] += rowsum * ci[k];
-    }
-  }
-  const T* e = ptr<T>(scratch.ds_t_c);
   T* dq = ptr<T>(dq_b);
-  for (int64_t j = 0; j < m; ++j) {
-    const T* ej = e + j * d;
-    const T* qj = q + j * d;
-    T* dqj = dq + j * d;
-    const T cs = colsum[j];
-#pragma omp simd
-    for (int64_t k = 0; k < d; ++k) {
-      dqj[k] = (accumulate ? dqj[k] : T(0)) + ej[k] * w.wcq[k] + cs * w.wq[k];
-      dwp.q[k] += cs * qj[k];
-      dwp.cq[k] += ej[k] * qj[k];
-    }
-  }
-  dw[3 * d] = total;
+  const auto same = [](T v) { return v; };
+  similarity_row_sums(ptr<T>(ds), ptr<T>(c_b), ptr<T>(q_b), w, dc, ptr<T>(scratch.ds_t_c), accumulate ? dq : nullptr,
+                      d, n, m, d, scratch.colsum.data(), dc, dq, dw, same, same);
 }
 
 // grad_weight = Σ_b dw[b, :3d], grad_bias = Σ_b dw[b, 3d], summed serially: deterministic.
@@ -737,34 +748,8 @@ void context_terms(const Bits* cb, int64_t n, int64_t d, const Weights<float>& w
 void similarity_sums(const float* ds, const Bits* cb, const Bits* qb, const Weights<float>& w, const float* dc_acc,
                      const float* e, const float* dq_acc, int64_t ld_dq, int64_t n, int64_t m, int64_t d,
                      float* colsum, Bits* dc, Bits* dq, float* dw) {
-  const WeightGradParts<float> dwp(dw, d, colsum, m);
-  float total = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float rowsum = add_row_sums(ds + i * m, m, colsum);
-    total += rowsum;
-    const Bits* ci = cb + i * d;
-    const float* ai = dc_acc + i * d;
-    Bits* dci = dc + i * d;
-#pragma omp simd
-    for (int64_t k = 0; k < d; ++k) {
-      dci[k] = rnd(ai[k] + rowsum * w.wc[k]);
-      dwp.c[k] += rowsum * wid(ci[k]);
-    }
-  }
-  for (int64_t j = 0; j < m; ++j) {
-    const float* ej = e + j * d;
-    const Bits* qj = qb + j * d;
-    Bits* dqj = dq + j * d;
-    const float cs = colsum[j];
-#pragma omp simd
-    for (int64_t k = 0; k < d; ++k) {
-      const float qv = wid(qj[k]);
-      dqj[k] = rnd((dq_acc != nullptr ? dq_acc[j * ld_dq + k] : 0.f) + ej[k] * w.wcq[k] + cs * w.wq[k]);
-      dwp.q[k] += cs * qv;
-      dwp.cq[k] += ej[k] * qv;
-    }
-  }
-  dw[3 * d] = total;
+  similarity_row_sums(ds, cb, qb, w, dc_acc, e, dq_acc, ld_dq, n, m, d, colsum, dc, dq, dw,
+                      [](Bits v) { return wid(v); }, [](float v) { return rnd(v); });
 }
 
 // (grad_weight, grad_bias) in the parameters' dtype from the float32 per-element rows.

@@ -1165,25 +1165,24 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
 
 }  // namespace
 
+// Each schema with its CPU kernel, in one place.
 TORCH_LIBRARY_FRAGMENT(fastqa, m) {
-  m.def("trilinear_similarity_fwd(Tensor c, Tensor q, Tensor weight, Tensor? bias) -> Tensor s");
+  const auto cpu = [](auto kernel) { return torch::dispatch(c10::DispatchKey::CPU, kernel); };
+  m.def("trilinear_similarity_fwd(Tensor c, Tensor q, Tensor weight, Tensor? bias) -> Tensor s",
+        cpu(TORCH_FN(trilinear_similarity_fwd)));
   m.def(
       "trilinear_similarity_bwd(Tensor grad_s, Tensor c, Tensor q, Tensor weight, Tensor? bias)"
-      " -> (Tensor grad_c, Tensor grad_q, Tensor grad_weight, Tensor grad_bias)");
+      " -> (Tensor grad_c, Tensor grad_q, Tensor grad_weight, Tensor grad_bias)",
+      cpu(TORCH_FN(trilinear_similarity_bwd)));
   m.def(
       "context_query_attention_fwd(Tensor c, Tensor q, Tensor c_mask, Tensor q_mask, Tensor weight,"
-      " Tensor? bias) -> (Tensor out, Tensor aux_row, Tensor aux_col)");
+      " Tensor? bias) -> (Tensor out, Tensor aux_row, Tensor aux_col)",
+      cpu(TORCH_FN(context_query_attention_fwd)));
   m.def(
       "context_query_attention_bwd(Tensor grad_out, Tensor c, Tensor q, Tensor c_mask, Tensor q_mask,"
       " Tensor weight, Tensor? bias, Tensor out, Tensor aux_row, Tensor aux_col)"
-      " -> (Tensor grad_c, Tensor grad_q, Tensor grad_weight, Tensor grad_bias)");
-}
-
-TORCH_LIBRARY_IMPL(fastqa, CPU, m) {
-  m.impl("trilinear_similarity_fwd", &trilinear_similarity_fwd);
-  m.impl("trilinear_similarity_bwd", &trilinear_similarity_bwd);
-  m.impl("context_query_attention_fwd", &context_query_attention_fwd);
-  m.impl("context_query_attention_bwd", &context_query_attention_bwd);
+      " -> (Tensor grad_c, Tensor grad_q, Tensor grad_weight, Tensor grad_bias)",
+      cpu(TORCH_FN(context_query_attention_bwd)));
 }
 
 }  // namespace fastqa

@@ -190,16 +190,14 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& weight, const c1
 }  // namespace
 }  // namespace fastqa
 
+// Each schema with its CPU kernel, in one place.
 TORCH_LIBRARY_FRAGMENT(fastqa, m) {
-  m.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias) -> Tensor y");
-  m.def("linear_argmax(Tensor x, Tensor weight, Tensor? bias, int[] exclude) -> Tensor index");
+  const auto cpu = [](auto kernel) { return torch::dispatch(c10::DispatchKey::CPU, kernel); };
+  m.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias) -> Tensor y", cpu(TORCH_FN(fastqa::linear_fwd)));
+  m.def("linear_argmax(Tensor x, Tensor weight, Tensor? bias, int[] exclude) -> Tensor index",
+        cpu(TORCH_FN(fastqa::linear_argmax)));
   m.def(
       "linear_bwd(Tensor grad_y, Tensor x, Tensor weight, bool[3] output_mask) -> (Tensor? grad_x, "
-      "Tensor? grad_weight, Tensor? grad_bias)");
-}
-
-TORCH_LIBRARY_IMPL(fastqa, CPU, m) {
-  m.impl("linear_fwd", &fastqa::linear_fwd);
-  m.impl("linear_bwd", &fastqa::linear_bwd);
-  m.impl("linear_argmax", &fastqa::linear_argmax);
+      "Tensor? grad_weight, Tensor? grad_bias)",
+      cpu(TORCH_FN(fastqa::linear_bwd)));
 }

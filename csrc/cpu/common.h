@@ -8,6 +8,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <torch/library.h>
 
 #include <c10/util/Optional.h>
 
@@ -33,6 +34,12 @@ inline T min_of(T a, T b) {
 template <typename T>
 inline T max_of(T a, T b) {
   return a < b ? b : a;
+}
+
+// A schema's CPU kernel, given where the schema is defined: m.def(schema, cpu_kernel(TORCH_FN(kernel))).
+template <typename Fn>
+auto cpu_kernel(Fn kernel) {
+  return torch::dispatch(c10::DispatchKey::CPU, kernel);
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

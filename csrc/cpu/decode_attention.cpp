@@ -86,14 +86,11 @@ inline void bf16_weighted_rows(const float* w, int64_t S, const c10::BFloat16* v
       pair_w[r * pairs + p] = lo | (hi << 16);
     }
   }
-  // Lane e of the low unpack holds column 8 (e / 4) + e % 4 of the block, of the high one that plus 4.
-  alignas(64) int32_t first[16], second[16];
-  for (int32_t c = 0; c < 16; ++c) {
-    const int32_t in_lane = c % 8, lane = c / 8;
-    first[c] = in_lane < 4 ? 4 * lane + in_lane : 16 + 4 * lane + in_lane - 4;
-    second[c] = first[c] + 8;
-  }
-  const __m512i to_first = _mm512_load_si512(first), to_second = _mm512_load_si512(second);
+  // Lane e of the low unpack holds column 8 (e / 4) + e % 4 of the block, of the high one that plus 4: column c
+  // of the block's first 16 is lane (c / 8) * 4 + c % 8 of the low (c % 8 < 4) or high (16 + ...) unpack.
+  alignas(64) static constexpr int32_t kFirst[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
+  alignas(64) static constexpr int32_t kSecond[16] = {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
+  const __m512i to_first = _mm512_load_si512(kFirst), to_second = _mm512_load_si512(kSecond);
   const uint16_t* v = bf16::bits(values);
   for (int64_t c = 0; c < Ev; c += 32) {
     const int64_t width = std::min<int64_t>(32, Ev - c);

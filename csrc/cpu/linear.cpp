@@ -77,11 +77,12 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::
 // micro-kernel with float32 sums (native, gemm::bf16_tn_float) or a float32 GEMM on widened copies (widen),
 // whichever measures faster for the shape class (gemm::route_for; they differ only in the order of the sums).
 at::Tensor bf16_weight_grad(const at::Tensor& g, const at::Tensor& x2) {
-  const bool native_ok = bf16::is_bf16(g) && bf16::is_bf16(x2) && gemm::bf16_brgemm_usable();
   const auto run = [&](gemm::Route route) {
-    return route == gemm::Route::kNative && native_ok ? gemm::bf16_tn_float(g, x2)
+    return route == gemm::Route::kNative ? gemm::bf16_tn_float(g, x2)
                                          : gemm::linear(bf16::widen(g).t(), bf16::widen(x2).t(), c10::nullopt);
   };
+  // Only one route where the micro-kernel is not usable (or an operand is not bf16): nothing to measure.
+  if (!bf16::is_bf16(g) || !bf16::is_bf16(x2) || !gemm::bf16_brgemm_usable()) return run(gemm::Route::kWiden);
   const gemm::Route route = gemm::route_for(
       "linear_bwd_weight", gemm::shape_class({{"M", g.size(0)}, {"N", g.size(1)}, {"K", x2.size(1)}}),
       [&](gemm::Route r) { (void)run(r); });
@@ -192,12 +193,12 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& weight, const c1
 
 // Each schema with its CPU kernel, in one place.
 TORCH_LIBRARY_FRAGMENT(fastqa, m) {
-  const auto cpu = [](auto kernel) { return torch::dispatch(c10::DispatchKey::CPU, kernel); };
-  m.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias) -> Tensor y", cpu(TORCH_FN(fastqa::linear_fwd)));
+  m.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias) -> Tensor y",
+        fastqa::cpu_kernel(TORCH_FN(fastqa::linear_fwd)));
   m.def("linear_argmax(Tensor x, Tensor weight, Tensor? bias, int[] exclude) -> Tensor index",
-        cpu(TORCH_FN(fastqa::linear_argmax)));
+        fastqa::cpu_kernel(TORCH_FN(fastqa::linear_argmax)));
   m.def(
       "linear_bwd(Tensor grad_y, Tensor x, Tensor weight, bool[3] output_mask) -> (Tensor? grad_x, "
       "Tensor? grad_weight, Tensor? grad_bias)",
-      cpu(TORCH_FN(fastqa::linear_bwd)));
+      fastqa::cpu_kernel(TORCH_FN(fastqa::linear_bwd)));
 }

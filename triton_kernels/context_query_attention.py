@@ -132,6 +132,17 @@ def _program_tile(length, d, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def _query_program(q_ptr, w_ptr, bias_ptr, m, d, s_qb, s_qm, s_qd, HAS_BIAS: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """What every column program starts from: its tile (as ``_program_tile``), the weights in the inputs'
+    dtype (as ``_load_weights``), its query rows q and their linear term q·w_q."""
+    pid_m, b, offs_m, offs_d, m_ok, d_ok = _program_tile(m, d, BLOCK_M, BLOCK_D)
+    w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS, q_ptr.dtype.element_ty)
+    q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
+    return pid_m, b, offs_m, offs_d, m_ok, d_ok, w_c, w_q, w_cq, bias, q, _lin(q, w_q)
+
+
+@triton.jit
 def _load_rows(ptr, offs_r, offs_d, stride_r, stride_d, r_ok, d_ok):
     """[R, D] tile of a row-major-ish matrix (zeros outside r_ok x d_ok), in its own dtype."""
     return tl.load(ptr + offs_r[:, None] * stride_r + offs_d[None, :] * stride_d,
@@ -328,9 +339,8 @@ def _tri_bwd_col_kernel(g_ptr, c_ptr, q_ptr, w_ptr, dq_ptr, partial_ptr, n, m, d
                         BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """grad_q and the weight partials of S, per (m-tile, b), sweeping the context."""
-    pid_m, b, offs_m, offs_d, m_ok, d_ok = _program_tile(m, d, BLOCK_M, BLOCK_D)
-    w_c, w_q, w_cq, bias = _load_weights(w_ptr, w_ptr, offs_d, d_ok, d, False, q_ptr.dtype.element_ty)
-    q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
+    pid_m, b, offs_m, offs_d, m_ok, d_ok, w_c, w_q, w_cq, bias, q, _ = _query_program(
+        q_ptr, w_ptr, w_ptr, m, d, s_qb, s_qm, s_qd, False, BLOCK_M, BLOCK_D)
     # The column sums accumulate as a tile and are reduced once after the loop: Triton 3.6 fails to compile
     # (TritonGPUOptimizeThreadLocality, fp32 operands) a reduction inside this loop whose operand also
     # feeds the tf32x3 dot.
@@ -356,10 +366,8 @@ def _cqa_fwd_col_kernel(c_ptr, q_ptr, cmask_ptr, w_ptr, bias_ptr, t_ptr, lse_col
                         HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Column softmax over the context (online, flash-style) and T = Pcᵀ C, per (m-tile, b)."""
-    pid_m, b, offs_m, offs_d, m_ok, d_ok = _program_tile(m, d, BLOCK_M, BLOCK_D)
-    w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS, c_ptr.dtype.element_ty)
-    q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
-    q_lin = _lin(q, w_q)
+    pid_m, b, offs_m, offs_d, m_ok, d_ok, w_c, w_q, w_cq, bias, q, q_lin = _query_program(
+        q_ptr, w_ptr, bias_ptr, m, d, s_qb, s_qm, s_qd, HAS_BIAS, BLOCK_M, BLOCK_D)
     run_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     run_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     t = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -435,12 +443,13 @@ def _cqa_bwd_prep_kernel(g_ptr, c_ptr, out_ptr, da_ptr, db_ptr, dd_ptr, n, m, d,
 
 
 @triton.jit
-def _col_sweep_tile(c_ptr, cmask_ptr, lse_row_ptr, da_ptr, db_ptr, offs_n, offs_d, n_ok, d_ok, m_ok, d,
+def _col_sweep_tile(n0, n, c_ptr, cmask_ptr, lse_row_ptr, da_ptr, db_ptr, offs_d, d_ok, m_ok, d,
                     s_cn, s_cd, s_kcn, q, q_lin, w_c, w_cq, bias, real_q, lse_c,
-                    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One context tile of the column backward, as both of its sweeps need it: the tile's c, the
-    transposed row and column probabilities Pᵀ, Pcᵀ [BLOCK_M, BLOCK_N] recomputed from the saved
-    log-sum-exps, and the tile's dA, dB rows."""
+                    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The context tile at row n0 of the column backward, as both of its sweeps need it: its rows
+    (offs_n, n_ok), c, the transposed row and column probabilities Pᵀ, Pcᵀ [BLOCK_M, BLOCK_N] recomputed
+    from the saved log-sum-exps, and the tile's dA, dB rows. The pointers are the batch's own."""
+    offs_n, n_ok = tile_range(n0, BLOCK_N, n)
     c, c_lin, cw = _operand_tile(c_ptr, offs_n, offs_d, s_cn, s_cd, n_ok, d_ok, w_c, w_cq, bias)
     real_c, lse_r = _real_lse(cmask_ptr, lse_row_ptr, offs_n, s_kcn, n_ok)
     st = _sim_t(cw, q, c_lin, q_lin, DOT_DTYPE, DOT_PRECISION)
@@ -448,7 +457,7 @@ def _col_sweep_tile(c_ptr, cmask_ptr, lse_row_ptr, da_ptr, db_ptr, offs_n, offs_
     pct = _prob(st, lse_c[:, None], real_c[None, :] & m_ok[:, None])
     da = _load_rows(da_ptr, offs_n, offs_d, d, 1, n_ok, d_ok)
     db = _load_rows(db_ptr, offs_n, offs_d, d, 1, n_ok, d_ok)
-    return c, pt, pct, da, db
+    return offs_n, n_ok, c, pt, pct, da, db
 
 
 @triton.autotune(configs=_BWD_COL_CONFIGS, key=_KEY, reset_to_zero=["partial_ptr"])
@@ -459,21 +468,20 @@ def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse
                         HAS_BIAS: tl.constexpr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Per (m-tile, b): T, dT, E, grad_q and the weight partials (two sweeps over the context)."""
-    pid_m, b, offs_m, offs_d, m_ok, d_ok = _program_tile(m, d, BLOCK_M, BLOCK_D)
-    w_c, w_q, w_cq, bias = _load_weights(w_ptr, bias_ptr, offs_d, d_ok, d, HAS_BIAS, c_ptr.dtype.element_ty)
-    q = _load_rows(q_ptr + b * s_qb, offs_m, offs_d, s_qm, s_qd, m_ok, d_ok)
-    q_lin = _lin(q, w_q)
+    pid_m, b, offs_m, offs_d, m_ok, d_ok, w_c, w_q, w_cq, bias, q, q_lin = _query_program(
+        q_ptr, w_ptr, bias_ptr, m, d, s_qb, s_qm, s_qd, HAS_BIAS, BLOCK_M, BLOCK_D)
     real_q, lse_c = _real_lse(qmask_ptr + b * s_kqb, lse_col_ptr + b * m, offs_m, s_kqm, m_ok)
     t = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dt = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # The batch's context, its masks and saved row log-sum-exps, and dA, dB: read by both sweeps.
+    c_b, cmask_b, lse_row_b = c_ptr + b * s_cb, cmask_ptr + b * s_kcb, lse_row_ptr + b * n
+    da_b, db_b = da_ptr + b * n * d, db_ptr + b * n * d
     # Sweep 1: T = Pcᵀ C, dT = Pᵀ dB and the direct part of grad_q, Pᵀ dA.
     for n0 in range(0, n, BLOCK_N):
-        offs_n, n_ok = tile_range(n0, BLOCK_N, n)
-        c, pt, pct, da, db = _col_sweep_tile(c_ptr + b * s_cb, cmask_ptr + b * s_kcb, lse_row_ptr + b * n,
-                                             da_ptr + b * n * d, db_ptr + b * n * d, offs_n, offs_d, n_ok, d_ok,
-                                             m_ok, d, s_cn, s_cd, s_kcn, q, q_lin, w_c, w_cq, bias, real_q, lse_c,
-                                             DOT_DTYPE, DOT_PRECISION)
+        offs_n, n_ok, c, pt, pct, da, db = _col_sweep_tile(
+            n0, n, c_b, cmask_b, lse_row_b, da_b, db_b, offs_d, d_ok, m_ok, d, s_cn, s_cd, s_kcn,
+            q, q_lin, w_c, w_cq, bias, real_q, lse_c, DOT_DTYPE, DOT_PRECISION, BLOCK_N)
         t += _mm(pct, c, DOT_DTYPE, DOT_PRECISION)
         dt += _mm(pt, db, DOT_DTYPE, DOT_PRECISION)
         dq += _mm(pt, da, DOT_DTYPE, DOT_PRECISION)
@@ -485,11 +493,9 @@ def _cqa_bwd_col_kernel(c_ptr, q_ptr, cmask_ptr, qmask_ptr, w_ptr, bias_ptr, lse
     colsum = tl.zeros([BLOCK_M], dtype=tl.float32)
     dsc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for n0 in range(0, n, BLOCK_N):
-        offs_n, n_ok = tile_range(n0, BLOCK_N, n)
-        c, pt, pct, da, db = _col_sweep_tile(c_ptr + b * s_cb, cmask_ptr + b * s_kcb, lse_row_ptr + b * n,
-                                             da_ptr + b * n * d, db_ptr + b * n * d, offs_n, offs_d, n_ok, d_ok,
-                                             m_ok, d, s_cn, s_cd, s_kcn, q, q_lin, w_c, w_cq, bias, real_q, lse_c,
-                                             DOT_DTYPE, DOT_PRECISION)
+        offs_n, n_ok, c, pt, pct, da, db = _col_sweep_tile(
+            n0, n, c_b, cmask_b, lse_row_b, da_b, db_b, offs_d, d_ok, m_ok, d, s_cn, s_cd, s_kcn,
+            q, q_lin, w_c, w_cq, bias, real_q, lse_c, DOT_DTYPE, DOT_PRECISION, BLOCK_N)
         dd = tl.load(dd_ptr + b * n + offs_n, mask=n_ok, other=0.0)
         dpt = _mm_nt(q, da, DOT_DTYPE, DOT_PRECISION) + _mm_nt(t, db, DOT_DTYPE, DOT_PRECISION)  # dPᵀ
         dpct = _mm_nt(dt, c, DOT_DTYPE, DOT_PRECISION)  # dPcᵀ

@@ -42,6 +42,10 @@ auto cpu_kernel(Fn kernel) {
   return torch::dispatch(c10::DispatchKey::CPU, kernel);
 }
 
+// How every file defines its ops, inside namespace fastqa: the op `name` (schema: name + signature) with its
+// CPU kernel, the C++ function of the same name -- the name written once, so the two cannot disagree.
+#define FASTQA_CPU_OP(m, name, signature) m.def(#name signature, ::fastqa::cpu_kernel(TORCH_FN(name)))
+
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 

@@ -1165,23 +1165,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> context_query_attention_bwd(
 
 }  // namespace
 
-// Each schema with its CPU kernel, in one place.
 TORCH_LIBRARY_FRAGMENT(fastqa, m) {
-  m.def("trilinear_similarity_fwd(Tensor c, Tensor q, Tensor weight, Tensor? bias) -> Tensor s",
-        fastqa::cpu_kernel(TORCH_FN(trilinear_similarity_fwd)));
-  m.def(
-      "trilinear_similarity_bwd(Tensor grad_s, Tensor c, Tensor q, Tensor weight, Tensor? bias)"
-      " -> (Tensor grad_c, Tensor grad_q, Tensor grad_weight, Tensor grad_bias)",
-      fastqa::cpu_kernel(TORCH_FN(trilinear_similarity_bwd)));
-  m.def(
-      "context_query_attention_fwd(Tensor c, Tensor q, Tensor c_mask, Tensor q_mask, Tensor weight,"
-      " Tensor? bias) -> (Tensor out, Tensor aux_row, Tensor aux_col)",
-      fastqa::cpu_kernel(TORCH_FN(context_query_attention_fwd)));
-  m.def(
-      "context_query_attention_bwd(Tensor grad_out, Tensor c, Tensor q, Tensor c_mask, Tensor q_mask,"
-      " Tensor weight, Tensor? bias, Tensor out, Tensor aux_row, Tensor aux_col)"
-      " -> (Tensor grad_c, Tensor grad_q, Tensor grad_weight, Tensor grad_bias)",
-      fastqa::cpu_kernel(TORCH_FN(context_query_attention_bwd)));
+  FASTQA_CPU_OP(m, trilinear_similarity_fwd, "(Tensor c, Tensor q, Tensor weight, Tensor? bias) -> Tensor s");
+  FASTQA_CPU_OP(m, trilinear_similarity_bwd,
+                "(Tensor grad_s, Tensor c, Tensor q, Tensor weight, Tensor? bias) "
+                "-> (Tensor grad_c, Tensor grad_q, Tensor grad_weight, Tensor grad_bias)");
+  FASTQA_CPU_OP(m, context_query_attention_fwd,
+                "(Tensor c, Tensor q, Tensor c_mask, Tensor q_mask, Tensor weight, Tensor? bias) "
+                "-> (Tensor out, Tensor aux_row, Tensor aux_col)");
+  FASTQA_CPU_OP(m, context_query_attention_bwd,
+                "(Tensor grad_out, Tensor c, Tensor q, Tensor c_mask, Tensor q_mask, Tensor weight, Tensor? bias, "
+                "Tensor out, Tensor aux_row, Tensor aux_col) "
+                "-> (Tensor grad_c, Tensor grad_q, Tensor grad_weight, Tensor grad_bias)");
 }
 
 }  // namespace fastqa

@@ -298,11 +298,9 @@ std::tuple<at::Tensor, at::Tensor> decode_attention(const at::Tensor& q, const a
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fastqa, m) {
-  m.def(
-      "decode_attention(Tensor q, Tensor keys, Tensor values, Tensor? bias, Tensor? mask, float scale) "
-      "-> (Tensor out, Tensor weights)");
+  FASTQA_CPU_OP(m, decode_attention,
+                "(Tensor q, Tensor keys, Tensor values, Tensor? bias, Tensor? mask, float scale) "
+                "-> (Tensor out, Tensor weights)");
 }
-
-TORCH_LIBRARY_IMPL(fastqa, CPU, m) { m.impl("decode_attention", &decode_attention); }
 
 }  // namespace fastqa

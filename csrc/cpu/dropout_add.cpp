@@ -167,9 +167,7 @@ at::Tensor dropout_add(const at::Tensor& branch, const c10::optional<at::Tensor>
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fastqa, m) {
-  m.def("dropout_add(Tensor branch, Tensor? residual, Tensor? example_scale, float p, Tensor seed) -> Tensor");
+  FASTQA_CPU_OP(m, dropout_add, "(Tensor branch, Tensor? residual, Tensor? example_scale, float p, Tensor seed) -> Tensor");
 }
-
-TORCH_LIBRARY_IMPL(fastqa, CPU, m) { m.impl("dropout_add", &dropout_add); }
 
 }  // namespace fastqa

@@ -782,6 +782,29 @@ void layer_norm_rows(const T* x, const T* w, const T* b, const T* stats, const b
   }
 }
 
+// h = LN(x): [B, L, C_in] (x contiguous; rows where the mask is false are zero) from the row statistics
+// [B, 2, L] (mean, rstd) -- computed into `stats` first when eps is given (the forward), read otherwise (the
+// backward, rebuilding h).
+at::Tensor normalized_input(const Shapes& s, const at::Tensor& x, const at::Tensor& ln_weight_in,
+                            const at::Tensor& ln_bias_in, const at::Tensor& stats, const at::Tensor& mask,
+                            c10::optional<double> eps) {
+  const at::Tensor ln_weight = ln_weight_in.contiguous(), ln_bias = ln_bias_in.contiguous();
+  at::Tensor h = at::empty({s.B, s.L, s.C_in}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "ln_dwsep_conv1d", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* sp = stats.data_ptr<scalar_t>();
+    at::parallel_for(0, s.B * s.L, std::max<int64_t>(1, kMinTaskWork / (4 * s.C_in)), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; eps && r < r1; ++r) {
+        scalar_t* mean = sp + (r / s.L * 2) * s.L + r % s.L;
+        layer_norm_stats(xp + r * s.C_in, s.C_in, *eps, mean, mean + s.L);
+      }
+      layer_norm_rows(xp, ln_weight.data_ptr<scalar_t>(), ln_bias.data_ptr<scalar_t>(), sp,
+                      mask.defined() ? mask.data_ptr<bool>() : nullptr, h.data_ptr<scalar_t>(), r0, r1, s.L, s.C_in);
+    });
+  });
+  return h;
+}
+
 // The forward on checked arguments (check_args, check_ln_args, checked_residual, checked_row_mask); the dtypes
 // as dwsep_forward's, the LayerNorm parameters x's.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_forward(
@@ -789,25 +812,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_forward(
     const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
     const c10::optional<at::Tensor>& pw_bias, const c10::optional<at::Tensor>& residual, const at::Tensor& mask,
     int64_t pad_left, bool relu, bool bf16_out = false) {
-  constexpr const char* op = "ln_dwsep_conv1d_fwd";
-  const at::Tensor x = x_in.contiguous(), ln_weight = ln_weight_in.contiguous(), ln_bias = ln_bias_in.contiguous();
-  at::Tensor h = at::empty({s.B, s.L, s.C_in}, x.options());
+  const at::Tensor x = x_in.contiguous();
   at::Tensor stats = at::empty({s.B, 2, s.L}, x.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), op, [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    const scalar_t* wp = ln_weight.data_ptr<scalar_t>();
-    const scalar_t* bp = ln_bias.data_ptr<scalar_t>();
-    const bool* mp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
-    scalar_t* hp = h.data_ptr<scalar_t>();
-    scalar_t* sp = stats.data_ptr<scalar_t>();
-    at::parallel_for(0, s.B * s.L, std::max<int64_t>(1, kMinTaskWork / (4 * s.C_in)), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        scalar_t* mean = sp + (r / s.L * 2) * s.L + r % s.L;
-        layer_norm_stats(xp + r * s.C_in, s.C_in, eps, mean, mean + s.L);
-      }
-      layer_norm_rows(xp, wp, bp, sp, mp, hp, r0, r1, s.L, s.C_in);
-    });
-  });
+  const at::Tensor h = normalized_input(s, x, ln_weight_in, ln_bias_in, stats, mask, eps);
   auto [y, aux] = dwsep_forward(s, h, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu, bf16_out);
   return {y, aux, stats};
 }
@@ -846,22 +853,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& pw_weight, const c10::optional<at::Tensor>& pw_bias, const at::Tensor& aux,
     const at::Tensor& ln_stats_in, const at::Tensor& mask, int64_t pad_left, bool relu) {
   constexpr const char* op = "ln_dwsep_conv1d_bwd";
-  const at::Tensor x = x_in.contiguous(), ln_weight = ln_weight_in.contiguous(), ln_bias = ln_bias_in.contiguous();
+  const at::Tensor x = x_in.contiguous(), ln_weight = ln_weight_in.contiguous();
   const at::Tensor stats = ln_stats_in.contiguous();
   const bool* mp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
   const int64_t rows = s.B * s.L, C = s.C_in;
   const int64_t row_grain = std::max<int64_t>(1, kMinTaskWork / (4 * C));
-  at::Tensor h = at::empty({s.B, s.L, C}, x.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), op, [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    const scalar_t* wp = ln_weight.data_ptr<scalar_t>();
-    const scalar_t* bp = ln_bias.data_ptr<scalar_t>();
-    const scalar_t* sp = stats.data_ptr<scalar_t>();
-    scalar_t* hp = h.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, row_grain, [&](int64_t r0, int64_t r1) {
-      layer_norm_rows(xp, wp, bp, sp, mp, hp, r0, r1, s.L, C);
-    });
-  });
+  at::Tensor h = normalized_input(s, x, ln_weight, ln_bias_in, stats, mask, c10::nullopt);
   auto [grad_h, grad_dw_weight, grad_dw_bias, grad_pw_weight, grad_pw_bias] =
       dwsep_backward(s, grad_y, h, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu);
   h.reset();
@@ -925,31 +922,24 @@ ln_dwsep_conv1d_bwd(const at::Tensor& grad_y, const at::Tensor& x, const at::Ten
 }
 
 }  // namespace
-}  // namespace fastqa
 
 TORCH_LIBRARY_FRAGMENT(fastqa, m) {
-  m.def(
-      "dwsep_conv1d_fwd(Tensor x, Tensor dw_weight, Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, "
-      "Tensor? residual, int pad_left, bool relu) -> (Tensor y, Tensor? aux)");
-  m.def(
-      "dwsep_conv1d_bwd(Tensor grad_y, Tensor x, Tensor dw_weight, Tensor? dw_bias, Tensor pw_weight, "
-      "Tensor? pw_bias, Tensor? aux, int pad_left, bool relu) -> (Tensor grad_x, Tensor grad_dw_weight, "
-      "Tensor? grad_dw_bias, Tensor grad_pw_weight, Tensor? grad_pw_bias)");
-  m.def(
-      "ln_dwsep_conv1d_fwd(Tensor x, Tensor ln_weight, Tensor ln_bias, float eps, Tensor dw_weight, "
-      "Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, Tensor? residual, Tensor? mask, int pad_left, "
-      "bool relu) -> (Tensor y, Tensor? aux, Tensor ln_stats)");
-  m.def(
-      "ln_dwsep_conv1d_bwd(Tensor grad_y, Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor dw_weight, "
-      "Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, Tensor? aux, Tensor ln_stats, Tensor? mask, int pad_left, "
-      "bool relu) "
-      "-> (Tensor grad_x, Tensor grad_ln_weight, Tensor grad_ln_bias, Tensor grad_dw_weight, "
-      "Tensor? grad_dw_bias, Tensor grad_pw_weight, Tensor? grad_pw_bias)");
+  FASTQA_CPU_OP(m, dwsep_conv1d_fwd,
+                "(Tensor x, Tensor dw_weight, Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, Tensor? residual, "
+                "int pad_left, bool relu) -> (Tensor y, Tensor? aux)");
+  FASTQA_CPU_OP(m, dwsep_conv1d_bwd,
+                "(Tensor grad_y, Tensor x, Tensor dw_weight, Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, "
+                "Tensor? aux, int pad_left, bool relu) -> (Tensor grad_x, Tensor grad_dw_weight, "
+                "Tensor? grad_dw_bias, Tensor grad_pw_weight, Tensor? grad_pw_bias)");
+  FASTQA_CPU_OP(m, ln_dwsep_conv1d_fwd,
+                "(Tensor x, Tensor ln_weight, Tensor ln_bias, float eps, Tensor dw_weight, Tensor? dw_bias, "
+                "Tensor pw_weight, Tensor? pw_bias, Tensor? residual, Tensor? mask, int pad_left, bool relu) "
+                "-> (Tensor y, Tensor? aux, Tensor ln_stats)");
+  FASTQA_CPU_OP(m, ln_dwsep_conv1d_bwd,
+                "(Tensor grad_y, Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor dw_weight, Tensor? dw_bias, "
+                "Tensor pw_weight, Tensor? pw_bias, Tensor? aux, Tensor ln_stats, Tensor? mask, int pad_left, "
+                "bool relu) -> (Tensor grad_x, Tensor grad_ln_weight, Tensor grad_ln_bias, Tensor grad_dw_weight, "
+                "Tensor? grad_dw_bias, Tensor grad_pw_weight, Tensor? grad_pw_bias)");
 }
 
-TORCH_LIBRARY_IMPL(fastqa, CPU, m) {
-  m.impl("dwsep_conv1d_fwd", &fastqa::dwsep_conv1d_fwd);
-  m.impl("dwsep_conv1d_bwd", &fastqa::dwsep_conv1d_bwd);
-  m.impl("ln_dwsep_conv1d_fwd", &fastqa::ln_dwsep_conv1d_fwd);
-  m.impl("ln_dwsep_conv1d_bwd", &fastqa::ln_dwsep_conv1d_bwd);
-}
+}  // namespace fastqa

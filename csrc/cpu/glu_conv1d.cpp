@@ -928,20 +928,16 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_step(const at::Tensor& x_t, const 
 
 }  // namespace
 
-// Each schema with its CPU kernel, in one place.
 TORCH_LIBRARY_FRAGMENT(fastqa, m) {
-  m.def(
-      "glu_conv1d_fwd(Tensor x, Tensor weight, Tensor? bias, Tensor? mask, int pad_left, bool residual, "
-      "float scale) -> (Tensor y, Tensor aux)",
-      fastqa::cpu_kernel(TORCH_FN(glu_conv1d_fwd)));
-  m.def(
-      "glu_conv1d_bwd(Tensor grad_y, Tensor x, Tensor weight, Tensor? mask, Tensor aux, int pad_left, "
-      "bool residual, float scale, bool has_bias) -> (Tensor grad_x, Tensor grad_weight, Tensor? grad_bias)",
-      fastqa::cpu_kernel(TORCH_FN(glu_conv1d_bwd)));
-  m.def(
-      "glu_conv1d_step(Tensor x_t, Tensor state, Tensor weight, Tensor? bias, bool residual, float scale) "
-      "-> (Tensor y_t, Tensor new_state)",
-      fastqa::cpu_kernel(TORCH_FN(glu_conv1d_step)));
+  FASTQA_CPU_OP(m, glu_conv1d_fwd,
+                "(Tensor x, Tensor weight, Tensor? bias, Tensor? mask, int pad_left, bool residual, float scale) "
+                "-> (Tensor y, Tensor aux)");
+  FASTQA_CPU_OP(m, glu_conv1d_bwd,
+                "(Tensor grad_y, Tensor x, Tensor weight, Tensor? mask, Tensor aux, int pad_left, bool residual, "
+                "float scale, bool has_bias) -> (Tensor grad_x, Tensor grad_weight, Tensor? grad_bias)");
+  FASTQA_CPU_OP(m, glu_conv1d_step,
+                "(Tensor x_t, Tensor state, Tensor weight, Tensor? bias, bool residual, float scale) "
+                "-> (Tensor y_t, Tensor new_state)");
 }
 
 }  // namespace fastqa

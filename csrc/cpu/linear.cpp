@@ -189,16 +189,13 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& weight, const c1
 }
 
 }  // namespace
-}  // namespace fastqa
 
-// Each schema with its CPU kernel, in one place.
 TORCH_LIBRARY_FRAGMENT(fastqa, m) {
-  m.def("linear_fwd(Tensor x, Tensor weight, Tensor? bias) -> Tensor y",
-        fastqa::cpu_kernel(TORCH_FN(fastqa::linear_fwd)));
-  m.def("linear_argmax(Tensor x, Tensor weight, Tensor? bias, int[] exclude) -> Tensor index",
-        fastqa::cpu_kernel(TORCH_FN(fastqa::linear_argmax)));
-  m.def(
-      "linear_bwd(Tensor grad_y, Tensor x, Tensor weight, bool[3] output_mask) -> (Tensor? grad_x, "
-      "Tensor? grad_weight, Tensor? grad_bias)",
-      fastqa::cpu_kernel(TORCH_FN(fastqa::linear_bwd)));
+  FASTQA_CPU_OP(m, linear_fwd, "(Tensor x, Tensor weight, Tensor? bias) -> Tensor y");
+  FASTQA_CPU_OP(m, linear_argmax, "(Tensor x, Tensor weight, Tensor? bias, int[] exclude) -> Tensor index");
+  FASTQA_CPU_OP(m, linear_bwd,
+                "(Tensor grad_y, Tensor x, Tensor weight, bool[3] output_mask) "
+                "-> (Tensor? grad_x, Tensor? grad_weight, Tensor? grad_bias)");
 }
+
+}  // namespace fastqa

@@ -980,15 +980,10 @@ at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& q
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fastqa, m) {
-  m.def("self_attention_fwd(Tensor qkv, Tensor mask, int heads, int[]? segments=None) -> (Tensor out, Tensor lse)");
-  m.def(
-      "self_attention_bwd(Tensor grad_out, Tensor qkv, Tensor mask, Tensor out, Tensor lse, int heads, "
-      "int[]? segments=None) -> Tensor grad_qkv");
-}
-
-TORCH_LIBRARY_IMPL(fastqa, CPU, m) {
-  m.impl("self_attention_fwd", &self_attention_fwd);
-  m.impl("self_attention_bwd", &self_attention_bwd);
+  FASTQA_CPU_OP(m, self_attention_fwd, "(Tensor qkv, Tensor mask, int heads, int[]? segments=None) -> (Tensor out, Tensor lse)");
+  FASTQA_CPU_OP(m, self_attention_bwd,
+                "(Tensor grad_out, Tensor qkv, Tensor mask, Tensor out, Tensor lse, int heads, int[]? segments=None) "
+                "-> Tensor grad_qkv");
 }
 
 }  // namespace fastqa

@@ -54,30 +54,16 @@ def dwsep_conv1d(
     return y
 
 
-def ln_dwsep_conv1d(
-    x: torch.Tensor,
-    ln_weight: torch.Tensor,
-    ln_bias: torch.Tensor,
-    dw_weight: torch.Tensor,
-    pw_weight: torch.Tensor,
-    pw_bias: torch.Tensor | None = None,
-    *,
-    dw_bias: torch.Tensor | None = None,
-    eps: float = 1e-5,
-    padding: str = "same",
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-    mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """y = act(pointwise(depthwise(LayerNorm(x)))) (+ residual): QANet's conv sublayer.
+def ln_dwsep_conv1d(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, *conv_args,
+                    eps: float = 1e-5, **conv_options) -> torch.Tensor:
+    """``dwsep_conv1d(LayerNorm(x), *conv_args, **conv_options)``: QANet's conv sublayer, by definition.
 
     The LayerNorm is over the channels (x: [B, L, C_in]; ln_weight, ln_bias: [C_in]) and comes before
-    the zero padding and the mask (the normalised padding rows are zeroed); the rest is ``dwsep_conv1d``.
-    Returns [B, L, C_out].
+    the zero padding and the mask (the normalised padding rows are zeroed); the other arguments are
+    ``dwsep_conv1d``'s (dw_weight, pw_weight, pw_bias, and its keywords). Returns [B, L, C_out].
     """
     h = F.layer_norm(x, (x.shape[-1],), ln_weight, ln_bias, eps)
-    return dwsep_conv1d(h, dw_weight, pw_weight, pw_bias, dw_bias=dw_bias, padding=padding,
-                        activation=activation, residual=residual, mask=mask)
+    return dwsep_conv1d(h, *conv_args, **conv_options)
 
 
 class DepthwiseSeparableConv1d(nn.Module):

@@ -174,6 +174,16 @@ struct Sequence {
   int64_t first_row(const Geometry& g) const { return b * g.L + start; }  // in the flattened [B * L] rows
 };
 
+// Work item t of every kernel's loop over (sequence, head): the sequence, the head and the sequence's first row.
+struct HeadTask {
+  const Sequence& seq;
+  int64_t h, first;
+};
+inline HeadTask head_task(const std::vector<Sequence>& seqs, const Geometry& g, int64_t t) {
+  const Sequence& seq = seqs[t / g.H];
+  return {seq, t % g.H, seq.first_row(g)};
+}
+
 // The sequences the kernels attend apart: each row whole, or each row cut by `segments` (checked: positive
 // lengths summing to L).
 std::vector<Sequence> sequences_of(const char* op, const Geometry& g, at::OptionalIntArrayRef segments) {
@@ -322,10 +332,11 @@ void load_rows(const T* src, int64_t row_stride, const Geometry& g, int64_t firs
 }
 
 // The padded rows of a sequence (those not in keys[0 .. nk), ascending) of head h: zero in dst (rows of
-// row_stride values; the head's D channels) and, when given, in lse_row [seq.len].
-template <typename T>
+// row_stride values; the head's D channels) and, when given, in lse_row [seq.len] (of its own dtype: float32
+// for bf16 rows).
+template <typename T, typename S = T>
 void zero_padded_rows(const int64_t* keys, int64_t nk, const Geometry& g, const Sequence& seq, int64_t h, T* dst,
-                      int64_t row_stride, T* lse_row) {
+                      int64_t row_stride, S* lse_row = nullptr) {
   for (int64_t j = 0, kk = 0; j < seq.len; ++j) {
     if (kk < nk && keys[kk] == j) {
       ++kk;
@@ -333,7 +344,7 @@ void zero_padded_rows(const int64_t* keys, int64_t nk, const Geometry& g, const 
     }
     T* row = dst + (seq.first_row(g) + j) * row_stride + h * g.D;
     std::fill(row, row + g.D, T(0));
-    if (lse_row) lse_row[j] = T(0);
+    if (lse_row) lse_row[j] = S(0);
   }
 }
 
@@ -680,20 +691,12 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& qkv_in, const at::Tenso
     std::vector<int64_t> keys(ts.L);
     float inv_sum[kRows], lse_r[kRows];
     for (int64_t t = t0; t < t1; ++t) {
-      const Sequence& seq = seqs[t / g.H];
-      const int64_t h = t % g.H, first = seq.first_row(g);
+      const auto [seq, h, first] = head_task(seqs, g, t);
       int64_t nk = 0;
       const int64_t Lk = load_keys(qp, mp, g, seq, h, keys.data(), nk, bias.data(), kc.data(), vr.data(), nullptr,
                                    nullptr);
       float* lse_row = lp + (seq.b * g.H + h) * g.L + seq.start;
-      zero_padded_rows<uint16_t>(keys.data(), nk, g, seq, h, op, g.C, nullptr);
-      for (int64_t j = 0, kk = 0; j < seq.len; ++j) {  // padded rows' lse: 0
-        if (kk < nk && keys[kk] == j) {
-          ++kk;
-        } else {
-          lse_row[j] = 0.0f;
-        }
-      }
+      zero_padded_rows(keys.data(), nk, g, seq, h, op, g.C, lse_row);
       for (int64_t i0 = 0; i0 < nk; i0 += kRows) {
         const int64_t n = std::min(kRows, nk - i0);
         const int64_t* rows = keys.data() + i0;
@@ -745,8 +748,7 @@ at::Tensor bwd(const at::Tensor& grad_out_in, const at::Tensor& qkv_in, const at
     std::vector<uint16_t> dsb(kRows * ts.Lp);
     std::vector<int64_t> keys(ts.L);
     for (int64_t t = t0; t < t1; ++t) {
-      const Sequence& seq = seqs[t / g.H];
-      const int64_t h = t % g.H, first = seq.first_row(g);
+      const auto [seq, h, first] = head_task(seqs, g, t);
       int64_t nk = 0;
       const int64_t Lk = load_keys(qp, mp, g, seq, h, keys.data(), nk, bias.data(), kc.data(), vr.data(), vc.data(),
                                    kr.data());
@@ -809,7 +811,7 @@ at::Tensor bwd(const at::Tensor& grad_out_in, const at::Tensor& qkv_in, const at
         }
       }
       for (int64_t part = 0; part < 3; ++part) {
-        zero_padded_rows<uint16_t>(keys.data(), nk, g, seq, h, gp + part * g.C, 3 * g.C, nullptr);
+        zero_padded_rows<uint16_t>(keys.data(), nk, g, seq, h, gp + part * g.C, 3 * g.C);
       }
     }
   });
@@ -851,8 +853,7 @@ std::tuple<at::Tensor, at::Tensor> self_attention_fwd(const at::Tensor& qkv_in, 
       std::vector<int64_t> keys(ts.L);
       T inv_sum[kRows], lse[kRows];
       for (int64_t t = t0; t < t1; ++t) {
-        const Sequence& seq = seqs[t / g.H];
-        const int64_t h = t % g.H, first = seq.first_row(g);
+        const auto [seq, h, first] = head_task(seqs, g, t);
         int64_t nk = 0;
         const int64_t Lk = load_keys<T>(qp, mp, g, seq, h, keys.data(), nk, bias.data(), kt.data(), nullptr, vr.data(),
                                         nullptr);
@@ -920,8 +921,7 @@ at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& q
           p(kRows * ts.Lp), dp(kRows * ts.Lp), dq(kRows * g.Dp);
       std::vector<int64_t> keys(ts.L);
       for (int64_t t = t0; t < t1; ++t) {
-        const Sequence& seq = seqs[t / g.H];
-        const int64_t h = t % g.H, first = seq.first_row(g);
+        const auto [seq, h, first] = head_task(seqs, g, t);
         int64_t nk = 0;
         const int64_t Lk = load_keys<T>(qp, mp, g, seq, h, keys.data(), nk, bias.data(), kt.data(), kr.data(),
                                         vr.data(), vt.data());
@@ -969,7 +969,7 @@ at::Tensor self_attention_bwd(const at::Tensor& grad_out_in, const at::Tensor& q
           std::copy(dv.data() + kk * g.Dp, dv.data() + kk * g.Dp + g.D, row + 2 * g.C);
         }
         for (int64_t part = 0; part < 3; ++part) {
-          zero_padded_rows<T>(keys.data(), nk, g, seq, h, gp + part * g.C, 3 * g.C, static_cast<T*>(nullptr));
+          zero_padded_rows<T>(keys.data(), nk, g, seq, h, gp + part * g.C, 3 * g.C);
         }
       }
     });

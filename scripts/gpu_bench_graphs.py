@@ -312,6 +312,18 @@ def section_qanet(run: Run) -> None:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 
+    _qanet_compiled_items(run, models, data, kept)
+
+
+def _qanet_compiled_items(run: Run, models: dict[str, Any], data: dict[str, Any],
+                          kept: dict[str, dict[str, Callable[[], Any]]]) -> None:
+    """The QANet items of ``torch.compile(reference, mode="reduce-overhead")``, after section_qanet's eager ones
+    (``kept``: their step functions by item, already warm)."""
+    import torch
+
+    from benchmarks import cases_qanet as cq
+
+    device, dry = run.device, run.dry
     # torch.compile last: the slowest to start. Each compiled step is timed interleaved with the graphed and the
     # reference step of the same mode and precision (already warm).
     for precision in ("bf16", "fp32"):

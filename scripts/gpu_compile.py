@@ -822,7 +822,7 @@ def block(path: Path, markers: tuple[str, str]) -> Optional[str]:
 
 
 # ------------------------------------------------------------------------------------------------------ main
-def main(argv: Optional[list[str]] = None) -> int:
+def _arguments(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="results cache (default: %(default)s)")
     parser.add_argument("--no-cache", action="store_true", help="compile everything, write no cache")
@@ -832,8 +832,38 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compile processes (default: CPUs)")
     parser.add_argument("--only", help="a regular expression: check the kernels whose name it matches (no docs)")
     parser.add_argument("--expect-triton", default=EXPECTED_TRITON, help="required triton.__version__")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def _docs_table(units: dict, results: dict, all_kernels: dict, launches: list) -> str:
+    """The docs' markdown: what fails the check, then every specialisation's resources by kernel."""
+    row_names = {name: tuple(k.configs[0].kwargs) + ("warps", "stages") for name, k in all_kernels.items()
+                 if hasattr(k, "configs")}
+    for launch in launches:  # plain jit kernels: the block sizes their launcher passes
+        row_names.setdefault(_name(launch.kernel), tuple(k for k in launch.kwargs if k.startswith("BLOCK"))
+                             + ("warps", "stages"))
+    row_order = {name: [row for row, _ in _configs(k, {})] for name, k in all_kernels.items() if hasattr(k, "configs")}
+    return ("## What fails the check\n\n" + render_failures(units, results) + "\n\n## Resources\n\n"
+            + render_table(units, results, row_names, row_order))
+
+
+def _print_findings(found: dict, failed: dict, stats: dict, seconds: float, compile_seconds: float) -> None:
+    """Every finding (the reported-only kinds' first ten) and the one-line verdict, on stderr."""
+    for kind, items in found.items():
+        if items:
+            shown = items if kind not in REPORTED_ONLY else items[:10]
+            print(f"\n{kind} ({len(items)}{'' if len(shown) == len(items) else ', the first 10; --json has all'}):",
+                  file=sys.stderr)
+            for item in shown:
+                print(f"  {item}", file=sys.stderr)
+    print(f"\ngpu_compile: {stats['kernels']} kernels, {stats['signatures']} specialisations, {stats['compiles']} "
+          f"compiles ({compile_seconds:.0f} s of compile time when not cached); this run {seconds:.0f} s; "
+          + ("FAILED: " + ", ".join(f"{k} {len(v)}" for k, v in failed.items()) if failed else "ok"),
+          file=sys.stderr)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = _arguments(argv)
     started = time.time()
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("gpu_compile: TRITON_INTERPRET=1 is set; the check compiles for GPUs and needs it unset", file=sys.stderr)
@@ -865,14 +895,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         shutil.rmtree(triton_cache, ignore_errors=True)
 
     found = findings(units, results, grid_errors, uncovered)
-    row_names = {name: tuple(k.configs[0].kwargs) + ("warps", "stages") for name, k in all_kernels.items()
-                 if hasattr(k, "configs")}
-    for launch in launches:  # plain jit kernels: the block sizes their launcher passes
-        row_names.setdefault(_name(launch.kernel), tuple(k for k in launch.kwargs if k.startswith("BLOCK"))
-                             + ("warps", "stages"))
-    row_order = {name: [row for row, _ in _configs(k, {})] for name, k in all_kernels.items() if hasattr(k, "configs")}
-    table = ("## What fails the check\n\n" + render_failures(units, results) + "\n\n## Resources\n\n"
-             + render_table(units, results, row_names, row_order))
+    table = _docs_table(units, results, all_kernels, launches)
     stats = {"triton": triton.__version__, "kernels": len(launched), "signatures": len(units),
              "launches": len(launches), "compiles": len(units) * len(TARGETS),
              **{k: len(v) for k, v in found.items()}}
@@ -881,17 +904,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     compile_seconds = sum(r.get("seconds", 0.0) for r in results.values())
 
     failed = {k: v for k, v in found.items() if v and k not in REPORTED_ONLY}
-    for kind, items in found.items():
-        if items:
-            shown = items if kind not in REPORTED_ONLY else items[:10]
-            print(f"\n{kind} ({len(items)}{'' if len(shown) == len(items) else ', the first 10; --json has all'}):",
-                  file=sys.stderr)
-            for item in shown:
-                print(f"  {item}", file=sys.stderr)
-    print(f"\ngpu_compile: {stats['kernels']} kernels, {stats['signatures']} specialisations, {stats['compiles']} "
-          f"compiles ({compile_seconds:.0f} s of compile time when not cached); this run {seconds:.0f} s; "
-          + ("FAILED: " + ", ".join(f"{k} {len(v)}" for k, v in failed.items()) if failed else "ok"),
-          file=sys.stderr)
+    _print_findings(found, failed, stats, seconds, compile_seconds)
 
     docs_current = (block(TABLE_DOC, TABLE_MARKERS) == table if TABLE_DOC.exists() else False) and \
         block(SUMMARY_DOC, SUMMARY_MARKERS) == summary

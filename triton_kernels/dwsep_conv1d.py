@@ -509,6 +509,26 @@ def _forward(x: torch.Tensor, ln: Optional[Tuple[torch.Tensor, torch.Tensor, flo
     return y, aux, stats
 
 
+def _check_backward_args(grad_y: torch.Tensor, x: torch.Tensor,
+                         ln: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]], dw_weight: torch.Tensor,
+                         dw_bias: Optional[torch.Tensor], pw_weight: torch.Tensor, pw_bias: Optional[torch.Tensor],
+                         aux: Optional[torch.Tensor], pad_left: int, relu: bool) -> None:
+    """The forward's checks, and grad_y: [B, L, C_out], aux as the forward left it, ln_stats: [B, 2, L]."""
+    _check_args(x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left)
+    B, L, _ = x.shape
+    C_out = pw_weight.shape[0]
+    check_tensor("grad_y", grad_y, shape=(B, L, C_out), like=x)
+    if relu:
+        check_tensor("aux", aux, shape=(B, L, triton.cdiv(C_out, 8)), dtype=torch.uint8, floating=False, like=x)
+    elif aux is not None:
+        raise ValueError("aux must be None without relu (the forward's), got a tensor")
+    if ln is not None:
+        _check_ln(x, ln[0], ln[1])
+        check_tensor("ln_stats", ln[2], shape=(B, 2, L), dtype=accumulator_dtype(x.dtype))
+        if ln[2].device != x.device:
+            raise ValueError(f"ln_stats must be on {x.device} like the input, got {ln[2].device}")
+
+
 def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
               dw_weight: torch.Tensor, dw_bias: Optional[torch.Tensor], pw_weight: torch.Tensor,
               pw_bias: Optional[torch.Tensor], aux: Optional[torch.Tensor], pad_left: int, relu: bool,
@@ -516,29 +536,17 @@ def _backward(grad_y: torch.Tensor, x: torch.Tensor, ln: Optional[Tuple[torch.Te
     """Gradients by input name: x, dw_weight, dw_bias, pw_weight, pw_bias, and with
     ``ln`` = (ln_weight, ln_bias, ln_stats) also ln_weight, ln_bias; an absent bias's is None.
     aux: the forward's (None without ReLU); mask: the forward's row mask."""
-    _check_args(x, dw_weight, dw_bias, pw_weight, pw_bias, pad_left)
+    _check_backward_args(grad_y, x, ln, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu)
     B, L, C_in = x.shape
     mask_u8 = _row_mask(mask, x)
     mask_ptr = x if mask_u8 is None else mask_u8  # a dummy pointer when absent (never read)
     C_out, K = pw_weight.shape[0], dw_weight.shape[-1]
-    check_tensor("grad_y", grad_y, shape=(B, L, C_out), like=x)
-    if relu:
-        check_tensor("aux", aux, shape=(B, L, triton.cdiv(C_out, 8)), dtype=torch.uint8, floating=False, like=x)
-    elif aux is not None:
-        raise ValueError("aux must be None without relu (the forward's), got a tensor")
     dev, acc = x.device, accumulator_dtype(x.dtype)
-    if ln is not None:
-        _check_ln(x, ln[0], ln[1])
-        check_tensor("ln_stats", ln[2], shape=(B, 2, L), dtype=acc)
-        if ln[2].device != dev:
-            raise ValueError(f"ln_stats must be on {dev} like the input, got {ln[2].device}")
     if B * L == 0:  # no rows: zero gradients, and no empty grid to launch
-        zero = lambda t: torch.zeros_like(t, memory_format=torch.contiguous_format)  # noqa: E731
-        grads = {"x": zero(x), "dw_weight": zero(dw_weight), "dw_bias": None if dw_bias is None else zero(dw_bias),
-                 "pw_weight": zero(pw_weight), "pw_bias": None if pw_bias is None else zero(pw_bias)}
-        if ln is not None:
-            grads.update(ln_weight=zero(ln[0]), ln_bias=zero(ln[1]))
-        return grads
+        inputs = {"x": x, "dw_weight": dw_weight, "dw_bias": dw_bias, "pw_weight": pw_weight, "pw_bias": pw_bias,
+                  **({} if ln is None else {"ln_weight": ln[0], "ln_bias": ln[1]})}
+        return {name: None if t is None else torch.zeros_like(t, memory_format=torch.contiguous_format)
+                for name, t in inputs.items()}
     grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
     dww, pww = dw_weight.contiguous(), pw_weight.contiguous()
     dwb = x if dw_bias is None else dw_bias.contiguous()

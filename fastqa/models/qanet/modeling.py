@@ -100,9 +100,10 @@ class CharEmbedding(nn.Module):
         self.embed = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
         self.conv = nn.Conv1d(dim, channels, kernel_size, padding=kernel_size // 2)
 
-    def forward(self, chars: torch.Tensor) -> torch.Tensor:
-        """chars: [B, n, W] char ids -> [B, n, channels] (zeros for all-padding words)."""
-        b, n, w = chars.shape
+    def table(self) -> torch.Tensor:
+        """The conv's taps of every character: [K * V + 1, channels] (see the class docstring; the last row is
+        the padding characters' centre tap). It depends on the parameters alone, so a forward that embeds two
+        texts builds it once and passes it to both calls."""
         vocab, k = self.embed.num_embeddings, self.conv.kernel_size[0]
         emb = self.embed.weight
         # Zero padding row, exactly (the index made on the device: a host list would be a blocking copy).
@@ -111,7 +112,15 @@ class CharEmbedding(nn.Module):
         # Row K*V: far below any real conv value. A padding character's bag reads it in place of its
         # centre tap, so the max below never picks a padding character -- without a masked pass over the
         # [B*n, W, C] conv output (that pass and its backward were a fifth of the paper model's train step).
-        table = torch.cat([table, table.new_full((1, table.shape[1]), torch.finfo(table.dtype).min / 4)])
+        return torch.cat([table, table.new_full((1, table.shape[1]), torch.finfo(table.dtype).min / 4)])
+
+    def forward(self, chars: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
+        """chars: [B, n, W] char ids -> [B, n, channels] (zeros for all-padding words). table: ``table()``
+        when the caller built it already (None: built here)."""
+        b, n, w = chars.shape
+        vocab, k = self.embed.num_embeddings, self.conv.kernel_size[0]
+        if table is None:
+            table = self.table()
         # Only the words that have characters, up to the last column that holds one: padding words and
         # padding columns are most of a batch (words of ~5 characters in 16 slots, contexts of different
         # lengths), and dropping them changes nothing -- a window past the last column reads padding,
@@ -142,10 +151,12 @@ class CharEmbedding(nn.Module):
         step = len(bags) if words is None else max(1, self._CHUNK_VALUES // (width * channels))
         maxima = [F.embedding_bag(chunk.reshape(-1, k), table, mode="sum").view(len(chunk), width, channels)
                   .max(dim=1).values for chunk in bags.split(max(step, 1))]
-        vectors = F.relu(torch.cat(maxima) + self.conv.bias)                      # [R, C]
+        # In place where the tensor is this function's own (no copy of one chunk, ReLU on the sum's output).
+        vectors = F.relu((maxima[0] if len(maxima) == 1 else torch.cat(maxima)) + self.conv.bias,
+                         inplace=True)                                              # [R, C]
         if words is None:
             return self.dropout(vectors).reshape(b, n, -1)
-        out = vectors.new_zeros(b * n, vectors.shape[1]).index_copy(0, words, vectors)  # padding words: 0
+        out = vectors.new_zeros(b * n, vectors.shape[1]).index_copy_(0, words, vectors)  # padding words: 0
         return self.dropout(out).reshape(b, n, -1)
 
 
@@ -281,12 +292,13 @@ class QANet(FrozenWordVectors):
         per_text = 2 + len(self.highway.layers) + c.emb_conv_layers + 2
         return 2 * per_text + 1 + 3 * c.model_blocks * (c.model_conv_layers + 2)
 
-    def _embed(self, words: torch.Tensor, chars: torch.Tensor, other_words: torch.Tensor,
+    def _embed(self, words: torch.Tensor, chars: torch.Tensor, other_words: torch.Tensor, char_table: torch.Tensor,
                packed: PackedBatch | None = None) -> torch.Tensor:
-        """words: [B, L]; chars: [B, L, W]; other_words: [B, L'] (the other text) -> [B, L, d], or [1, P, d] on
-        the packed rows (the resize conv and the highway skip the padding)."""
+        """words: [B, L]; chars: [B, L, W]; other_words: [B, L'] (the other text); char_table: the character
+        embedding's ``table()`` -> [B, L, d], or [1, P, d] on the packed rows (the resize conv and the highway
+        skip the padding)."""
         w = self.dropout(self.embed_words(words))
-        parts = [w, self.char_embedding(chars)]
+        parts = [w, self.char_embedding(chars, char_table)]
         if self.config.word_match:
             parts.append(self._word_match(words, other_words).to(w.dtype))
         x = torch.cat(parts, dim=-1)
@@ -345,7 +357,8 @@ class QANet(FrozenWordVectors):
 
         # packed: the context path runs on its real words, one row [1, P, d] (c_rows: its mask [1, P]).
         packed = self._context_packing(c_mask)
-        c, q = self._embed(cw, cc, qw, packed), self._embed(qw, qc, cw)
+        char_table = self.char_embedding.table()   # shared by the two texts
+        c, q = self._embed(cw, cc, qw, char_table, packed), self._embed(qw, qc, cw, char_table)
         d, n = c.shape[-1], cw.shape[1]
         timing = self.timing(max(n, q.shape[1]), c.dtype)
         c_timing, q_timing = timing[:n], timing[: q.shape[1]]
@@ -373,8 +386,8 @@ class QANet(FrozenWordVectors):
             start = torch.cat([self.null_start(self._max_pool(start_in, c_mask)), start], dim=1)
             end = torch.cat([self.null_end(self._max_pool(end_in, c_mask)), end], dim=1)
             mask = torch.cat([c_mask.new_ones(c_mask.shape[0], 1), c_mask], dim=1)
-        low = torch.finfo(start.dtype).min
-        start, end = start.masked_fill(~mask, low), end.masked_fill(~mask, low)
+        low, padding = torch.finfo(start.dtype).min, ~mask
+        start, end = start.masked_fill(padding, low), end.masked_fill(padding, low)
         if logits:
             return start, end
         return F.log_softmax(start, dim=-1), F.log_softmax(end, dim=-1)

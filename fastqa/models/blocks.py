@@ -114,6 +114,25 @@ def init_linear(linear: nn.Linear) -> nn.Linear:
     return linear
 
 
+class _CarryGate(torch.autograd.Function):
+    """x + sigmoid(g) * t (``addcmul``, its values exactly) with the gradients autograd's formulas give, bit for bit,
+    but without their copies: addcmul's backward scales each factor by its multiplier (a scalar tensor and a
+    product per factor) before the product with the gradient, and the sigmoid's gradient is a node of its own."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, g: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        gate = torch.sigmoid(g)
+        ctx.save_for_backward(gate, t)
+        return torch.addcmul(x, gate, t)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        gate, t = ctx.saved_tensors
+        _, wants_g, wants_t = ctx.needs_input_grad
+        grad_g = torch.ops.aten.sigmoid_backward(grad * t, gate) if wants_g else None
+        return grad, grad_g, grad * gate if wants_t else None
+
+
 class Highway(nn.Module):
     """Highway network (Srivastava et al. 2015) on [..., dim] data.
 
@@ -132,6 +151,6 @@ class Highway(nn.Module):
         for layer in self.layers:
             h, g = layer(x).chunk(2, dim=-1)
             h = self.dropout(F.relu(h))
-            x = torch.addcmul(x, torch.sigmoid(g), h - x)
+            x = _CarryGate.apply(x, g, h - x)
         return x
 

@@ -252,7 +252,9 @@ def _regolded(obj: dict, path, kinds) -> dict:
     return out
 
 
-def test_calibration_fit_load_export_predict_eval_and_ask(trained, capsys, tmp_path):
+def _calibrated(trained, capsys, tmp_path):
+    """A copy of the fixture's run calibrated by ``qa-calibrate`` on a file it answers right 3 times in 4
+    (after the fit's own user errors are checked): (run, that file, qa-calibrate's output, the calibration)."""
     from fastqa.tasks.qa.calibration import CALIBRATION_NAME, Calibration
 
     run = tmp_path / "run"
@@ -289,7 +291,17 @@ def test_calibration_fit_load_export_predict_eval_and_ask(trained, capsys, tmp_p
     stored = json.loads(cal_file.read_text(encoding="utf-8"))
     cal = Calibration.from_dict(stored)
     assert stored == cal.to_dict() == {k: fit[k] for k in stored}
+    return run, mixed, fit, cal
 
+
+def test_calibration_fit_is_written_and_loaded(trained, capsys, tmp_path):
+    run, mixed, fit, cal = _calibrated(trained, capsys, tmp_path)
+    assert fit["written"] == str(run / "calibration.json") and fit["fitted_on"] == f"{mixed.name} articles 0:2"
+
+def test_calibrated_answers_predictions_export_and_eval(trained, capsys, tmp_path):
+    from fastqa.tasks.qa.calibration import CALIBRATION_NAME
+
+    run, mixed, fit, cal = _calibrated(trained, capsys, tmp_path)
     # Loading the run reads the calibration; its scores are the raw scores mapped by it, its answers the same.
     qa = QAModel.load(run)
     raw = QAModel.load(run)
@@ -337,6 +349,11 @@ def test_calibration_fit_load_export_predict_eval_and_ask(trained, capsys, tmp_p
     rc, stdout, _ = _run(capsys, ["qa-eval", mixed, pred])
     assert rc == 0 and "ece" not in json.loads(stdout)
 
+
+def test_ask_min_score_abstains_below_the_calibrated_score(trained, capsys, tmp_path):
+    run, _, _, _ = _calibrated(trained, capsys, tmp_path)
+    qa = QAModel.load(run)
+    para = trained["train_obj"]["data"][0]["paragraphs"][2]
     # ask --min-score: below it, no confident answer (empty text, abstained) with the best answer's score.
     q = para["qas"][0]["question"]
     best = qa.answer(para["context"], q)

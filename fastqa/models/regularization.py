@@ -60,9 +60,11 @@ def survival_scales(batch: int, survival: Sequence[float], *, device: torch.devi
 
 def _draw_scales(batch: int, survival: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
     """survival: [S, 1] float32; inverse: [S, 1], 1 / survival rounded to the scales' dtype -> [S, batch]."""
-    # Drawn in float32 whatever the dtype: the same seed gives the same draws in every precision.
-    keep = torch.rand(survival.shape[0], batch, device=survival.device) < survival
-    return keep * inverse   # exactly the inverse or 0 (no scalar tensor for the 0, as torch.where would make)
+    # Drawn in float32 whatever the dtype: the same seed gives the same draws in every precision. The draws
+    # become the keep mask (1 or 0) in place, then exactly the inverse or 0 (no scalar tensor for the 0, as
+    # torch.where would make, and no bool mask promoted to the product's dtype on the side).
+    keep = torch.rand(survival.shape[0], batch, device=survival.device).lt_(survival)
+    return keep.to(inverse.dtype).mul_(inverse)
 
 
 class StochasticDepth(nn.Module):

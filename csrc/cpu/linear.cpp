@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cpu/bf16.h"
+#include "cpu/bf16_rows.h"
 #include "cpu/common.h"
 #include "cpu/gemm.h"
 
@@ -89,6 +90,31 @@ at::Tensor bf16_weight_grad(const at::Tensor& g, const at::Tensor& x2) {
   return run(route);
 }
 
+// Σ_rows g in float32 for bf16 g [M, N], read in place (torch's sum(dtype=float32) first widens all of g): rows in
+// fixed blocks, sized from the problem alone, each summed into a float32 partial row, the partials then added in
+// block order -- the same sums whatever the thread count.
+at::Tensor bf16_column_sums(const at::Tensor& g_in) {
+  constexpr int64_t kBlockRows = 256;
+  const at::Tensor g = g_in.stride(1) == 1 ? g_in : g_in.contiguous();
+  const int64_t M = g.size(0), N = g.size(1), ld = g.stride(0);
+  const int64_t blocks = std::max<int64_t>(1, ceil_div(M, kBlockRows));
+  at::Tensor part = at::zeros({blocks, N}, g.options().dtype(at::kFloat));
+  const c10::BFloat16* gp = g.data_ptr<c10::BFloat16>();
+  float* pp = part.data_ptr<float>();
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t r1 = std::min(M, (b + 1) * kBlockRows);
+      for (int64_t r = b * kBlockRows; r < r1; ++r) bf16::add_row(gp + r * ld, N, pp + b * N);
+    }
+  });
+  at::Tensor sums = at::zeros({N}, part.options());
+  float* sp = sums.data_ptr<float>();
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t c = 0; c < N; ++c) sp[c] += pp[b * N + c];
+  }
+  return sums;
+}
+
 // grad_x = grad_y W, grad_weight = grad_yᵀ x (summed over every leading position), grad_bias = Σ grad_y, each
 // computed only where output_mask asks for it (absent, None, elsewhere: an input that needs no gradient, or a
 // bias there is not, allocates nothing). The parameters' gradients in weight's dtype: with bf16 x and a float32
@@ -110,7 +136,7 @@ std::tuple<c10::optional<at::Tensor>, c10::optional<at::Tensor>, c10::optional<a
   if (output_mask[1]) {
     grad_weight = wide ? bf16_weight_grad(g, x2) : gemm::linear(g.t(), x2.t(), c10::nullopt);
   }
-  if (output_mask[2]) grad_bias = wide ? g.sum(0, /*keepdim=*/false, weight.scalar_type()) : g.sum(0);
+  if (output_mask[2]) grad_bias = wide ? bf16_column_sums(g) : g.sum(0);
   return {grad_x, grad_weight, grad_bias};
 }
 

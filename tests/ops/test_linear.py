@@ -365,6 +365,28 @@ def test_bfloat16_weight_gradient_on_each_route_is_the_float32_sum_of_exact_prod
     assert_close(grad_w, want.float(), name="grad_weight", atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("lead, n", [((3, 401), 37), ((1,), 1), ((0,), 4)], ids=str)
+def test_bfloat16_bias_gradient_is_the_float32_sum_read_in_place(lead, n):
+    """With bf16 x and a float32 bias the bias's gradient sums the bf16 rows of grad_y in float32 without a
+    widened copy (several blocks of rows, one row, none; a grad_y with a row stride of its own), the same
+    sums whatever the thread count."""
+    x, weight, b = make_inputs(lead, 8, n)
+    low = x.to(torch.bfloat16)
+    wide = torch.randn(*lead, n + 3, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    grad_y = wide[..., 1:n + 1]   # rows n + 3 apart
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.ops.fastqa.linear_bwd(grad_y, low, weight, [False, False, True])[2]
+        torch.set_num_threads(2)
+        two = torch.ops.fastqa.linear_bwd(grad_y, low, weight, [False, False, True])[2]
+    finally:
+        torch.set_num_threads(threads)
+    assert one.dtype == torch.float32 and one.shape == (n,)
+    assert_close(one, grad_y.double().reshape(-1, n).sum(0).float(), name="grad_bias", atol=1e-4, rtol=1e-5)
+    assert torch.equal(one, two)
+
+
 @pytest.mark.parametrize("shape", REAL[:1] + EDGE, ids=str)
 def test_bfloat16_argmax_is_the_argmax_of_the_bf16_logits(shape):
     x, weight, b = (t.to(torch.bfloat16) for t in make_inputs(*shape))

@@ -132,7 +132,8 @@ def register_op_autograd(qualname: str, op: str, setup_context: Callable, backwa
     with warnings.catch_warnings():
         # A torch.library.custom_op (the Triton ops) comes with an Autograd kernel of its own, which
         # this one replaces (on purpose: that one drops forward-mode tangents); torch warns about it.
-        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel")
+        # (The message starts with another line: the pattern must match across it.)
+        warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
         lib.impl(name, checked_kernel, "Autograd", with_keyset=True, allow_override=True)
     _LIBRARIES.append(lib)  # a Library deregisters its kernels when it is garbage-collected
     _REGISTERED.add(qualname)

@@ -51,3 +51,15 @@ def test_op_schema_names_the_arguments():
     schema = private.op_schema(torch.ops.aten.relu)
     assert [a.name for a in schema.arguments] == ["self"]
     assert str(schema) == "aten::relu(Tensor self) -> Tensor"
+
+
+def test_registering_the_autograd_formulas_warns_nothing():
+    """The Triton ops (torch.library.custom_op) come with an Autograd kernel that fastqa's formula replaces on
+    purpose: torch's override warning (a message of several lines) is silenced there, not shown to users."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    run = subprocess.run([sys.executable, "-W", "error:Warning only once", "-c",
+                          "import fastqa.ops, fastqa.triton_kernels"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]

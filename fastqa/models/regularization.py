@@ -55,16 +55,17 @@ def survival_scales(batch: int, survival: Sequence[float], *, device: torch.devi
     if all(s == 1.0 for s in survival):
         return None
     surv = host_to_device(torch.tensor(survival, dtype=torch.float32), device).view(len(survival), 1)
-    return _draw_scales(batch, surv, (1.0 / surv).to(dtype))
+    inverse = (1.0 / surv).to(dtype)
+    return _draw_scales(batch, surv, inverse, inverse.new_zeros(()))
 
 
-def _draw_scales(batch: int, survival: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
-    """survival: [S, 1] float32; inverse: [S, 1], 1 / survival rounded to the scales' dtype -> [S, batch]."""
-    # Drawn in float32 whatever the dtype: the same seed gives the same draws in every precision. The draws
-    # become the keep mask (1 or 0) in place, then exactly the inverse or 0 (no scalar tensor for the 0, as
-    # torch.where would make, and no bool mask promoted to the product's dtype on the side).
-    keep = torch.rand(survival.shape[0], batch, device=survival.device).lt_(survival)
-    return keep.to(inverse.dtype).mul_(inverse)
+def _draw_scales(batch: int, survival: torch.Tensor, inverse: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """survival: [S, 1] float32; inverse: [S, 1], 1 / survival rounded to the scales' dtype; zero: a 0-d zero in
+    that dtype -> [S, batch]."""
+    # Drawn in float32 whatever the dtype: the same seed gives the same draws in every precision.
+    keep = torch.rand(survival.shape[0], batch, device=survival.device) < survival
+    # Exactly the inverse or 0, picked: a product with the bool mask would first copy it to the scales' dtype.
+    return torch.where(keep, inverse, zero)
 
 
 class StochasticDepth(nn.Module):
@@ -82,11 +83,13 @@ class StochasticDepth(nn.Module):
         surv = torch.tensor(list(survival), dtype=torch.float32).view(-1, 1)
         self.register_buffer("survival_bits", surv.view(torch.int32), persistent=False)
         self.register_buffer("inverse", 1.0 / surv, persistent=False)
+        self.register_buffer("zero", torch.zeros(()), persistent=False)   # where() picks it for a dropped branch
 
     def forward(self, batch: int, dtype: torch.dtype) -> torch.Tensor | None:
         if not self.active:
             return None
-        return _draw_scales(batch, self.survival_bits.view(torch.float32), buffer_in(self, "inverse", dtype))
+        return _draw_scales(batch, self.survival_bits.view(torch.float32), buffer_in(self, "inverse", dtype),
+                            buffer_in(self, "zero", dtype))
 
 
 class TorchDropoutAdd(reference.DropoutAdd):

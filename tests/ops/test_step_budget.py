@@ -19,9 +19,9 @@ the device brought that to 1,306 calls, 180 ``_to_copy`` and 4 host reads; the C
 separable convs taking the float32 master weights (no cast forward, float32 gradients, so no cast back either), the
 dropout seeds drawn once per forward and no placeholder tensors for absent biases, to 1,145 calls, 18 ``_to_copy``
 and 3,192 allocations; the character embedding's table built once per forward, the highway's carry gate with
-autograd's gradients but not their copies and the stochastic-depth factors picked rather than multiplied (no
-promoted copy of the mask), to 1,078 calls, 14 ``_to_copy`` and 3,137 allocations: the dtype copies cut by 95%,
-the allocations by 9%. Most of what is left (2,625) is inside the C++ kernels, above
+autograd's gradients but not their copies, the stochastic-depth factors picked rather than multiplied (no
+promoted copy of the mask) and the timing signal added in place where nothing else reads a block's input, to
+1,078 calls, 14 ``_to_copy`` and 3,132 allocations: the dtype copies cut by 95%, the allocations by 9%. Most of what is left (2,625) is inside the C++ kernels, above
 all the bf16 products of the depthwise separable convs' backwards, taken tile by tile through ATen (each operand
 narrowed to bf16, the product, its widened copy); the rest is torch's LayerNorm (112), the SGD update's
 per-parameter scalar tensors (150) and the model's own elementwise ops. (The tensors new at the dispatcher, counted
@@ -45,11 +45,11 @@ from fastqa.models.qanet import QANet, QANetConfig
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="needs the C++ extension")
 
-# Per train step of ``_model()`` on ``_batch()`` (measured: 1,078 calls, 14 _to_copy, 3,137 allocations -- 3,149
+# Per train step of ``_model()`` on ``_batch()`` (measured: 1,078 calls, 14 _to_copy, 3,132 allocations -- 3,144
 # where the process's float32 GEMM engine is BLAS --, 4 host reads: the CPU's padding decision, free there). The
 # allocations' room covers a CPU without the bf16 GEMM micro-kernel, whose linear weight gradients take the
-# widening route (every route widened measured 3,026 with BLAS, 3,168 with oneDNN).
-BUDGET = {"calls": 1_095, "_to_copy": 16, "allocations": 3_190, "_local_scalar_dense": 4}
+# widening route (every route widened measured 3,021 with BLAS, 3,163 with oneDNN).
+BUDGET = {"calls": 1_095, "_to_copy": 16, "allocations": 3_185, "_local_scalar_dense": 4}
 
 
 def _model(**overrides) -> QANet:

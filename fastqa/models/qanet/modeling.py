@@ -195,19 +195,20 @@ class EncoderBlock(nn.Module):
         self.ffn = FeedForward(d_model, layer_set.linear)
 
     def forward(self, x: torch.Tensor, timing: torch.Tensor, mask: torch.Tensor,
-                packed: PackedBatch | None = None) -> torch.Tensor:
+                packed: PackedBatch | None = None, *, own_input: bool = False) -> torch.Tensor:
         """x: [B, L, d]; timing: [L, d]; mask: [B, L] bool (True = a real position: the keys to attend to,
         and the rows the convolutions read -- padded rows enter them as zeros, so the outputs at real
         positions do not depend on how far the batch pads).
         packed: x is a packed batch ([1, P, d], timing [P, d], mask [1, P]: ``PackedBatch``), whose sequences
-        attend separately and drop sublayers per sequence."""
+        attend separately and drop sublayers per sequence.
+        own_input: nothing reads x after this call, so the timing signal is added to it in place (no copy)."""
         batch = x.shape[0] if packed is None else len(packed.lengths)
         scales = self.depth(batch, x.dtype) if self.training else None
         if scales is not None and packed is not None:
             scales = packed.per_row(scales)                          # [S, P]: each row its sequence's factor
         # Nothing dropped (evaluation): the convolutions add their residual themselves.
         plain = scales is None and (not self.training or self.dropout.p == 0.0)
-        x = x + timing
+        x = x.add_(timing) if own_input else x + timing
         rows = packed is not None
         for i, conv in enumerate(self.convs):
             x = conv(x, residual=x, mask=mask) if plain else self._add(conv(x, mask=mask), x, scales, i, rows)
@@ -314,9 +315,12 @@ class QANet(FrozenWordVectors):
         return (found & real).unsqueeze(-1)
 
     def _model_pass(self, x: torch.Tensor, timing: torch.Tensor, mask: torch.Tensor,
-                    packed: PackedBatch | None = None) -> torch.Tensor:
-        for block in self.model_encoder:
-            x = block(x, timing, mask, packed)
+                    packed: PackedBatch | None = None, own_input: bool = False) -> torch.Tensor:
+        """own_input: nothing reads x after the pass. A block's output is the next block's alone (M0 and M1, read
+        again by the heads, are not; nor is the first pass's input in evaluation, the linear resizer's output:
+        a view that its custom Function made, which autograd lets nobody change in place)."""
+        for i, block in enumerate(self.model_encoder):
+            x = block(x, timing, mask, packed, own_input=own_input or i > 0)
         return x
 
     def _context_packing(self, mask: torch.Tensor) -> PackedBatch | None:
@@ -365,8 +369,9 @@ class QANet(FrozenWordVectors):
         c_rows = c_mask
         if packed is not None:
             c_timing, c_rows = packed.pack(c_timing.expand(*c_mask.shape, d))[0], packed.mask
-        c = self.emb_encoder(c, c_timing, c_rows, packed)
-        q = self.emb_encoder(q, q_timing, q_mask)
+        # The highway's outputs are read by the embedding encoder alone.
+        c = self.emb_encoder(c, c_timing, c_rows, packed, own_input=True)
+        q = self.emb_encoder(q, q_timing, q_mask, own_input=True)
         if packed is not None:
             c = packed.unpack(c, c_mask.shape)
 

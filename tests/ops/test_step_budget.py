@@ -8,7 +8,8 @@ Calls, dtype copies and host reads are counted at the dispatcher (a TorchDispatc
 autograd, not the calls inside a C++ kernel). Allocations are not: while any dispatch mode is active, autograd
 takes every tensor for a subclass and sums a parameter's or activation's gradients out of place (``add``, a new
 tensor, where a plain step adds in place), and a kernel's own temporaries never reach the dispatcher. So the
-allocation budget is every allocation the CPU allocator makes in a plain step, recorded by
+allocation budget is every allocation torch's CPU allocator makes in a plain step (every tensor's, a kernel's
+temporaries included; not a C++ kernel's own heap buffers, which it does not see), recorded by
 ``torch.profiler`` (its memory events), on one thread (per-thread buffers and the thread pool's workers would make
 it depend on the machine) with the native bf16 routes (a measured route choice could flip between machines).
 
@@ -21,12 +22,12 @@ dropout seeds drawn once per forward and no placeholder tensors for absent biase
 and 3,192 allocations; the character embedding's table built once per forward, the highway's carry gate with
 autograd's gradients but not their copies, the stochastic-depth factors picked rather than multiplied (no
 promoted copy of the mask) and the timing signal added in place where nothing else reads a block's input, to
-1,078 calls, 14 ``_to_copy`` and 3,132 allocations: the dtype copies cut by 95%, the allocations by 9%. Most of what is left (2,625) is inside the C++ kernels, above
-all the bf16 products of the depthwise separable convs' backwards, taken tile by tile through ATen (each operand
-narrowed to bf16, the product, its widened copy); the rest is torch's LayerNorm (112), the SGD update's
-per-parameter scalar tensors (150) and the model's own elementwise ops. (The tensors new at the dispatcher, counted
-under the mode, went from 1,164 to 826: a figure that missed the kernels' temporaries and counted the mode's own
-gradient sums.)
+1,078 calls, 14 ``_to_copy`` and 3,132 allocations: the dtype copies cut by 95%, the allocations by 9%. Most of
+what is left (2,625) is inside the C++ kernels, above all the bf16 products of the depthwise separable convs'
+backwards, taken tile by tile through ATen (each operand narrowed to bf16, the product, its widened copy); the rest
+is torch's LayerNorm (112), the SGD update's per-parameter scalar tensors (150) and the model's own elementwise
+ops. (The tensors new at the dispatcher, counted under the mode, went from 1,164 to 790: a figure that missed the
+kernels' temporaries and counted the mode's own gradient sums.)
 The budgets are the counts with a little room.
 """
 from __future__ import annotations

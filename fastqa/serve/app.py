@@ -30,7 +30,7 @@ from typing import Any, AsyncIterator
 from .._version import __version__
 from ..errors import UserError
 from .batcher import Busy, Closed
-from ..tasks import TASKS, TaskSpec
+from ..tasks import TASKS, TaskSpec, add_tasks_of
 from .engines import Engine
 from .limits import ServeLimits
 
@@ -340,6 +340,8 @@ def app_from_environment() -> "FastAPI":
     from ..tasks.loading import cpu_threads
 
     settings = json.loads(os.environ[SETTINGS_ENV])
+    if settings.get("added_tasks"):
+        add_tasks_of(settings["added_tasks"])  # a worker process starts with the built-in tasks only
     cpu_threads(settings.get("threads"))  # for the worker's life
     served = [task for task in TASKS if task.serving is not None]
     paths = {task.name: settings.get(task.serve_dest) for task in served}

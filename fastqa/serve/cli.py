@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import socket
 
-from ..tasks import TASKS
+from ..tasks import TASKS, added_tasks
 from ..tasks.flags import add_runtime_flags, counted, nonnegative_float, positive_float, resolve_device
 from .limits import ServeLimits
 
@@ -126,7 +126,7 @@ def run_serve(args: argparse.Namespace) -> int:
     models = {task.serve_dest: getattr(args, task.serve_dest) for task in served}
     settings = {**{dest: None if path is None else str(path) for dest, path in models.items()},
                 "device": resolve_device(args.device), "threads": args.threads, "precision": args.precision,
-                "limits": limits.to_dict()}
+                "limits": limits.to_dict(), "added_tasks": added_tasks()}
     # One description of the app for this process and every worker process (they read it from the environment).
     os.environ[SETTINGS_ENV] = json.dumps(settings)
     # Bind before loading: a port in use is reported before the models spend seconds loading.

@@ -11,14 +11,18 @@ plug-in, a test) for the process.
 """
 from __future__ import annotations
 
+import base64
+import pickle
+
 from .qa.spec import SPEC as _QA
 from .spec import TaskSpec
 from .translation.spec import SPEC as _TRANSLATION
 
-__all__ = ["TASKS", "TaskSpec", "add_task", "task_of"]
+__all__ = ["TASKS", "TaskSpec", "add_task", "added_tasks", "add_tasks_of", "task_of"]
 
 #: every task, in the order ``fastqa --help`` lists their commands and ``fastqa serve`` their flags and routes
 TASKS: list[TaskSpec] = [_QA, _TRANSLATION]
+_BUILT_IN = len(TASKS)  # those after them add_task registered
 
 
 def add_task(spec: TaskSpec) -> None:
@@ -35,6 +39,20 @@ def add_task(spec: TaskSpec) -> None:
         if spec.serve_flag is not None and spec.serve_flag == other.serve_flag:
             raise ValueError(f"spec: the flag {spec.serve_flag} is the {other.name} task's")
     TASKS.append(spec)
+
+
+def added_tasks() -> str:
+    """The tasks ``add_task`` registered in this process, as text for ``add_tasks_of`` in another process:
+    ``fastqa serve --workers N`` hands them to its worker processes, which start with the built-in tasks only.
+    (A spec names its modules and objects by import path, so the text carries no code.)"""
+    return base64.b64encode(pickle.dumps(TASKS[_BUILT_IN:])).decode("ascii")
+
+
+def add_tasks_of(text: str) -> None:
+    """Register the tasks of ``added_tasks()``'s text from another process, those not registered here yet."""
+    for spec in pickle.loads(base64.b64decode(text)):
+        if all(spec.name != task.name for task in TASKS):
+            add_task(spec)
 
 
 def task_of(name: str, kind: str | None) -> str | None:

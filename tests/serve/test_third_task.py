@@ -68,3 +68,20 @@ def test_a_third_task_trains_exports_answers_and_is_served(registered, capsys, c
         process.terminate()
         process.wait(timeout=60)
         log.close()
+    # With worker processes (which start with the built-in tasks only) the toy task is served as well.
+    log = open(tmp_path / "serve-workers.log", "w")
+    process = subprocess.Popen([sys.executable, str(HERE / "toy_third_task.py"), "serve", "--toy-model", str(export),
+                                "--port", "0", "--device", "cpu", "--threads", "1", "--workers", "2",
+                                "--log-level", "warning"], cwd=HERE, stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        first = process.stdout.readline()
+        assert first.startswith("fastqa serve: toy (2 worker processes) on http://"), \
+            (tmp_path / "serve-workers.log").read_text()
+        client = Client(first.split()[-1])
+        for _ in range(4):   # whichever worker takes the request
+            status, body = client.post("/toy", {"x": x})
+            assert status == 200 and body["y"] == pytest.approx(y, abs=1e-5), body
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        log.close()

@@ -97,7 +97,8 @@ def _allocations(run) -> int:
 
 @pytest.fixture
 def one_thread(monkeypatch):
-    """One thread and the native bf16 routes while the test runs: a step's allocations the same on every machine."""
+    """One thread and the native bf16 routes while the test runs: a step's allocations independent of the machine's
+    thread count and of the routes' timings (the GEMM engine and the bf16 micro-kernel's presence still count)."""
     monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", "native")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -19,8 +19,8 @@ call, its gradient cast back per call) and 39 host reads (35 of them the dropout
 the device brought that to 1,306 calls, 180 ``_to_copy`` and 4 host reads; the C++ kernels of linear and the depthwise
 separable convs taking the float32 master weights (no cast at the dispatcher forward, float32 gradients, so no cast
 back either -- though inside, per call, linear's kernel still rounds its weight and bias to bf16 and the convs'
-kernels their pointwise weight, copies only the allocator count sees), the dropout seeds drawn once per forward and no placeholder tensors for absent biases, to 1,145 calls, 18 ``_to_copy``
-and 3,192 allocations; the character embedding's table built once per forward, the highway's carry gate with
+kernels their pointwise weight, copies only the allocator count sees), the dropout seeds drawn once per forward
+and no placeholder tensors for absent biases, to 1,145 calls, 18 ``_to_copy`` and 3,192 allocations; the character embedding's table built once per forward, the highway's carry gate with
 autograd's gradients but not their copies, the stochastic-depth factors picked rather than multiplied (no
 promoted copy of the mask) and the timing signal added in place where nothing else reads a block's input, to
 1,078 calls, 14 ``_to_copy`` and 3,132 allocations: the dtype copies cut by 95%, the allocations by 9%. Most of

@@ -14,21 +14,22 @@ temporaries included; not a C++ kernel's own heap buffers, which it does not see
 it depend on the machine) with the native bf16 routes (a measured route choice could flip between machines).
 
 Before the glue was thinned the step dispatched 1,469 calls, 299 ``_to_copy`` (every weight cast to bf16 at every
-call, its gradient cast back per call) and 39 host reads (35 of them the dropout seeds' ``.item()``), and made
-3,432 allocations. Casting each weight once per step (a cache shared by the forward's calls) and the seeds drawn on
-the device brought that to 1,306 calls, 180 ``_to_copy`` and 4 host reads; the C++ kernels of linear and the depthwise
+call, its gradient cast back per call) and 39 host reads (35 of them the dropout seeds' ``.item()``), and made 3,432
+allocations. Casting each weight once per step (a cache shared by the forward's calls) and the seeds drawn on the
+device brought that to 1,306 calls, 180 ``_to_copy`` and 4 host reads; the C++ kernels of linear and the depthwise
 separable convs taking the float32 master weights (no cast at the dispatcher forward, float32 gradients, so no cast
 back either -- though inside, per call, linear's kernel still rounds its weight and bias to bf16 and the convs'
-kernels their pointwise weight, copies only the allocator count sees), the dropout seeds drawn once per forward
-and no placeholder tensors for absent biases, to 1,145 calls, 18 ``_to_copy`` and 3,192 allocations; the character embedding's table built once per forward, the highway's carry gate with
-autograd's gradients but not their copies, the stochastic-depth factors picked rather than multiplied (no
-promoted copy of the mask) and the timing signal added in place where nothing else reads a block's input, to
-1,078 calls, 14 ``_to_copy`` and 3,132 allocations: the dtype copies cut by 95%, the allocations by 9%. Most of
-what is left (2,625) is inside the C++ kernels, above all the bf16 products of the depthwise separable convs'
-backwards, taken tile by tile through ATen (each operand narrowed to bf16, the product, its widened copy); the rest
-is torch's LayerNorm (112), the SGD update's per-parameter scalar tensors (150) and the model's own elementwise
-ops. (The tensors new at the dispatcher, counted under the mode, went from 1,164 to 790: a figure that missed the
-kernels' temporaries and counted the mode's own gradient sums.)
+kernels their pointwise weight, copies only the allocator count sees), the dropout seeds drawn once per forward and
+no placeholder tensors for absent biases, to 1,145 calls, 18 ``_to_copy`` and 3,192 allocations; the character
+embedding's table built once per forward, the highway's carry gate with autograd's gradients but not their copies,
+the stochastic-depth factors picked rather than multiplied (no promoted copy of the mask) and the timing signal
+added in place where nothing else reads a block's input, to 1,078 calls, 14 ``_to_copy`` and 3,132 allocations: the
+dtype copies cut by 95%, the allocations by 9%. Most of what is left (2,625) is inside the C++ kernels, above all
+the bf16 products of the depthwise separable convs' backwards, taken tile by tile through ATen (each operand
+narrowed to bf16, the product, its widened copy); the rest is torch's LayerNorm (112), the SGD update's
+per-parameter scalar tensors (150) and the model's own elementwise ops. (The tensors new at the dispatcher, counted
+under the mode, went from 1,164 to 790: a figure that missed the kernels' temporaries and counted the mode's own
+gradient sums.)
 The budgets are the counts with a little room.
 """
 from __future__ import annotations

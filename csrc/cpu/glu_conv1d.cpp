@@ -645,24 +645,16 @@ std::tuple<at::Tensor, at::Tensor> fwd_bf16(const at::Tensor& x, const at::Tenso
   return {y, aux};
 }
 
-// bwd_kernel's steps on bf16 storage: grad_pre computed per row in float32 from the widened aux and grad_y
-// (the bias gradient summed there, in float32), stored in bf16 as the GEMMs' operand; the K products
-// grad_pre @ W_k in bf16, summed per row of grad_x in float32 in bwd_kernel's order (tap 0, then taps 1..K-1).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16(const at::Tensor& grad_y_in, const at::Tensor& x,
-                                                        const at::Tensor& weight, const Geometry& g, const bool* m,
-                                                        const at::Tensor& aux_in, bool residual, double scale,
-                                                        bool has_bias) {
-  const at::Tensor grad_y = grad_y_in.contiguous();
-  const at::Tensor aux = aux_in.contiguous();
+// grad_pre (bf16 rows [N, 2H] at gpd, junk rows zero) from aux and grad_y (both contiguous bf16), in float32 per row;
+// returns the bias gradient (bf16, summed in float32 over fixed blocks of rows), undefined without a bias.
+at::Tensor bf16_grad_pre(const at::Tensor& grad_y, const at::Tensor& aux, const Geometry& g, float s, bool has_bias,
+                         at::BFloat16* gpd) {
   const int64_t H = g.H;
   const int64_t n_blocks = (g.B * g.T + kRowBlock - 1) / kRowBlock;
-  const float s = static_cast<float>(scale);
-  at::Tensor grad_pre = at::empty({g.N, 2 * H}, x.options());
-  at::Tensor bias_partials = has_bias ? at::empty({n_blocks, 2 * H}, x.options().dtype(at::kFloat)) : at::Tensor();
+  at::Tensor bias_partials = has_bias ? at::empty({n_blocks, 2 * H}, aux.options().dtype(at::kFloat)) : at::Tensor();
   {
     const at::BFloat16* ad = aux.data_ptr<at::BFloat16>();
     const at::BFloat16* gyd = grad_y.data_ptr<at::BFloat16>();
-    at::BFloat16* gpd = grad_pre.data_ptr<at::BFloat16>();
     float* partials = has_bias ? bias_partials.data_ptr<float>() : nullptr;
     at::parallel_for(0, n_blocks, 1, [&](int64_t block_begin, int64_t block_end) {
       std::vector<float> pre(2 * H), gy(H), gp(2 * H);
@@ -690,6 +682,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16(const at::Tensor& grad_y
     for (int64_t blk = 0; blk < n_blocks; ++blk) add_row<float>(partials + blk * 2 * H, 2 * H, gbd);
     grad_bias = sum.to(at::kBFloat16);
   }
+  return grad_bias;
+}
+
+// bwd_kernel's steps on bf16 storage: grad_pre computed per row in float32 from the widened aux and grad_y
+// (the bias gradient summed there, in float32), stored in bf16 as the GEMMs' operand; the K products
+// grad_pre @ W_k in bf16, summed per row of grad_x in float32 in bwd_kernel's order (tap 0, then taps 1..K-1).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16(const at::Tensor& grad_y_in, const at::Tensor& x,
+                                                        const at::Tensor& weight, const Geometry& g, const bool* m,
+                                                        const at::Tensor& aux_in, bool residual, double scale,
+                                                        bool has_bias) {
+  const at::Tensor grad_y = grad_y_in.contiguous();
+  const int64_t H = g.H;
+  const float s = static_cast<float>(scale);
+  at::Tensor grad_pre = at::empty({g.N, 2 * H}, x.options());
+  const at::Tensor grad_bias =
+      bf16_grad_pre(grad_y, aux_in.contiguous(), g, s, has_bias, grad_pre.data_ptr<at::BFloat16>());
   at::Tensor xp = at::empty({g.B * g.Tp, H}, x.options());
   fill_padded<at::BFloat16>(x, m, g, xp.data_ptr<at::BFloat16>(), nullptr);
   // grad W_k = grad_pre^T @ xp[k : k+N] ([2H, H] each, bf16), stacked into the Conv1d layout [2H, H, K].
@@ -736,6 +744,173 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16(const at::Tensor& grad_y
   return {grad_x, grad_weight, grad_bias};
 }
 
+// ---- bfloat16 on the batch-reduce GEMM micro-kernel (gemm::bf16_brgemm)
+// Where the micro-kernel takes packed bf16 (gemm::bf16_brgemm_usable) and H is even (the packed layout pairs the
+// rows of the reduction), the bf16 forward and grad_x run fused per block of kBrRows rows and kBrChannels
+// channels: the K taps' products summed in float32 straight into one small buffer (the K bf16 product tensors
+// of fwd_bf16 / bwd_bf16, their rounding and their passes over memory are gone), then the epilogue on that
+// buffer while it is in cache. The taps are packed once per weight value (gemm::packed_weight). The weight
+// gradient is one product grad_preᵀ · [xp[r], xp[r+1], ..., xp[r+K-1]] (the rows of the padded space side by
+// side: an overlapping view of xp, no im2col built beyond the packing) summed in float32 (gemm::bf16_tn_float).
+constexpr int64_t kBrRows = 64;
+constexpr int64_t kBrChannels = 128;
+
+bool brgemm_applies(int64_t H) { return gemm::bf16_brgemm_usable() && H % 2 == 0; }
+
+// The forward's taps: for each tap k and chunk of GLU channels [h0, h0 + w), the chunk's a rows then its b rows of
+// W_k = weight[:, :, k] ([2w, H]) packed by gemm::pack_vnni; block (k, h0) starts at (k * 2H + 2 * h0) * H.
+at::Tensor pack_forward_taps(const at::Tensor& weight) {
+  const int64_t H = weight.size(1), K = weight.size(2);
+  const at::Tensor w = weight_taps(weight);  // [K, 2H, H]
+  std::vector<at::Tensor> blocks;
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t h0 = 0; h0 < H; h0 += kBrChannels) {
+      const int64_t width = std::min(kBrChannels, H - h0);
+      blocks.push_back(gemm::pack_vnni(at::cat({w[k].narrow(0, h0, width), w[k].narrow(0, H + h0, width)})).view(-1));
+    }
+  }
+  return at::cat(blocks);
+}
+
+// grad_x's taps: for each tap k and chunk of input channels [c0, c0 + w), rows c0.. of W_k^T ([w, 2H]) packed by
+// gemm::pack_vnni; block (k, c0) starts at (k * H + c0) * 2H.
+at::Tensor pack_backward_taps(const at::Tensor& weight) {
+  const int64_t H = weight.size(1), K = weight.size(2);
+  const at::Tensor w_t = weight.permute({2, 1, 0}).contiguous();  // [K, H, 2H]: W_k^T
+  std::vector<at::Tensor> blocks;
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t c0 = 0; c0 < H; c0 += kBrChannels) {
+      blocks.push_back(gemm::pack_vnni(w_t[k].narrow(0, c0, std::min(kBrChannels, H - c0))).view(-1));
+    }
+  }
+  return at::cat(blocks);
+}
+
+// fwd_bf16 with the taps' products summed in float32 by the micro-kernel (the bias as their starting value).
+std::tuple<at::Tensor, at::Tensor> fwd_bf16_brgemm(const at::Tensor& x, const at::Tensor& weight,
+                                                   const std::optional<at::Tensor>& bias, const Geometry& g,
+                                                   const bool* m, bool residual, double scale) {
+  const int64_t H = g.H;
+  at::Tensor xp = at::empty({g.B * g.Tp, H}, x.options());
+  fill_padded<at::BFloat16>(x, m, g, xp.data_ptr<at::BFloat16>(), nullptr);
+  const at::Tensor packed =
+      gemm::packed_weight(weight, "glu_conv1d forward vnni", [&] { return pack_forward_taps(weight); });
+  const at::Tensor bias_f = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  const float* bd = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
+  at::Tensor aux = at::empty({g.N, 2 * H}, x.options());
+  at::Tensor y = at::empty({g.B, g.T, H}, x.options());
+  const at::BFloat16* xpd = xp.data_ptr<at::BFloat16>();
+  const at::BFloat16* pw = packed.data_ptr<at::BFloat16>();
+  at::BFloat16* ad = aux.data_ptr<at::BFloat16>();
+  at::BFloat16* yd = y.data_ptr<at::BFloat16>();
+  const float s = static_cast<float>(scale);
+  const int64_t chunks = ceil_div(H, kBrChannels);
+  at::parallel_for(0, ceil_div(g.N, kBrRows) * chunks, 1, [&](int64_t item0, int64_t item1) {
+    std::vector<float> sums(kBrRows * 2 * kBrChannels), res(residual ? kBrChannels : 0), out(kBrChannels);
+    std::vector<at::BFloat16> tmp(m != nullptr && residual ? H : 0);
+    for (int64_t item = item0; item < item1; ++item) {
+      const int64_t r0 = (item / chunks) * kBrRows, rows = std::min(kBrRows, g.N - r0);
+      const int64_t h0 = (item % chunks) * kBrChannels, w = std::min(kBrChannels, H - h0);
+      float* c = sums.data();  // [rows, 2w]: the chunk's a columns, then its b columns
+      if (bd != nullptr) {
+        fill_rows(c, 2 * w, bd + h0, w, rows);
+        fill_rows(c + w, 2 * w, bd + H + h0, w, rows);
+      }
+      for (int64_t k = 0; k < g.K; ++k) {
+        gemm::bf16_brgemm(rows, 2 * w, H, xpd + (r0 + k) * H, H, pw + (k * 2 * H + 2 * h0) * H, c, 2 * w,
+                          /*accumulate=*/bd != nullptr || k > 0);
+      }
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t r = r0 + i, b = r / g.Tp, t = r % g.Tp;
+        float* pre = c + i * 2 * w;
+        bf16::narrow_row(pre, w, ad + r * 2 * H + h0);
+        bf16::narrow_row(pre + w, w, ad + r * 2 * H + H + h0);
+        if (t >= g.T) continue;  // a junk row between two sequences: no output reads it
+        if (residual) {
+          bf16::widen_row(residual_row<at::BFloat16>(x, m, g, xpd, b, t, tmp.data()) + h0, w, res.data());
+        }
+        glu_row_bf16(pre, residual ? res.data() : nullptr, s, w, out.data(), yd + (b * g.T + t) * H + h0);
+      }
+    }
+    gemm::bf16_brgemm_release();
+  });
+  return {y, aux};
+}
+
+// bwd_bf16 with grad_x's taps summed in float32 by the micro-kernel, and the weight gradient as one product.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16_brgemm(const at::Tensor& grad_y_in, const at::Tensor& x,
+                                                               const at::Tensor& weight, const Geometry& g,
+                                                               const bool* m, const at::Tensor& aux, bool residual,
+                                                               double scale, bool has_bias) {
+  const at::Tensor grad_y = grad_y_in.contiguous();
+  const int64_t H = g.H, K = g.K, rows_all = g.B * g.Tp;
+  const float s = static_cast<float>(scale);
+  // grad_pre with K-1 zero rows before and after: every tap of every row of the padded space reads a real row.
+  at::Tensor grad_pre_padded = at::empty({rows_all + K - 1, 2 * H}, x.options());
+  grad_pre_padded.narrow(0, 0, K - 1).zero_();
+  grad_pre_padded.narrow(0, K - 1 + g.N, K - 1).zero_();
+  const at::Tensor grad_pre = grad_pre_padded.narrow(0, K - 1, g.N);
+  const at::Tensor grad_bias = bf16_grad_pre(grad_y, aux.contiguous(), g, s, has_bias,
+                                             grad_pre.data_ptr<at::BFloat16>());
+  at::Tensor grad_weight;
+  {
+    at::Tensor xp = at::empty({rows_all, H}, x.options());
+    fill_padded<at::BFloat16>(x, m, g, xp.data_ptr<at::BFloat16>(), nullptr);
+    // [N, K*H]: row r is xp[r], ..., xp[r+K-1] side by side (rows of H overlapping by K-1).
+    const at::Tensor windows = xp.as_strided({g.N, K * H}, {H, 1});
+    const at::Tensor gw = gemm::bf16_tn_float(grad_pre, windows);  // [2H, K*H], column k*H + i is W_k[:, i]
+    grad_weight = at::empty({2 * H, H, K}, x.options());
+    grad_weight.copy_(gw.view({2 * H, K, H}).permute({0, 2, 1}));
+  }
+  const at::Tensor packed =
+      gemm::packed_weight(weight, "glu_conv1d backward vnni", [&] { return pack_backward_taps(weight); });
+  at::Tensor grad_x = at::empty({g.B, g.T, H}, x.options());
+  const at::BFloat16* gpd = grad_pre_padded.data_ptr<at::BFloat16>();
+  const at::BFloat16* pw = packed.data_ptr<at::BFloat16>();
+  const at::BFloat16* gyd = grad_y.data_ptr<at::BFloat16>();
+  at::BFloat16* gxd = grad_x.data_ptr<at::BFloat16>();
+  const int64_t chunks = ceil_div(H, kBrChannels);
+  // grad xp[s] = sum_k grad_pre[s - k] @ W_k over the rows s of the padded space; rows of padding are skipped in
+  // the epilogue.
+  at::parallel_for(0, ceil_div(rows_all, kBrRows) * chunks, 1, [&](int64_t item0, int64_t item1) {
+    std::vector<float> sums(kBrRows * kBrChannels), gy(kBrChannels), out(kBrChannels);
+    for (int64_t item = item0; item < item1; ++item) {
+      const int64_t s0 = (item / chunks) * kBrRows, rows = std::min(kBrRows, rows_all - s0);
+      const int64_t c0 = (item % chunks) * kBrChannels, w = std::min(kBrChannels, H - c0);
+      float* c = sums.data();  // [rows, w]
+      for (int64_t k = 0; k < K; ++k) {  // grad_pre[s - k] is row s - k + K - 1 of the padded buffer
+        gemm::bf16_brgemm(rows, w, 2 * H, gpd + (s0 - k + K - 1) * 2 * H, 2 * H, pw + (k * H + c0) * 2 * H, c, w,
+                          /*accumulate=*/k > 0);
+      }
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t srow = s0 + i, b = srow / g.Tp, t = srow % g.Tp - g.pad_left;
+        if (t < 0 || t >= g.T) continue;  // padding rows
+        const int64_t row = b * g.T + t;
+        const bool kept = m == nullptr || m[row];
+        bf16::widen_row(gyd + row * H + c0, w, gy.data());
+        grad_x_row<float>(kept ? c + i * w : nullptr, residual ? s : 0.0f, gy.data(), w, out.data());
+        bf16::narrow_row(out.data(), w, gxd + row * H + c0);
+      }
+    }
+    gemm::bf16_brgemm_release();
+  });
+  return {grad_x, grad_weight, grad_bias};
+}
+
+// A bf16 call of the forward or the backward takes one of two routes (gemm::route_for, per direction and shape
+// class): native (bf16 storage and products, fwd_bf16_brgemm / bwd_bf16_brgemm, or fwd_bf16 / bwd_bf16 where the
+// micro-kernel does not apply) or widen (the float32 kernel, Winograd included, on widened inputs and the
+// weight widened once per weight value, the results rounded back): on a processor whose bf16 products are not
+// faster than its float32 ones, a bf16 call costs no more than a float32 one. aux is the bf16 pre-activation
+// either way, so the backward's route does not depend on the forward's.
+std::string route_shape(const Geometry& g) {
+  return gemm::shape_class({{"B", g.B}, {"T", g.T}, {"H", g.H}, {"K", g.K}});
+}
+
+at::Tensor widened_weight(const at::Tensor& weight) {
+  return gemm::packed_weight(weight, "float32", [&] { return bf16::widen(weight); });
+}
+
 // The op entries: the argument checks once, then float32 / float64 run the kernels above, bf16 the bf16 ones
 // (mixed dtypes are refused by the checks, as float32 with float64 is).
 std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at::Tensor& weight,
@@ -748,8 +923,16 @@ std::tuple<at::Tensor, at::Tensor> glu_conv1d_fwd(const at::Tensor& x, const at:
   check_bias(op, bias, x, g.H);
   at::Tensor mask_holder;
   const bool* m = mask_data(mask, mask_holder);
-  return bf16::is_bf16(x) ? fwd_bf16(x, weight, bias, g, m, residual, scale)
-                          : fwd_kernel(x, weight, bias, g, m, residual, scale);
+  if (!bf16::is_bf16(x)) return fwd_kernel(x, weight, bias, g, m, residual, scale);
+  const auto run = [&](gemm::Route route) -> std::tuple<at::Tensor, at::Tensor> {
+    if (route == gemm::Route::kNative) {
+      return brgemm_applies(g.H) ? fwd_bf16_brgemm(x, weight, bias, g, m, residual, scale)
+                                 : fwd_bf16(x, weight, bias, g, m, residual, scale);
+    }
+    auto [y, pre] = fwd_kernel(bf16::widen(x), widened_weight(weight), bf16::widen(bias), g, m, residual, scale);
+    return {bf16::narrow(y), bf16::narrow(pre)};
+  };
+  return run(gemm::route_for(op, route_shape(g), [&](gemm::Route r) { (void)run(r); }));
 }
 
 std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>> glu_conv1d_bwd(
@@ -759,9 +942,22 @@ std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>> glu_conv1d_bwd(
   const Geometry g = check_bwd_args(grad_y, x, weight, mask, aux, pad_left);
   at::Tensor mask_holder;
   const bool* m = mask_data(mask, mask_holder);
-  auto [grad_x, grad_weight, grad_bias] = bf16::is_bf16(x)
-                                              ? bwd_bf16(grad_y, x, weight, g, m, aux, residual, scale, has_bias)
-                                              : bwd_kernel(grad_y, x, weight, g, m, aux, residual, scale, has_bias);
+  if (!bf16::is_bf16(x)) {
+    auto [grad_x, grad_weight, grad_bias] = bwd_kernel(grad_y, x, weight, g, m, aux, residual, scale, has_bias);
+    return {grad_x, grad_weight, if_defined(grad_bias)};
+  }
+  using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+  const auto run = [&](gemm::Route route) -> Grads {
+    if (route == gemm::Route::kNative) {
+      return brgemm_applies(g.H) ? bwd_bf16_brgemm(grad_y, x, weight, g, m, aux, residual, scale, has_bias)
+                                 : bwd_bf16(grad_y, x, weight, g, m, aux, residual, scale, has_bias);
+    }
+    auto [gx, gw, gb] = bwd_kernel(bf16::widen(grad_y), bf16::widen(x), widened_weight(weight), g, m,
+                                   bf16::widen(aux), residual, scale, has_bias);
+    return {bf16::narrow(gx), bf16::narrow(gw), bf16::narrow(gb)};
+  };
+  auto [grad_x, grad_weight, grad_bias] =
+      run(gemm::route_for("fastqa::glu_conv1d_bwd", route_shape(g), [&](gemm::Route r) { (void)run(r); }));
   return {grad_x, grad_weight, if_defined(grad_bias)};
 }
 

@@ -370,11 +370,15 @@ needs_cpu = pytest.mark.skipif("cpu" not in BACKENDS, reason="fastqa._C is not b
 
 
 @needs_cpu
-@pytest.mark.parametrize("shape", REAL + EDGE, ids=str)
+@pytest.mark.parametrize("route", ["native", "widen"])
+@pytest.mark.parametrize("shape", REAL + EDGE + [(2, 70, 200, 3)], ids=str)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("masked", [False, True])
-def test_cpu_bfloat16_matches_float64_reference(shape, causal, masked):
-    """bf16 in and out (y and every gradient), float32 inside, the products on the bf16 engine."""
+def test_cpu_bfloat16_matches_float64_reference(shape, causal, masked, route, monkeypatch):
+    """bf16 in and out (y and every gradient), float32 inside, each route forced (native: the products on the
+    bf16 engine, through the micro-kernel where H is even -- (2, 70, 200, 3): a channel block and a row block
+    cut short --, else per-tap bf16 GEMMs; widen: the float32 kernel on widened inputs)."""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
     x, w, b = make(*shape)
     mask = random_mask(*shape[:2]) if masked else None
     kwargs = dict(causal=causal, mask=mask)
@@ -393,8 +397,10 @@ def test_cpu_bfloat16_no_bias_residual_scale(residual, scale):
 
 @needs_cpu
 def test_cpu_bfloat16_takes_the_taps(monkeypatch):
-    """Winograd's transforms of bf16 operands would lose far more than a rounding: a bf16 call multiplies
-    through the direct taps whatever FASTQA_CPU_GLU_CONV asks (forward and gradients the same either way)."""
+    """Winograd's transforms of bf16 operands would lose far more than a rounding: the native bf16 route
+    multiplies through the direct taps whatever FASTQA_CPU_GLU_CONV asks (forward and gradients the same either
+    way). (The widen route runs the float32 kernel, Winograd included, on float32 operands.)"""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", "native")
     x, w, b = (t.to(torch.bfloat16) for t in make(2, 40, 64, 3))
     grad_y = torch.randn(x.shape, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     runs = {}
@@ -402,6 +408,25 @@ def test_cpu_bfloat16_takes_the_taps(monkeypatch):
         monkeypatch.setenv("FASTQA_CPU_GLU_CONV", algo)
         runs[algo] = _glu_and_grads(x, w, b, grad_y, "cpu", causal=True)
     for name, a, c in zip(["y", "grad x", "grad weight", "grad bias"], runs["winograd"], runs["taps"]):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, c), name
+
+
+@needs_cpu
+def test_cpu_bfloat16_routes_measured_per_direction(monkeypatch):
+    """Unforced, a bf16 call's forward and backward each pick a route for their shape class once (both timed) and
+    keep it: the plan records both, and repeated calls are bit-identical."""
+    from fastqa._backend import cpu_gemm_info
+
+    monkeypatch.delenv("FASTQA_CPU_BF16_ROUTE", raising=False)
+    x, w, b = (t.to(torch.bfloat16) for t in make(3, 23, 40, 3))  # a shape class no other test uses
+    grad_y = torch.randn(x.shape, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    first = _glu_and_grads(x, w, b, grad_y, "cpu", causal=True)
+    routes = [r for r in cpu_gemm_info()["routes"] if r["shape"] == "B=4 T=32 H=64 K=4"]
+    assert sorted(r["op"] for r in routes) == ["glu_conv1d_bwd", "glu_conv1d_fwd"], routes
+    for r in routes:
+        assert r["route"] in ("native", "widen") and r["ms"]["native"] > 0 and r["ms"]["widen"] > 0, r
+    again = _glu_and_grads(x, w, b, grad_y, "cpu", causal=True)
+    for name, a, c in zip(["y", "grad x", "grad weight", "grad bias"], first, again):
         assert a.dtype == torch.bfloat16 and torch.equal(a, c), name
 
 

@@ -43,11 +43,14 @@
 #include <torch/library.h>
 
 #include "cpu/bf16.h"
+#include "cpu/bf16_rows.h"
 #include "cpu/common.h"
 #include "cpu/gemm.h"
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -444,6 +447,64 @@ c10::optional<at::Tensor> checked_residual(const char* op, const c10::optional<a
   return residual->contiguous();
 }
 
+// ---- the bf16 "native" route's products (gemm::bf16_brgemm) ----
+// The same tiles and loops as the float32 kernel; each tile's products on PyTorch's batch-reduce GEMM micro-kernel
+// instead of at::mm on bf16 copies made per tile: the tile's left factor rounded to bf16 into the thread's scratch,
+// the pointwise weight packed once per weight value (gemm::packed_weight), the exact products summed in float32
+// into the tile's float32 buffer. No tensor per tile; the products' sums are float32, not rounded to bf16.
+bool native_products_apply(const Shapes& s) {
+  return gemm::bf16_brgemm_usable() && s.C_in % 2 == 0 && s.C_out % 2 == 0;
+}
+
+// The pointwise weight packed for the forward's y = h·pwᵀ (pw [C_out, C_in]) and for the backward's
+// dL/dh = gz·pw (pwᵀ [C_in, C_out]), made once per weight value.
+at::Tensor packed_pointwise(const at::Tensor& pw_weight, bool transposed) {
+  return gemm::packed_weight(pw_weight, transposed ? "dwsep pointwise vnni t" : "dwsep pointwise vnni", [&] {
+    const at::Tensor w = bf16::narrow(pointwise_2d(pw_weight));
+    return gemm::pack_vnni(transposed ? w.t().contiguous() : w);
+  });
+}
+
+// The route of a bf16 call of `op` (gemm::route_for, per shape class): "native" takes the products in bf16 -- on
+// the micro-kernel where native_products_apply, else on torch's bf16 GEMM (a gemm::Bf16Products scope) --,
+// "widen" in float32. Both run the float32 kernel's loops on widened inputs and round the results to bf16.
+gemm::Route bf16_route(const char* op, const Shapes& s, const std::function<void(gemm::Route)>& run) {
+  const std::string shape =
+      gemm::shape_class({{"rows", s.B * s.L}, {"C_in", s.C_in}, {"C_out", s.C_out}, {"K", s.K}});
+  return gemm::route_for(op, shape, run);
+}
+
+// The pointwise weight a route's kernel reads: bf16 for bf16 products, float32 for float32 ones.
+at::Tensor pointwise_for(const at::Tensor& pw_weight, gemm::Route route) {
+  return route == gemm::Route::kNative ? bf16::narrow(pw_weight) : bf16::widen(pw_weight);
+}
+
+// dst [C, rows_p] (rows_p = rows rounded up to even, the extra column zero) = src [rows, C]ᵀ rounded to bf16.
+void transposed_bf16(const float* src, int64_t rows, int64_t C, uint16_t* dst) {
+  const int64_t rows_p = rows + rows % 2;
+  for (int64_t c = 0; c < C; ++c) {
+    uint16_t* d = dst + c * rows_p;
+    for (int64_t r = 0; r < rows; ++r) d[r] = bf16::round_bits(src[r * C + c]);
+    if (rows_p != rows) d[rows] = 0;
+  }
+}
+
+// src [rows, C] rounded to bf16 in gemm::pack_vnni's layout of srcᵀ ([rows_p / 2, C, 2]: each pair of rows
+// interleaved, an odd last row paired with zeros): the right factor of a product summed over the rows.
+void vnni_rows_bf16(const float* src, int64_t rows, int64_t C, uint16_t* dst) {
+  for (int64_t r = 0; r < rows; r += 2) {
+    const float* a = src + r * C;
+    const float* b = r + 1 < rows ? a + C : nullptr;
+    uint16_t* d = dst + r * C;
+    for (int64_t c = 0; c < C; ++c) {
+      d[2 * c] = bf16::round_bits(a[c]);
+      d[2 * c + 1] = b ? bf16::round_bits(b[c]) : uint16_t(0);
+    }
+  }
+}
+
+inline const c10::BFloat16* as_bf16(const uint16_t* bits) { return reinterpret_cast<const c10::BFloat16*>(bits); }
+
 // The forward on checked arguments (check_args, checked_residual): x, dw_weight and the biases float32 or
 // float64. pw_weight feeds the GEMMs only: x's dtype, or bf16 inside a Bf16Products scope (a bf16 operand
 // is taken as it is, where a float32 one would be rounded to bf16 on every tile). bf16_out (float32 x): y is
@@ -454,7 +515,8 @@ std::tuple<at::Tensor, at::Tensor> dwsep_forward(const Shapes& s, const at::Tens
                                                  const at::Tensor& pw_weight,
                                                  const c10::optional<at::Tensor>& pw_bias_in,
                                                  const c10::optional<at::Tensor>& residual, int64_t pad_left,
-                                                 bool relu, bool bf16_out = false) {
+                                                 bool relu, bool bf16_out = false,
+                                                 const at::Tensor& pw_packed = at::Tensor()) {
   gemm::prepare();
   c10::optional<at::Tensor> dw_bias, pw_bias;
   if (dw_bias_in) dw_bias = dw_bias_in->contiguous();
@@ -486,6 +548,9 @@ std::tuple<at::Tensor, at::Tensor> dwsep_forward(const Shapes& s, const at::Tens
       const gemm::Bf16Products bf16_scope(b16);
       at::Tensor h = at::empty({tiles.max_rows(), s.C_in}, x.options());
       at::Tensor y_buf = bf16_out ? at::empty({tiles.max_rows(), s.C_out}, x.options()) : at::Tensor();
+      // The native route's products (float32 x only): h rounded to bf16 here, pw_packed the right factor.
+      const bool native = pw_packed.defined() && std::is_same_v<scalar_t, float>;
+      std::vector<uint16_t> h16(native ? tiles.max_rows() * s.C_in : 0);
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t b0 = tiles.seq(t), b1 = tiles.seq_end(t), l0 = tiles.begin(t), l1 = tiles.end(t);
         const int64_t rows = (b1 - b0) * (l1 - l0);
@@ -499,11 +564,21 @@ std::tuple<at::Tensor, at::Tensor> dwsep_forward(const Shapes& s, const at::Tens
         // The bias, when there is one, is the GEMM's starting value (fill_rows): the epilogue has one
         // pass less.
         if (pbp) fill_rows(y_tile.data_ptr<scalar_t>(), s.C_out, pbp, s.C_out, rows);
-        gemm::mm_out(y_tile, h_tile, w_t, /*accumulate=*/pbp != nullptr);
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          if (native) {
+            const float* hp = h_tile.data_ptr<float>();
+            for (int64_t i = 0; i < rows * s.C_in; ++i) h16[i] = bf16::round_bits(hp[i]);
+            gemm::bf16_brgemm(rows, s.C_out, s.C_in, as_bf16(h16.data()), s.C_in,
+                              pw_packed.data_ptr<c10::BFloat16>(), y_tile.data_ptr<float>(), s.C_out,
+                              /*accumulate=*/pbp != nullptr);
+          }
+        }
+        if (!native) gemm::mm_out(y_tile, h_tile, w_t, /*accumulate=*/pbp != nullptr);
         epilogue_rows(y_tile.data_ptr<scalar_t>(), rp ? rp + row0 * s.C_out : nullptr,
                       mp ? mp + row0 * s.C_out : nullptr, rows, s.C_out, relu);
         if (bf16_out) y2d.narrow(0, row0, rows).copy_(y_tile);
       }
+      if (native) gemm::bf16_brgemm_release();
     });
   });
   return {y, aux};
@@ -530,13 +605,18 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> dwsep_conv1d_fwd(
     auto [y, aux] = dwsep_forward(s, x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu);
     return {y, if_defined(aux)};
   }
-  // bf16 (csrc/cpu/bf16.h): the float32 kernel on widened copies, its products in bf16; y rounded once, at the end
-  // of its tile.
-  const gemm::Bf16Products bf16_scope;
-  const at::Tensor wide_x = bf16::widen(x);
-  auto [y, aux] = dwsep_forward(s, wide_x, bf16::widen(dw_weight), bf16::widen(dw_bias), bf16::narrow(pw_weight),
-                                bf16::widen(pw_bias), widened_residual(residual_in, residual, x, wide_x), pad_left,
-                                relu, /*bf16_out=*/true);
+  // bf16 (csrc/cpu/bf16.h): the float32 kernel on widened copies, its products by the route (bf16_route); y
+  // rounded once, at the end of its tile.
+  const auto run = [&](gemm::Route route) {
+    const bool native = route == gemm::Route::kNative;
+    const gemm::Bf16Products bf16_scope(native);
+    const at::Tensor wide_x = bf16::widen(x);
+    return dwsep_forward(s, wide_x, bf16::widen(dw_weight), bf16::widen(dw_bias), pointwise_for(pw_weight, route),
+                         bf16::widen(pw_bias), widened_residual(residual_in, residual, x, wide_x), pad_left, relu,
+                         /*bf16_out=*/true,
+                         native && native_products_apply(s) ? packed_pointwise(pw_weight, false) : at::Tensor());
+  };
+  auto [y, aux] = run(bf16_route(op, s, [&](gemm::Route r) { (void)run(r); }));
   return {y, if_defined(aux)};
 }
 
@@ -566,7 +646,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
     const Shapes& s, const at::Tensor& grad_y_in, const at::Tensor& x_in, const at::Tensor& dw_weight,
     const c10::optional<at::Tensor>& dw_bias_in, const at::Tensor& pw_weight,
     const c10::optional<at::Tensor>& pw_bias, const at::Tensor& aux_in, int64_t pad_left, bool relu,
-    bool bf16_out = false) {
+    bool bf16_out = false, const at::Tensor& pw_t_packed = at::Tensor()) {
   gemm::prepare();
   const at::Tensor grad_y = grad_y_in.contiguous();
   const at::Tensor x = x_in.contiguous();
@@ -608,6 +688,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
       at::Tensor gh = at::empty({halo_rows, s.C_in}, opts);
       at::Tensor gz = relu ? at::empty({halo_rows, s.C_out}, opts) : at::Tensor();
       at::Tensor gx_buf = bf16_out ? at::empty({tiles.chunk, s.C_in}, opts) : at::Tensor();
+      // The native route's products (float32 x only): gz rounded to bf16 (as it is, for dL/dh = gz·pw) and
+      // transposed (the left factor of gzᵀ·h), h paired by rows (the right factor).
+      const bool native = pw_t_packed.defined() && std::is_same_v<scalar_t, float>;
+      const int64_t chunk_p = tiles.chunk + tiles.chunk % 2;
+      std::vector<uint16_t> gz16(native ? halo_rows * s.C_out : 0), gz_t16(native ? s.C_out * chunk_p : 0),
+          h_vnni(native ? chunk_p * s.C_in : 0);
       for (int64_t g = g0; g < g1; ++g) {
         at::Tensor pw_acc = part_pw[g];
         scalar_t* pb_acc = pw_bias ? part_pb[g].data_ptr<scalar_t>() : nullptr;
@@ -633,9 +719,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
           at::Tensor h_tile = h.narrow(0, 0, rows);
           depthwise_rows(xp + b * s.L * s.C_in, wtp, dbp, h_tile.data_ptr<scalar_t>(), s.L, s.C_in, s.K,
                          pad_left, l0, l1);
-          gemm::mm_out(pw_acc, gz_tile.t(), h_tile, /*accumulate=*/true);
           at::Tensor gh_ext = gh.narrow(0, 0, ext);
-          gemm::mm_out(gh_ext, gz_ext, w2d);
+          if constexpr (std::is_same_v<scalar_t, float>) {
+            if (native) {
+              const int64_t rows_p = rows + rows % 2;
+              transposed_bf16(gz_tile.data_ptr<float>(), rows, s.C_out, gz_t16.data());
+              vnni_rows_bf16(h_tile.data_ptr<float>(), rows, s.C_in, h_vnni.data());
+              gemm::bf16_brgemm(s.C_out, s.C_in, rows_p, as_bf16(gz_t16.data()), rows_p, as_bf16(h_vnni.data()),
+                                pw_acc.data_ptr<float>(), s.C_in, /*accumulate=*/true);
+              const float* gzp = gz_ext.data_ptr<float>();
+              for (int64_t i = 0; i < ext * s.C_out; ++i) gz16[i] = bf16::round_bits(gzp[i]);
+              gemm::bf16_brgemm(ext, s.C_in, s.C_out, as_bf16(gz16.data()), s.C_out,
+                                pw_t_packed.data_ptr<c10::BFloat16>(), gh_ext.data_ptr<float>(), s.C_in,
+                                /*accumulate=*/false);
+            }
+          }
+          if (!native) {
+            gemm::mm_out(pw_acc, gz_tile.t(), h_tile, /*accumulate=*/true);
+            gemm::mm_out(gh_ext, gz_ext, w2d);
+          }
           const scalar_t* ghp = gh_ext.data_ptr<scalar_t>();
           const int64_t row0 = b * s.L + l0;
           scalar_t* gxp = bf16_out ? gx_buf.data_ptr<scalar_t>() : grad_x.data_ptr<scalar_t>() + row0 * s.C_in;
@@ -644,6 +746,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
           if (bf16_out) grad_x.view({s.B * s.L, s.C_in}).narrow(0, row0, rows).copy_(gx_buf.narrow(0, 0, rows));
         }
       }
+      if (native) gemm::bf16_brgemm_release();
     });
   });
 
@@ -667,11 +770,14 @@ std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>, at::Tensor, c10::o
         dwsep_backward(s, grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu);
     return {gx, gdw, if_defined(gdb), gpw, if_defined(gpb)};
   }
-  const gemm::Bf16Products bf16_scope;
-  auto [gx, gdw, gdb, gpw, gpb] =
-      dwsep_backward(s, bf16::widen(grad_y), bf16::widen(x), bf16::widen(dw_weight),
-                     bf16::widen(dw_bias), bf16::narrow(pw_weight), pw_bias, aux, pad_left, relu,
-                     /*bf16_out=*/true);
+  const auto run = [&](gemm::Route route) {
+    const bool native = route == gemm::Route::kNative;
+    const gemm::Bf16Products bf16_scope(native);
+    return dwsep_backward(s, bf16::widen(grad_y), bf16::widen(x), bf16::widen(dw_weight), bf16::widen(dw_bias),
+                          pointwise_for(pw_weight, route), pw_bias, aux, pad_left, relu, /*bf16_out=*/true,
+                          native && native_products_apply(s) ? packed_pointwise(pw_weight, true) : at::Tensor());
+  };
+  auto [gx, gdw, gdb, gpw, gpb] = run(bf16_route(op, s, [&](gemm::Route r) { (void)run(r); }));
   return {gx, bf16::grad_like(gdw, dw_weight), if_defined(bf16::grad_like(gdb, dw_bias)),
           bf16::grad_like(gpw, pw_weight), if_defined(bf16::grad_like(gpb, pw_bias))};
 }
@@ -811,11 +917,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_forward(
     const Shapes& s, const at::Tensor& x_in, const at::Tensor& ln_weight_in, const at::Tensor& ln_bias_in, double eps,
     const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
     const c10::optional<at::Tensor>& pw_bias, const c10::optional<at::Tensor>& residual, const at::Tensor& mask,
-    int64_t pad_left, bool relu, bool bf16_out = false) {
+    int64_t pad_left, bool relu, bool bf16_out = false, const at::Tensor& pw_packed = at::Tensor()) {
   const at::Tensor x = x_in.contiguous();
   at::Tensor stats = at::empty({s.B, 2, s.L}, x.options());
   const at::Tensor h = normalized_input(s, x, ln_weight_in, ln_bias_in, stats, mask, eps);
-  auto [y, aux] = dwsep_forward(s, h, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu, bf16_out);
+  auto [y, aux] =
+      dwsep_forward(s, h, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu, bf16_out, pw_packed);
   return {y, aux, stats};
 }
 
@@ -836,12 +943,16 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>, at::Tensor> ln_dwsep_conv1d_fw
     return {y, if_defined(aux), stats};
   }
   // bf16: as dwsep_conv1d_fwd; the statistics are saved in float32, the dtype they are computed in.
-  const gemm::Bf16Products bf16_scope;
-  const at::Tensor wide_x = bf16::widen(x);
-  auto [y, aux, stats] =
-      ln_forward(s, wide_x, bf16::widen(ln_weight), bf16::widen(ln_bias), eps, bf16::widen(dw_weight),
-                 bf16::widen(dw_bias), bf16::narrow(pw_weight), bf16::widen(pw_bias),
-                 widened_residual(residual_in, residual, x, wide_x), mask, pad_left, relu, /*bf16_out=*/true);
+  const auto run = [&](gemm::Route route) {
+    const bool native = route == gemm::Route::kNative;
+    const gemm::Bf16Products bf16_scope(native);
+    const at::Tensor wide_x = bf16::widen(x);
+    return ln_forward(s, wide_x, bf16::widen(ln_weight), bf16::widen(ln_bias), eps, bf16::widen(dw_weight),
+                      bf16::widen(dw_bias), pointwise_for(pw_weight, route), bf16::widen(pw_bias),
+                      widened_residual(residual_in, residual, x, wide_x), mask, pad_left, relu, /*bf16_out=*/true,
+                      native && native_products_apply(s) ? packed_pointwise(pw_weight, false) : at::Tensor());
+  };
+  auto [y, aux, stats] = run(bf16_route(op, s, [&](gemm::Route r) { (void)run(r); }));
   return {y, if_defined(aux), stats};
 }
 
@@ -851,7 +962,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const Shapes& s, const at::Tensor& grad_y, const at::Tensor& x_in, const at::Tensor& ln_weight_in,
     const at::Tensor& ln_bias_in, const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias,
     const at::Tensor& pw_weight, const c10::optional<at::Tensor>& pw_bias, const at::Tensor& aux,
-    const at::Tensor& ln_stats_in, const at::Tensor& mask, int64_t pad_left, bool relu) {
+    const at::Tensor& ln_stats_in, const at::Tensor& mask, int64_t pad_left, bool relu,
+    const at::Tensor& pw_t_packed = at::Tensor()) {
   constexpr const char* op = "ln_dwsep_conv1d_bwd";
   const at::Tensor x = x_in.contiguous(), ln_weight = ln_weight_in.contiguous();
   const at::Tensor stats = ln_stats_in.contiguous();
@@ -860,7 +972,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const int64_t row_grain = std::max<int64_t>(1, kMinTaskWork / (4 * C));
   at::Tensor h = normalized_input(s, x, ln_weight, ln_bias_in, stats, mask, c10::nullopt);
   auto [grad_h, grad_dw_weight, grad_dw_bias, grad_pw_weight, grad_pw_bias] =
-      dwsep_backward(s, grad_y, h, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu);
+      dwsep_backward(s, grad_y, h, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu, /*bf16_out=*/false,
+                     pw_t_packed);
   h.reset();
   // LayerNorm backward, with g = dL/dh and xhat = (x - mean) * rstd per row:
   //   grad_x = rstd * (g∘w - mean(g∘w) - xhat * mean(g∘w∘xhat)), grad_w = Σ_rows g∘xhat, grad_b = Σ_rows g.
@@ -911,11 +1024,15 @@ ln_dwsep_conv1d_bwd(const at::Tensor& grad_y, const at::Tensor& x, const at::Ten
                                                           pw_weight, pw_bias, aux, ln_stats, mask, pad_left, relu);
     return {gx, glw, glb, gdw, if_defined(gdb), gpw, if_defined(gpb)};
   }
-  const gemm::Bf16Products bf16_scope;
-  auto [gx, glw, glb, gdw, gdb, gpw, gpb] =
-      ln_backward(s, bf16::widen(grad_y), bf16::widen(x), bf16::widen(ln_weight),
-                  bf16::widen(ln_bias), bf16::widen(dw_weight), bf16::widen(dw_bias), bf16::narrow(pw_weight),
-                  pw_bias, aux, ln_stats, mask, pad_left, relu);
+  const auto run = [&](gemm::Route route) {
+    const bool native = route == gemm::Route::kNative;
+    const gemm::Bf16Products bf16_scope(native);
+    return ln_backward(s, bf16::widen(grad_y), bf16::widen(x), bf16::widen(ln_weight), bf16::widen(ln_bias),
+                       bf16::widen(dw_weight), bf16::widen(dw_bias), pointwise_for(pw_weight, route), pw_bias, aux,
+                       ln_stats, mask, pad_left, relu,
+                       native && native_products_apply(s) ? packed_pointwise(pw_weight, true) : at::Tensor());
+  };
+  auto [gx, glw, glb, gdw, gdb, gpw, gpb] = run(bf16_route(op, s, [&](gemm::Route r) { (void)run(r); }));
   return {bf16::narrow(gx), bf16::grad_like(glw, ln_weight), bf16::grad_like(glb, ln_bias),
           bf16::grad_like(gdw, dw_weight), if_defined(bf16::grad_like(gdb, dw_bias)), bf16::grad_like(gpw, pw_weight),
           if_defined(bf16::grad_like(gpb, pw_bias))};

@@ -356,7 +356,9 @@ Engine engine_for(const at::Tensor& a, const at::Tensor& w, bool with_bias, bool
 
 void mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
   if (in_bf16(a)) {
-    const at::Tensor y = bf16_mm(a, b);
+    // The bf16 result goes into out as it is: a float32 out takes each bf16 value exactly, so widening it into
+    // a float32 copy first (bf16_mm) would change nothing but cost a pass over it.
+    const at::Tensor y = at::mm(bf16::narrow(a), bf16::narrow(b));
     accumulate ? out.add_(y) : out.copy_(y);
     return;
   }

@@ -584,9 +584,13 @@ at::Tensor packed_weight(const at::Tensor& w, const char* kind, const std::funct
         return it->packed;
       }
     }
-    // Entries of dead or modified tensors can never match again.
+    // Entries of dead tensors, and this tensor's earlier copies of this kind (made from an older value), can never
+    // match again.
     entries.erase(std::remove_if(entries.begin(), entries.end(),
-                                 [](const PackedEntry& e) { return e.owner.expired(); }),
+                                 [&](const PackedEntry& e) {
+                                   const auto owner = e.owner.lock();
+                                   return !owner || (owner.get() == w.unsafeGetTensorImpl() && e.kind == kind);
+                                 }),
                   entries.end());
   }
   at::Tensor packed = make();

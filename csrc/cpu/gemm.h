@@ -199,11 +199,11 @@ void bf16_brgemm_release();
 // first) in blocks of rows, the output rows split between the threads; the narrower factor is the one transposed.
 at::Tensor bf16_tn_float(const at::Tensor& g, const at::Tensor& x);
 
-// A copy of a weight made for a kernel (widened to float32, transposed, packed), made once per weight value and
+// A copy of a weight made for a kernel (rounded to bf16, widened to float32, transposed, packed), made once per weight value and
 // reused by later calls: kept while `w` is the same live tensor with the same version counter and data (an
 // optimizer step bumps the version: the next call makes a fresh copy), the most recent kPackedWeights of them.
 // `kind` names what make() builds. Inference tensors (no version counter) are never cached: make() runs each call.
-constexpr size_t kPackedWeights = 64;  // every layer of a deep decoder, in both routes
+constexpr size_t kPackedWeights = 256;  // every layer of a deep model, each in the forms its kernels read
 at::Tensor packed_weight(const at::Tensor& w, const char* kind, const std::function<at::Tensor()>& make);
 
 }  // namespace gemm

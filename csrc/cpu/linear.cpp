@@ -48,10 +48,12 @@ void check_bias(const char* op, const c10::optional<at::Tensor>& bias, const at:
   }
 }
 
-// A float32 parameter taken with bf16 x, in x's dtype for the bf16 product: rounded once per call here, inside the
-// kernel (what casting it before the call gives, bit for bit, without a copy the dispatcher sees).
+// A float32 parameter taken with bf16 x, in x's dtype for the bf16 product: rounded inside the kernel (what casting
+// it before the call gives, bit for bit, without a copy the dispatcher sees), once per parameter value -- the calls
+// of a step that share a weight (its forward and grad_x, a layer applied several times) share the rounded copy.
 at::Tensor as_x(const at::Tensor& param, const at::Tensor& x) {
-  return param.scalar_type() == x.scalar_type() ? param : param.to(x.scalar_type());
+  if (param.scalar_type() == x.scalar_type()) return param;
+  return gemm::packed_weight(param, "linear bf16", [&] { return param.to(x.scalar_type()); });
 }
 c10::optional<at::Tensor> as_x(const c10::optional<at::Tensor>& param, const at::Tensor& x) {
   if (!param.has_value() || !param->defined()) return c10::nullopt;

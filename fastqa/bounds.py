@@ -114,6 +114,11 @@ def _shown(value: Any) -> str:
 _WINDOW = 2048
 _BATCH = 4096
 
+def _served(name: str, low: float, high: float, why: str) -> Bound:
+    """A bound of ``fastqa serve`` given by the flag of its name (``max_batch`` -> ``--max-batch``)."""
+    return Bound(name, low, high, why, f"serve --{name.replace('_', '-')}")
+
+
 #: Every bounded count and number, by its Python name.
 BOUNDS: dict[str, Bound] = {b.name: b for b in (
     # answering questions
@@ -157,18 +162,15 @@ BOUNDS: dict[str, Bound] = {b.name: b for b in (
     Bound("threads", 1, 1024, "CPU threads for torch; more than the cores only wait for them",
           "every command's --threads, .load(threads=)"),
     # serving
-    Bound("workers", 1, 64, "server processes, each with its own copy of the models", "serve --workers"),
-    Bound("max_body_bytes", 1, 1 << 30, "the largest request body the server reads into memory",
-          "serve --max-body-bytes"),
-    Bound("max_context_chars", 1, 10_000_000, "the longest context of one /answer request",
-          "serve --max-context-chars"),
+    _served("workers", 1, 64, "server processes, each with its own copy of the models"),
+    _served("max_body_bytes", 1, 1 << 30, "the largest request body the server reads into memory"),
+    _served("max_context_chars", 1, 10_000_000, "the longest context of one /answer request"),
     Bound("max_question_chars", 1, 100_000, "the longest question of one /answer request",
           "ServeLimits.max_question_chars"),
-    Bound("max_sentence_chars", 1, 1_000_000, "the longest sentence of one /translate request",
-          "serve --max-sentence-chars"),
-    Bound("max_sentences", 1, _BATCH, "sentences in one /translate request (one batch)", "serve --max-sentences"),
-    Bound("max_pending", 1, 1_000_000, "requests waiting for one model", "serve --max-pending"),
-    Bound("max_batch", 1, _BATCH, "requests one model call answers", "serve --max-batch"),
+    _served("max_sentence_chars", 1, 1_000_000, "the longest sentence of one /translate request"),
+    _served("max_sentences", 1, _BATCH, "sentences in one /translate request (one batch)"),
+    _served("max_pending", 1, 1_000_000, "requests waiting for one model"),
+    _served("max_batch", 1, _BATCH, "requests one model call answers"),
 )}
 
 

@@ -19,10 +19,12 @@
 //
 // bfloat16 (csrc/cpu/bf16.h): bf16 in and out -- y, the gradients, aux and the step's new state (aux is the
 // pre-activation, an activation and not a statistic: bf16, as eager autocast saves its conv's output) --, the
-// taps' products on the bf16 GEMM, their sums, the bias, the GLU and its derivative in float32 (fwd_bf16,
-// bwd_bf16). A bf16 call always takes the direct taps: Winograd's transforms of bf16-rounded operands add
-// errors of the order of a tile's largest value to every output of the tile, far beyond one bf16 rounding of
-// each tap's product.
+// taps' products on bf16 operands, their sums, the bias, the GLU and its derivative in float32. Two routes per
+// direction and shape class (gemm::route_for): native -- the taps summed in float32 by the batch-reduce GEMM
+// micro-kernel per block of rows (fwd_bf16_brgemm, bwd_bf16_brgemm), or per-tap bf16 GEMMs where it does not
+// apply (fwd_bf16, bwd_bf16) -- and widen (the float32 kernel on widened inputs). The native route always takes
+// the direct taps: Winograd's transforms of bf16-rounded operands add errors of the order of a tile's largest
+// value to every output of the tile, far beyond one bf16 rounding of each tap's product.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -750,8 +752,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16(const at::Tensor& grad_y
 // channels: the K taps' products summed in float32 straight into one small buffer (the K bf16 product tensors
 // of fwd_bf16 / bwd_bf16, their rounding and their passes over memory are gone), then the epilogue on that
 // buffer while it is in cache. The taps are packed once per weight value (gemm::packed_weight). The weight
-// gradient is one product grad_preᵀ · [xp[r], xp[r+1], ..., xp[r+K-1]] (the rows of the padded space side by
-// side: an overlapping view of xp, no im2col built beyond the packing) summed in float32 (gemm::bf16_tn_float).
+// gradient sums every tap's product in float32 over blocks of rows (weight_grad_bf16_brgemm).
 constexpr int64_t kBrRows = 64;
 constexpr int64_t kBrChannels = 128;
 
@@ -804,13 +805,15 @@ std::tuple<at::Tensor, at::Tensor> fwd_bf16_brgemm(const at::Tensor& x, const at
   at::BFloat16* ad = aux.data_ptr<at::BFloat16>();
   at::BFloat16* yd = y.data_ptr<at::BFloat16>();
   const float s = static_cast<float>(scale);
-  const int64_t chunks = ceil_div(H, kBrChannels);
-  at::parallel_for(0, ceil_div(g.N, kBrRows) * chunks, 1, [&](int64_t item0, int64_t item1) {
+  // Work items channel chunk by channel chunk, row blocks within: a thread's consecutive items share their packed
+  // taps, which then stay in cache while the rows stream by.
+  const int64_t blocks = ceil_div(g.N, kBrRows);
+  at::parallel_for(0, blocks * ceil_div(H, kBrChannels), 1, [&](int64_t item0, int64_t item1) {
     std::vector<float> sums(kBrRows * 2 * kBrChannels), res(residual ? kBrChannels : 0), out(kBrChannels);
     std::vector<at::BFloat16> tmp(m != nullptr && residual ? H : 0);
     for (int64_t item = item0; item < item1; ++item) {
-      const int64_t r0 = (item / chunks) * kBrRows, rows = std::min(kBrRows, g.N - r0);
-      const int64_t h0 = (item % chunks) * kBrChannels, w = std::min(kBrChannels, H - h0);
+      const int64_t r0 = (item % blocks) * kBrRows, rows = std::min(kBrRows, g.N - r0);
+      const int64_t h0 = (item / blocks) * kBrChannels, w = std::min(kBrChannels, H - h0);
       float* c = sums.data();  // [rows, 2w]: the chunk's a columns, then its b columns
       if (bd != nullptr) {
         fill_rows(c, 2 * w, bd + h0, w, rows);
@@ -837,7 +840,89 @@ std::tuple<at::Tensor, at::Tensor> fwd_bf16_brgemm(const at::Tensor& x, const at
   return {y, aux};
 }
 
-// bwd_bf16 with grad_x's taps summed in float32 by the micro-kernel, and the weight gradient as one product.
+// The weight gradient of bwd_bf16_brgemm: grad W_k[o, i] = sum_r grad_pre[r, o] xp[r + k, i], every tap at once.
+// The micro-kernel's left factor is xpᵀ (one row per input channel, the rows of the padded space along it), so tap k
+// is the same factor shifted by k columns; its right factor is grad_pre packed once in pairs of rows, per chunk of
+// kBrChannels output channels. Each work item (a block of kWgtIn input channels, a chunk of output channels) keeps
+// the K taps' float32 sums and runs the reduction over the rows in blocks of kWgtRows (in order: the same sums on
+// any thread count), each packed block of grad_pre used by all K taps while it is in cache.
+constexpr int64_t kWgtIn = 64;
+constexpr int64_t kWgtRows = 256;  // even: the packed pairs
+
+at::Tensor weight_grad_bf16_brgemm(const at::Tensor& x, const bool* m, const Geometry& g, const at::Tensor& grad_pre) {
+  const int64_t H = g.H, K = g.K, N = g.N, O = 2 * H;
+  const int64_t Np = N + N % 2;       // the reduction in pairs: an odd N gets a zero row of grad_pre
+  const int64_t ldx = Np + K - 1;     // columns of xpᵀ: every tap's shifted read stays inside
+  const at::BFloat16 zero(0.0f);
+  // xpᵀ [H, ldx]: column s is row s of the padded space (x with masked positions and padding zero).
+  at::Tensor xpt = at::empty({H, ldx}, x.options());
+  {
+    const at::BFloat16* xd = x.data_ptr<at::BFloat16>();
+    at::BFloat16* dst = xpt.data_ptr<at::BFloat16>();
+    const int64_t sb = x.stride(0), st = x.stride(1), sc = x.stride(2);
+    constexpr int64_t kCols = 16;  // input channels per pass: their rows of xpᵀ are written along together
+    at::parallel_for(0, ceil_div(H, kCols), 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t cb = c0; cb < c1; ++cb) {
+        const int64_t i0 = cb * kCols, ni = std::min(kCols, H - i0);
+        for (int64_t srow = 0; srow < ldx; ++srow) {
+          const int64_t b = srow / g.Tp, t = srow % g.Tp - g.pad_left;
+          const bool real = srow < g.B * g.Tp && t >= 0 && t < g.T && (m == nullptr || m[b * g.T + t]);
+          const at::BFloat16* src = real ? xd + b * sb + t * st + i0 * sc : nullptr;
+          for (int64_t ii = 0; ii < ni; ++ii) dst[(i0 + ii) * ldx + srow] = real ? src[ii * sc] : zero;
+        }
+      }
+    });
+  }
+  // grad_pre packed per chunk of output channels [o0, o0 + w): block at o0 * Np, [Np / 2, w, 2].
+  at::Tensor gpv = at::empty({Np * O}, x.options());
+  {
+    const at::BFloat16* gp = grad_pre.data_ptr<at::BFloat16>();
+    at::BFloat16* dst = gpv.data_ptr<at::BFloat16>();
+    at::parallel_for(0, Np / 2, 64, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const at::BFloat16* r0 = gp + 2 * p * O;
+        const at::BFloat16* r1 = 2 * p + 1 < N ? r0 + O : nullptr;
+        for (int64_t o0 = 0; o0 < O; o0 += kBrChannels) {
+          const int64_t w = std::min(kBrChannels, O - o0);
+          at::BFloat16* d = dst + o0 * Np + p * 2 * w;
+          for (int64_t c = 0; c < w; ++c) {
+            d[2 * c] = r0[o0 + c];
+            d[2 * c + 1] = r1 != nullptr ? r1[o0 + c] : zero;
+          }
+        }
+      }
+    });
+  }
+  at::Tensor grad_weight = at::empty({O, H, K}, x.options());
+  const at::BFloat16* a = xpt.data_ptr<at::BFloat16>();
+  const at::BFloat16* bv = gpv.data_ptr<at::BFloat16>();
+  at::BFloat16* gw = grad_weight.data_ptr<at::BFloat16>();
+  const int64_t iblocks = ceil_div(H, kWgtIn);
+  at::parallel_for(0, iblocks * ceil_div(O, kBrChannels), 1, [&](int64_t item0, int64_t item1) {
+    std::vector<float> acc(K * kWgtIn * kBrChannels);
+    for (int64_t item = item0; item < item1; ++item) {
+      const int64_t i0 = (item % iblocks) * kWgtIn, mi = std::min(kWgtIn, H - i0);
+      const int64_t o0 = (item / iblocks) * kBrChannels, w = std::min(kBrChannels, O - o0);
+      for (int64_t r0 = 0; r0 < Np; r0 += kWgtRows) {
+        const int64_t kr = std::min(kWgtRows, Np - r0);
+        for (int64_t k = 0; k < K; ++k) {
+          gemm::bf16_brgemm(mi, w, kr, a + i0 * ldx + r0 + k, ldx, bv + o0 * Np + r0 * w,
+                            acc.data() + k * kWgtIn * kBrChannels, w, /*accumulate=*/r0 > 0);
+        }
+      }
+      for (int64_t k = 0; k < K; ++k) {  // tap k's [mi, w] sums into grad_weight[o0 + c, i0 + i, k]
+        const float* tile = acc.data() + k * kWgtIn * kBrChannels;
+        for (int64_t c = 0; c < w; ++c) {
+          for (int64_t i = 0; i < mi; ++i) gw[((o0 + c) * H + i0 + i) * K + k] = at::BFloat16(tile[i * w + c]);
+        }
+      }
+    }
+    gemm::bf16_brgemm_release();
+  });
+  return grad_weight;
+}
+
+// bwd_bf16 with grad_x's taps and the weight gradient summed in float32 by the micro-kernel.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16_brgemm(const at::Tensor& grad_y_in, const at::Tensor& x,
                                                                const at::Tensor& weight, const Geometry& g,
                                                                const bool* m, const at::Tensor& aux, bool residual,
@@ -852,16 +937,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16_brgemm(const at::Tensor&
   const at::Tensor grad_pre = grad_pre_padded.narrow(0, K - 1, g.N);
   const at::Tensor grad_bias = bf16_grad_pre(grad_y, aux.contiguous(), g, s, has_bias,
                                              grad_pre.data_ptr<at::BFloat16>());
-  at::Tensor grad_weight;
-  {
-    at::Tensor xp = at::empty({rows_all, H}, x.options());
-    fill_padded<at::BFloat16>(x, m, g, xp.data_ptr<at::BFloat16>(), nullptr);
-    // [N, K*H]: row r is xp[r], ..., xp[r+K-1] side by side (rows of H overlapping by K-1).
-    const at::Tensor windows = xp.as_strided({g.N, K * H}, {H, 1});
-    const at::Tensor gw = gemm::bf16_tn_float(grad_pre, windows);  // [2H, K*H], column k*H + i is W_k[:, i]
-    grad_weight = at::empty({2 * H, H, K}, x.options());
-    grad_weight.copy_(gw.view({2 * H, K, H}).permute({0, 2, 1}));
-  }
+  const at::Tensor grad_weight = weight_grad_bf16_brgemm(x, m, g, grad_pre);
   const at::Tensor packed =
       gemm::packed_weight(weight, "glu_conv1d backward vnni", [&] { return pack_backward_taps(weight); });
   at::Tensor grad_x = at::empty({g.B, g.T, H}, x.options());
@@ -869,14 +945,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16_brgemm(const at::Tensor&
   const at::BFloat16* pw = packed.data_ptr<at::BFloat16>();
   const at::BFloat16* gyd = grad_y.data_ptr<at::BFloat16>();
   at::BFloat16* gxd = grad_x.data_ptr<at::BFloat16>();
-  const int64_t chunks = ceil_div(H, kBrChannels);
-  // grad xp[s] = sum_k grad_pre[s - k] @ W_k over the rows s of the padded space; rows of padding are skipped in
-  // the epilogue.
-  at::parallel_for(0, ceil_div(rows_all, kBrRows) * chunks, 1, [&](int64_t item0, int64_t item1) {
+  // grad xp[s] = sum_k grad_pre[s - k] @ W_k over the rows s of the padded space (rows of padding are skipped in
+  // the epilogue); work items chunk by chunk as in the forward.
+  const int64_t blocks = ceil_div(rows_all, kBrRows);
+  at::parallel_for(0, blocks * ceil_div(H, kBrChannels), 1, [&](int64_t item0, int64_t item1) {
     std::vector<float> sums(kBrRows * kBrChannels), gy(kBrChannels), out(kBrChannels);
     for (int64_t item = item0; item < item1; ++item) {
-      const int64_t s0 = (item / chunks) * kBrRows, rows = std::min(kBrRows, rows_all - s0);
-      const int64_t c0 = (item % chunks) * kBrChannels, w = std::min(kBrChannels, H - c0);
+      const int64_t s0 = (item % blocks) * kBrRows, rows = std::min(kBrRows, rows_all - s0);
+      const int64_t c0 = (item / blocks) * kBrChannels, w = std::min(kBrChannels, H - c0);
       float* c = sums.data();  // [rows, w]
       for (int64_t k = 0; k < K; ++k) {  // grad_pre[s - k] is row s - k + K - 1 of the padded buffer
         gemm::bf16_brgemm(rows, w, 2 * H, gpd + (s0 - k + K - 1) * 2 * H, 2 * H, pw + (k * H + c0) * 2 * H, c, w,

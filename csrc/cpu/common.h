@@ -8,6 +8,8 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include <c10/util/Optional.h>
@@ -17,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #if defined(__AVX__)
 #include <immintrin.h>  // the kernels' x86 intrinsics (masked tails here, streaming stores, ...)
@@ -42,9 +45,24 @@ auto cpu_kernel(Fn kernel) {
   return torch::dispatch(c10::DispatchKey::CPU, kernel);
 }
 
+// A kernel run with autocast off for its own ATen calls. Its inputs come in the dtypes autocast chose for the op;
+// the calls inside it (the float32 products of a bf16 op's widening route, for one) must run in the dtypes the
+// kernel gives them, where autocast -- still on for the caller's thread -- would cast them to bf16 again.
+template <auto Kernel>
+struct WithoutAutocast;
+template <typename R, typename... Args, R (*Kernel)(Args...)>
+struct WithoutAutocast<Kernel> {
+  static R call(Args... args) {
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    return Kernel(std::forward<Args>(args)...);
+  }
+};
+
 // How every file defines its ops, inside namespace fastqa: the op `name` (schema: name + signature) with its
-// CPU kernel, the C++ function of the same name -- the name written once, so the two cannot disagree.
-#define FASTQA_CPU_OP(m, name, signature) m.def(#name signature, ::fastqa::cpu_kernel(TORCH_FN(name)))
+// CPU kernel, the C++ function of the same name (run by WithoutAutocast) -- the name written once, so the two
+// cannot disagree.
+#define FASTQA_CPU_OP(m, name, signature) \
+  m.def(#name signature, ::fastqa::cpu_kernel(TORCH_FN(::fastqa::WithoutAutocast<&name>::call)))
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }

@@ -43,3 +43,19 @@ def test_autocast_runs_ops_in_the_autocast_dtype(name, backend):
     assert got.dtype == torch.bfloat16, f"{name}: autocast ignored"
     assert got.device == want.device
     assert_close(got.float(), want, name=name, atol=0.15, rtol=0.05)
+
+
+@pytest.mark.parametrize("route", ["native", "widen"])
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_each_cpu_bf16_route_runs_under_autocast(monkeypatch, name, route):
+    """Under torch.autocast the C++ kernels' own ATen calls run in the dtypes the kernel gives them: a widening
+    route's float32 products are not cast to bf16 again by autocast (which stays on for the caller's thread)."""
+    if "cpu" not in BACKENDS:
+        pytest.skip("needs the C++ extension")
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
+    call = dict(_cases(torch.device("cpu")))[name]
+    want = call(backend="reference")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = call(backend="cpu")
+    assert got.dtype == torch.bfloat16
+    assert_close(got.float(), want, name=name, atol=0.15, rtol=0.05)

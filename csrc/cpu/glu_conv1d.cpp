@@ -754,7 +754,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_bf16(const at::Tensor& grad_y
 // buffer while it is in cache. The taps are packed once per weight value (gemm::packed_weight). The weight
 // gradient sums every tap's product in float32 over blocks of rows (weight_grad_bf16_brgemm).
 constexpr int64_t kBrRows = 64;
-constexpr int64_t kBrChannels = 128;
+constexpr int64_t kBrChannels = 256;
 
 bool brgemm_applies(int64_t H) { return gemm::bf16_brgemm_usable() && H % 2 == 0; }
 

@@ -456,13 +456,22 @@ bool native_products_apply(const Shapes& s) {
   return gemm::bf16_brgemm_usable() && s.C_in % 2 == 0 && s.C_out % 2 == 0;
 }
 
-// The pointwise weight packed for the forward's y = h·pwᵀ (pw [C_out, C_in]) and for the backward's
-// dL/dh = gz·pw (pwᵀ [C_in, C_out]), made once per weight value.
-at::Tensor packed_pointwise(const at::Tensor& pw_weight, bool transposed) {
-  return gemm::packed_weight(pw_weight, transposed ? "dwsep pointwise vnni t" : "dwsep pointwise vnni", [&] {
-    const at::Tensor w = bf16::narrow(pointwise_2d(pw_weight));
-    return gemm::pack_vnni(transposed ? w.t().contiguous() : w);
-  });
+// The pointwise weight as a route's kernel reads it: bf16 for bf16 products, float32 for float32 ones; and, where
+// the native route multiplies on the micro-kernel, packed (made once per weight value) for the forward's
+// y = h·pwᵀ (pw [C_out, C_in]) or, `transposed`, the backward's dL/dh = gz·pw (pwᵀ [C_in, C_out]).
+struct PointwiseOperands {
+  at::Tensor weight, packed;  // packed: undefined where the micro-kernel does not run
+};
+PointwiseOperands pointwise_operands(const at::Tensor& pw_weight, gemm::Route route, const Shapes& s,
+                                     bool transposed) {
+  if (route != gemm::Route::kNative) return {bf16::widen(pw_weight), at::Tensor()};
+  if (!native_products_apply(s)) return {bf16::narrow(pw_weight), at::Tensor()};
+  const at::Tensor packed =
+      gemm::packed_weight(pw_weight, transposed ? "dwsep pointwise vnni t" : "dwsep pointwise vnni", [&] {
+        const at::Tensor w = bf16::narrow(pointwise_2d(pw_weight));
+        return gemm::pack_vnni(transposed ? w.t().contiguous() : w);
+      });
+  return {bf16::narrow(pw_weight), packed};
 }
 
 // The route of a bf16 call of `op` (gemm::route_for, per shape class): "native" takes the products in bf16 -- on
@@ -474,13 +483,9 @@ gemm::Route bf16_route(const char* op, const Shapes& s, const std::function<void
   return gemm::route_for(op, shape, run);
 }
 
-// The pointwise weight a route's kernel reads: bf16 for bf16 products, float32 for float32 ones.
-at::Tensor pointwise_for(const at::Tensor& pw_weight, gemm::Route route) {
-  return route == gemm::Route::kNative ? bf16::narrow(pw_weight) : bf16::widen(pw_weight);
-}
-
 // dst [C, rows_p] (rows_p = rows rounded up to even, the extra column zero) = src [rows, C]ᵀ rounded to bf16.
-void transposed_bf16(const float* src, int64_t rows, int64_t C, uint16_t* dst) {
+void transposed_bf16(const float* src, int64_t rows, int64_t C, c10::BFloat16* dst_bf16) {
+  uint16_t* dst = bf16::bits(dst_bf16);
   const int64_t rows_p = rows + rows % 2;
   for (int64_t c = 0; c < C; ++c) {
     uint16_t* d = dst + c * rows_p;
@@ -491,7 +496,8 @@ void transposed_bf16(const float* src, int64_t rows, int64_t C, uint16_t* dst) {
 
 // src [rows, C] rounded to bf16 in gemm::pack_vnni's layout of srcᵀ ([rows_p / 2, C, 2]: each pair of rows
 // interleaved, an odd last row paired with zeros): the right factor of a product summed over the rows.
-void vnni_rows_bf16(const float* src, int64_t rows, int64_t C, uint16_t* dst) {
+void vnni_rows_bf16(const float* src, int64_t rows, int64_t C, c10::BFloat16* dst_bf16) {
+  uint16_t* dst = bf16::bits(dst_bf16);
   for (int64_t r = 0; r < rows; r += 2) {
     const float* a = src + r * C;
     const float* b = r + 1 < rows ? a + C : nullptr;
@@ -502,8 +508,6 @@ void vnni_rows_bf16(const float* src, int64_t rows, int64_t C, uint16_t* dst) {
     }
   }
 }
-
-inline const c10::BFloat16* as_bf16(const uint16_t* bits) { return reinterpret_cast<const c10::BFloat16*>(bits); }
 
 // The forward on checked arguments (check_args, checked_residual): x, dw_weight and the biases float32 or
 // float64. pw_weight feeds the GEMMs only: x's dtype, or bf16 inside a Bf16Products scope (a bf16 operand
@@ -527,7 +531,8 @@ std::tuple<at::Tensor, at::Tensor> dwsep_forward(const Shapes& s, const at::Tens
   // The right factor [C_in, C_out]. BLAS: contiguous (MKL's small-M GEMM on a transposed view is up
   // to 1.8x slower here); oneDNN: a transposed view of [C_out, C_in], its own weight layout.
   const bool onednn = gemm::engine_for(x.scalar_type()) == gemm::Engine::kOneDnn;
-  const at::Tensor w_t = onednn ? pointwise_2d(pw_weight).t() : pointwise_2d(pw_weight).t().contiguous();
+  const at::Tensor w_t = pw_packed.defined() ? at::Tensor()  // the native route reads pw_packed only
+                         : onednn ? pointwise_2d(pw_weight).t() : pointwise_2d(pw_weight).t().contiguous();
   at::Tensor y = at::empty({s.B, s.L, s.C_out}, bf16_out ? x.options().dtype(at::kBFloat16) : x.options());
   // The ReLU mask; none without ReLU (the op's aux is then absent: nothing allocated).
   at::Tensor aux = relu ? at::empty({s.B, s.L, s.C_out}, x.options().dtype(at::kBool)) : at::Tensor();
@@ -550,7 +555,7 @@ std::tuple<at::Tensor, at::Tensor> dwsep_forward(const Shapes& s, const at::Tens
       at::Tensor y_buf = bf16_out ? at::empty({tiles.max_rows(), s.C_out}, x.options()) : at::Tensor();
       // The native route's products (float32 x only): h rounded to bf16 here, pw_packed the right factor.
       const bool native = pw_packed.defined() && std::is_same_v<scalar_t, float>;
-      std::vector<uint16_t> h16(native ? tiles.max_rows() * s.C_in : 0);
+      std::vector<c10::BFloat16> h16(native ? tiles.max_rows() * s.C_in : 0);
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t b0 = tiles.seq(t), b1 = tiles.seq_end(t), l0 = tiles.begin(t), l1 = tiles.end(t);
         const int64_t rows = (b1 - b0) * (l1 - l0);
@@ -566,9 +571,8 @@ std::tuple<at::Tensor, at::Tensor> dwsep_forward(const Shapes& s, const at::Tens
         if (pbp) fill_rows(y_tile.data_ptr<scalar_t>(), s.C_out, pbp, s.C_out, rows);
         if constexpr (std::is_same_v<scalar_t, float>) {
           if (native) {
-            const float* hp = h_tile.data_ptr<float>();
-            for (int64_t i = 0; i < rows * s.C_in; ++i) h16[i] = bf16::round_bits(hp[i]);
-            gemm::bf16_brgemm(rows, s.C_out, s.C_in, as_bf16(h16.data()), s.C_in,
+            bf16::narrow_row(h_tile.data_ptr<float>(), rows * s.C_in, h16.data());
+            gemm::bf16_brgemm(rows, s.C_out, s.C_in, h16.data(), s.C_in,
                               pw_packed.data_ptr<c10::BFloat16>(), y_tile.data_ptr<float>(), s.C_out,
                               /*accumulate=*/pbp != nullptr);
           }
@@ -608,13 +612,12 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> dwsep_conv1d_fwd(
   // bf16 (csrc/cpu/bf16.h): the float32 kernel on widened copies, its products by the route (bf16_route); y
   // rounded once, at the end of its tile.
   const auto run = [&](gemm::Route route) {
-    const bool native = route == gemm::Route::kNative;
-    const gemm::Bf16Products bf16_scope(native);
+    const gemm::Bf16Products bf16_scope(route == gemm::Route::kNative);
     const at::Tensor wide_x = bf16::widen(x);
-    return dwsep_forward(s, wide_x, bf16::widen(dw_weight), bf16::widen(dw_bias), pointwise_for(pw_weight, route),
-                         bf16::widen(pw_bias), widened_residual(residual_in, residual, x, wide_x), pad_left, relu,
-                         /*bf16_out=*/true,
-                         native && native_products_apply(s) ? packed_pointwise(pw_weight, false) : at::Tensor());
+    const PointwiseOperands pw = pointwise_operands(pw_weight, route, s, /*transposed=*/false);
+    return dwsep_forward(s, wide_x, bf16::widen(dw_weight), bf16::widen(dw_bias), pw.weight, bf16::widen(pw_bias),
+                         widened_residual(residual_in, residual, x, wide_x), pad_left, relu, /*bf16_out=*/true,
+                         pw.packed);
   };
   auto [y, aux] = run(bf16_route(op, s, [&](gemm::Route r) { (void)run(r); }));
   return {y, if_defined(aux)};
@@ -654,7 +657,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
   c10::optional<at::Tensor> dw_bias;
   if (dw_bias_in) dw_bias = dw_bias_in->contiguous();
   const at::Tensor wt = depthwise_kc(dw_weight);
-  const at::Tensor w2d = pointwise_2d(pw_weight);
+  const at::Tensor w2d = pw_t_packed.defined() ? at::Tensor() : pointwise_2d(pw_weight);  // native: packed only
   const at::Tensor grad_y2d = grad_y.view({s.B * s.L, s.C_out});
   const int64_t pad_right = s.K - 1 - pad_left;
 
@@ -692,7 +695,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
       // transposed (the left factor of gzᵀ·h), h paired by rows (the right factor).
       const bool native = pw_t_packed.defined() && std::is_same_v<scalar_t, float>;
       const int64_t chunk_p = tiles.chunk + tiles.chunk % 2;
-      std::vector<uint16_t> gz16(native ? halo_rows * s.C_out : 0), gz_t16(native ? s.C_out * chunk_p : 0),
+      std::vector<c10::BFloat16> gz16(native ? halo_rows * s.C_out : 0), gz_t16(native ? s.C_out * chunk_p : 0),
           h_vnni(native ? chunk_p * s.C_in : 0);
       for (int64_t g = g0; g < g1; ++g) {
         at::Tensor pw_acc = part_pw[g];
@@ -725,11 +728,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
               const int64_t rows_p = rows + rows % 2;
               transposed_bf16(gz_tile.data_ptr<float>(), rows, s.C_out, gz_t16.data());
               vnni_rows_bf16(h_tile.data_ptr<float>(), rows, s.C_in, h_vnni.data());
-              gemm::bf16_brgemm(s.C_out, s.C_in, rows_p, as_bf16(gz_t16.data()), rows_p, as_bf16(h_vnni.data()),
+              gemm::bf16_brgemm(s.C_out, s.C_in, rows_p, gz_t16.data(), rows_p, h_vnni.data(),
                                 pw_acc.data_ptr<float>(), s.C_in, /*accumulate=*/true);
-              const float* gzp = gz_ext.data_ptr<float>();
-              for (int64_t i = 0; i < ext * s.C_out; ++i) gz16[i] = bf16::round_bits(gzp[i]);
-              gemm::bf16_brgemm(ext, s.C_in, s.C_out, as_bf16(gz16.data()), s.C_out,
+              bf16::narrow_row(gz_ext.data_ptr<float>(), ext * s.C_out, gz16.data());
+              gemm::bf16_brgemm(ext, s.C_in, s.C_out, gz16.data(), s.C_out,
                                 pw_t_packed.data_ptr<c10::BFloat16>(), gh_ext.data_ptr<float>(), s.C_in,
                                 /*accumulate=*/false);
             }
@@ -771,11 +773,10 @@ std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>, at::Tensor, c10::o
     return {gx, gdw, if_defined(gdb), gpw, if_defined(gpb)};
   }
   const auto run = [&](gemm::Route route) {
-    const bool native = route == gemm::Route::kNative;
-    const gemm::Bf16Products bf16_scope(native);
+    const gemm::Bf16Products bf16_scope(route == gemm::Route::kNative);
+    const PointwiseOperands pw = pointwise_operands(pw_weight, route, s, /*transposed=*/true);
     return dwsep_backward(s, bf16::widen(grad_y), bf16::widen(x), bf16::widen(dw_weight), bf16::widen(dw_bias),
-                          pointwise_for(pw_weight, route), pw_bias, aux, pad_left, relu, /*bf16_out=*/true,
-                          native && native_products_apply(s) ? packed_pointwise(pw_weight, true) : at::Tensor());
+                          pw.weight, pw_bias, aux, pad_left, relu, /*bf16_out=*/true, pw.packed);
   };
   auto [gx, gdw, gdb, gpw, gpb] = run(bf16_route(op, s, [&](gemm::Route r) { (void)run(r); }));
   return {gx, bf16::grad_like(gdw, dw_weight), if_defined(bf16::grad_like(gdb, dw_bias)),
@@ -944,13 +945,13 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>, at::Tensor> ln_dwsep_conv1d_fw
   }
   // bf16: as dwsep_conv1d_fwd; the statistics are saved in float32, the dtype they are computed in.
   const auto run = [&](gemm::Route route) {
-    const bool native = route == gemm::Route::kNative;
-    const gemm::Bf16Products bf16_scope(native);
+    const gemm::Bf16Products bf16_scope(route == gemm::Route::kNative);
     const at::Tensor wide_x = bf16::widen(x);
+    const PointwiseOperands pw = pointwise_operands(pw_weight, route, s, /*transposed=*/false);
     return ln_forward(s, wide_x, bf16::widen(ln_weight), bf16::widen(ln_bias), eps, bf16::widen(dw_weight),
-                      bf16::widen(dw_bias), pointwise_for(pw_weight, route), bf16::widen(pw_bias),
+                      bf16::widen(dw_bias), pw.weight, bf16::widen(pw_bias),
                       widened_residual(residual_in, residual, x, wide_x), mask, pad_left, relu, /*bf16_out=*/true,
-                      native && native_products_apply(s) ? packed_pointwise(pw_weight, false) : at::Tensor());
+                      pw.packed);
   };
   auto [y, aux, stats] = run(bf16_route(op, s, [&](gemm::Route r) { (void)run(r); }));
   return {y, if_defined(aux), stats};
@@ -1025,12 +1026,11 @@ ln_dwsep_conv1d_bwd(const at::Tensor& grad_y, const at::Tensor& x, const at::Ten
     return {gx, glw, glb, gdw, if_defined(gdb), gpw, if_defined(gpb)};
   }
   const auto run = [&](gemm::Route route) {
-    const bool native = route == gemm::Route::kNative;
-    const gemm::Bf16Products bf16_scope(native);
+    const gemm::Bf16Products bf16_scope(route == gemm::Route::kNative);
+    const PointwiseOperands pw = pointwise_operands(pw_weight, route, s, /*transposed=*/true);
     return ln_backward(s, bf16::widen(grad_y), bf16::widen(x), bf16::widen(ln_weight), bf16::widen(ln_bias),
-                       bf16::widen(dw_weight), bf16::widen(dw_bias), pointwise_for(pw_weight, route), pw_bias, aux,
-                       ln_stats, mask, pad_left, relu,
-                       native && native_products_apply(s) ? packed_pointwise(pw_weight, true) : at::Tensor());
+                       bf16::widen(dw_weight), bf16::widen(dw_bias), pw.weight, pw_bias, aux, ln_stats, mask, pad_left,
+                       relu, pw.packed);
   };
   auto [gx, glw, glb, gdw, gdb, gpw, gpb] = run(bf16_route(op, s, [&](gemm::Route r) { (void)run(r); }));
   return {bf16::narrow(gx), bf16::grad_like(glw, ln_weight), bf16::grad_like(glb, ln_bias),

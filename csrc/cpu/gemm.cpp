@@ -3,6 +3,8 @@
 #include "cpu/gemm.h"
 
 #include "cpu/bf16.h"
+#include "cpu/bf16_rows.h"
+#include "cpu/common.h"
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -486,30 +488,89 @@ void bf16_brgemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_
 
 void bf16_brgemm_release() { at::native::cpublas::brgemm_release(/*is_vnni=*/true); }
 
-at::Tensor bf16_tn_float(const at::Tensor& g, const at::Tensor& x) {
-  const int64_t M = g.size(0), N = g.size(1), K = x.size(1);
-  // The left factor is the transposed copy: of the narrower operand, the result transposed back if need be.
-  if (K < N) return bf16_tn_float(x, g).t().contiguous();
-  at::Tensor out = at::zeros({N, K}, g.options().dtype(at::kFloat));
-  if (M == 0 || N == 0 || K == 0) return out;
-  // The reduction over M in pairs (the packed layout): an odd M gets a zero row in both factors.
-  const int64_t Mp = M + M % 2;
-  const at::Tensor gp = Mp == M ? g : at::cat({g, at::zeros({1, N}, g.options())});
-  const at::Tensor xp = Mp == M ? x : at::cat({x, at::zeros({1, K}, x.options())});
-  const at::Tensor a = gp.t().contiguous();  // [N, Mp]: row-major left factor
-  const at::Tensor b = pack_vnni(xp.t());    // [Mp / 2, K, 2]
-  const c10::BFloat16* ad = a.data_ptr<c10::BFloat16>();
-  const c10::BFloat16* bd = b.data_ptr<c10::BFloat16>();
-  float* od = out.data_ptr<float>();
-  // Blocks of rows of the reduction, summed into the float32 result in order: the same sums on any thread count.
-  constexpr int64_t kRowsPerBlock = 512;
-  constexpr int64_t kOutRows = 16;
-  at::parallel_for(0, (N + kOutRows - 1) / kOutRows, 1, [&](int64_t t0, int64_t t1) {
+namespace {
+
+// The bf16 pair (a[c], b[c]) as one 32-bit word, the pair's first value in the low half: the layout the bf16
+// dot-product and AMX instructions read (a null b: zeros, the padding of an odd count of rows).
+inline uint32_t pair_word(const uint16_t* a, const uint16_t* b, int64_t c) {
+  return a[c] | (b ? static_cast<uint32_t>(b[c]) << 16 : 0u);
+}
+
+// Rows [2j, 2j + 1] of src (leading dimension lds, `rows` of them: an odd last row pairs with zeros), columns
+// [c0, c0 + n), interleaved: dst[j * n + c] = pair_word(row 2j, row 2j + 1, c0 + c) -- a block of src in
+// pack_vnni's layout of its transpose, made in cache by the thread that multiplies it.
+void pack_row_pairs(const uint16_t* src, int64_t lds, int64_t rows, int64_t c0, int64_t n, uint32_t* dst) {
+  for (int64_t j = 0; 2 * j < rows; ++j) {
+    const uint16_t* a = src + 2 * j * lds + c0;
+    const uint16_t* b = 2 * j + 1 < rows ? a + lds : nullptr;
+    uint32_t* d = dst + j * n;
+    if (b) {
+      for (int64_t c = 0; c < n; ++c) d[c] = a[c] | static_cast<uint32_t>(b[c]) << 16;
+    } else {
+      for (int64_t c = 0; c < n; ++c) d[c] = a[c];
+    }
+  }
+}
+
+// srcᵀ for bf16 src [rows, N] (leading dimension lds) as a row-major bf16 [N, rows_p] (rows_p = rows rounded up to
+// even, the padding zero), written as 32-bit words: word (n, j) of the result is the pair (src[2j][n], src[2j+1][n]).
+// In tiles of 16 pairs by 16 columns: the pairs built row by row (contiguous reads), stored column by column.
+at::Tensor transposed_pairs(const at::Tensor& src) {
+  constexpr int64_t kTile = 16;
+  const int64_t rows = src.size(0), N = src.size(1), lds = src.stride(0), pairs = (rows + 1) / 2;
+  at::Tensor out = at::empty({N, 2 * pairs}, src.options());
+  const uint16_t* s = bf16::bits(src.data_ptr<c10::BFloat16>());
+  uint32_t* o = reinterpret_cast<uint32_t*>(out.data_ptr<c10::BFloat16>());
+  at::parallel_for(0, ceil_div(pairs, kTile), 1, [&](int64_t t0, int64_t t1) {
+    uint32_t tile[kTile][kTile];
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r0 = t * kOutRows, rows = std::min(kOutRows, N - r0);
-      for (int64_t m0 = 0; m0 < Mp; m0 += kRowsPerBlock) {
-        const int64_t mb = std::min(kRowsPerBlock, Mp - m0);
-        bf16_brgemm(rows, K, mb, ad + r0 * Mp + m0, Mp, bd + m0 * K, od + r0 * K, K, /*accumulate=*/true);
+      const int64_t j0 = t * kTile, nj = std::min(kTile, pairs - j0);
+      for (int64_t n0 = 0; n0 < N; n0 += kTile) {
+        const int64_t nn = std::min(kTile, N - n0);
+        for (int64_t j = 0; j < nj; ++j) {
+          const uint16_t* a = s + 2 * (j0 + j) * lds + n0;
+          const uint16_t* b = 2 * (j0 + j) + 1 < rows ? a + lds : nullptr;
+          for (int64_t c = 0; c < nn; ++c) tile[j][c] = pair_word(a, b, c);
+        }
+        for (int64_t c = 0; c < nn; ++c) {
+          for (int64_t j = 0; j < nj; ++j) o[(n0 + c) * pairs + j0 + j] = tile[j][c];
+        }
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+at::Tensor bf16_tn_float(const at::Tensor& g_in, const at::Tensor& x_in) {
+  const int64_t M = g_in.size(0), N = g_in.size(1), K = x_in.size(1);
+  // The left factor is the transposed copy: of the narrower operand, the result transposed back if need be.
+  if (K < N) return bf16_tn_float(x_in, g_in).t().contiguous();
+  at::Tensor out = at::zeros({N, K}, g_in.options().dtype(at::kFloat));
+  if (M == 0 || N == 0 || K == 0) return out;
+  const at::Tensor g = g_in.stride(1) == 1 ? g_in : g_in.contiguous();
+  const at::Tensor x = x_in.stride(1) == 1 ? x_in : x_in.contiguous();
+  // The reduction over M in pairs (the packed layout): an odd M pairs its last row with zeros in both factors.
+  const at::Tensor a = transposed_pairs(g);  // [N, Mp]: row-major left factor
+  const int64_t Mp = a.size(1), ldx = x.stride(0);
+  const c10::BFloat16* ad = a.data_ptr<c10::BFloat16>();
+  const uint16_t* xd = bf16::bits(x.data_ptr<c10::BFloat16>());
+  float* od = out.data_ptr<float>();
+  // Each task: a fixed band of the result's columns, its rows of the reduction taken in blocks, in order, each
+  // block's right factor packed in cache just before its product: the same sums on any thread count, and no
+  // packed copy of x in memory.
+  constexpr int64_t kRowsPerBlock = 512;
+  constexpr int64_t kCols = 32;
+  at::parallel_for(0, ceil_div(K, kCols), 1, [&](int64_t t0, int64_t t1) {
+    std::vector<uint32_t> b(kRowsPerBlock / 2 * kCols);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t c0 = t * kCols, cols = std::min(kCols, K - c0);
+      for (int64_t m0 = 0; m0 < M; m0 += kRowsPerBlock) {
+        const int64_t mb = std::min(kRowsPerBlock, M - m0);
+        pack_row_pairs(xd + m0 * ldx, ldx, mb, c0, cols, b.data());
+        bf16_brgemm(N, cols, mb + mb % 2, ad + m0, Mp, reinterpret_cast<const c10::BFloat16*>(b.data()), od + c0, K,
+                    /*accumulate=*/true);
       }
     }
     bf16_brgemm_release();

@@ -196,7 +196,8 @@ void bf16_brgemm_release();
 
 // gᵀ x for bf16 g [M, N] and x [M, K] (any strides), summed over the M rows in float32 from the exact products of the
 // bf16 values: a float32 [N, K] (a linear layer's weight gradient), on bf16_brgemm (check bf16_brgemm_usable
-// first) in blocks of rows, the output rows split between the threads; the narrower factor is the one transposed.
+// first) in blocks of rows summed in order, bands of output columns split between the threads (the same sums on any
+// thread count). The narrower factor is transposed once; the other is packed block by block in cache.
 at::Tensor bf16_tn_float(const at::Tensor& g, const at::Tensor& x);
 
 // A copy of a weight made for a kernel (rounded to bf16, widened to float32, transposed, packed), made once per weight value and

@@ -350,19 +350,30 @@ def test_bfloat16_with_float32_parameters(bias):
 
 
 @pytest.mark.parametrize("route", ["native", "widen"])
-@pytest.mark.parametrize("lead, k, n", [((4, 6), 8, 5), ((3, 401), 24, 37), ((1,), 2, 1)], ids=str)
+@pytest.mark.parametrize("lead, k, n", [((4, 6), 8, 5), ((3, 401), 24, 37), ((1,), 2, 1), ((1031,), 130, 20)],
+                         ids=str)
 def test_bfloat16_weight_gradient_on_each_route_is_the_float32_sum_of_exact_products(monkeypatch, route, lead, k, n):
     """With bf16 x and a float32 weight the weight's gradient is float32 on either route (the bf16 micro-kernel in
     blocks of rows, or a float32 GEMM on widened copies): the exact products of the bf16 values summed in float32,
-    also for an odd number of rows, several blocks of them and an output narrower than a vector."""
+    also for an odd number of rows, several blocks of them, several bands of output columns, an output narrower
+    than a vector and a grad_y whose rows lie apart (a slice); the same sums whatever the thread count."""
     monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
     x, weight, _ = make_inputs(lead, k, n, bias=False)
     low = x.to(torch.bfloat16)
-    grad_y = torch.randn(*lead, n, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
-    _, grad_w, _ = torch.ops.fastqa.linear_bwd(grad_y, low, weight, [False, True, False])
-    assert grad_w.dtype == torch.float32
+    wide = torch.randn(*lead, n + 3, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    grad_y = wide[..., 2:n + 2]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.ops.fastqa.linear_bwd(grad_y, low, weight, [False, True, False])[1]
+        torch.set_num_threads(2)
+        two = torch.ops.fastqa.linear_bwd(grad_y, low, weight, [False, True, False])[1]
+    finally:
+        torch.set_num_threads(threads)
+    assert one.dtype == torch.float32
     want = grad_y.double().reshape(-1, n).t() @ low.double().reshape(-1, k)
-    assert_close(grad_w, want.float(), name="grad_weight", atol=1e-4, rtol=1e-5)
+    assert_close(one, want.float(), name="grad_weight", atol=1e-4, rtol=1e-5)
+    assert torch.equal(one, two)
 
 
 @pytest.mark.parametrize("lead, n", [((3, 401), 37), ((1,), 1), ((0,), 4)], ids=str)

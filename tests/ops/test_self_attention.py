@@ -213,8 +213,9 @@ def test_double_backward_raises_the_shared_error():
 # ------------------------------------------------------------------ bfloat16
 
 # The bf16 kernel's operands are pairs of bf16 values (of channels, of keys, of query rows): an odd D across
-# several blocks of 16 keys with an odd number of real ones, and a head of exactly one pair.
-BF16_EDGE = [(2, 37, 2, 3), (2, 21, 3, 2)]
+# several blocks of 16 keys with an odd number of real ones, a head of exactly one pair, and a head of more than 32
+# channels (its rows copied in two masked moves).
+BF16_EDGE = [(2, 37, 2, 3), (2, 21, 3, 2), (1, 19, 2, 40)]
 
 
 @pytest.mark.parametrize("shape", REAL + EDGE + BF16_EDGE, ids=str)

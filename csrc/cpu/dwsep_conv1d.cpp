@@ -31,10 +31,11 @@
 // conv as its zero padding does and real rows never see them; their dL/dh is dropped (grad_x rows 0).
 //
 // dtypes: float32, float64, or bfloat16 (csrc/cpu/bf16.h) with every activation of a call bf16 and each parameter
-// bf16 or float32 (the float32 master weights under autocast, taken as they are). A bf16 call
-// widens x, the depthwise and LayerNorm parameters, the biases, the residual and grad_y to float32 and runs the
-// float32 kernels inside a gemm::Bf16Products scope, opened again on the pool's threads where the tiles' GEMMs
-// run; pw_weight, which feeds only GEMMs, is bf16 (a float32 one rounded once per call, inside the kernel). The
+// bf16 or float32 (the float32 master weights under autocast, taken as they are). A bf16 call runs the float32
+// kernels on the bf16 x, residual and grad_y as they are (Rows: a tile's rows widened into per-thread scratch, the
+// residual added as it is read; no float32 copy of a whole activation) and on the depthwise and LayerNorm
+// parameters and the biases widened, inside a gemm::Bf16Products scope, opened again on the pool's threads where
+// the tiles' GEMMs run; pw_weight, which feeds only GEMMs, is bf16 (a float32 one rounded once per call). The
 // parameters' gradients are summed in float32 and returned in each parameter's dtype. y and the dwsep grad_x are rounded to bf16 tile by tile,
 // the other gradients once reduced; ln_stats stays float32 (what it is computed in) and the ReLU mask bool.
 #include <ATen/ATen.h>
@@ -52,6 +53,8 @@
 #include <functional>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace fastqa {
@@ -242,32 +245,33 @@ void tap_dots_chunked(T* gwt, T* gdb, const T* g, const T* x, int64_t rows, int6
   }
 }
 
-// gwt[k, :] += sum_l gh[l - e0, :] * x[l + k - pad, :] over rows l in [a, b) for each tap k, the rows
+// gwt[k, :] += sum_l gh[l - e0, :] * x[l + k - pad - x0, :] over rows l in [a, b) for each tap k, the rows
 // where tap k's input row lies inside the sequence, one tap at a time.
 template <typename T>
-void tap_dots_per_tap(const T* gh, int64_t e0, const T* x, T* gwt, int64_t L, int64_t C, int64_t K, int64_t pad,
-                      int64_t a, int64_t b) {
+void tap_dots_per_tap(const T* gh, int64_t e0, const T* x, int64_t x0, T* gwt, int64_t L, int64_t C, int64_t K,
+                      int64_t pad, int64_t a, int64_t b) {
   for (int64_t k = 0; k < K; ++k) {
     const int64_t lo = std::max(a, pad - k), hi = std::min(b, L + pad - k);
     if (lo >= hi) continue;
     const T* g = gh + (lo - e0) * C;
-    const T* src = x + (lo + k - pad) * C;
+    const T* src = x + (lo + k - pad - x0) * C;
 #define FASTQA_BLOCK(CB, c0) column_dot<CB, T>(gwt + k * C, g, src, hi - lo, C, c0)
     FASTQA_FOR_CHANNEL_BLOCKS(FASTQA_BLOCK);
 #undef FASTQA_BLOCK
   }
 }
 
-// h[l - l0, :] = dw_bias + sum_k wt[k, :] * x[l + k - pad, :] for l in [l0, l1); x is one sequence
-// [L, C] (rows outside [0, L) are the zero padding), wt is the depthwise weight as [K, C].
+// h[l - l0, :] = dw_bias + sum_k wt[k, :] * x[l + k - pad, :] for l in [l0, l1); x holds rows of one sequence
+// [L, C] from its row x0 on (at least the rows these taps read, input_span; rows outside [0, L) are the zero
+// padding), wt is the depthwise weight as [K, C].
 template <typename T>
-void depthwise_rows(const T* x, const T* wt, const T* bias, T* h, int64_t L, int64_t C, int64_t K,
+void depthwise_rows(const T* x, int64_t x0, const T* wt, const T* bias, T* h, int64_t L, int64_t C, int64_t K,
                     int64_t pad, int64_t l0, int64_t l1) {
   // Rows whose K taps all lie inside the sequence, [full_lo, full_hi), go kDepthwiseRows at a time.
   const int64_t full_lo = std::max(l0, pad), full_hi = std::min(l1, L + pad - K + 1);
   for (int64_t l = l0; l < l1; ++l) {
     if (l >= full_lo && l + kDepthwiseRows <= full_hi) {
-      const T* src = x + (l - pad) * C;
+      const T* src = x + (l - pad - x0) * C;
       T* out = h + (l - l0) * C;
 #define FASTQA_BLOCK(CB, c0) tap_sum_rows<kDepthwiseRows, 1, CB>(out, bias, wt, src, K, C, c0)
       FASTQA_FOR_CHANNEL_BLOCKS(FASTQA_BLOCK);
@@ -277,7 +281,7 @@ void depthwise_rows(const T* x, const T* wt, const T* bias, T* h, int64_t L, int
     }
     const int64_t k_lo = std::max<int64_t>(0, pad - l), k_hi = std::min(K, L + pad - l);
     const T* w = wt + k_lo * C;
-    const T* src = x + (l + k_lo - pad) * C;
+    const T* src = x + (l + k_lo - pad - x0) * C;
     T* out = h + (l - l0) * C;
 #define FASTQA_BLOCK(CB, c0) tap_sum<CB>(out, bias, w, src, C, k_hi - k_lo, C, c0)
     FASTQA_FOR_CHANNEL_BLOCKS(FASTQA_BLOCK);
@@ -294,12 +298,13 @@ void accumulate_rows(const T* src, int64_t rows, int64_t C, T* acc) {
 }
 
 // Transposed depthwise conv over one tile, given gh = dL/dh on rows [e0, e0 + n) of the sequence
-// (the tile's rows plus the halo the transposed conv reads):
+// (the tile's rows plus the halo the transposed conv reads) and x from the sequence's row x0 on (as
+// depthwise_rows'):
 //   gx[l - l0, :]   = sum_k wt[k, :] * gh[l - k + pad, :]          for l in [l0, l1)
 //   gwt[k, :]      += sum_l gh[l, :] * x[l + k - pad, :]            (tile rows only)
 //   gdb[:]         += sum_l gh[l, :]                                (tile rows only; gdb may be null)
 template <typename T>
-void depthwise_backward_rows(const T* gh, int64_t e0, const T* x, const T* wt, T* gx, T* gwt, T* gdb,
+void depthwise_backward_rows(const T* gh, int64_t e0, const T* x, int64_t x0, const T* wt, T* gx, T* gwt, T* gdb,
                              int64_t L, int64_t C, int64_t K, int64_t pad, int64_t l0, int64_t l1) {
   // Rows that read all K taps, [full_lo, full_hi), go kDepthwiseRows at a time.
   const int64_t full_lo = std::max(l0, K - 1 - pad), full_hi = std::min(l1, L - pad);
@@ -325,17 +330,17 @@ void depthwise_backward_rows(const T* gh, int64_t e0, const T* x, const T* wt, T
   // sequence: all taps do for rows [in_lo, in_hi), which the common kernel sizes take in one pass.
   const int64_t in_lo = std::min(l1, std::max(l0, pad)), in_hi = std::max(in_lo, std::min(l1, L + pad - K + 1));
   const T* g = gh + (in_lo - e0) * C;
-  const T* src = x + (in_lo - pad) * C;
+  const T* src = x + (in_lo - pad - x0) * C;
   const int64_t rows = in_hi - in_lo;
   bool bias_done = false;  // gdb over [in_lo, in_hi) taken in the same pass
   switch (rows > 0 ? K : 0) {
     case 3: tap_dots_chunked<3>(gwt, gdb, g, src, rows, C); bias_done = true; break;
     case 5: tap_dots_chunked<5>(gwt, gdb, g, src, rows, C); bias_done = true; break;
     case 7: tap_dots_chunked<7>(gwt, gdb, g, src, rows, C); bias_done = true; break;
-    default: tap_dots_per_tap(gh, e0, x, gwt, L, C, K, pad, in_lo, in_hi);
+    default: tap_dots_per_tap(gh, e0, x, x0, gwt, L, C, K, pad, in_lo, in_hi);
   }
-  tap_dots_per_tap(gh, e0, x, gwt, L, C, K, pad, l0, in_lo);
-  tap_dots_per_tap(gh, e0, x, gwt, L, C, K, pad, in_hi, l1);
+  tap_dots_per_tap(gh, e0, x, x0, gwt, L, C, K, pad, l0, in_lo);
+  tap_dots_per_tap(gh, e0, x, x0, gwt, L, C, K, pad, in_hi, l1);
   if (gdb) {
     if (bias_done) {
       accumulate_rows(gh + (l0 - e0) * C, in_lo - l0, C, gdb);
@@ -346,10 +351,63 @@ void depthwise_backward_rows(const T* gh, int64_t e0, const T* x, const T* wt, T
   }
 }
 
-// In place on a GEMM output tile y [rows, C] (the bias already in it): y = relu?(y) + residual, recording
-// the ReLU mask.
+// An activation [N, C] (x, the residual, grad_y; contiguous) as the kernels computing in T read it: a T tensor
+// in place, a bf16 one (T float32) widened -- exactly -- a tile's rows at a time into the reading thread's
+// scratch or added to a row as it is read, so that a bf16 call makes no float32 copy of the whole tensor.
 template <typename T>
-void epilogue_rows(T* y, const T* residual, bool* mask, int64_t rows, int64_t C, bool relu) {
+class Rows {
+ public:
+  // t undefined (an absent residual): present() is false.
+  explicit Rows(const at::Tensor& t) {
+    if (!t.defined()) return;
+    C_ = t.size(-1);
+    if (bf16::is_bf16(t)) {
+      TORCH_INTERNAL_ASSERT((std::is_same_v<T, float>), "bf16 data is read into float32");
+      narrow_ = t.data_ptr<c10::BFloat16>();
+    } else {
+      wide_ = t.data_ptr<T>();
+    }
+  }
+  explicit Rows(const c10::optional<at::Tensor>& t) : Rows(t.has_value() ? *t : at::Tensor()) {}
+  bool present() const { return wide_ || narrow_; }
+  // Whether get() writes to its scratch (which then needs n * C values).
+  bool widens() const { return narrow_ != nullptr; }
+  // Rows [r0, r0 + n) as T: in place, or widened into scratch.
+  const T* get(int64_t r0, int64_t n, T* scratch) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (narrow_) {
+        bf16::widen_row(narrow_ + r0 * C_, n * C_, scratch);
+        return scratch;
+      }
+    }
+    return wide_ + r0 * C_;
+  }
+  // acc[0..C) += row r.
+  void add_to(int64_t r, T* __restrict acc) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (narrow_) return bf16::add_row(narrow_ + r * C_, C_, acc);
+    }
+    const T* __restrict src = wide_ + r * C_;
+#pragma omp simd
+    for (int64_t c = 0; c < C_; ++c) acc[c] += src[c];
+  }
+
+ private:
+  const T* wide_ = nullptr;
+  const c10::BFloat16* narrow_ = nullptr;
+  int64_t C_ = 0;
+};
+
+// The rows [lo, hi) of a sequence [0, L) that the depthwise taps of output rows [l0, l1) read (and the backward's
+// weight gradient pairs with them).
+std::pair<int64_t, int64_t> input_span(int64_t L, int64_t K, int64_t pad, int64_t l0, int64_t l1) {
+  return {std::max<int64_t>(0, l0 - pad), std::min(L, l1 + K - 1 - pad)};
+}
+
+// In place on a GEMM output tile y [rows, C] (the bias already in it): y = relu?(y) + residual rows [row0,
+// row0 + rows), recording the ReLU mask.
+template <typename T>
+void epilogue_rows(T* y, const Rows<T>& residual, int64_t row0, bool* mask, int64_t rows, int64_t C, bool relu) {
   for (int64_t r = 0; r < rows; ++r) {
     T* __restrict row = y + r * C;
     if (relu) {
@@ -360,18 +418,15 @@ void epilogue_rows(T* y, const T* residual, bool* mask, int64_t rows, int64_t C,
         row[c] = row[c] < T(0) ? T(0) : row[c];  // NaN stays NaN, as in torch.relu
       }
     }
-    if (residual) {
-      const T* __restrict res = residual + r * C;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) row[c] += res[c];
-    }
+    if (residual.present()) residual.add_to(row0 + r, row);
   }
 }
 
-// gz [n, C] = grad_y masked by the ReLU mask. Both operands are loaded unconditionally and the mask is
-// read as bytes so that the select vectorises (a branch per element mispredicts half the time).
+// gz [n, C] = grad_y masked by the ReLU mask (in place when gz is grad_y: each element is read before it is
+// written). Both operands are loaded unconditionally and the mask is read as bytes so that the select vectorises
+// (a branch per element mispredicts half the time).
 template <typename T>
-void relu_backward_rows(const T* __restrict grad_y, const bool* mask, T* __restrict gz, int64_t n) {
+void relu_backward_rows(const T* grad_y, const bool* mask, T* gz, int64_t n) {
   const uint8_t* __restrict m = reinterpret_cast<const uint8_t*>(mask);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
@@ -509,11 +564,15 @@ void vnni_rows_bf16(const float* src, int64_t rows, int64_t C, c10::BFloat16* ds
   }
 }
 
-// The forward on checked arguments (check_args, checked_residual): x, dw_weight and the biases float32 or
-// float64. pw_weight feeds the GEMMs only: x's dtype, or bf16 inside a Bf16Products scope (a bf16 operand
-// is taken as it is, where a float32 one would be rounded to bf16 on every tile). bf16_out (float32 x): y is
-// bf16, each tile computed in a float32 buffer and rounded while in cache, instead of a float32 y [B, L, C_out]
-// allocated, written and read again by a separate rounding pass.
+// The dtype a kernel computes in for activations of t's dtype: float32 for bf16 (read through Rows), else t's.
+at::ScalarType compute_dtype(const at::Tensor& t) { return bf16::is_bf16(t) ? at::kFloat : t.scalar_type(); }
+
+// The forward on checked arguments (check_args, checked_residual): dw_weight and the biases float32 or float64,
+// the dtype it computes in (compute_dtype); x and the residual that dtype or bf16 (read through Rows).
+// pw_weight feeds the GEMMs only: the compute dtype, or bf16 inside a Bf16Products scope (a bf16 operand
+// is taken as it is, where a float32 one would be rounded to bf16 on every tile). bf16_out (computing in
+// float32): y is bf16, each tile computed in a float32 buffer and rounded while in cache, instead of a float32
+// y [B, L, C_out] allocated, written and read again by a separate rounding pass.
 std::tuple<at::Tensor, at::Tensor> dwsep_forward(const Shapes& s, const at::Tensor& x_in, const at::Tensor& dw_weight,
                                                  const c10::optional<at::Tensor>& dw_bias_in,
                                                  const at::Tensor& pw_weight,
@@ -527,33 +586,35 @@ std::tuple<at::Tensor, at::Tensor> dwsep_forward(const Shapes& s, const at::Tens
   if (pw_bias_in) pw_bias = pw_bias_in->contiguous();
   // Channels-first data viewed as [B, L, C] (or any other layout) is copied to channels-last once.
   const at::Tensor x = x_in.contiguous();
+  const auto opts = x.options().dtype(compute_dtype(x));
   const at::Tensor wt = depthwise_kc(dw_weight);
   // The right factor [C_in, C_out]. BLAS: contiguous (MKL's small-M GEMM on a transposed view is up
   // to 1.8x slower here); oneDNN: a transposed view of [C_out, C_in], its own weight layout.
-  const bool onednn = gemm::engine_for(x.scalar_type()) == gemm::Engine::kOneDnn;
+  const bool onednn = gemm::engine_for(opts.dtype().toScalarType()) == gemm::Engine::kOneDnn;
   const at::Tensor w_t = pw_packed.defined() ? at::Tensor()  // the native route reads pw_packed only
                          : onednn ? pointwise_2d(pw_weight).t() : pointwise_2d(pw_weight).t().contiguous();
-  at::Tensor y = at::empty({s.B, s.L, s.C_out}, bf16_out ? x.options().dtype(at::kBFloat16) : x.options());
+  at::Tensor y = at::empty({s.B, s.L, s.C_out}, bf16_out ? opts.dtype(at::kBFloat16) : opts);
   // The ReLU mask; none without ReLU (the op's aux is then absent: nothing allocated).
-  at::Tensor aux = relu ? at::empty({s.B, s.L, s.C_out}, x.options().dtype(at::kBool)) : at::Tensor();
+  at::Tensor aux = relu ? at::empty({s.B, s.L, s.C_out}, opts.dtype(at::kBool)) : at::Tensor();
   at::Tensor y2d = y.view({s.B * s.L, s.C_out});
   const Tiling tiles(s.B, s.L, s.C_in, s.C_out, s.K, at::get_num_threads(), /*group_sequences=*/true);
   // The tiles' GEMMs run on the pool's threads: they take their products in bf16 when the caller does.
   const bool b16 = gemm::bf16_products();
 
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dwsep_conv1d_fwd", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
+  AT_DISPATCH_FLOATING_TYPES(opts.dtype().toScalarType(), "dwsep_conv1d_fwd", [&] {
+    const Rows<scalar_t> xs(x), res(residual);
     const scalar_t* wtp = wt.data_ptr<scalar_t>();
     const scalar_t* dbp = data_or_null<scalar_t>(dw_bias);
     const scalar_t* pbp = data_or_null<scalar_t>(pw_bias);
-    const scalar_t* rp = data_or_null<scalar_t>(residual);
     bool* mp = relu ? aux.data_ptr<bool>() : nullptr;
     at::parallel_for(0, tiles.count, tiles.grain, [&](int64_t t0, int64_t t1) {
       const BelowAutograd below_autograd;
       const gemm::Bf16Products bf16_scope(b16);
-      at::Tensor h = at::empty({tiles.max_rows(), s.C_in}, x.options());
-      at::Tensor y_buf = bf16_out ? at::empty({tiles.max_rows(), s.C_out}, x.options()) : at::Tensor();
-      // The native route's products (float32 x only): h rounded to bf16 here, pw_packed the right factor.
+      at::Tensor h = at::empty({tiles.max_rows(), s.C_in}, opts);
+      at::Tensor y_buf = bf16_out ? at::empty({tiles.max_rows(), s.C_out}, opts) : at::Tensor();
+      // A bf16 x: the rows one sequence's depthwise taps read (input_span), widened.
+      std::vector<scalar_t> x_rows(xs.widens() ? (tiles.chunk + s.K - 1) * s.C_in : 0);
+      // The native route's products (computing in float32): h rounded to bf16 here, pw_packed the right factor.
       const bool native = pw_packed.defined() && std::is_same_v<scalar_t, float>;
       std::vector<c10::BFloat16> h16(native ? tiles.max_rows() * s.C_in : 0);
       for (int64_t t = t0; t < t1; ++t) {
@@ -561,9 +622,11 @@ std::tuple<at::Tensor, at::Tensor> dwsep_forward(const Shapes& s, const at::Tens
         const int64_t rows = (b1 - b0) * (l1 - l0);
         const int64_t row0 = b0 * s.L + l0;  // first row of the tile in the flattened [B*L, C] views
         at::Tensor h_tile = h.narrow(0, 0, rows);
+        const auto [lo, hi] = input_span(s.L, s.K, pad_left, l0, l1);
         for (int64_t b = b0; b < b1; ++b) {
-          depthwise_rows(xp + b * s.L * s.C_in, wtp, dbp, h_tile.data_ptr<scalar_t>() + (b - b0) * (l1 - l0) * s.C_in,
-                         s.L, s.C_in, s.K, pad_left, l0, l1);
+          depthwise_rows(xs.get(b * s.L + lo, hi - lo, x_rows.data()), lo, wtp, dbp,
+                         h_tile.data_ptr<scalar_t>() + (b - b0) * (l1 - l0) * s.C_in, s.L, s.C_in, s.K, pad_left, l0,
+                         l1);
         }
         at::Tensor y_tile = bf16_out ? y_buf.narrow(0, 0, rows) : y2d.narrow(0, row0, rows);
         // The bias, when there is one, is the GEMM's starting value (fill_rows): the epilogue has one
@@ -578,24 +641,14 @@ std::tuple<at::Tensor, at::Tensor> dwsep_forward(const Shapes& s, const at::Tens
           }
         }
         if (!native) gemm::mm_out(y_tile, h_tile, w_t, /*accumulate=*/pbp != nullptr);
-        epilogue_rows(y_tile.data_ptr<scalar_t>(), rp ? rp + row0 * s.C_out : nullptr,
-                      mp ? mp + row0 * s.C_out : nullptr, rows, s.C_out, relu);
+        epilogue_rows(y_tile.data_ptr<scalar_t>(), res, row0, mp ? mp + row0 * s.C_out : nullptr, rows, s.C_out,
+                      relu);
         if (bf16_out) y2d.narrow(0, row0, rows).copy_(y_tile);
       }
       if (native) gemm::bf16_brgemm_release();
     });
   });
   return {y, aux};
-}
-
-// The float32 copy of a bf16 residual (`given`, and `checked` its checked_residual) for the float32 kernel: the
-// widened x itself where the residual is x (QANet's sublayers add their own input back), which saves a second
-// conversion of the same data.
-c10::optional<at::Tensor> widened_residual(const c10::optional<at::Tensor>& given,
-                                           const c10::optional<at::Tensor>& checked, const at::Tensor& x,
-                                           const at::Tensor& wide_x) {
-  if (!checked) return c10::nullopt;
-  return given->is_same(x) ? wide_x : bf16::widen(*checked);
 }
 
 std::tuple<at::Tensor, c10::optional<at::Tensor>> dwsep_conv1d_fwd(
@@ -609,15 +662,13 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> dwsep_conv1d_fwd(
     auto [y, aux] = dwsep_forward(s, x, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu);
     return {y, if_defined(aux)};
   }
-  // bf16 (csrc/cpu/bf16.h): the float32 kernel on widened copies, its products by the route (bf16_route); y
-  // rounded once, at the end of its tile.
+  // bf16 (csrc/cpu/bf16.h): the float32 kernel reading the bf16 x and residual tile by tile, its products by the
+  // route (bf16_route); y rounded once, at the end of its tile.
   const auto run = [&](gemm::Route route) {
     const gemm::Bf16Products bf16_scope(route == gemm::Route::kNative);
-    const at::Tensor wide_x = bf16::widen(x);
     const PointwiseOperands pw = pointwise_operands(pw_weight, route, s, /*transposed=*/false);
-    return dwsep_forward(s, wide_x, bf16::widen(dw_weight), bf16::widen(dw_bias), pw.weight, bf16::widen(pw_bias),
-                         widened_residual(residual_in, residual, x, wide_x), pad_left, relu, /*bf16_out=*/true,
-                         pw.packed);
+    return dwsep_forward(s, x, bf16::widen(dw_weight), bf16::widen(dw_bias), pw.weight, bf16::widen(pw_bias), residual,
+                         pad_left, relu, /*bf16_out=*/true, pw.packed);
   };
   auto [y, aux] = run(bf16_route(op, s, [&](gemm::Route r) { (void)run(r); }));
   return {y, if_defined(aux)};
@@ -643,8 +694,9 @@ at::Tensor check_grad_and_aux(const char* op, const Shapes& s, const at::Tensor&
   return aux;
 }
 
-// The backward on checked arguments (check_args, check_grad_and_aux); the dtypes as dwsep_forward's, grad_y x's.
-// bf16_out (float32 x): grad_x is bf16, rounded tile by tile from a float32 buffer, as dwsep_forward's y.
+// The backward on checked arguments (check_args, check_grad_and_aux); the dtypes as dwsep_forward's, grad_y the
+// compute dtype or bf16 (read through Rows). bf16_out (computing in float32): grad_x is bf16, rounded tile by
+// tile from a float32 buffer, as dwsep_forward's y.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_backward(
     const Shapes& s, const at::Tensor& grad_y_in, const at::Tensor& x_in, const at::Tensor& dw_weight,
     const c10::optional<at::Tensor>& dw_bias_in, const at::Tensor& pw_weight,
@@ -653,6 +705,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
   gemm::prepare();
   const at::Tensor grad_y = grad_y_in.contiguous();
   const at::Tensor x = x_in.contiguous();
+  const auto opts = x.options().dtype(compute_dtype(x));
   const at::Tensor aux = relu ? aux_in.contiguous() : aux_in;
   c10::optional<at::Tensor> dw_bias;
   if (dw_bias_in) dw_bias = dw_bias_in->contiguous();
@@ -663,7 +716,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
 
   const Tiling tiles(s.B, s.L, s.C_in, s.C_out, s.K, kBackwardThreads);
   const int64_t groups = tiles.blocks();
-  const auto opts = x.options();
   at::Tensor grad_x = at::empty({s.B, s.L, s.C_in}, bf16_out ? opts.dtype(at::kBFloat16) : opts);
   // Per-block partials, zero-initialised so blocks accumulate into them directly.
   at::Tensor part_pw = at::zeros({groups, s.C_out, s.C_in}, opts);
@@ -672,11 +724,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
   at::Tensor part_db = dw_bias ? at::zeros({groups, s.C_in}, opts) : at::Tensor();
   const bool b16 = gemm::bf16_products();  // as in the forward: the blocks' GEMMs run on the pool's threads
 
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dwsep_conv1d_bwd", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
+  AT_DISPATCH_FLOATING_TYPES(opts.dtype().toScalarType(), "dwsep_conv1d_bwd", [&] {
+    const Rows<scalar_t> xs(x), gy(grad_y);
     const scalar_t* wtp = wt.data_ptr<scalar_t>();
     const scalar_t* dbp = data_or_null<scalar_t>(dw_bias);
-    const scalar_t* gyp = grad_y.data_ptr<scalar_t>();
     const bool* mp = relu ? aux.data_ptr<bool>() : nullptr;
     // At least two parallel items, so that a single block too runs inside the thread pool's parallel
     // region whenever there are threads: its GEMMs then run single-threaded, as they do on one thread
@@ -689,9 +740,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
       const int64_t halo_rows = tiles.chunk + s.K - 1;
       at::Tensor h = at::empty({tiles.chunk, s.C_in}, opts);
       at::Tensor gh = at::empty({halo_rows, s.C_in}, opts);
-      at::Tensor gz = relu ? at::empty({halo_rows, s.C_out}, opts) : at::Tensor();
+      // gz: grad_y's rows masked by the ReLU mask, or widened from bf16; without either grad_y is read in place.
+      const bool own_gz = relu || gy.widens();
+      at::Tensor gz = own_gz ? at::empty({halo_rows, s.C_out}, opts) : at::Tensor();
+      // A bf16 x: the rows a tile's depthwise taps read (input_span), widened.
+      std::vector<scalar_t> x_rows(xs.widens() ? (tiles.chunk + s.K - 1) * s.C_in : 0);
       at::Tensor gx_buf = bf16_out ? at::empty({tiles.chunk, s.C_in}, opts) : at::Tensor();
-      // The native route's products (float32 x only): gz rounded to bf16 (as it is, for dL/dh = gz·pw) and
+      // The native route's products (computing in float32): gz rounded to bf16 (as it is, for dL/dh = gz·pw) and
       // transposed (the left factor of gzᵀ·h), h paired by rows (the right factor).
       const bool native = pw_t_packed.defined() && std::is_same_v<scalar_t, float>;
       const int64_t chunk_p = tiles.chunk + tiles.chunk % 2;
@@ -709,10 +764,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
           const int64_t ext = e1 - e0, row_e0 = b * s.L + e0;
           // gz = dL/d(pointwise output) on the extended rows; without ReLU it is grad_y itself.
           at::Tensor gz_ext;
-          if (relu) {
+          if (own_gz) {
             gz_ext = gz.narrow(0, 0, ext);
-            relu_backward_rows(gyp + row_e0 * s.C_out, mp + row_e0 * s.C_out, gz_ext.data_ptr<scalar_t>(),
-                               ext * s.C_out);
+            scalar_t* gzp = gz_ext.data_ptr<scalar_t>();
+            const scalar_t* gyp = gy.get(row_e0, ext, gzp);
+            if (relu) relu_backward_rows(gyp, mp + row_e0 * s.C_out, gzp, ext * s.C_out);
           } else {
             gz_ext = grad_y2d.narrow(0, row_e0, ext);
           }
@@ -720,8 +776,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
           if (pb_acc) accumulate_rows(gz_tile.data_ptr<scalar_t>(), rows, s.C_out, pb_acc);
           // Recompute the depthwise output of the tile for the pointwise weight gradient.
           at::Tensor h_tile = h.narrow(0, 0, rows);
-          depthwise_rows(xp + b * s.L * s.C_in, wtp, dbp, h_tile.data_ptr<scalar_t>(), s.L, s.C_in, s.K,
-                         pad_left, l0, l1);
+          const auto [lo, hi] = input_span(s.L, s.K, pad_left, l0, l1);
+          const scalar_t* xr = xs.get(b * s.L + lo, hi - lo, x_rows.data());
+          depthwise_rows(xr, lo, wtp, dbp, h_tile.data_ptr<scalar_t>(), s.L, s.C_in, s.K, pad_left, l0, l1);
           at::Tensor gh_ext = gh.narrow(0, 0, ext);
           if constexpr (std::is_same_v<scalar_t, float>) {
             if (native) {
@@ -743,8 +800,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
           const scalar_t* ghp = gh_ext.data_ptr<scalar_t>();
           const int64_t row0 = b * s.L + l0;
           scalar_t* gxp = bf16_out ? gx_buf.data_ptr<scalar_t>() : grad_x.data_ptr<scalar_t>() + row0 * s.C_in;
-          depthwise_backward_rows(ghp, e0, xp + b * s.L * s.C_in, wtp, gxp, dw_acc, db_acc, s.L, s.C_in, s.K,
-                                  pad_left, l0, l1);
+          depthwise_backward_rows(ghp, e0, xr, lo, wtp, gxp, dw_acc, db_acc, s.L, s.C_in, s.K, pad_left, l0, l1);
           if (bf16_out) grad_x.view({s.B * s.L, s.C_in}).narrow(0, row0, rows).copy_(gx_buf.narrow(0, 0, rows));
         }
       }
@@ -772,11 +828,12 @@ std::tuple<at::Tensor, at::Tensor, c10::optional<at::Tensor>, at::Tensor, c10::o
         dwsep_backward(s, grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu);
     return {gx, gdw, if_defined(gdb), gpw, if_defined(gpb)};
   }
+  // bf16: the float32 kernel reading the bf16 grad_y and x tile by tile (as dwsep_conv1d_fwd).
   const auto run = [&](gemm::Route route) {
     const gemm::Bf16Products bf16_scope(route == gemm::Route::kNative);
     const PointwiseOperands pw = pointwise_operands(pw_weight, route, s, /*transposed=*/true);
-    return dwsep_backward(s, bf16::widen(grad_y), bf16::widen(x), bf16::widen(dw_weight), bf16::widen(dw_bias),
-                          pw.weight, pw_bias, aux, pad_left, relu, /*bf16_out=*/true, pw.packed);
+    return dwsep_backward(s, grad_y, x, bf16::widen(dw_weight), bf16::widen(dw_bias), pw.weight, pw_bias, aux,
+                          pad_left, relu, /*bf16_out=*/true, pw.packed);
   };
   auto [gx, gdw, gdb, gpw, gpb] = run(bf16_route(op, s, [&](gemm::Route r) { (void)run(r); }));
   return {gx, bf16::grad_like(gdw, dw_weight), if_defined(bf16::grad_like(gdb, dw_bias)),
@@ -824,16 +881,16 @@ void layer_norm_row(const T* __restrict x, T mean, T rstd, const T* __restrict w
 // LayerNorm backward of rows [r0, r1) of x / g = dL/dh [rows, C] (stats [B, 2, L]: mean, rstd), with
 // xhat = (x - mean) * rstd: grad_x = rstd * (g∘w - mean(g∘w) - xhat * mean(g∘w∘xhat)) row by row, and
 // acc_w += Σ g∘xhat, acc_b += Σ g over the rows in order (rows with mask false: grad_x 0, nothing added).
-// gw: [C] scratch.
+// gw, x_row: [C] scratch (x_row: Rows::get's, for a bf16 x).
 template <typename T>
-void layer_norm_backward_rows(const T* x, const T* g, const T* w, const T* stats, const bool* mask, T* grad_x,
-                              T* acc_w, T* acc_b, T* gw, int64_t r0, int64_t r1, int64_t L, int64_t C) {
+void layer_norm_backward_rows(const Rows<T>& x, const T* g, const T* w, const T* stats, const bool* mask, T* grad_x,
+                              T* acc_w, T* acc_b, T* gw, T* x_row, int64_t r0, int64_t r1, int64_t L, int64_t C) {
   for (int64_t r = r0; r < r1; ++r) {
     if (mask && !mask[r]) {  // a masked row's h was 0, whatever x: no gradient reaches x or the LN parameters
       std::fill(grad_x + r * C, grad_x + (r + 1) * C, T(0));
       continue;
     }
-    const T* xr = x + r * C;
+    const T* xr = x.get(r, 1, x_row);
     const T* gr = g + r * C;
     const T mean = stats[(r / L * 2) * L + r % L], rstd = stats[(r / L * 2 + 1) * L + r % L];
     double sum_g = 0, sum_gx = 0;
@@ -875,38 +932,40 @@ at::Tensor checked_row_mask(const char* op, const c10::optional<at::Tensor>& mas
   return m.contiguous();
 }
 
-// h rows [r0, r1) = LN(x) (zero where the mask is false), from the row statistics.
+// h rows [r0, r1) = LN(x) (zero where the mask is false) from the row statistics [B, 2, L] (mean, rstd),
+// computed into them first when eps is given. x_row: [C] scratch (Rows::get's, for a bf16 x).
 template <typename T>
-void layer_norm_rows(const T* x, const T* w, const T* b, const T* stats, const bool* mask, T* h, int64_t r0,
-                     int64_t r1, int64_t L, int64_t C) {
+void layer_norm_rows(const Rows<T>& x, const T* w, const T* b, T* stats, const bool* mask, c10::optional<double> eps,
+                     T* h, T* x_row, int64_t r0, int64_t r1, int64_t L, int64_t C) {
   for (int64_t r = r0; r < r1; ++r) {
-    if (mask && !mask[r]) {
+    T* mean = stats + (r / L * 2) * L + r % L;
+    const bool kept = !mask || mask[r];
+    const T* xr = eps || kept ? x.get(r, 1, x_row) : nullptr;  // a masked row is read for its statistics only
+    if (eps) layer_norm_stats(xr, C, *eps, mean, mean + L);
+    if (kept) {
+      layer_norm_row(xr, mean[0], mean[L], w, b, h + r * C, C);
+    } else {
       std::fill(h + r * C, h + (r + 1) * C, T(0));
-      continue;
     }
-    const T* mean = stats + (r / L * 2) * L + r % L;
-    layer_norm_row(x + r * C, mean[0], mean[L], w, b, h + r * C, C);
   }
 }
 
-// h = LN(x): [B, L, C_in] (x contiguous; rows where the mask is false are zero) from the row statistics
-// [B, 2, L] (mean, rstd) -- computed into `stats` first when eps is given (the forward), read otherwise (the
-// backward, rebuilding h).
+// h = LN(x): [B, L, C_in] in the compute dtype (x contiguous, that dtype or bf16; rows where the mask is false
+// are zero) from the row statistics [B, 2, L] (mean, rstd) -- computed into `stats` first when eps is given (the
+// forward), read otherwise (the backward, rebuilding h).
 at::Tensor normalized_input(const Shapes& s, const at::Tensor& x, const at::Tensor& ln_weight_in,
                             const at::Tensor& ln_bias_in, const at::Tensor& stats, const at::Tensor& mask,
                             c10::optional<double> eps) {
   const at::Tensor ln_weight = ln_weight_in.contiguous(), ln_bias = ln_bias_in.contiguous();
-  at::Tensor h = at::empty({s.B, s.L, s.C_in}, x.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "ln_dwsep_conv1d", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    scalar_t* sp = stats.data_ptr<scalar_t>();
+  const auto opts = x.options().dtype(compute_dtype(x));
+  at::Tensor h = at::empty({s.B, s.L, s.C_in}, opts);
+  AT_DISPATCH_FLOATING_TYPES(opts.dtype().toScalarType(), "ln_dwsep_conv1d", [&] {
+    const Rows<scalar_t> xs(x);
     at::parallel_for(0, s.B * s.L, std::max<int64_t>(1, kMinTaskWork / (4 * s.C_in)), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; eps && r < r1; ++r) {
-        scalar_t* mean = sp + (r / s.L * 2) * s.L + r % s.L;
-        layer_norm_stats(xp + r * s.C_in, s.C_in, *eps, mean, mean + s.L);
-      }
-      layer_norm_rows(xp, ln_weight.data_ptr<scalar_t>(), ln_bias.data_ptr<scalar_t>(), sp,
-                      mask.defined() ? mask.data_ptr<bool>() : nullptr, h.data_ptr<scalar_t>(), r0, r1, s.L, s.C_in);
+      std::vector<scalar_t> x_row(xs.widens() ? s.C_in : 0);
+      layer_norm_rows(xs, ln_weight.data_ptr<scalar_t>(), ln_bias.data_ptr<scalar_t>(), stats.data_ptr<scalar_t>(),
+                      mask.defined() ? mask.data_ptr<bool>() : nullptr, eps, h.data_ptr<scalar_t>(), x_row.data(), r0,
+                      r1, s.L, s.C_in);
     });
   });
   return h;
@@ -920,7 +979,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_forward(
     const c10::optional<at::Tensor>& pw_bias, const c10::optional<at::Tensor>& residual, const at::Tensor& mask,
     int64_t pad_left, bool relu, bool bf16_out = false, const at::Tensor& pw_packed = at::Tensor()) {
   const at::Tensor x = x_in.contiguous();
-  at::Tensor stats = at::empty({s.B, 2, s.L}, x.options());
+  at::Tensor stats = at::empty({s.B, 2, s.L}, x.options().dtype(compute_dtype(x)));
   const at::Tensor h = normalized_input(s, x, ln_weight_in, ln_bias_in, stats, mask, eps);
   auto [y, aux] =
       dwsep_forward(s, h, dw_weight, dw_bias, pw_weight, pw_bias, residual, pad_left, relu, bf16_out, pw_packed);
@@ -943,22 +1002,22 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>, at::Tensor> ln_dwsep_conv1d_fw
                                       residual, mask, pad_left, relu);
     return {y, if_defined(aux), stats};
   }
-  // bf16: as dwsep_conv1d_fwd; the statistics are saved in float32, the dtype they are computed in.
+  // bf16: as dwsep_conv1d_fwd (x read row by row by the LayerNorm); the statistics are saved in float32, the
+  // dtype they are computed in.
   const auto run = [&](gemm::Route route) {
     const gemm::Bf16Products bf16_scope(route == gemm::Route::kNative);
-    const at::Tensor wide_x = bf16::widen(x);
     const PointwiseOperands pw = pointwise_operands(pw_weight, route, s, /*transposed=*/false);
-    return ln_forward(s, wide_x, bf16::widen(ln_weight), bf16::widen(ln_bias), eps, bf16::widen(dw_weight),
-                      bf16::widen(dw_bias), pw.weight, bf16::widen(pw_bias),
-                      widened_residual(residual_in, residual, x, wide_x), mask, pad_left, relu, /*bf16_out=*/true,
-                      pw.packed);
+    return ln_forward(s, x, bf16::widen(ln_weight), bf16::widen(ln_bias), eps, bf16::widen(dw_weight),
+                      bf16::widen(dw_bias), pw.weight, bf16::widen(pw_bias), residual, mask, pad_left, relu,
+                      /*bf16_out=*/true, pw.packed);
   };
   auto [y, aux, stats] = run(bf16_route(op, s, [&](gemm::Route r) { (void)run(r); }));
   return {y, if_defined(aux), stats};
 }
 
 // The backward on checked arguments (check_args, check_ln_args, check_grad_and_aux, the ln_stats check,
-// checked_row_mask); the dtypes as ln_forward's, grad_y and ln_stats x's.
+// checked_row_mask); the dtypes as ln_forward's, grad_y x's (or bf16, read through Rows), ln_stats the compute
+// dtype.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ln_backward(
     const Shapes& s, const at::Tensor& grad_y, const at::Tensor& x_in, const at::Tensor& ln_weight_in,
     const at::Tensor& ln_bias_in, const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias,
@@ -970,7 +1029,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const at::Tensor stats = ln_stats_in.contiguous();
   const bool* mp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
   const int64_t rows = s.B * s.L, C = s.C_in;
-  const int64_t row_grain = std::max<int64_t>(1, kMinTaskWork / (4 * C));
   at::Tensor h = normalized_input(s, x, ln_weight, ln_bias_in, stats, mask, c10::nullopt);
   auto [grad_h, grad_dw_weight, grad_dw_bias, grad_pw_weight, grad_pw_bias] =
       dwsep_backward(s, grad_y, h, dw_weight, dw_bias, pw_weight, pw_bias, aux, pad_left, relu, /*bf16_out=*/false,
@@ -979,10 +1037,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // LayerNorm backward, with g = dL/dh and xhat = (x - mean) * rstd per row:
   //   grad_x = rstd * (g∘w - mean(g∘w) - xhat * mean(g∘w∘xhat)), grad_w = Σ_rows g∘xhat, grad_b = Σ_rows g.
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(ceil_div(rows, kLnBlockRows), kBackwardThreads));
-  at::Tensor grad_x = at::empty({s.B, s.L, C}, x.options());
-  at::Tensor part = at::zeros({blocks, 2, C}, x.options());  // per block: [Σ g∘xhat, Σ g]
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), op, [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
+  const auto opts = x.options().dtype(compute_dtype(x));
+  at::Tensor grad_x = at::empty({s.B, s.L, C}, opts);
+  at::Tensor part = at::zeros({blocks, 2, C}, opts);  // per block: [Σ g∘xhat, Σ g]
+  AT_DISPATCH_FLOATING_TYPES(opts.dtype().toScalarType(), op, [&] {
+    const Rows<scalar_t> xs(x);
     const scalar_t* wp = ln_weight.data_ptr<scalar_t>();
     const scalar_t* sp = stats.data_ptr<scalar_t>();
     const scalar_t* gp = grad_h.data_ptr<scalar_t>();
@@ -990,11 +1049,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     scalar_t* partp = part.data_ptr<scalar_t>();
     // Each block by one thread, whichever: the partial sums depend on the block, not on the thread.
     at::parallel_for(0, blocks, 1, [&](int64_t k0, int64_t k1) {
-      std::vector<scalar_t> gw(C);
+      std::vector<scalar_t> gw(C), x_row(xs.widens() ? C : 0);
       for (int64_t k = k0; k < k1; ++k) {
         scalar_t* acc_w = partp + k * 2 * C;
         scalar_t* acc_b = acc_w + C;
-        layer_norm_backward_rows(xp, gp, wp, sp, mp, gxp, acc_w, acc_b, gw.data(), rows * k / blocks,
+        layer_norm_backward_rows(xs, gp, wp, sp, mp, gxp, acc_w, acc_b, gw.data(), x_row.data(), rows * k / blocks,
                                  rows * (k + 1) / blocks, s.L, C);
       }
     });
@@ -1028,9 +1087,8 @@ ln_dwsep_conv1d_bwd(const at::Tensor& grad_y, const at::Tensor& x, const at::Ten
   const auto run = [&](gemm::Route route) {
     const gemm::Bf16Products bf16_scope(route == gemm::Route::kNative);
     const PointwiseOperands pw = pointwise_operands(pw_weight, route, s, /*transposed=*/true);
-    return ln_backward(s, bf16::widen(grad_y), bf16::widen(x), bf16::widen(ln_weight), bf16::widen(ln_bias),
-                       bf16::widen(dw_weight), bf16::widen(dw_bias), pw.weight, pw_bias, aux, ln_stats, mask, pad_left,
-                       relu, pw.packed);
+    return ln_backward(s, grad_y, x, bf16::widen(ln_weight), bf16::widen(ln_bias), bf16::widen(dw_weight),
+                       bf16::widen(dw_bias), pw.weight, pw_bias, aux, ln_stats, mask, pad_left, relu, pw.packed);
   };
   auto [gx, glw, glb, gdw, gdb, gpw, gpb] = run(bf16_route(op, s, [&](gemm::Route r) { (void)run(r); }));
   return {bf16::narrow(gx), bf16::grad_like(glw, ln_weight), bf16::grad_like(glb, ln_bias),

@@ -14,6 +14,7 @@
 #include <torch/library.h>
 
 #include <array>
+#include <functional>
 #include <limits>
 #include <set>
 #include <tuple>
@@ -60,6 +61,48 @@ c10::optional<at::Tensor> as_x(const c10::optional<at::Tensor>& param, const at:
   return as_x(*param, x);
 }
 
+// The bf16 products y = x Wᵀ + b and grad_x = grad_y W each have two routes, chosen per shape class by measuring
+// once per process (gemm::route_for, ops "linear_fwd" and "linear_bwd_x"):
+//   native -- bf16 rows times the weight packed once per weight value on the bf16 micro-kernel (gemm::bf16_nt),
+//             float32 sums, the bias added in float32 (a float32 bias as it is), each value rounded to bf16 once;
+//   widen  -- the name the plan records for the other route, torch's bf16 GEMM (at::mm on the bf16 operands) rounded
+//             to bf16, the bias (rounded to bf16) added after: the op's route before the micro-kernel, and its only
+//             one where the micro-kernel does not take bf16. Nothing is widened on it: the operands are bf16 already.
+bool native_usable(const at::Tensor& a, int64_t r, int64_t c) {
+  return bf16::is_bf16(a) && a.size(0) > 0 && r > 0 && c > 0 && gemm::bf16_brgemm_usable();
+}
+
+gemm::Route bf16_route(const char* op, int64_t m, int64_t r, int64_t c, const std::function<void(gemm::Route)>& run) {
+  return gemm::route_for(op, gemm::shape_class({{"M", m}, {"R", r}, {"C", c}}), run);
+}
+
+// y = x2 Wᵀ + b for bf16 x2 [M, K]: on the route measured faster for the shape class (see above).
+at::Tensor bf16_forward(const at::Tensor& x2, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  const int64_t m = x2.size(0), n = weight.size(0), k = weight.size(1);
+  const auto run = [&](gemm::Route route) {
+    if (route == gemm::Route::kWiden) return gemm::linear(x2, as_x(weight, x2), as_x(bias, x2));
+    const at::Tensor packed =
+        gemm::packed_weight(weight, "linear nt", [&] { return gemm::pack_nt(bf16::narrow(weight)); });
+    const at::Tensor b = bias.has_value() && bias->defined() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+    return gemm::bf16_nt(x2, packed, n, b.defined() ? b.data_ptr<float>() : nullptr);
+  };
+  if (!native_usable(x2, k, n)) return run(gemm::Route::kWiden);
+  return run(bf16_route("linear_fwd", m, k, n, [&](gemm::Route r) { (void)run(r); }));
+}
+
+// grad_x = g W for bf16 g [M, N]: the weight packed the other way (its transpose), on the route measured faster.
+at::Tensor bf16_input_grad(const at::Tensor& g, const at::Tensor& weight) {
+  const int64_t m = g.size(0), n = weight.size(0), k = weight.size(1);
+  const auto run = [&](gemm::Route route) {
+    if (route == gemm::Route::kWiden) return gemm::linear(g, as_x(weight, g).t(), c10::nullopt);
+    const at::Tensor packed =
+        gemm::packed_weight(weight, "linear nt t", [&] { return gemm::pack_nt(bf16::narrow(weight).t()); });
+    return gemm::bf16_nt(g, packed, k, nullptr);
+  };
+  if (!native_usable(g, n, k)) return run(gemm::Route::kWiden);
+  return run(bf16_route("linear_bwd_x", m, n, k, [&](gemm::Route r) { (void)run(r); }));
+}
+
 // [..., n] sizes of x with its last dimension replaced by n.
 std::vector<int64_t> with_last(const at::Tensor& x, int64_t n) {
   std::vector<int64_t> sizes = x.sizes().vec();
@@ -72,7 +115,8 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::
   const int64_t n = weight.size(0), k = weight.size(1);
   check_bias(kFwd, bias, x, n);
   gemm::prepare();
-  const at::Tensor y = gemm::linear(x.reshape({-1, k}), as_x(weight, x), as_x(bias, x));
+  const at::Tensor x2 = x.reshape({-1, k});
+  const at::Tensor y = bf16::is_bf16(x) ? bf16_forward(x2, weight, bias) : gemm::linear(x2, weight, bias);
   return y.view(with_last(x, n));
 }
 
@@ -133,7 +177,10 @@ std::tuple<c10::optional<at::Tensor>, c10::optional<at::Tensor>, c10::optional<a
   const at::Tensor x2 = x.reshape({-1, k});
   // Both as products "a @ wᵀ" for the entry point: grad_x = g @ (Wᵀ)ᵀ, grad_weight = gᵀ @ (xᵀ)ᵀ.
   c10::optional<at::Tensor> grad_x, grad_weight, grad_bias;
-  if (output_mask[0]) grad_x = gemm::linear(g, as_x(weight, x).t(), c10::nullopt).view(x.sizes());
+  if (output_mask[0]) {
+    grad_x = (bf16::is_bf16(x) ? bf16_input_grad(g, weight) : gemm::linear(g, weight.t(), c10::nullopt))
+                 .view(x.sizes());
+  }
   const bool wide = weight.scalar_type() != x.scalar_type();
   if (output_mask[1]) {
     grad_weight = wide ? bf16_weight_grad(g, x2) : gemm::linear(g.t(), x2.t(), c10::nullopt);
@@ -194,8 +241,9 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& weight, const c1
   int64_t lowest_allowed = 0;
   while (excluded.count(lowest_allowed) != 0) ++lowest_allowed;
   gemm::prepare();
-  // [M, n], contiguous; a bf16 product's logits are compared in float32 (the rounding is the product's).
-  const at::Tensor y = bf16::widen(gemm::linear(x.reshape({-1, k}), as_x(weight, x), as_x(bias, x)));
+  // [M, n], contiguous; bf16 logits are the forward's (the same route), compared in float32.
+  const at::Tensor x2 = x.reshape({-1, k});
+  const at::Tensor y = bf16::is_bf16(x) ? bf16::widen(bf16_forward(x2, weight, bias)) : gemm::linear(x2, weight, bias);
   const int64_t m = y.size(0);
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.pop_back();

@@ -325,26 +325,58 @@ def test_bfloat16_noncontiguous_inputs_mask_and_residual_is_x():
                                {"activation": "relu"}, names=NAMES[:5], grad_args=[True, True, True, False, True])
 
 
+def row_strided(t):
+    """t [..., C] as a slice of a wider tensor: a row stride of its own (C + 3), differentiable."""
+    return None if t is None else torch.nn.functional.pad(t, (1, 2))[..., 1:-2]
+
+
+@pytest.mark.parametrize("route", ["native", "widen"])
+@pytest.mark.parametrize("B, L, C, K, padding", [(1, 301, 24, 5, "causal"), (3, 37, 16, 7, "same")], ids=str)
+@pytest.mark.parametrize("residual_is_x", [False, True], ids=["residual", "residual_is_x"])
+def test_bfloat16_row_strided_views_on_both_routes(monkeypatch, route, B, L, C, K, padding, residual_is_x):
+    """bf16 x and residual as slices with a row stride of their own (the kernel reads bf16 rows tile by tile,
+    with the depthwise halo across tiles: one sequence split between the threads, or short ones grouped), the
+    residual a tensor of its own or x itself, on each forced route: forward and every gradient against float64."""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
+    args = make_inputs(B, L, C, C, K, dw_bias=True, residual=not residual_is_x)
+
+    def on_views(fn):
+        def run(x, dw_weight, pw_weight, pw_bias, dw_bias, residual, **kw):
+            x = row_strided(x)
+            return fn(x, dw_weight, pw_weight, pw_bias, dw_bias, x if residual_is_x else row_strided(residual), **kw)
+        return run
+
+    check_bf16_against_float64(on_views(fused("cpu")), on_views(ref_under_kernel_mask), args,
+                               {"padding": padding, "activation": "relu"}, names=NAMES,
+                               grad_args=[a is not None for a in args])
+
+
+@pytest.mark.parametrize("route", ["native", "widen"])
 @pytest.mark.parametrize("shape", [(2, 300, 96, 128, 7), (1, 2000, 32, 48, 5)], ids=["batch", "long_sequence"])
-def test_bfloat16_backward_bit_identical_across_thread_counts(shape):
-    """The bf16 backward keeps the float32 kernel's fixed tiling and block order: the same bits on 1 thread
-    as on all (its GEMMs run inside the parallel region on any thread count)."""
+def test_bfloat16_bit_identical_across_thread_counts(monkeypatch, route, shape):
+    """On either route (forced: the automatic choice is measured per thread count) the bf16 kernels keep the
+    float32 kernel's tiling and the backward's block order: the same bits on 1 thread as on all (its GEMMs run
+    inside the parallel region on any thread count). x, the residual and grad_y are bf16 row-strided views."""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
     B, L, c_in, c_out, K = shape
-    x, dw_weight, pw_weight, pw_bias, dw_bias, _ = (
-        None if t is None else t.to(torch.bfloat16) for t in make_inputs(*shape, dw_bias=True))
-    grad_y = torch.randn(B, L, c_out, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    _, aux = torch.ops.fastqa.dwsep_conv1d_fwd(x, dw_weight, dw_bias, pw_weight, pw_bias, None, K // 2, True)
+    x, dw_weight, pw_weight, pw_bias, dw_bias, residual = (
+        None if t is None else t.to(torch.bfloat16) for t in make_inputs(*shape, dw_bias=True, residual=True))
+    x, residual = row_strided(x), row_strided(residual)
+    grad_y = row_strided(torch.randn(B, L, c_out, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16))
     runs = []
     previous = torch.get_num_threads()
     for threads in (1, max(2, previous)):
         torch.set_num_threads(threads)
         try:
-            runs.append(torch.ops.fastqa.dwsep_conv1d_bwd(grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux,
-                                                          K // 2, True))
+            y, aux = torch.ops.fastqa.dwsep_conv1d_fwd(x, dw_weight, dw_bias, pw_weight, pw_bias, residual, K // 2,
+                                                       True)
+            runs.append((y, aux, *torch.ops.fastqa.dwsep_conv1d_bwd(grad_y, x, dw_weight, dw_bias, pw_weight,
+                                                                    pw_bias, aux, K // 2, True)))
         finally:
             torch.set_num_threads(previous)
-    for name, a, b in zip(["x", "dw_weight", "dw_bias", "pw_weight", "pw_bias"], *runs):
-        assert a.dtype == torch.bfloat16 and torch.equal(a, b), f"grad of {name} depends on the thread count"
+    for name, a, b in zip(["y", "aux", "grad x", "grad dw_weight", "grad dw_bias", "grad pw_weight",
+                           "grad pw_bias"], *runs):
+        assert a.dtype in (torch.bfloat16, torch.bool) and torch.equal(a, b), f"{name} depends on the thread count"
 
 
 def test_bfloat16_opcheck():

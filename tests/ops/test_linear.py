@@ -10,7 +10,14 @@ from fastqa import reference
 from fastqa._backend import cpu_available, cpu_gemm_info, triton_usable_here
 from fastqa.layers import Linear
 
-from helpers import assert_close, check_against_reference, check_bf16_against_float64, device_of, ran_ops
+from helpers import (
+    TOLERANCES,
+    assert_close,
+    check_against_reference,
+    check_bf16_against_float64,
+    device_of,
+    ran_ops,
+)
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="the kernel is C++ only: needs fastqa._C")
 
@@ -323,18 +330,22 @@ def test_bfloat16_matches_float64_reference(shape, bias):
     check_bf16_against_float64(fused, reference.linear, (x, weight, b), names=NAMES)
 
 
+@pytest.mark.parametrize("route", ["native", "widen"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
-def test_bfloat16_with_float32_parameters(bias):
-    """bf16 x with float32 weight and bias (the master weights under autocast): the output bit for bit that of the
-    parameters cast first, argmax too; the parameters' gradients float32 (what the fake kernel declares), summed
-    in float32 from the exact products of the bf16 operands; float32 x with bf16 parameters is refused."""
+def test_bfloat16_with_float32_parameters(monkeypatch, route, bias):
+    """bf16 x with float32 weight and bias (the master weights under autocast): the weight's rounding bit for bit
+    that of casting it first (on either route; a float32 bias is added as it is on the native route, rounded first
+    on the other), argmax too; the parameters' gradients float32 (what the fake
+    kernel declares), summed in float32 from the exact products of the bf16 operands; float32 x with bf16
+    parameters is refused."""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
     x, weight, b = make_inputs((4, 6), 8, 5, bias=bias)
     low = x.to(torch.bfloat16)
     cast = (weight.to(torch.bfloat16), None if b is None else b.to(torch.bfloat16))
     torch.library.opcheck(torch.ops.fastqa.linear_fwd, (low, weight, b))
-    assert torch.equal(torch.ops.fastqa.linear_fwd(low, weight, b), torch.ops.fastqa.linear_fwd(low, *cast))
+    assert torch.equal(torch.ops.fastqa.linear_fwd(low, weight, b), torch.ops.fastqa.linear_fwd(low, cast[0], b))
     assert torch.equal(torch.ops.fastqa.linear_argmax(low, weight, b, [1]),
-                       torch.ops.fastqa.linear_argmax(low, *cast, [1]))
+                       torch.ops.fastqa.linear_argmax(low, cast[0], b, [1]))
     grad_y = torch.randn(4, 6, 5).to(torch.bfloat16)
     torch.library.opcheck(torch.ops.fastqa.linear_bwd, (grad_y, low, weight, [True, True, bias]))
     grad_x, grad_w, grad_b = torch.ops.fastqa.linear_bwd(grad_y, low, weight, [True, True, bias])
@@ -406,3 +417,133 @@ def test_bfloat16_argmax_is_the_argmax_of_the_bf16_logits(shape):
     # The id it picks holds the largest of the op's bf16 logits (ties between rounded logits may pick either).
     picked = logits.gather(-1, got.unsqueeze(-1)).squeeze(-1)
     assert torch.equal(picked, logits.max(-1).values)
+
+
+def _bf16_forward_and_input_grad(x, weight, b, grad_y):
+    """(y, grad_x) of the C++ ops on bf16 x and grad_y, with their float64 references on the same values (the
+    weight as the ops round it, the bias as given), and Σ|x||w| per output (the scale of a float32 sum's error)."""
+    y = torch.ops.fastqa.linear_fwd(x, weight, b)
+    grad_x = torch.ops.fastqa.linear_bwd(grad_y, x, weight, [True, False, False])[0]
+    w = weight.to(torch.bfloat16).double()
+    want_y = x.double() @ w.t() + (0 if b is None else b.double())
+    want_gx = grad_y.double() @ w
+    return (y, want_y, x.double().abs() @ w.abs().t()), (grad_x, want_gx, grad_y.double().abs() @ w.abs())
+
+
+def _assert_bf16_close(got, want, absdot, what, *, once):
+    """bf16 within the table's tolerance of float64; `once`: each value the float32 sum rounded to bf16 once (within
+    half a bf16 ulp, 2^-8 of the value, of the float32 sum, itself within a float32 sum's error of the exact one)."""
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape, (what, got.dtype, got.shape)
+    atol, rtol = TOLERANCES["vs float64"][torch.bfloat16]
+    scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
+    assert_close(got.double(), want, name=what, atol=atol * scale, rtol=rtol)
+    if once:
+        err = (got.double() - want).abs()
+        bound = 2.0 ** -8 * want.abs() + 1e-4 * absdot + 1e-6
+        assert bool((err <= bound).all()), f"{what}: worst excess {float((err - bound).max()):.3e}"
+
+
+# Shapes of the bf16 products' two routes: QANet's feed-forward and attention projections, then edges (one row,
+# K 2 and odd, one output, outputs past a band of 128 and not a multiple of 16, leading dimensions, a row tail).
+ROUTE_SHAPES = [((3200,), 128, 128), ((3200,), 128, 384), ((8, 400), 384, 128), ((1,), 128, 128), ((7,), 2, 1),
+                ((5, 3), 9, 17), ((130,), 7, 129), ((65,), 40, 200)]
+PARAMS = ["float32", "bfloat16", "float32 no bias", "bfloat16 weight float32 bias"]
+
+
+@pytest.mark.parametrize("route", ["native", "widen"])
+@pytest.mark.parametrize("params", PARAMS)
+@pytest.mark.parametrize("lead, k, n", ROUTE_SHAPES, ids=str)
+def test_bfloat16_forward_and_input_gradient_on_each_route(monkeypatch, route, params, lead, k, n):
+    """y = x Wᵀ + b and grad_x = grad_y W for bf16 x and grad_y whose rows lie apart (slices of wider tensors), on
+    each route forced, against float64 on the same values; on the native route each value is its float32 sum
+    (the bias's float32 value added) rounded to bf16 once."""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
+    _, weight, b = make_inputs(lead, k, n, bias="no bias" not in params)
+    if params == "bfloat16":
+        weight, b = weight.to(torch.bfloat16), b.to(torch.bfloat16)
+    elif params == "bfloat16 weight float32 bias":
+        weight = weight.to(torch.bfloat16)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(*lead, k + 5, generator=g).to(torch.bfloat16)[..., 3:k + 3]
+    grad_y = torch.randn(*lead, n + 2, generator=g).to(torch.bfloat16)[..., 1:n + 1]
+    assert x.stride(-2) == k + 5 and grad_y.stride(-2) == n + 2
+    fwd, gx = _bf16_forward_and_input_grad(x, weight, b, grad_y)
+    once = route == "native" and cpu_gemm_info()["bf16_brgemm"]
+    _assert_bf16_close(*fwd, "y", once=once)
+    _assert_bf16_close(*gx, "grad_x", once=once)
+
+
+@pytest.mark.parametrize("route", ["native", "widen"])
+def test_bfloat16_products_of_transposed_operands(monkeypatch, route):
+    """x and grad_y transposed views (columns apart, not rows): the same values as from contiguous copies."""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
+    _, weight, b = make_inputs((70,), 33, 20)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(33, 70, generator=g).to(torch.bfloat16).t()
+    grad_y = torch.randn(20, 70, generator=g).to(torch.bfloat16).t()
+    assert x.stride(-1) != 1 and grad_y.stride(-1) != 1
+    got = _bf16_forward_and_input_grad(x, weight, b, grad_y)
+    want = _bf16_forward_and_input_grad(x.contiguous(), weight, b, grad_y.contiguous())
+    for (a, *_), (c, *_) in zip(got, want):
+        assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize("lead, k, n", [((3200,), 128, 384), ((130,), 7, 129), ((1,), 2, 1)], ids=str)
+def test_bfloat16_native_route_is_the_same_on_any_thread_count(monkeypatch, lead, k, n):
+    """The native route's blocks of rows and bands of columns are fixed by the shape: y and grad_x bit-identical on
+    1 and 2 threads."""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", "native")
+    x, weight, b = make_inputs(lead, k, n)
+    x = x.to(torch.bfloat16)
+    grad_y = torch.randn(*lead, n, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    threads = torch.get_num_threads()
+    runs = []
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            runs.append([r[0] for r in _bf16_forward_and_input_grad(x, weight, b, grad_y)])
+    finally:
+        torch.set_num_threads(threads)
+    for name, a, c in zip(["y", "grad_x"], *runs):
+        assert torch.equal(a, c), name
+
+
+@pytest.mark.parametrize("route", ["native", "widen"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bfloat16_products_follow_in_place_weight_updates(monkeypatch, route, dtype):
+    """The weight is packed once per weight value: after an in-place update (an optimizer step's add_, a load's
+    copy_) the next forward and grad_x use the new value, never the cached packing of the old one."""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
+    x, weight, b = make_inputs((300,), 64, 48)
+    x = x.to(torch.bfloat16)
+    w = torch.nn.Parameter(weight.to(dtype))
+    grad_y = torch.randn(300, 48, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+    once = route == "native" and cpu_gemm_info()["bf16_brgemm"]
+    for update in (lambda: w.add_(1), lambda: w.copy_(-weight), lambda: w.mul_(0.5)):
+        _bf16_forward_and_input_grad(x, w.detach(), b, grad_y)   # packs (or reuses) the current value
+        with torch.no_grad():
+            update()
+        fwd, gx = _bf16_forward_and_input_grad(x, w.detach(), b, grad_y)
+        _assert_bf16_close(*fwd, "y after the update", once=once)
+        _assert_bf16_close(*gx, "grad_x after the update", once=once)
+
+
+def test_bfloat16_products_pick_a_route_per_direction_once(monkeypatch):
+    """Unforced, the forward and grad_x each time both routes the first time their shape class is met (where the
+    micro-kernel takes bf16; else the one route, nothing measured) and keep the choice: repeated calls bit-identical."""
+    monkeypatch.delenv("FASTQA_CPU_BF16_ROUTE", raising=False)
+    x, weight, b = make_inputs((3, 37), 72, 24)   # a shape class no other test uses
+    x = x.to(torch.bfloat16)
+    grad_y = torch.randn(3, 37, 24, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
+    first = [r[0] for r in _bf16_forward_and_input_grad(x, weight, b, grad_y)]
+    info = cpu_gemm_info()
+    routes = [r for r in info["routes"] if r["shape"] in ("M=128 R=128 C=32", "M=128 R=32 C=128")]
+    if info["bf16_brgemm"]:
+        assert sorted(r["op"] for r in routes) == ["linear_bwd_x", "linear_fwd"], routes
+        for r in routes:
+            assert r["route"] in ("native", "widen") and r["ms"]["native"] > 0 and r["ms"]["widen"] > 0, r
+    else:
+        assert routes == []
+    again = [r[0] for r in _bf16_forward_and_input_grad(x, weight, b, grad_y)]
+    for name, a, c in zip(["y", "grad_x"], first, again):
+        assert torch.equal(a, c), name

@@ -314,24 +314,58 @@ def test_bfloat16_opcheck():
                           (grad_y, x, lnw, lnb, dw, db, pw, pb, aux, stats, mask, 1, True))
 
 
-def test_bfloat16_backward_bit_identical_across_thread_counts():
-    """The LayerNorm parameter gradients too are reduced in fixed row blocks in bf16's float32 kernel."""
+def row_strided(t):
+    """t [..., C] as a slice of a wider tensor: a row stride of its own (C + 3), differentiable."""
+    return None if t is None else torch.nn.functional.pad(t, (1, 2))[..., 1:-2]
+
+
+@pytest.mark.parametrize("route", ["native", "widen"])
+@pytest.mark.parametrize("B, L, C, K, padding", [(1, 301, 24, 5, "causal"), (3, 37, 16, 7, "same")], ids=str)
+@pytest.mark.parametrize("residual_is_x", [False, True], ids=["residual", "residual_is_x"])
+def test_bfloat16_row_strided_views_on_both_routes(monkeypatch, route, B, L, C, K, padding, residual_is_x):
+    """bf16 x and residual as slices with a row stride of their own (the LayerNorm reads bf16 rows one at a time,
+    the conv its residual's as it adds them), the residual a tensor of its own or x itself, with a padding mask,
+    on each forced route: forward and every gradient against float64."""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
+    args = make_inputs(B, L, C, C, K, residual=not residual_is_x)
+
+    def on_views(fn):
+        def run(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias, residual, **kw):
+            x = row_strided(x)
+            return fn(x, ln_weight, ln_bias, dw_weight, pw_weight, pw_bias, dw_bias,
+                      x if residual_is_x else row_strided(residual), **kw)
+        return run
+
+    check_bf16_against_float64(on_views(fused("cpu")), on_views(ref_under_kernel_mask), args,
+                               {"padding": padding, "activation": "relu", "mask": padding_mask(B, L)}, names=NAMES,
+                               grad_args=[a is not None for a in args])
+
+
+@pytest.mark.parametrize("route", ["native", "widen"])
+def test_bfloat16_bit_identical_across_thread_counts(monkeypatch, route):
+    """On either route (forced: the automatic choice is measured per thread count) the forward and the backward
+    give the same bits on 1 thread as on all: the LayerNorm parameter gradients too are reduced in fixed row
+    blocks. x, the residual and grad_y are bf16 row-strided views."""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
     B, L, c_in, c_out, K = 2, 300, 96, 128, 7
-    x, lnw, lnb, dw, pw, pb, db, _ = (
-        None if t is None else t.to(torch.bfloat16) for t in make_inputs(B, L, c_in, c_out, K, residual=False))
-    grad_y = torch.randn(B, L, c_out, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    _, aux, stats = torch.ops.fastqa.ln_dwsep_conv1d_fwd(x, lnw, lnb, 1e-5, dw, db, pw, pb, None, None, 3, True)
+    x, lnw, lnb, dw, pw, pb, db, residual = (
+        None if t is None else t.to(torch.bfloat16) for t in make_inputs(B, L, c_in, c_out, K))
+    x, residual = row_strided(x), row_strided(residual)
+    grad_y = row_strided(torch.randn(B, L, c_out, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16))
+    mask = padding_mask(B, L)
     runs = []
     previous = torch.get_num_threads()
     for threads in (1, max(2, previous)):
         torch.set_num_threads(threads)
         try:
-            runs.append(torch.ops.fastqa.ln_dwsep_conv1d_bwd(grad_y, x, lnw, lnb, dw, db, pw, pb, aux, stats, None, 3,
-                                                             True))
+            y, aux, stats = torch.ops.fastqa.ln_dwsep_conv1d_fwd(x, lnw, lnb, 1e-5, dw, db, pw, pb, residual, mask, 3,
+                                                                 True)
+            runs.append((y, aux, stats, *torch.ops.fastqa.ln_dwsep_conv1d_bwd(grad_y, x, lnw, lnb, dw, db, pw, pb,
+                                                                              aux, stats, mask, 3, True)))
         finally:
             torch.set_num_threads(previous)
     for i, (a, b) in enumerate(zip(*runs)):
-        assert a.dtype == torch.bfloat16 and torch.equal(a, b), f"gradient {i} depends on the thread count"
+        assert torch.equal(a, b), f"output {i} (y, aux, ln_stats, then the gradients) depends on the thread count"
 
 
 # --- layer, compile ----------------------------------------------------------------------------------------

@@ -578,6 +578,77 @@ at::Tensor bf16_tn_float(const at::Tensor& g_in, const at::Tensor& x_in) {
   return out;
 }
 
+at::Tensor pack_nt(const at::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16,
+              "pack_nt: w must be float32 or bfloat16, got ", w.scalar_type());
+  const int64_t C = w.size(0), R = w.size(1), Rp = R + R % 2, s0 = w.stride(0), s1 = w.stride(1);
+  // One pass straight from w's values (a float32 master weight rounded here): one tensor made per packing.
+  at::Tensor out = at::empty({C * Rp}, w.options().dtype(at::kBFloat16));
+  uint16_t* o = bf16::bits(out.data_ptr<c10::BFloat16>());
+  const auto fill = [&](const auto& value) {
+    for (int64_t c0 = 0; c0 < C; c0 += kNtBand) {
+      const int64_t nb = std::min(kNtBand, C - c0);
+      uint16_t* band = o + c0 * Rp;  // [Rp / 2, nb, 2]: pack_vnni's layout of rows c0 .. c0 + nb of w
+      for (int64_t c = 0; c < nb; ++c) {
+        for (int64_t r = 0; r < Rp; ++r) band[(r / 2 * nb + c) * 2 + r % 2] = r < R ? value((c0 + c) * s0 + r * s1) : 0;
+      }
+    }
+  };
+  if (w.scalar_type() == at::kFloat) {
+    const float* p = w.data_ptr<float>();
+    fill([&](int64_t i) { return bf16::round_bits(p[i]); });
+  } else {
+    const uint16_t* p = bf16::bits(w.data_ptr<c10::BFloat16>());
+    fill([&](int64_t i) { return p[i]; });
+  }
+  return out;
+}
+
+at::Tensor bf16_nt(const at::Tensor& a_in, const at::Tensor& packed, int64_t C, const float* bias) {
+  const int64_t M = a_in.size(0), R = a_in.size(1), Rp = R + R % 2;
+  TORCH_CHECK(packed.numel() == C * Rp, "bf16_nt: packed holds ", packed.numel(), " values, expected ", C * Rp);
+  at::Tensor y = at::empty({M, C}, a_in.options());
+  if (M == 0 || C == 0) return y;
+  const at::Tensor a = a_in.stride(1) == 1 ? a_in : a_in.contiguous();
+  const int64_t lda = a.stride(0);
+  const c10::BFloat16* ad = a.data_ptr<c10::BFloat16>();
+  const c10::BFloat16* pd = packed.data_ptr<c10::BFloat16>();
+  c10::BFloat16* yd = y.data_ptr<c10::BFloat16>();
+  // Tasks: a block of rows times a band of columns, the bands of a block consecutive (its rows stay in cache).
+  constexpr int64_t kRows = 64;
+  const int64_t bands = ceil_div(C, kNtBand), tasks = ceil_div(M, kRows) * bands;
+  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> c(kRows * kNtBand);
+    std::vector<c10::BFloat16> padded;  // an odd R: the block's rows with a zero column, what the packing pairs
+    int64_t padded_block = -1;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t blk = t / bands, r0 = blk * kRows, rows = std::min(kRows, M - r0);
+      const int64_t c0 = (t % bands) * kNtBand, cols = std::min(kNtBand, C - c0);
+      const c10::BFloat16* ab = ad + r0 * lda;
+      int64_t ldab = lda;
+      if (R % 2 != 0) {
+        if (padded_block != blk) {
+          padded.assign(kRows * Rp, c10::BFloat16(0.0f));
+          for (int64_t r = 0; r < rows; ++r) std::copy(ab + r * lda, ab + r * lda + R, padded.data() + r * Rp);
+          padded_block = blk;
+        }
+        ab = padded.data();
+        ldab = Rp;
+      }
+      bf16_brgemm(rows, cols, Rp, ab, ldab, pd + c0 * Rp, c.data(), cols, /*accumulate=*/false);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = c.data() + r * cols;
+        if (bias != nullptr) {
+          for (int64_t j = 0; j < cols; ++j) row[j] += bias[c0 + j];
+        }
+        bf16::narrow_row(row, cols, yd + (r0 + r) * C + c0);
+      }
+    }
+    bf16_brgemm_release();
+  });
+  return y;
+}
+
 bool bf16_brgemm_usable() {
   static const bool usable = [] {
     try {

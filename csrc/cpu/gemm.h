@@ -200,6 +200,17 @@ void bf16_brgemm_release();
 // thread count). The narrower factor is transposed once; the other is packed block by block in cache.
 at::Tensor bf16_tn_float(const at::Tensor& g, const at::Tensor& x);
 
+// The right factor of bf16_nt: w [C, R] (float32, rounded to bf16 as Tensor.to does, or bf16; any strides) in bands
+// of kNtBand rows of w (output columns), each band in pack_vnni's layout with R rounded up to even (an odd R pairs
+// its last value with a zero), one after the other: one bf16 tensor of C * (R + R % 2) values.
+constexpr int64_t kNtBand = 128;
+at::Tensor pack_nt(const at::Tensor& w);
+// a wᵀ (+ bias) as a new bf16 [M, C] for bf16 a [M, R] (any row stride, unit column stride) and `packed` =
+// pack_nt(w) of a w [C, R]: each block of rows times each band on bf16_brgemm into float32 scratch (check
+// bf16_brgemm_usable first), the float32 bias (null: none) added there, each value rounded to bf16 once. The blocks
+// are fixed by the shape alone, and each value is one brgemm's sum: the same results on any thread count.
+at::Tensor bf16_nt(const at::Tensor& a, const at::Tensor& packed, int64_t c, const float* bias);
+
 // A copy of a weight made for a kernel (rounded to bf16, widened to float32, transposed, packed), made once per weight value and
 // reused by later calls: kept while `w` is the same live tensor with the same version counter and data (an
 // optimizer step bumps the version: the next call makes a fresh copy), the most recent kPackedWeights of them.

@@ -82,7 +82,7 @@ at::Tensor bf16_forward(const at::Tensor& x2, const at::Tensor& weight, const c1
   const auto run = [&](gemm::Route route) {
     if (route == gemm::Route::kWiden) return gemm::linear(x2, as_x(weight, x2), as_x(bias, x2));
     const at::Tensor packed =
-        gemm::packed_weight(weight, "linear nt", [&] { return gemm::pack_nt(bf16::narrow(weight)); });
+        gemm::packed_weight(weight, "linear nt", [&] { return gemm::pack_nt(weight); });
     const at::Tensor b = bias.has_value() && bias->defined() ? bias->to(at::kFloat).contiguous() : at::Tensor();
     return gemm::bf16_nt(x2, packed, n, b.defined() ? b.data_ptr<float>() : nullptr);
   };
@@ -96,7 +96,7 @@ at::Tensor bf16_input_grad(const at::Tensor& g, const at::Tensor& weight) {
   const auto run = [&](gemm::Route route) {
     if (route == gemm::Route::kWiden) return gemm::linear(g, as_x(weight, g).t(), c10::nullopt);
     const at::Tensor packed =
-        gemm::packed_weight(weight, "linear nt t", [&] { return gemm::pack_nt(bf16::narrow(weight).t()); });
+        gemm::packed_weight(weight, "linear nt t", [&] { return gemm::pack_nt(weight.t()); });
     return gemm::bf16_nt(g, packed, k, nullptr);
   };
   if (!native_usable(g, n, k)) return run(gemm::Route::kWiden);

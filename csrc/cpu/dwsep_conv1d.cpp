@@ -36,8 +36,9 @@
 // residual added as it is read; no float32 copy of a whole activation) and on the depthwise and LayerNorm
 // parameters and the biases widened, inside a gemm::Bf16Products scope, opened again on the pool's threads where
 // the tiles' GEMMs run; pw_weight, which feeds only GEMMs, is bf16 (a float32 one rounded once per call). The
-// parameters' gradients are summed in float32 and returned in each parameter's dtype. y and the dwsep grad_x are rounded to bf16 tile by tile,
-// the other gradients once reduced; ln_stats stays float32 (what it is computed in) and the ReLU mask bool.
+// parameters' gradients are summed in float32 and returned in each parameter's dtype. y and grad_x are rounded to
+// bf16 tile by tile (or block by block), the other gradients once reduced; ln_stats stays float32 (what it is
+// computed in) and the ReLU mask bool.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -526,12 +527,13 @@ PointwiseOperands pointwise_operands(const at::Tensor& pw_weight, gemm::Route ro
         const at::Tensor w = bf16::narrow(pointwise_2d(pw_weight));
         return gemm::pack_vnni(transposed ? w.t().contiguous() : w);
       });
-  return {bf16::narrow(pw_weight), packed};
+  return {pw_weight, packed};  // the kernels read only the packed weight: no bf16 copy of pw_weight
 }
 
 // The route of a bf16 call of `op` (gemm::route_for, per shape class): "native" takes the products in bf16 -- on
 // the micro-kernel where native_products_apply, else on torch's bf16 GEMM (a gemm::Bf16Products scope) --,
-// "widen" in float32. Both run the float32 kernel's loops on widened inputs and round the results to bf16.
+// "widen" in float32. Both run the float32 kernel's loops, reading the bf16 activations through Rows, and round the
+// results to bf16.
 gemm::Route bf16_route(const char* op, const Shapes& s, const std::function<void(gemm::Route)>& run) {
   const std::string shape =
       gemm::shape_class({{"rows", s.B * s.L}, {"C_in", s.C_in}, {"C_out", s.C_out}, {"K", s.K}});
@@ -881,13 +883,13 @@ void layer_norm_row(const T* __restrict x, T mean, T rstd, const T* __restrict w
 // LayerNorm backward of rows [r0, r1) of x / g = dL/dh [rows, C] (stats [B, 2, L]: mean, rstd), with
 // xhat = (x - mean) * rstd: grad_x = rstd * (g∘w - mean(g∘w) - xhat * mean(g∘w∘xhat)) row by row, and
 // acc_w += Σ g∘xhat, acc_b += Σ g over the rows in order (rows with mask false: grad_x 0, nothing added).
-// gw, x_row: [C] scratch (x_row: Rows::get's, for a bf16 x).
+// grad_x points at row r0's gradient. gw, x_row: [C] scratch (x_row: Rows::get's, for a bf16 x).
 template <typename T>
 void layer_norm_backward_rows(const Rows<T>& x, const T* g, const T* w, const T* stats, const bool* mask, T* grad_x,
                               T* acc_w, T* acc_b, T* gw, T* x_row, int64_t r0, int64_t r1, int64_t L, int64_t C) {
   for (int64_t r = r0; r < r1; ++r) {
     if (mask && !mask[r]) {  // a masked row's h was 0, whatever x: no gradient reaches x or the LN parameters
-      std::fill(grad_x + r * C, grad_x + (r + 1) * C, T(0));
+      std::fill(grad_x + (r - r0) * C, grad_x + (r - r0 + 1) * C, T(0));
       continue;
     }
     const T* xr = x.get(r, 1, x_row);
@@ -904,7 +906,7 @@ void layer_norm_backward_rows(const Rows<T>& x, const T* g, const T* w, const T*
       acc_b[c] += gr[c];
     }
     const T mean_g = T(sum_g / double(C)), mean_gx = T(sum_gx / double(C));
-    T* gxr = grad_x + r * C;
+    T* gxr = grad_x + (r - r0) * C;
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) gxr[c] = rstd * (gw[c] - mean_g - (xr[c] - mean) * rstd * mean_gx);
   }
@@ -1017,7 +1019,8 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>, at::Tensor> ln_dwsep_conv1d_fw
 
 // The backward on checked arguments (check_args, check_ln_args, check_grad_and_aux, the ln_stats check,
 // checked_row_mask); the dtypes as ln_forward's, grad_y x's (or bf16, read through Rows), ln_stats the compute
-// dtype.
+// dtype. A bf16 x has a bf16 grad_x, each block of rows computed in a float32 buffer and rounded while in cache
+// (as dwsep_backward's bf16_out).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ln_backward(
     const Shapes& s, const at::Tensor& grad_y, const at::Tensor& x_in, const at::Tensor& ln_weight_in,
     const at::Tensor& ln_bias_in, const at::Tensor& dw_weight, const c10::optional<at::Tensor>& dw_bias,
@@ -1038,23 +1041,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   //   grad_x = rstd * (g∘w - mean(g∘w) - xhat * mean(g∘w∘xhat)), grad_w = Σ_rows g∘xhat, grad_b = Σ_rows g.
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(ceil_div(rows, kLnBlockRows), kBackwardThreads));
   const auto opts = x.options().dtype(compute_dtype(x));
-  at::Tensor grad_x = at::empty({s.B, s.L, C}, opts);
+  const bool bf16_out = bf16::is_bf16(x);
+  at::Tensor grad_x = at::empty({s.B, s.L, C}, bf16_out ? opts.dtype(at::kBFloat16) : opts);
   at::Tensor part = at::zeros({blocks, 2, C}, opts);  // per block: [Σ g∘xhat, Σ g]
   AT_DISPATCH_FLOATING_TYPES(opts.dtype().toScalarType(), op, [&] {
     const Rows<scalar_t> xs(x);
     const scalar_t* wp = ln_weight.data_ptr<scalar_t>();
     const scalar_t* sp = stats.data_ptr<scalar_t>();
     const scalar_t* gp = grad_h.data_ptr<scalar_t>();
-    scalar_t* gxp = grad_x.data_ptr<scalar_t>();
+    scalar_t* gxp = bf16_out ? nullptr : grad_x.data_ptr<scalar_t>();
     scalar_t* partp = part.data_ptr<scalar_t>();
     // Each block by one thread, whichever: the partial sums depend on the block, not on the thread.
     at::parallel_for(0, blocks, 1, [&](int64_t k0, int64_t k1) {
       std::vector<scalar_t> gw(C), x_row(xs.widens() ? C : 0);
+      at::Tensor gx_buf = bf16_out ? at::empty({ceil_div(rows, blocks), C}, opts) : at::Tensor();
       for (int64_t k = k0; k < k1; ++k) {
         scalar_t* acc_w = partp + k * 2 * C;
         scalar_t* acc_b = acc_w + C;
-        layer_norm_backward_rows(xs, gp, wp, sp, mp, gxp, acc_w, acc_b, gw.data(), x_row.data(), rows * k / blocks,
-                                 rows * (k + 1) / blocks, s.L, C);
+        const int64_t r0 = rows * k / blocks, r1 = rows * (k + 1) / blocks;
+        scalar_t* gx = bf16_out ? gx_buf.data_ptr<scalar_t>() : gxp + r0 * C;
+        layer_norm_backward_rows(xs, gp, wp, sp, mp, gx, acc_w, acc_b, gw.data(), x_row.data(), r0, r1, s.L, C);
+        if (bf16_out) grad_x.view({rows, C}).narrow(0, r0, r1 - r0).copy_(gx_buf.narrow(0, 0, r1 - r0));
       }
     });
   });
@@ -1091,7 +1098,7 @@ ln_dwsep_conv1d_bwd(const at::Tensor& grad_y, const at::Tensor& x, const at::Ten
                        bf16::widen(dw_bias), pw.weight, pw_bias, aux, ln_stats, mask, pad_left, relu, pw.packed);
   };
   auto [gx, glw, glb, gdw, gdb, gpw, gpb] = run(bf16_route(op, s, [&](gemm::Route r) { (void)run(r); }));
-  return {bf16::narrow(gx), bf16::grad_like(glw, ln_weight), bf16::grad_like(glb, ln_bias),
+  return {gx, bf16::grad_like(glw, ln_weight), bf16::grad_like(glb, ln_bias),
           bf16::grad_like(gdw, dw_weight), if_defined(bf16::grad_like(gdb, dw_bias)), bf16::grad_like(gpw, pw_weight),
           if_defined(bf16::grad_like(gpb, pw_bias))};
 }

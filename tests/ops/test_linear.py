@@ -367,7 +367,8 @@ def test_bfloat16_weight_gradient_on_each_route_is_the_float32_sum_of_exact_prod
     """With bf16 x and a float32 weight the weight's gradient is float32 on either route (the bf16 micro-kernel in
     blocks of rows, or a float32 GEMM on widened copies): the exact products of the bf16 values summed in float32,
     also for an odd number of rows, several blocks of them, several bands of output columns, an output narrower
-    than a vector and a grad_y whose rows lie apart (a slice); the same sums whatever the thread count."""
+    than a vector and a grad_y whose rows lie apart (a slice); on the native route the same sums whatever the thread
+    count (the widened route's float32 GEMM is torch's, on the engine measured for each thread count: not held to it)."""
     monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
     x, weight, _ = make_inputs(lead, k, n, bias=False)
     low = x.to(torch.bfloat16)
@@ -383,8 +384,10 @@ def test_bfloat16_weight_gradient_on_each_route_is_the_float32_sum_of_exact_prod
         torch.set_num_threads(threads)
     assert one.dtype == torch.float32
     want = grad_y.double().reshape(-1, n).t() @ low.double().reshape(-1, k)
-    assert_close(one, want.float(), name="grad_weight", atol=1e-4, rtol=1e-5)
-    assert torch.equal(one, two)
+    for got in (one, two):
+        assert_close(got, want.float(), name="grad_weight", atol=1e-4, rtol=1e-5)
+    if route == "native":
+        assert torch.equal(one, two)
 
 
 @pytest.mark.parametrize("lead, n", [((3, 401), 37), ((1,), 1), ((0,), 4)], ids=str)

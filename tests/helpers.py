@@ -2,6 +2,7 @@
 table, and comparisons against the reference (``from helpers import assert_close, TOLERANCES``)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -217,6 +218,24 @@ def ran_ops(call: Callable[[], object]) -> set:
 def ran_kernels(call: Callable[[], object]) -> bool:
     """Whether ``call()`` ran a fused kernel (a fastqa / fastqa_triton custom op), as the profiler saw it."""
     return bool(ran_ops(call))
+
+
+@contextlib.contextmanager
+def num_threads(n: int):
+    """torch's thread count set to n inside the block, the caller's restored after (the tests that hold a kernel's
+    results to the same bits on any thread count)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def row_strided(t: torch.Tensor | None) -> torch.Tensor | None:
+    """t [..., C] as a slice of a wider tensor: rows C + 3 apart (a row stride of its own), differentiable; None
+    stays None."""
+    return None if t is None else torch.nn.functional.pad(t, (1, 2))[..., 1:-2]
 
 
 def padding_mask(B: int, L: int, seed: int = 0) -> torch.Tensor:

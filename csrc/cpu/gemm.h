@@ -27,7 +27,9 @@
 // bfloat16: a product of bf16 operands, or of float32 ones inside a Bf16Products scope (a bf16 op running
 // its float32 kernel, csrc/cpu/bf16.h), runs at::mm on bf16 operands -- torch's bf16 GEMM, which is oneDNN's
 // (AMX tiles or AVX512-BF16 dot products where the processor has them) -- and is rounded to bf16; a float32
-// caller gets that result widened back. The choice between engines above is float32's only.
+// caller gets that result widened back. The choice between engines above is float32's only. The kernels' own bf16
+// products on packed operands (float32 sums, nothing rounded between them) go through the micro-kernel entries at
+// the end of this file instead, each op choosing its route per shape class (route_for).
 #pragma once
 
 #include <ATen/ATen.h>

@@ -15,7 +15,7 @@ from torch.autograd import forward_ad
 
 import fastqa
 from fastqa import layers
-from helpers import TOLERANCES, assert_close, compiled_backends, device_of
+from helpers import TOLERANCES, assert_close, compiled_backends, device_of, num_threads
 
 
 def _rand(g: torch.Generator, *shape, scale: float = 1.0, device="cpu") -> torch.Tensor:
@@ -491,9 +491,7 @@ def test_non_strided_tensors_raise_type_error_naming_the_argument(case):
 
 def _dwsep_grads(op: str, shape: tuple, threads: int) -> list:
     batch, length, c_in, c_out, k = shape
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with num_threads(threads):
         g = torch.Generator().manual_seed(29)
         x = torch.randn(batch, length, c_in, generator=g)
         params = [torch.randn(c_in, 1, k, generator=g), torch.randn(c_out, c_in, 1, generator=g) * 0.2,
@@ -509,8 +507,6 @@ def _dwsep_grads(op: str, shape: tuple, threads: int) -> list:
         # ln_dwsep_conv1d: the LayerNorm's weight and bias gradients too (ATen's layer_norm backward,
         # which the cpu path used to run, reduces them per thread).
         return [t.grad for t in (leaves if op == "ln_dwsep_conv1d" else leaves[:5])]
-    finally:
-        torch.set_num_threads(previous)
 
 
 @pytest.mark.skipif("cpu" not in compiled_backends(), reason="needs the C++ extension")

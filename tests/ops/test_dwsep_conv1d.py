@@ -11,7 +11,7 @@ from fastqa import reference
 from fastqa._backend import cpu_available
 from fastqa.reference.dwsep_conv1d import conv_padding
 from helpers import (as_leaves, assert_close, check_against_reference, check_bf16_against_float64, compiled_backends,
-                     padding_mask)
+                     num_threads, padding_mask, row_strided)
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="fastqa._C is not built")
 
@@ -80,12 +80,8 @@ def test_many_short_sequences(backend, threads):
     """A served batch: many short sequences, several sharing a tile of the CPU forward (one GEMM; how many
     depends on the thread count), the last tile with fewer."""
     args = make_inputs(37, 23, 16, 24, 5, dw_bias=True, residual=True)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with num_threads(threads):
         compare(backend, args, padding="same", activation="relu")
-    finally:
-        torch.set_num_threads(previous)
 
 
 
@@ -325,11 +321,6 @@ def test_bfloat16_noncontiguous_inputs_mask_and_residual_is_x():
                                {"activation": "relu"}, names=NAMES[:5], grad_args=[True, True, True, False, True])
 
 
-def row_strided(t):
-    """t [..., C] as a slice of a wider tensor: a row stride of its own (C + 3), differentiable."""
-    return None if t is None else torch.nn.functional.pad(t, (1, 2))[..., 1:-2]
-
-
 @pytest.mark.parametrize("route", ["native", "widen"])
 @pytest.mark.parametrize("B, L, C, K, padding", [(1, 301, 24, 5, "causal"), (3, 37, 16, 7, "same")], ids=str)
 @pytest.mark.parametrize("residual_is_x", [False, True], ids=["residual", "residual_is_x"])
@@ -364,16 +355,12 @@ def test_bfloat16_bit_identical_across_thread_counts(monkeypatch, route, shape):
     x, residual = row_strided(x), row_strided(residual)
     grad_y = row_strided(torch.randn(B, L, c_out, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16))
     runs = []
-    previous = torch.get_num_threads()
-    for threads in (1, max(2, previous)):
-        torch.set_num_threads(threads)
-        try:
+    for threads in (1, max(2, torch.get_num_threads())):
+        with num_threads(threads):
             y, aux = torch.ops.fastqa.dwsep_conv1d_fwd(x, dw_weight, dw_bias, pw_weight, pw_bias, residual, K // 2,
                                                        True)
             runs.append((y, aux, *torch.ops.fastqa.dwsep_conv1d_bwd(grad_y, x, dw_weight, dw_bias, pw_weight,
                                                                     pw_bias, aux, K // 2, True)))
-        finally:
-            torch.set_num_threads(previous)
     for name, a, b in zip(["y", "aux", "grad x", "grad dw_weight", "grad dw_bias", "grad pw_weight",
                            "grad pw_bias"], *runs):
         assert a.dtype in (torch.bfloat16, torch.bool) and torch.equal(a, b), f"{name} depends on the thread count"

@@ -16,7 +16,9 @@ from helpers import (
     check_against_reference,
     check_bf16_against_float64,
     device_of,
+    num_threads,
     ran_ops,
+    row_strided,
 )
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="the kernel is C++ only: needs fastqa._C")
@@ -372,16 +374,11 @@ def test_bfloat16_weight_gradient_on_each_route_is_the_float32_sum_of_exact_prod
     monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
     x, weight, _ = make_inputs(lead, k, n, bias=False)
     low = x.to(torch.bfloat16)
-    wide = torch.randn(*lead, n + 3, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
-    grad_y = wide[..., 2:n + 2]
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    grad_y = row_strided(torch.randn(*lead, n, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16))
+    with num_threads(1):
         one = torch.ops.fastqa.linear_bwd(grad_y, low, weight, [False, True, False])[1]
-        torch.set_num_threads(2)
+    with num_threads(2):
         two = torch.ops.fastqa.linear_bwd(grad_y, low, weight, [False, True, False])[1]
-    finally:
-        torch.set_num_threads(threads)
     assert one.dtype == torch.float32
     want = grad_y.double().reshape(-1, n).t() @ low.double().reshape(-1, k)
     for got in (one, two):
@@ -397,16 +394,11 @@ def test_bfloat16_bias_gradient_is_the_float32_sum_read_in_place(lead, n):
     sums whatever the thread count."""
     x, weight, b = make_inputs(lead, 8, n)
     low = x.to(torch.bfloat16)
-    wide = torch.randn(*lead, n + 3, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    grad_y = wide[..., 1:n + 1]   # rows n + 3 apart
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    grad_y = row_strided(torch.randn(*lead, n, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16))
+    with num_threads(1):
         one = torch.ops.fastqa.linear_bwd(grad_y, low, weight, [False, False, True])[2]
-        torch.set_num_threads(2)
+    with num_threads(2):
         two = torch.ops.fastqa.linear_bwd(grad_y, low, weight, [False, False, True])[2]
-    finally:
-        torch.set_num_threads(threads)
     assert one.dtype == torch.float32 and one.shape == (n,)
     assert_close(one, grad_y.double().reshape(-1, n).sum(0).float(), name="grad_bias", atol=1e-4, rtol=1e-5)
     assert torch.equal(one, two)
@@ -499,14 +491,10 @@ def test_bfloat16_native_route_is_the_same_on_any_thread_count(monkeypatch, lead
     x, weight, b = make_inputs(lead, k, n)
     x = x.to(torch.bfloat16)
     grad_y = torch.randn(*lead, n, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
-    threads = torch.get_num_threads()
     runs = []
-    try:
-        for t in (1, 2):
-            torch.set_num_threads(t)
+    for t in (1, 2):
+        with num_threads(t):
             runs.append([r[0] for r in _bf16_forward_and_input_grad(x, weight, b, grad_y)])
-    finally:
-        torch.set_num_threads(threads)
     for name, a, c in zip(["y", "grad_x"], *runs):
         assert torch.equal(a, c), name
 

@@ -14,7 +14,7 @@ from fastqa import reference
 from fastqa._backend import cpu_available
 from fastqa.reference.dwsep_conv1d import conv_padding
 from helpers import (as_leaves, assert_close, check_against_reference, check_bf16_against_float64, compiled_backends,
-                     padding_mask)
+                     num_threads, padding_mask, row_strided)
 
 pytestmark = pytest.mark.skipif(not cpu_available(), reason="fastqa._C is not built")
 
@@ -314,11 +314,6 @@ def test_bfloat16_opcheck():
                           (grad_y, x, lnw, lnb, dw, db, pw, pb, aux, stats, mask, 1, True))
 
 
-def row_strided(t):
-    """t [..., C] as a slice of a wider tensor: a row stride of its own (C + 3), differentiable."""
-    return None if t is None else torch.nn.functional.pad(t, (1, 2))[..., 1:-2]
-
-
 @pytest.mark.parametrize("route", ["native", "widen"])
 @pytest.mark.parametrize("B, L, C, K, padding", [(1, 301, 24, 5, "causal"), (3, 37, 16, 7, "same")], ids=str)
 @pytest.mark.parametrize("residual_is_x", [False, True], ids=["residual", "residual_is_x"])
@@ -354,16 +349,12 @@ def test_bfloat16_bit_identical_across_thread_counts(monkeypatch, route):
     grad_y = row_strided(torch.randn(B, L, c_out, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16))
     mask = padding_mask(B, L)
     runs = []
-    previous = torch.get_num_threads()
-    for threads in (1, max(2, previous)):
-        torch.set_num_threads(threads)
-        try:
+    for threads in (1, max(2, torch.get_num_threads())):
+        with num_threads(threads):
             y, aux, stats = torch.ops.fastqa.ln_dwsep_conv1d_fwd(x, lnw, lnb, 1e-5, dw, db, pw, pb, residual, mask, 3,
                                                                  True)
             runs.append((y, aux, stats, *torch.ops.fastqa.ln_dwsep_conv1d_bwd(grad_y, x, lnw, lnb, dw, db, pw, pb,
                                                                               aux, stats, mask, 3, True)))
-        finally:
-            torch.set_num_threads(previous)
     for i, (a, b) in enumerate(zip(*runs)):
         assert torch.equal(a, b), f"output {i} (y, aux, ln_stats, then the gradients) depends on the thread count"
 

@@ -320,6 +320,19 @@ def test_char_embedding_equals_the_per_word_conv(chunk_values):
         assert_close(a, b, name=f"grad of {name}", atol=atol, rtol=rtol)
 
 
+def test_char_embedding_gathers_in_float32_under_bf16_autocast():
+    """Under CPU bf16 autocast the character table stays in the float32 parameters' dtype (the einsum that builds it
+    would autocast to bf16): the gather sums unrounded taps, so the embedding equals the float32 one."""
+    torch.manual_seed(23)
+    ce = built(tiny_config(char_kernel=5), "reference").char_embedding.eval()
+    _, cc, _, _ = make_batch(torch.Generator().manual_seed(24), B=2, n=7, W=6)
+    want = ce(cc)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert ce.table().dtype == torch.float32
+        got = ce(cc)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+
+
 @pytest.mark.parametrize("impl", ["fast", "reference"])
 def test_dropout_layer_rate_scale_and_stochastic_depth(impl):
     """The layer set's dropout (fused kernel / plain PyTorch): P(keep) 0.9, kept entries scaled by 1/q, a

@@ -108,7 +108,10 @@ class CharEmbedding(nn.Module):
         emb = self.embed.weight
         # Zero padding row, exactly (the index made on the device: a host list would be a blocking copy).
         emb = emb.index_fill(0, torch.full((1,), self.pad_id, dtype=torch.long, device=emb.device), 0.0)
-        table = torch.einsum("vd,cdk->kvc", emb, self.conv.weight).reshape(k * vocab, -1)  # [K*V, C]
+        # In the parameters' dtype, autocast or not: a bf16 table would round every tap before the gather sums
+        # them, and its backward would scatter-add bf16 rows (slower than float32's on a CPU).
+        with torch.autocast(emb.device.type, enabled=False):
+            table = torch.einsum("vd,cdk->kvc", emb, self.conv.weight).reshape(k * vocab, -1)  # [K*V, C]
         # Row K*V: far below any real conv value. A padding character's bag reads it in place of its
         # centre tap, so the max below never picks a padding character -- without a masked pass over the
         # [B*n, W, C] conv output (that pass and its backward were a fifth of the paper model's train step).

@@ -480,6 +480,26 @@ at::Tensor pack_vnni(const at::Tensor& w) {
   return w.t().reshape({k / 2, 2, n}).transpose(1, 2).contiguous();
 }
 
+void pack_vnni_rows(const c10::BFloat16* src, const int64_t* rows, int64_t N, int64_t K, int64_t row_stride,
+                    int64_t col_stride, c10::BFloat16* out) {
+  TORCH_CHECK(K % 2 == 0, "pack_vnni_rows: K must be even, got ", K);
+  constexpr int64_t kPairs = 16;  // a block's output rows: each source row's reads stay within a few cache lines
+  const uint16_t* s = bf16::bits(src);
+  uint32_t* o = reinterpret_cast<uint32_t*>(out);
+  const int64_t pairs = K / 2;
+  at::parallel_for(0, ceil_div(pairs, kPairs), 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t i0 = b * kPairs, i1 = std::min(pairs, i0 + kPairs);
+      for (int64_t n = 0; n < N; ++n) {
+        const uint16_t* row = s + rows[n] * row_stride;
+        for (int64_t i = i0; i < i1; ++i) {
+          o[i * N + n] = row[2 * i * col_stride] | static_cast<uint32_t>(row[(2 * i + 1) * col_stride]) << 16;
+        }
+      }
+    }
+  });
+}
+
 void bf16_brgemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b,
                  float* c, int64_t ldc, bool accumulate) {
   if (m == 0 || n == 0) return;

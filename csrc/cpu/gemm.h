@@ -192,6 +192,11 @@ void restore_routes(const std::vector<RouteChoice>& routes);
 bool bf16_brgemm_usable();
 // w [N, K] bf16 (nn.Linear layout), K even -> [K/2, N, 2]: b for bf16_brgemm with N columns.
 at::Tensor pack_vnni(const at::Tensor& w);
+// pack_vnni's layout of the bf16 matrix m [N, K] (K even) whose value (n, c) is src[rows[n] * row_stride + c *
+// col_stride], written to out (N * K values): one pass straight from a larger tensor (rows picked from anywhere,
+// columns any stride), in parallel over blocks of column pairs -- no copy of m first. Call outside parallel regions.
+void pack_vnni_rows(const c10::BFloat16* src, const int64_t* rows, int64_t N, int64_t K, int64_t row_stride,
+                    int64_t col_stride, c10::BFloat16* out);
 void bf16_brgemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b,
                  float* c, int64_t ldc, bool accumulate);
 void bf16_brgemm_release();

@@ -759,32 +759,49 @@ constexpr int64_t kBrChannels = 256;
 bool brgemm_applies(int64_t H) { return gemm::bf16_brgemm_usable() && H % 2 == 0; }
 
 // The forward's taps: for each tap k and chunk of GLU channels [h0, h0 + w), the chunk's a rows then its b rows of
-// W_k = weight[:, :, k] ([2w, H]) packed by gemm::pack_vnni; block (k, h0) starts at (k * 2H + 2 * h0) * H.
-at::Tensor pack_forward_taps(const at::Tensor& weight) {
+// W_k = weight[:, :, k] ([2w, H]) in gemm::pack_vnni's layout; block (k, h0) starts at (k * 2H + 2 * h0) * H. Packed
+// straight from the weight (gemm::pack_vnni_rows), no copy of the taps first: with weight normalisation the weight is
+// a new tensor at every call, so this runs at every call.
+at::Tensor pack_forward_taps(const at::Tensor& weight_in) {
+  const at::Tensor weight = weight_in.contiguous();
   const int64_t H = weight.size(1), K = weight.size(2);
-  const at::Tensor w = weight_taps(weight);  // [K, 2H, H]
-  std::vector<at::Tensor> blocks;
+  at::Tensor out = at::empty({K * 2 * H * H}, weight.options());
+  const c10::BFloat16* w = weight.data_ptr<c10::BFloat16>();
+  std::vector<int64_t> rows;
   for (int64_t k = 0; k < K; ++k) {
     for (int64_t h0 = 0; h0 < H; h0 += kBrChannels) {
       const int64_t width = std::min(kBrChannels, H - h0);
-      blocks.push_back(gemm::pack_vnni(at::cat({w[k].narrow(0, h0, width), w[k].narrow(0, H + h0, width)})).view(-1));
+      rows.clear();
+      for (int64_t half = 0; half < 2; ++half) {
+        for (int64_t n = 0; n < width; ++n) rows.push_back(half * H + h0 + n);
+      }
+      gemm::pack_vnni_rows(w + k, rows.data(), 2 * width, H, H * K, K,
+                           out.data_ptr<c10::BFloat16>() + (k * 2 * H + 2 * h0) * H);
     }
   }
-  return at::cat(blocks);
+  return out;
 }
 
-// grad_x's taps: for each tap k and chunk of input channels [c0, c0 + w), rows c0.. of W_k^T ([w, 2H]) packed by
-// gemm::pack_vnni; block (k, c0) starts at (k * H + c0) * 2H.
-at::Tensor pack_backward_taps(const at::Tensor& weight) {
+// grad_x's taps: for each tap k and chunk of input channels [c0, c0 + w), rows c0.. of W_k^T ([w, 2H]) in
+// gemm::pack_vnni's layout; block (k, c0) starts at (k * H + c0) * 2H. Packed straight from the weight, as the
+// forward's.
+at::Tensor pack_backward_taps(const at::Tensor& weight_in) {
+  const at::Tensor weight = weight_in.contiguous();
   const int64_t H = weight.size(1), K = weight.size(2);
-  const at::Tensor w_t = weight.permute({2, 1, 0}).contiguous();  // [K, H, 2H]: W_k^T
-  std::vector<at::Tensor> blocks;
+  at::Tensor out = at::empty({K * H * 2 * H}, weight.options());
+  const c10::BFloat16* w = weight.data_ptr<c10::BFloat16>();
+  std::vector<int64_t> rows;
   for (int64_t k = 0; k < K; ++k) {
     for (int64_t c0 = 0; c0 < H; c0 += kBrChannels) {
-      blocks.push_back(gemm::pack_vnni(w_t[k].narrow(0, c0, std::min(kBrChannels, H - c0))).view(-1));
+      const int64_t width = std::min(kBrChannels, H - c0);
+      rows.resize(width);
+      for (int64_t n = 0; n < width; ++n) rows[n] = c0 + n;
+      // W_k^T's row c is weight[:, c, k]: row c at c * K, its values H * K apart.
+      gemm::pack_vnni_rows(w + k, rows.data(), width, 2 * H, K, H * K,
+                           out.data_ptr<c10::BFloat16>() + (k * H + c0) * 2 * H);
     }
   }
-  return at::cat(blocks);
+  return out;
 }
 
 // fwd_bf16 with the taps' products summed in float32 by the micro-kernel (the bias as their starting value).
@@ -1059,17 +1076,23 @@ void check_step_args(const char* op, const at::Tensor& x_t, const at::Tensor& st
 
 // The weight of the native bf16 step, packed once per weight value (gemm::packed_weight) for gemm::bf16_brgemm:
 // for each half (a, then b) and each chunk of kStepChannels GLU channels, that chunk's rows of weight.view(2H, H*K)
-// packed by gemm::pack_vnni, one block after the other (block (half, chunk) starts at half*H*H*K + h0*H*K).
+// in gemm::pack_vnni's layout (gemm::pack_vnni_rows), one block after the other (block (half, chunk) starts at
+// half*H*H*K + h0*H*K).
 at::Tensor pack_step_weight(const at::Tensor& weight) {
   const int64_t H = weight.size(1), HK = weight.size(1) * weight.size(2);
-  const at::Tensor w2 = weight.contiguous().view({2 * H, HK});
-  std::vector<at::Tensor> blocks;
+  const at::Tensor w2 = weight.contiguous();  // [2H, H * K] rows
+  at::Tensor out = at::empty({2 * H * HK}, weight.options());
+  std::vector<int64_t> rows;
   for (int64_t half = 0; half < 2; ++half) {
     for (int64_t h0 = 0; h0 < H; h0 += kStepChannels) {
-      blocks.push_back(gemm::pack_vnni(w2.narrow(0, half * H + h0, std::min(kStepChannels, H - h0))).view(-1));
+      const int64_t width = std::min(kStepChannels, H - h0);
+      rows.resize(width);
+      for (int64_t n = 0; n < width; ++n) rows[n] = half * H + h0 + n;
+      gemm::pack_vnni_rows(w2.data_ptr<c10::BFloat16>(), rows.data(), width, HK, HK, 1,
+                           out.data_ptr<c10::BFloat16>() + half * H * HK + h0 * HK);
     }
   }
-  return at::cat(blocks);
+  return out;
 }
 
 // The step on checked inputs. bf16 here is the native route: the gather (copies) runs on the bf16 values as they

@@ -371,13 +371,14 @@ needs_cpu = pytest.mark.skipif("cpu" not in BACKENDS, reason="fastqa._C is not b
 
 @needs_cpu
 @pytest.mark.parametrize("route", ["native", "widen"])
-@pytest.mark.parametrize("shape", REAL + EDGE + [(2, 70, 200, 3)], ids=str)
+@pytest.mark.parametrize("shape", REAL + EDGE + [(2, 70, 200, 3), (1, 9, 260, 3)], ids=str)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("masked", [False, True])
 def test_cpu_bfloat16_matches_float64_reference(shape, causal, masked, route, monkeypatch):
     """bf16 in and out (y and every gradient), float32 inside, each route forced (native: the products on the
     bf16 engine, through the micro-kernel where H is even -- (2, 70, 200, 3): a channel block and a row block
-    cut short --, else per-tap bf16 GEMMs; widen: the float32 kernel on widened inputs)."""
+    cut short; (1, 9, 260, 3): the taps packed in two channel blocks --, else per-tap bf16 GEMMs; widen: the
+    float32 kernel on widened inputs)."""
     monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", route)
     x, w, b = make(*shape)
     mask = random_mask(*shape[:2]) if masked else None

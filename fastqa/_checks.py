@@ -9,14 +9,43 @@ No torch at import time (the tensor checks import it when called): the command l
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import sys
+import threading
 import weakref
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     import torch
+
+
+class _Scope(threading.local):
+    depth = 0   # per thread: the arguments_checked() scopes open on it (a class default: every thread starts at 0)
+
+
+_SCOPE = _Scope()
+
+
+def arguments_checked() -> contextlib.AbstractContextManager:
+    """A scope, on this thread, in which the checks of this module pass their values through unchecked.
+
+    A model's entry (``QANet.forward``, ``ConvS2S.encode``, a decoding search...) checks its own inputs and then
+    runs its layers inside one: every argument of every op below is built by the model from those inputs and its
+    parameters, so the op-level checks would only repeat, once per call and a few hundred times per step, what
+    holds by construction. A layer or op called on its own (outside any scope) still checks everything, and other
+    threads are unaffected. Scopes nest. While ``torch.compile`` traces, the scope is empty (the checks then run
+    on symbolic values, as everywhere else, and the traced graph holds none of them)."""
+    return contextlib.nullcontext() if _compiling() else _CheckedScope()
+
+
+class _CheckedScope:
+    def __enter__(self) -> None:
+        _SCOPE.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        _SCOPE.depth -= 1
 
 
 def check_tensor(
@@ -36,6 +65,8 @@ def check_tensor(
     dtype) ``t`` must share; or_float32: float32 is accepted too (a parameter of a kernel that takes float32
     parameters with 16-bit activations, ``entry_prologue``'s ``fp32_params``).
     """
+    if _SCOPE.depth:
+        return t
     import torch
 
     if not isinstance(t, torch.Tensor):
@@ -65,6 +96,8 @@ def check_tensor(
 def check_dense(name: str, t: torch.Tensor) -> None:
     """A plain strided tensor: sparse, nested, quantized and other non-strided tensors (mkldnn, ...)
     have no data the kernels can read (and torch's own errors about them name no argument)."""
+    if _SCOPE.depth:
+        return
     import torch
 
     if t.is_nested:
@@ -80,11 +113,13 @@ def check_optional(name: str, t: object, **kwargs) -> torch.Tensor | None:
 
 
 def check_nonempty_batch(name: str, t: torch.Tensor) -> None:
-    if t.shape[0] == 0:
+    if not _SCOPE.depth and t.shape[0] == 0:
         raise ValueError(f"{name} must have a non-empty batch, got shape {tuple(t.shape)}")
 
 
 def check_positive(name: str, t: torch.Tensor, axes: Sequence[int]) -> None:
+    if _SCOPE.depth:
+        return
     for axis in axes:
         if t.shape[axis] == 0:
             raise ValueError(f"{name} must have a non-zero size in dimension {axis}, got shape {tuple(t.shape)}")
@@ -97,7 +132,7 @@ def _fmt_shape(shape: Sequence[int | None]) -> str:
 def check_device(name: str, t: torch.Tensor) -> None:
     """Kernels need data: a meta (or other data-less) tensor would otherwise slip through to the
     reference as an automatic fallback."""
-    if t.device.type not in ("cpu", "cuda"):
+    if not _SCOPE.depth and t.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{name} must be a CPU or CUDA tensor, got a tensor on {t.device}")
 
 
@@ -114,7 +149,7 @@ def check_int(name: str, value: object, *, low: int | None = None, high: int | N
     ``error``: the class to raise for either instead (a caller whose contract is one ValueError, or a
     UserError, for any bad value).
     """
-    if _compiling():
+    if _SCOPE.depth or _compiling():
         return value  # type: ignore[return-value]
     expected = _expected_type(name, value, numbers.Integral, "an int", (low, high, False, False), expected, error)
     value = int(value)
@@ -133,7 +168,7 @@ def check_number(name: str, value: object, *, low: float | None = None, high: fl
     ``expected``, got ...": ``expected`` defaults to "a number", "a number >= low", "a number > low",
     "a number in [low, high)"... ``error``: the class to raise for either instead (see ``check_int``).
     """
-    if _compiling():
+    if _SCOPE.depth or _compiling():
         return value  # type: ignore[return-value]
     expected = _expected_type(name, value, numbers.Real, "a number", (low, high, low_open, high_open), expected,
                               error)
@@ -147,7 +182,7 @@ def check_number(name: str, value: object, *, low: float | None = None, high: fl
 
 def check_bool(name: str, value: object) -> bool:
     """``value``, a bool (not 0 / 1, not a numpy bool)."""
-    if _compiling():
+    if _SCOPE.depth or _compiling():
         return value  # type: ignore[return-value]
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
@@ -211,7 +246,7 @@ def check_text(what: str, text: str, *, at: str = "", where: str = "", blank: bo
 
 def check_choice(name: str, value: object, choices: Sequence[str | None]) -> None:
     """``value`` is one of the strings (or None) in ``choices``; anything else (a tensor too) raises."""
-    if not any(value is c or (isinstance(value, str) and value == c) for c in choices):
+    if not _SCOPE.depth and not any(value is c or (isinstance(value, str) and value == c) for c in choices):
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
 
 

@@ -232,6 +232,23 @@ def num_threads(n: int):
         torch.set_num_threads(previous)
 
 
+def checks_skipped_in(module: torch.nn.Module) -> list[bool]:
+    """Whether each call of ``module`` (from now on) ran inside an ``arguments_checked`` scope: a pre-hook hands
+    ``fastqa._checks.check_tensor`` a non-tensor, which only a scope lets through."""
+    from fastqa._checks import check_tensor
+
+    seen: list[bool] = []
+
+    def probe(_module: torch.nn.Module, _args: tuple) -> None:
+        try:
+            check_tensor("probe", None)
+            seen.append(True)
+        except TypeError:
+            seen.append(False)
+    module.register_forward_pre_hook(probe)
+    return seen
+
+
 def row_strided(t: torch.Tensor | None) -> torch.Tensor | None:
     """t [..., C] as a slice of a wider tensor: rows C + 3 apart (a row stride of its own), differentiable; None
     stays None."""

@@ -1,16 +1,18 @@
 """The scalar argument checks of fastqa._checks: what each accepts (and returns), what it refuses, with which
-exception, and a message that names the argument and what was expected."""
+exception, and a message that names the argument and what was expected; and the scope in which a model's layers
+skip the checks of arguments the model built (``arguments_checked``)."""
 from __future__ import annotations
 
 import math
 import subprocess
 import sys
+import threading
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from fastqa._checks import check_bool, check_int, check_number, check_text
+from fastqa._checks import arguments_checked, check_bool, check_int, check_number, check_tensor, check_text
 from fastqa.errors import UserError
 
 
@@ -134,3 +136,37 @@ def test_check_text_returns_text_and_names_what_is_wrong_where():
     with pytest.raises(UserError, match=r"^--context: not valid UTF-8 text \(an undecodable byte at character 3\); "
                                         r"pass UTF-8$"):
         check_text("the context", lone, at="--context: ", undecodable="pass UTF-8")
+
+
+# --- arguments_checked -----------------------------------------------------------------------------------------
+
+def test_arguments_checked_passes_values_through_on_its_own_thread_only():
+    inside, other_thread = threading.Event(), []
+
+    def check_elsewhere() -> None:
+        inside.wait(5)
+        try:
+            check_tensor("x", "a string")
+            other_thread.append("passed")
+        except TypeError:
+            other_thread.append("refused")
+
+    worker = threading.Thread(target=check_elsewhere)
+    worker.start()
+    with arguments_checked():
+        with arguments_checked():   # nested scopes
+            assert check_tensor("x", "a string") == "a string"
+        assert check_int("n", -1, low=0) == -1 and check_number("p", math.nan) is math.nan
+        inside.set()
+        worker.join(5)
+    assert other_thread == ["refused"]
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        check_tensor("x", "a string")
+
+
+def test_arguments_checked_ends_with_an_exception_raised_inside():
+    with pytest.raises(RuntimeError, match="inside"):
+        with arguments_checked():
+            raise RuntimeError("inside")
+    with pytest.raises(ValueError, match="n must be an int >= 0"):
+        check_int("n", -1, low=0)

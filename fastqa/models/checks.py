@@ -29,13 +29,17 @@ def _check_ids(model: str, name: str, t: object, ndim: int) -> torch.Tensor:
         raise TypeError(f"{model}.forward: {name} must be int64 (torch.long) ids, got {t.dtype}")
     if t.dim() != ndim:
         raise ValueError(f"{model}.forward: {name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    if 0 in t.shape:
+        raise ValueError(f"{model}.forward: {name} must have a non-zero size in every dimension, got shape "
+                         f"{tuple(t.shape)}")
     return t
 
 
 def check_qa_inputs(model: str, context_words: object, context_chars: object, question_words: object,
                     question_chars: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The checks of a QA model's inputs: context_words [B, n], context_chars [B, n, W], question_words [B, m],
-    question_chars [B, m, W'], all int64. Returns them."""
+    question_chars [B, m, W'], all int64, no size 0 (an empty batch, text or word: nothing to read). Returns them.
+    A model that passes them may run its layers under ``fastqa._checks.arguments_checked``."""
     cw, cc = _check_ids(model, "context_words", context_words, 2), _check_ids(model, "context_chars", context_chars, 3)
     qw, qc = _check_ids(model, "question_words", question_words, 2), _check_ids(model, "question_chars", question_chars, 3)
     if cc.shape[:2] != cw.shape:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import TOLERANCES, TRAIN_SEED, assert_close, relative_error
+from helpers import TOLERANCES, TRAIN_SEED, assert_close, checks_skipped_in, relative_error
 
-from fastqa.models.convs2s import ConvS2S, ConvS2SConfig
+from fastqa.models.convs2s import ConvS2S, ConvS2SConfig, greedy_decode
 
 PAD, UNK, SOS, EOS = 0, 1, 2, 3
 
@@ -76,6 +76,21 @@ def test_bad_inputs_raise_naming_the_argument():
         model(src[:2], tgt)
     with pytest.raises(ValueError, match="layers"):
         ConvS2S(tiny_config(), layers="cuda")
+
+
+def test_the_model_checks_its_ids_once_and_its_layers_skip_the_op_checks():
+    """forward, encode and a search check the ids; the ops of the layers below skip their argument checks (the
+    model builds every argument). ``decode`` takes the caller's encoder output, so its ops check it."""
+    model = ConvS2S(tiny_config())
+    src, tgt = batch(torch.Generator().manual_seed(0))
+    encoder, decoder = checks_skipped_in(model.encoder.fc1), checks_skipped_in(model.decoder.fc1)
+    model(src, tgt)
+    assert encoder == [True] and decoder == [True]
+    enc = model.encode(src)
+    model.decode(tgt, enc)
+    assert encoder == [True, True] and decoder == [True, False]
+    greedy_decode(model.eval(), src, max_len_a=0, max_len_b=3)
+    assert encoder[2:] == [True] and decoder[2:] == [True] * (len(decoder) - 2) and len(decoder) > 3
 
 
 # --- fast == reference ------------------------------------------------------------------------------------------

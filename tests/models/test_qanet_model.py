@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import TOLERANCES, TRAIN_SEED, assert_close, relative_error
+from helpers import TOLERANCES, TRAIN_SEED, assert_close, checks_skipped_in, relative_error
 
 from fastqa.models.blocks import masked_log_softmax, timing_signal
 from fastqa.models.packing import PackedBatch
@@ -532,3 +532,22 @@ def test_forward_rejects_bad_inputs():
         model(cw, cc[..., 0], qw, qc)
     with pytest.raises(ValueError, match="batch"):
         model(cw, cc, qw[:2], qc[:2])
+    for name, args in (("context_words", (cw[:0], cc[:0], qw[:0], qc[:0])), ("question_words", (cw, cc, qw[:, :0], qc[:, :0])),
+                       ("context_chars", (cw, cc[..., :0], qw, qc))):
+        with pytest.raises(ValueError, match=f"{name} must have a non-zero size in every dimension"):
+            model(*args)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_forward_checks_its_inputs_once_and_its_layers_skip_the_op_checks(training):
+    """QANet.forward checks its ids; the ops its layers call skip their argument checks (every argument is built
+    by the model), while the same layer called on its own still checks."""
+    model = built(tiny_config(), "fast").train(training)
+    seen = checks_skipped_in(model.cq_attention)
+    model(*make_batch(torch.Generator().manual_seed(18)))
+    assert seen == [True]
+    c, masks = torch.randn(2, 5, 16), (torch.ones(2, 5, dtype=torch.bool), torch.ones(2, 3, dtype=torch.bool))
+    model.cq_attention(c, torch.randn(2, 3, 16), *masks)
+    assert seen == [True, False]
+    with pytest.raises(ValueError, match="q must have shape"):
+        model.cq_attention(c, torch.randn(2, 3, 15), *masks)

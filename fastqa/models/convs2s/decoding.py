@@ -32,7 +32,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch.nn.utils import parametrize
 
-from ..._checks import check_int, check_number
+from ..._checks import arguments_checked, check_int, check_number
 from .graphed import StaticDecoding
 from .modeling import ConvS2S
 from .state import DecoderState, EncoderOut
@@ -56,11 +56,13 @@ class Hypothesis:
 @contextlib.contextmanager
 def _inference(model: ConvS2S, cache: bool = True) -> Iterator[None]:
     """Eval mode (no dropout), no autograd, weight-normalised weights computed once for the whole search
-    (``cache``; not while CUDA graphs are captured: a graph must not read values freed after the search)."""
+    (``cache``; not while CUDA graphs are captured: a graph must not read values freed after the search), and
+    the ops' argument checks skipped: a search checks its arguments, and ``encode`` the source, before the
+    steps, whose every op argument the search builds from them."""
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), parametrize.cached() if cache else contextlib.nullcontext():
+        with torch.no_grad(), parametrize.cached() if cache else contextlib.nullcontext(), arguments_checked():
             yield
     finally:
         model.train(was_training)

@@ -33,6 +33,7 @@ import fastqa.layers
 import fastqa.reference
 from fastqa.reference.dropout_add import share_dropout_seeds
 
+from ..._checks import arguments_checked
 from ..checks import check_config
 from ..device import reads_are_free
 from ..packing import PackedBatch, should_pack
@@ -301,12 +302,15 @@ class ConvS2S(nn.Module):
     def encode(self, src: torch.Tensor) -> EncoderOut:
         """src: [B, S] int64 (padded with pad_id) -> EncoderOut."""
         cfg = self.config
-        return self.encoder(_check_tokens("src", src, cfg.src_vocab_size, cfg.max_positions))
+        src = _check_tokens("src", src, cfg.src_vocab_size, cfg.max_positions)
+        with arguments_checked():   # the ops below take what the encoder builds from the checked ids
+            return self.encoder(src)
 
     def decode(self, tgt_in: torch.Tensor, enc: EncoderOut, *, last_only: bool = False
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher forcing over tgt_in [N, T] (N a multiple of the encoded batch, rows grouped by
-        sentence) -> (logits [N, T, V], attention [N, T, S]); see ConvS2SDecoder.forward."""
+        sentence) -> (logits [N, T, V], attention [N, T, S]); see ConvS2SDecoder.forward. The ops check what
+        they take from ``enc`` (the caller's; ``forward`` skips those checks, its ``enc`` being ``encode``'s)."""
         cfg = self.config
         _check_tokens("tgt_in", tgt_in, cfg.tgt_vocab_size, cfg.max_positions)
         if tgt_in.shape[0] % enc.keys.shape[0]:
@@ -321,7 +325,8 @@ class ConvS2S(nn.Module):
         seeds = self.dropout_seeds if self.training and isinstance(src, torch.Tensor) else None
         if seeds is not None:
             seeds.draw(src.device)
-        out = self.decode(tgt_in, self.encode(src))
+        with arguments_checked():   # encode and decode check the ids; the ops take what is built from them
+            out = self.decode(tgt_in, self.encode(src))
         if seeds is not None:
             seeds.release()
         return out

@@ -32,6 +32,7 @@ from torch import nn
 
 from ... import layers as fused
 from ... import reference
+from ..._checks import arguments_checked
 from ...reference.dropout_add import share_dropout_seeds
 from ..blocks import FrozenWordVectors, Highway, TimingSignal, init_linear
 from ..checks import check_config, check_qa_inputs
@@ -351,7 +352,8 @@ class QANet(FrozenWordVectors):
         seeds = self.dropout_seeds if self.training else None
         if seeds is not None:
             seeds.draw(cw.device)
-        out = self._forward(cw, cc, qw, qc, logits)
+        with arguments_checked():   # the inputs are checked: the ops below take what the model builds from them
+            out = self._forward(cw, cc, qw, qc, logits)
         if seeds is not None:
             seeds.release()
         return out

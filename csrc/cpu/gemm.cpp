@@ -474,30 +474,103 @@ void restore_routes(const std::vector<RouteChoice>& routes) {
   }
 }
 
-at::Tensor pack_vnni(const at::Tensor& w) {
-  const int64_t n = w.size(0), k = w.size(1);
-  TORCH_CHECK(k % 2 == 0, "pack_vnni: K must be even, got ", k);
-  return w.t().reshape({k / 2, 2, n}).transpose(1, 2).contiguous();
+namespace {
+
+// A source value's bf16 bits: a float32 rounded, a bf16 as it is.
+inline uint16_t bits_of(float v) { return bf16::round_bits(v); }
+inline uint16_t bits_of(c10::BFloat16 v) { return v.x; }
+// Two bf16 as one 32-bit word, the first in the low half: the layout the bf16 dot-product and AMX instructions read.
+inline uint32_t pair_of(uint16_t lo, uint16_t hi) { return lo | static_cast<uint32_t>(hi) << 16; }
+
+// f(typed pointer to w's first value) for a float32 or bf16 w.
+template <typename F>
+void with_values(const char* op, const at::Tensor& w, F&& f) {
+  TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, op,
+              ": w must be float32 or bfloat16, got ", w.scalar_type());
+  if (w.scalar_type() == at::kFloat) {
+    f(w.data_ptr<float>());
+  } else {
+    f(w.data_ptr<c10::BFloat16>());
+  }
 }
 
-void pack_vnni_rows(const c10::BFloat16* src, const int64_t* rows, int64_t N, int64_t K, int64_t row_stride,
-                    int64_t col_stride, c10::BFloat16* out) {
-  TORCH_CHECK(K % 2 == 0, "pack_vnni_rows: K must be even, got ", K);
+}  // namespace
+
+template <typename T>
+void pack_vnni(const T* src, const int64_t* rows, int64_t N, int64_t K, int64_t row_stride, int64_t col_stride,
+               c10::BFloat16* out) {
   constexpr int64_t kPairs = 16;  // a block's output rows: each source row's reads stay within a few cache lines
-  const uint16_t* s = bf16::bits(src);
-  uint32_t* o = reinterpret_cast<uint32_t*>(out);
-  const int64_t pairs = K / 2;
+  uint32_t* o = reinterpret_cast<uint32_t*>(out);  // word (i, n): the pair (m[n][2i], m[n][2i + 1])
+  const int64_t pairs = ceil_div(K, 2), full = K / 2;
+  // m's rows adjacent in memory (a transposed view, a block of activations): a pair of source lines interleaved at a
+  // time, contiguous reads and writes.
+  const bool lines = rows == nullptr && row_stride == 1;
   at::parallel_for(0, ceil_div(pairs, kPairs), 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t i0 = b * kPairs, i1 = std::min(pairs, i0 + kPairs);
-      for (int64_t n = 0; n < N; ++n) {
-        const uint16_t* row = s + rows[n] * row_stride;
-        for (int64_t i = i0; i < i1; ++i) {
-          o[i * N + n] = row[2 * i * col_stride] | static_cast<uint32_t>(row[(2 * i + 1) * col_stride]) << 16;
+    const int64_t i0 = b0 * kPairs, i1 = std::min(pairs, b1 * kPairs);
+    if (lines) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const T* a = src + 2 * i * col_stride;
+        uint32_t* d = o + i * N;
+        if (i < full) {
+          const T* b = a + col_stride;
+          for (int64_t n = 0; n < N; ++n) d[n] = pair_of(bits_of(a[n]), bits_of(b[n]));
+        } else {
+          for (int64_t n = 0; n < N; ++n) d[n] = bits_of(a[n]);
+        }
+      }
+      return;
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      const T* row = src + (rows != nullptr ? rows[n] : n) * row_stride;
+      for (int64_t i = i0; i < std::min(i1, full); ++i) {
+        o[i * N + n] = pair_of(bits_of(row[2 * i * col_stride]), bits_of(row[(2 * i + 1) * col_stride]));
+      }
+      if (i1 > full) o[full * N + n] = bits_of(row[2 * full * col_stride]);
+    }
+  });
+}
+
+template <typename T>
+void pack_transposed(const T* src, int64_t lds, int64_t rows, int64_t N, c10::BFloat16* dst) {
+  // In tiles of 16 pairs by 16 columns: the pairs built row by row (contiguous reads), stored column by column.
+  constexpr int64_t kTile = 16;
+  const int64_t pairs = ceil_div(rows, 2);
+  uint32_t* o = reinterpret_cast<uint32_t*>(dst);  // word (n, j): the pair (src[2j][n], src[2j + 1][n])
+  at::parallel_for(0, ceil_div(pairs, kTile), 1, [&](int64_t t0, int64_t t1) {
+    uint32_t tile[kTile][kTile];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t j0 = t * kTile, nj = std::min(kTile, pairs - j0);
+      for (int64_t n0 = 0; n0 < N; n0 += kTile) {
+        const int64_t nn = std::min(kTile, N - n0);
+        for (int64_t j = 0; j < nj; ++j) {
+          const T* a = src + 2 * (j0 + j) * lds + n0;
+          if (2 * (j0 + j) + 1 < rows) {
+            for (int64_t c = 0; c < nn; ++c) tile[j][c] = pair_of(bits_of(a[c]), bits_of(a[lds + c]));
+          } else {
+            for (int64_t c = 0; c < nn; ++c) tile[j][c] = bits_of(a[c]);
+          }
+        }
+        for (int64_t c = 0; c < nn; ++c) {
+          for (int64_t j = 0; j < nj; ++j) o[(n0 + c) * pairs + j0 + j] = tile[j][c];
         }
       }
     }
   });
+}
+
+template void pack_vnni<float>(const float*, const int64_t*, int64_t, int64_t, int64_t, int64_t, c10::BFloat16*);
+template void pack_vnni<c10::BFloat16>(const c10::BFloat16*, const int64_t*, int64_t, int64_t, int64_t, int64_t,
+                                       c10::BFloat16*);
+template void pack_transposed<float>(const float*, int64_t, int64_t, int64_t, c10::BFloat16*);
+template void pack_transposed<c10::BFloat16>(const c10::BFloat16*, int64_t, int64_t, int64_t, c10::BFloat16*);
+
+at::Tensor pack_vnni(const at::Tensor& w) {
+  const int64_t N = w.size(0), K = w.size(1);
+  at::Tensor out = at::empty({ceil_div(K, 2), N, 2}, w.options().dtype(at::kBFloat16));
+  with_values("pack_vnni", w, [&](const auto* p) {
+    pack_vnni(p, nullptr, N, K, w.stride(0), w.stride(1), out.data_ptr<c10::BFloat16>());
+  });
+  return out;
 }
 
 void bf16_brgemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b,
@@ -508,61 +581,6 @@ void bf16_brgemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_
 
 void bf16_brgemm_release() { at::native::cpublas::brgemm_release(/*is_vnni=*/true); }
 
-namespace {
-
-// The bf16 pair (a[c], b[c]) as one 32-bit word, the pair's first value in the low half: the layout the bf16
-// dot-product and AMX instructions read (a null b: zeros, the padding of an odd count of rows).
-inline uint32_t pair_word(const uint16_t* a, const uint16_t* b, int64_t c) {
-  return a[c] | (b ? static_cast<uint32_t>(b[c]) << 16 : 0u);
-}
-
-// Rows [2j, 2j + 1] of src (leading dimension lds, `rows` of them: an odd last row pairs with zeros), columns
-// [c0, c0 + n), interleaved: dst[j * n + c] = pair_word(row 2j, row 2j + 1, c0 + c) -- a block of src in
-// pack_vnni's layout of its transpose, made in cache by the thread that multiplies it.
-void pack_row_pairs(const uint16_t* src, int64_t lds, int64_t rows, int64_t c0, int64_t n, uint32_t* dst) {
-  for (int64_t j = 0; 2 * j < rows; ++j) {
-    const uint16_t* a = src + 2 * j * lds + c0;
-    const uint16_t* b = 2 * j + 1 < rows ? a + lds : nullptr;
-    uint32_t* d = dst + j * n;
-    if (b) {
-      for (int64_t c = 0; c < n; ++c) d[c] = a[c] | static_cast<uint32_t>(b[c]) << 16;
-    } else {
-      for (int64_t c = 0; c < n; ++c) d[c] = a[c];
-    }
-  }
-}
-
-// srcᵀ for bf16 src [rows, N] (leading dimension lds) as a row-major bf16 [N, rows_p] (rows_p = rows rounded up to
-// even, the padding zero), written as 32-bit words: word (n, j) of the result is the pair (src[2j][n], src[2j+1][n]).
-// In tiles of 16 pairs by 16 columns: the pairs built row by row (contiguous reads), stored column by column.
-at::Tensor transposed_pairs(const at::Tensor& src) {
-  constexpr int64_t kTile = 16;
-  const int64_t rows = src.size(0), N = src.size(1), lds = src.stride(0), pairs = (rows + 1) / 2;
-  at::Tensor out = at::empty({N, 2 * pairs}, src.options());
-  const uint16_t* s = bf16::bits(src.data_ptr<c10::BFloat16>());
-  uint32_t* o = reinterpret_cast<uint32_t*>(out.data_ptr<c10::BFloat16>());
-  at::parallel_for(0, ceil_div(pairs, kTile), 1, [&](int64_t t0, int64_t t1) {
-    uint32_t tile[kTile][kTile];
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t j0 = t * kTile, nj = std::min(kTile, pairs - j0);
-      for (int64_t n0 = 0; n0 < N; n0 += kTile) {
-        const int64_t nn = std::min(kTile, N - n0);
-        for (int64_t j = 0; j < nj; ++j) {
-          const uint16_t* a = s + 2 * (j0 + j) * lds + n0;
-          const uint16_t* b = 2 * (j0 + j) + 1 < rows ? a + lds : nullptr;
-          for (int64_t c = 0; c < nn; ++c) tile[j][c] = pair_word(a, b, c);
-        }
-        for (int64_t c = 0; c < nn; ++c) {
-          for (int64_t j = 0; j < nj; ++j) o[(n0 + c) * pairs + j0 + j] = tile[j][c];
-        }
-      }
-    }
-  });
-  return out;
-}
-
-}  // namespace
-
 at::Tensor bf16_tn_float(const at::Tensor& g_in, const at::Tensor& x_in) {
   const int64_t M = g_in.size(0), N = g_in.size(1), K = x_in.size(1);
   // The left factor is the transposed copy: of the narrower operand, the result transposed back if need be.
@@ -572,10 +590,11 @@ at::Tensor bf16_tn_float(const at::Tensor& g_in, const at::Tensor& x_in) {
   const at::Tensor g = g_in.stride(1) == 1 ? g_in : g_in.contiguous();
   const at::Tensor x = x_in.stride(1) == 1 ? x_in : x_in.contiguous();
   // The reduction over M in pairs (the packed layout): an odd M pairs its last row with zeros in both factors.
-  const at::Tensor a = transposed_pairs(g);  // [N, Mp]: row-major left factor
-  const int64_t Mp = a.size(1), ldx = x.stride(0);
+  const int64_t Mp = M + M % 2, ldx = x.stride(0);
+  at::Tensor a = at::empty({N, Mp}, g.options());  // row-major left factor
+  pack_transposed(g.data_ptr<c10::BFloat16>(), g.stride(0), M, N, a.data_ptr<c10::BFloat16>());
   const c10::BFloat16* ad = a.data_ptr<c10::BFloat16>();
-  const uint16_t* xd = bf16::bits(x.data_ptr<c10::BFloat16>());
+  const c10::BFloat16* xd = x.data_ptr<c10::BFloat16>();
   float* od = out.data_ptr<float>();
   // Each task: a fixed band of the result's columns, its rows of the reduction taken in blocks, in order, each
   // block's right factor packed in cache just before its product: the same sums on any thread count, and no
@@ -583,14 +602,14 @@ at::Tensor bf16_tn_float(const at::Tensor& g_in, const at::Tensor& x_in) {
   constexpr int64_t kRowsPerBlock = 512;
   constexpr int64_t kCols = 32;
   at::parallel_for(0, ceil_div(K, kCols), 1, [&](int64_t t0, int64_t t1) {
-    std::vector<uint32_t> b(kRowsPerBlock / 2 * kCols);
+    std::vector<c10::BFloat16> b(kRowsPerBlock * kCols);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t c0 = t * kCols, cols = std::min(kCols, K - c0);
       for (int64_t m0 = 0; m0 < M; m0 += kRowsPerBlock) {
         const int64_t mb = std::min(kRowsPerBlock, M - m0);
-        pack_row_pairs(xd + m0 * ldx, ldx, mb, c0, cols, b.data());
-        bf16_brgemm(N, cols, mb + mb % 2, ad + m0, Mp, reinterpret_cast<const c10::BFloat16*>(b.data()), od + c0, K,
-                    /*accumulate=*/true);
+        // The block's rows in pairs: pack_vnni of its transpose (rows ldx apart, columns adjacent).
+        pack_vnni(xd + m0 * ldx + c0, nullptr, cols, mb, 1, ldx, b.data());
+        bf16_brgemm(N, cols, mb + mb % 2, ad + m0, Mp, b.data(), od + c0, K, /*accumulate=*/true);
       }
     }
     bf16_brgemm_release();
@@ -599,28 +618,15 @@ at::Tensor bf16_tn_float(const at::Tensor& g_in, const at::Tensor& x_in) {
 }
 
 at::Tensor pack_nt(const at::Tensor& w) {
-  TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16,
-              "pack_nt: w must be float32 or bfloat16, got ", w.scalar_type());
   const int64_t C = w.size(0), R = w.size(1), Rp = R + R % 2, s0 = w.stride(0), s1 = w.stride(1);
   // One pass straight from w's values (a float32 master weight rounded here): one tensor made per packing.
   at::Tensor out = at::empty({C * Rp}, w.options().dtype(at::kBFloat16));
-  uint16_t* o = bf16::bits(out.data_ptr<c10::BFloat16>());
-  const auto fill = [&](const auto& value) {
+  c10::BFloat16* o = out.data_ptr<c10::BFloat16>();
+  with_values("pack_nt", w, [&](const auto* p) {
     for (int64_t c0 = 0; c0 < C; c0 += kNtBand) {
-      const int64_t nb = std::min(kNtBand, C - c0);
-      uint16_t* band = o + c0 * Rp;  // [Rp / 2, nb, 2]: pack_vnni's layout of rows c0 .. c0 + nb of w
-      for (int64_t c = 0; c < nb; ++c) {
-        for (int64_t r = 0; r < Rp; ++r) band[(r / 2 * nb + c) * 2 + r % 2] = r < R ? value((c0 + c) * s0 + r * s1) : 0;
-      }
+      pack_vnni(p + c0 * s0, nullptr, std::min(kNtBand, C - c0), R, s0, s1, o + c0 * Rp);
     }
-  };
-  if (w.scalar_type() == at::kFloat) {
-    const float* p = w.data_ptr<float>();
-    fill([&](int64_t i) { return bf16::round_bits(p[i]); });
-  } else {
-    const uint16_t* p = bf16::bits(w.data_ptr<c10::BFloat16>());
-    fill([&](int64_t i) { return p[i]; });
-  }
+  });
   return out;
 }
 

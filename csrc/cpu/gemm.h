@@ -190,13 +190,28 @@ void restore_routes(const std::vector<RouteChoice>& routes);
 // on known values (bf16_brgemm_usable), so a processor without bf16 instructions (or a torch whose micro-kernel
 // expects another layout) takes the callers' other route instead of a wrong result.
 bool bf16_brgemm_usable();
-// w [N, K] bf16 (nn.Linear layout), K even -> [K/2, N, 2]: b for bf16_brgemm with N columns.
+
+// The packing of every bf16 operand the kernels make, from float32 values (rounded to nearest even by
+// bf16::round_bits) or bf16 ones, T = float or c10::BFloat16; each reads its source once, through its strides.
+//
+// pack_vnni: b for bf16_brgemm with N columns, the matrix m [N, K] as [Kp / 2, N, 2] (Kp = K rounded up to even):
+// each pair of m's columns interleaved, an odd K's last value paired with a zero. m's value (n, k) is
+// src[row(n) * row_stride + k * col_stride], row(n) = rows[n] or, with rows null, n: rows picked from anywhere, any
+// strides (a weight in nn.Linear layout, its transpose, the taps of a conv weight, a block of activations summed over
+// its rows: row_stride 1), no copy of m first. Writes N * Kp values to out, in parallel over blocks of column pairs
+// (inline inside a parallel region).
+template <typename T>
+void pack_vnni(const T* src, const int64_t* rows, int64_t N, int64_t K, int64_t row_stride, int64_t col_stride,
+               c10::BFloat16* out);
+// The same of a whole w [N, K] (float32 or bf16, any strides, nn.Linear layout): a new bf16 [Kp / 2, N, 2].
 at::Tensor pack_vnni(const at::Tensor& w);
-// pack_vnni's layout of the bf16 matrix m [N, K] (K even) whose value (n, c) is src[rows[n] * row_stride + c *
-// col_stride], written to out (N * K values): one pass straight from a larger tensor (rows picked from anywhere,
-// columns any stride), in parallel over blocks of column pairs -- no copy of m first. Call outside parallel regions.
-void pack_vnni_rows(const c10::BFloat16* src, const int64_t* rows, int64_t N, int64_t K, int64_t row_stride,
-                    int64_t col_stride, c10::BFloat16* out);
+// pack_transposed: the left factor of a product summed over src's rows (pack_vnni(src, nullptr, N, rows, 1, lds, ..)
+// being the right one): srcᵀ for src [rows, N] (leading dimension lds) as a row-major bf16 [N, rows_p] (rows_p =
+// rows rounded up to even, the padding zero) at dst, in parallel over tiles of row pairs (inline inside a parallel
+// region).
+template <typename T>
+void pack_transposed(const T* src, int64_t lds, int64_t rows, int64_t N, c10::BFloat16* dst);
+
 void bf16_brgemm(int64_t m, int64_t n, int64_t k, const c10::BFloat16* a, int64_t lda, const c10::BFloat16* b,
                  float* c, int64_t ldc, bool accumulate);
 void bf16_brgemm_release();
@@ -207,9 +222,9 @@ void bf16_brgemm_release();
 // thread count). The narrower factor is transposed once; the other is packed block by block in cache.
 at::Tensor bf16_tn_float(const at::Tensor& g, const at::Tensor& x);
 
-// The right factor of bf16_nt: w [C, R] (float32, rounded to bf16 as Tensor.to does, or bf16; any strides) in bands
-// of kNtBand rows of w (output columns), each band in pack_vnni's layout with R rounded up to even (an odd R pairs
-// its last value with a zero), one after the other: one bf16 tensor of C * (R + R % 2) values.
+// The right factor of bf16_nt: w [C, R] (float32 or bf16, any strides) in bands of kNtBand rows of w (output
+// columns), each band packed by pack_vnni (R rounded up to even), one after the other: one bf16 tensor of
+// C * (R + R % 2) values.
 constexpr int64_t kNtBand = 128;
 at::Tensor pack_nt(const at::Tensor& w);
 // a wᵀ (+ bias) as a new bf16 [M, C] for bf16 a [M, R] (any row stride, unit column stride) and `packed` =

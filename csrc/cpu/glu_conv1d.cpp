@@ -760,7 +760,7 @@ bool brgemm_applies(int64_t H) { return gemm::bf16_brgemm_usable() && H % 2 == 0
 
 // The forward's taps: for each tap k and chunk of GLU channels [h0, h0 + w), the chunk's a rows then its b rows of
 // W_k = weight[:, :, k] ([2w, H]) in gemm::pack_vnni's layout; block (k, h0) starts at (k * 2H + 2 * h0) * H. Packed
-// straight from the weight (gemm::pack_vnni_rows), no copy of the taps first: with weight normalisation the weight is
+// straight from the weight (gemm::pack_vnni), no copy of the taps first: with weight normalisation the weight is
 // a new tensor at every call, so this runs at every call.
 at::Tensor pack_forward_taps(const at::Tensor& weight_in) {
   const at::Tensor weight = weight_in.contiguous();
@@ -775,8 +775,8 @@ at::Tensor pack_forward_taps(const at::Tensor& weight_in) {
       for (int64_t half = 0; half < 2; ++half) {
         for (int64_t n = 0; n < width; ++n) rows.push_back(half * H + h0 + n);
       }
-      gemm::pack_vnni_rows(w + k, rows.data(), 2 * width, H, H * K, K,
-                           out.data_ptr<c10::BFloat16>() + (k * 2 * H + 2 * h0) * H);
+      gemm::pack_vnni(w + k, rows.data(), 2 * width, H, H * K, K,
+                      out.data_ptr<c10::BFloat16>() + (k * 2 * H + 2 * h0) * H);
     }
   }
   return out;
@@ -797,8 +797,8 @@ at::Tensor pack_backward_taps(const at::Tensor& weight_in) {
       rows.resize(width);
       for (int64_t n = 0; n < width; ++n) rows[n] = c0 + n;
       // W_k^T's row c is weight[:, c, k]: row c at c * K, its values H * K apart.
-      gemm::pack_vnni_rows(w + k, rows.data(), width, 2 * H, K, H * K,
-                           out.data_ptr<c10::BFloat16>() + (k * H + c0) * 2 * H);
+      gemm::pack_vnni(w + k, rows.data(), width, 2 * H, K, H * K,
+                      out.data_ptr<c10::BFloat16>() + (k * H + c0) * 2 * H);
     }
   }
   return out;
@@ -1076,8 +1076,8 @@ void check_step_args(const char* op, const at::Tensor& x_t, const at::Tensor& st
 
 // The weight of the native bf16 step, packed once per weight value (gemm::packed_weight) for gemm::bf16_brgemm:
 // for each half (a, then b) and each chunk of kStepChannels GLU channels, that chunk's rows of weight.view(2H, H*K)
-// in gemm::pack_vnni's layout (gemm::pack_vnni_rows), one block after the other (block (half, chunk) starts at
-// half*H*H*K + h0*H*K).
+// in gemm::pack_vnni's layout (packed straight from the weight), one block after the other (block (half, chunk)
+// starts at half*H*H*K + h0*H*K).
 at::Tensor pack_step_weight(const at::Tensor& weight) {
   const int64_t H = weight.size(1), HK = weight.size(1) * weight.size(2);
   const at::Tensor w2 = weight.contiguous();  // [2H, H * K] rows
@@ -1088,8 +1088,8 @@ at::Tensor pack_step_weight(const at::Tensor& weight) {
       const int64_t width = std::min(kStepChannels, H - h0);
       rows.resize(width);
       for (int64_t n = 0; n < width; ++n) rows[n] = half * H + h0 + n;
-      gemm::pack_vnni_rows(w2.data_ptr<c10::BFloat16>(), rows.data(), width, HK, HK, 1,
-                           out.data_ptr<c10::BFloat16>() + half * H * HK + h0 * HK);
+      gemm::pack_vnni(w2.data_ptr<c10::BFloat16>(), rows.data(), width, HK, HK, 1,
+                      out.data_ptr<c10::BFloat16>() + half * H * HK + h0 * HK);
     }
   }
   return out;

@@ -524,8 +524,8 @@ PointwiseOperands pointwise_operands(const at::Tensor& pw_weight, gemm::Route ro
   if (!native_products_apply(s)) return {bf16::narrow(pw_weight), at::Tensor()};
   const at::Tensor packed =
       gemm::packed_weight(pw_weight, transposed ? "dwsep pointwise vnni t" : "dwsep pointwise vnni", [&] {
-        const at::Tensor w = bf16::narrow(pointwise_2d(pw_weight));
-        return gemm::pack_vnni(transposed ? w.t().contiguous() : w);
+        const at::Tensor w = pw_weight.select(2, 0);  // [C_out, C_in], read through its strides by the one pass
+        return gemm::pack_vnni(transposed ? w.t() : w);
       });
   return {pw_weight, packed};  // the kernels read only the packed weight: no bf16 copy of pw_weight
 }
@@ -538,32 +538,6 @@ gemm::Route bf16_route(const char* op, const Shapes& s, const std::function<void
   const std::string shape =
       gemm::shape_class({{"rows", s.B * s.L}, {"C_in", s.C_in}, {"C_out", s.C_out}, {"K", s.K}});
   return gemm::route_for(op, shape, run);
-}
-
-// dst [C, rows_p] (rows_p = rows rounded up to even, the extra column zero) = src [rows, C]ᵀ rounded to bf16.
-void transposed_bf16(const float* src, int64_t rows, int64_t C, c10::BFloat16* dst_bf16) {
-  uint16_t* dst = bf16::bits(dst_bf16);
-  const int64_t rows_p = rows + rows % 2;
-  for (int64_t c = 0; c < C; ++c) {
-    uint16_t* d = dst + c * rows_p;
-    for (int64_t r = 0; r < rows; ++r) d[r] = bf16::round_bits(src[r * C + c]);
-    if (rows_p != rows) d[rows] = 0;
-  }
-}
-
-// src [rows, C] rounded to bf16 in gemm::pack_vnni's layout of srcᵀ ([rows_p / 2, C, 2]: each pair of rows
-// interleaved, an odd last row paired with zeros): the right factor of a product summed over the rows.
-void vnni_rows_bf16(const float* src, int64_t rows, int64_t C, c10::BFloat16* dst_bf16) {
-  uint16_t* dst = bf16::bits(dst_bf16);
-  for (int64_t r = 0; r < rows; r += 2) {
-    const float* a = src + r * C;
-    const float* b = r + 1 < rows ? a + C : nullptr;
-    uint16_t* d = dst + r * C;
-    for (int64_t c = 0; c < C; ++c) {
-      d[2 * c] = bf16::round_bits(a[c]);
-      d[2 * c + 1] = b ? bf16::round_bits(b[c]) : uint16_t(0);
-    }
-  }
 }
 
 // The dtype a kernel computes in for activations of t's dtype: float32 for bf16 (read through Rows), else t's.
@@ -785,8 +759,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
           if constexpr (std::is_same_v<scalar_t, float>) {
             if (native) {
               const int64_t rows_p = rows + rows % 2;
-              transposed_bf16(gz_tile.data_ptr<float>(), rows, s.C_out, gz_t16.data());
-              vnni_rows_bf16(h_tile.data_ptr<float>(), rows, s.C_in, h_vnni.data());
+              gemm::pack_transposed(gz_tile.data_ptr<float>(), s.C_out, rows, s.C_out, gz_t16.data());
+              gemm::pack_vnni(h_tile.data_ptr<float>(), nullptr, s.C_in, rows, 1, s.C_in, h_vnni.data());
               gemm::bf16_brgemm(s.C_out, s.C_in, rows_p, gz_t16.data(), rows_p, h_vnni.data(),
                                 pw_acc.data_ptr<float>(), s.C_in, /*accumulate=*/true);
               bf16::narrow_row(gz_ext.data_ptr<float>(), ext * s.C_out, gz16.data());

@@ -619,7 +619,9 @@ std::tuple<at::Tensor, at::Tensor> dwsep_forward(const Shapes& s, const at::Tens
         if (!native) gemm::mm_out(y_tile, h_tile, w_t, /*accumulate=*/pbp != nullptr);
         epilogue_rows(y_tile.data_ptr<scalar_t>(), res, row0, mp ? mp + row0 * s.C_out : nullptr, rows, s.C_out,
                       relu);
-        if (bf16_out) y2d.narrow(0, row0, rows).copy_(y_tile);
+        if (bf16_out) {
+          bf16::narrow_row(y_tile.data_ptr<float>(), rows * s.C_out, y.data_ptr<c10::BFloat16>() + row0 * s.C_out);
+        }
       }
       if (native) gemm::bf16_brgemm_release();
     });
@@ -777,7 +779,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dwsep_bac
           const int64_t row0 = b * s.L + l0;
           scalar_t* gxp = bf16_out ? gx_buf.data_ptr<scalar_t>() : grad_x.data_ptr<scalar_t>() + row0 * s.C_in;
           depthwise_backward_rows(ghp, e0, xr, lo, wtp, gxp, dw_acc, db_acc, s.L, s.C_in, s.K, pad_left, l0, l1);
-          if (bf16_out) grad_x.view({s.B * s.L, s.C_in}).narrow(0, row0, rows).copy_(gx_buf.narrow(0, 0, rows));
+          if (bf16_out) {
+            bf16::narrow_row(gx_buf.data_ptr<float>(), rows * s.C_in, grad_x.data_ptr<c10::BFloat16>() + row0 * s.C_in);
+          }
         }
       }
       if (native) gemm::bf16_brgemm_release();
@@ -1035,7 +1039,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         const int64_t r0 = rows * k / blocks, r1 = rows * (k + 1) / blocks;
         scalar_t* gx = bf16_out ? gx_buf.data_ptr<scalar_t>() : gxp + r0 * C;
         layer_norm_backward_rows(xs, gp, wp, sp, mp, gx, acc_w, acc_b, gw.data(), x_row.data(), r0, r1, s.L, C);
-        if (bf16_out) grad_x.view({rows, C}).narrow(0, r0, r1 - r0).copy_(gx_buf.narrow(0, 0, r1 - r0));
+        if (bf16_out) {
+          bf16::narrow_row(gx_buf.data_ptr<float>(), (r1 - r0) * C, grad_x.data_ptr<c10::BFloat16>() + r0 * C);
+        }
       }
     });
   });

@@ -366,6 +366,33 @@ def test_bfloat16_bit_identical_across_thread_counts(monkeypatch, route, shape):
         assert a.dtype in (torch.bfloat16, torch.bool) and torch.equal(a, b), f"{name} depends on the thread count"
 
 
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_bfloat16_native_pointwise_weight_packed_through_its_strides(monkeypatch, weight_dtype):
+    """On the native route the pointwise weight is packed straight from its values, for the forward's product and
+    the backward's transposed one (a float32 master weight rounded as it is packed, a transposed view read through
+    its strides): the same bits as from a contiguous bf16 copy of it, forward and every gradient (the float32
+    weight's own gradient float32, rounded here to compare)."""
+    monkeypatch.setenv("FASTQA_CPU_BF16_ROUTE", "native")
+    B, L, c_in, c_out, K = 2, 37, 24, 40, 5
+    x, dw_weight, _, pw_bias, dw_bias, residual = (
+        None if t is None else t.to(torch.bfloat16) for t in make_inputs(B, L, c_in, c_out, K, dw_bias=True,
+                                                                         residual=True))
+    g = torch.Generator().manual_seed(11)
+    pw_view = (torch.randn(c_in, c_out, 1, generator=g) * c_in ** -0.5).to(weight_dtype).transpose(0, 1)
+    pw_copy = pw_view.to(torch.bfloat16).contiguous()
+    assert not pw_view.is_contiguous() and pw_view.shape == (c_out, c_in, 1)
+    grad_y = torch.randn(B, L, c_out, generator=g).to(torch.bfloat16)
+
+    def run(pw_weight):
+        y, aux = torch.ops.fastqa.dwsep_conv1d_fwd(x, dw_weight, dw_bias, pw_weight, pw_bias, residual, K // 2, True)
+        return (y, aux, *torch.ops.fastqa.dwsep_conv1d_bwd(grad_y, x, dw_weight, dw_bias, pw_weight, pw_bias, aux,
+                                                           K // 2, True))
+
+    for name, a, b in zip(["y", "aux", "grad x", "grad dw_weight", "grad dw_bias", "grad pw_weight", "grad pw_bias"],
+                          run(pw_view), run(pw_copy)):
+        assert torch.equal(a.to(b.dtype), b), f"{name} depends on how the pointwise weight is stored"
+
+
 def test_bfloat16_opcheck():
     """The fake kernels give the bf16 outputs' dtypes (the bool mask stays bool)."""
     x, dw_weight, pw_weight, pw_bias, dw_bias, residual = (

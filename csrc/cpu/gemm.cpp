@@ -333,8 +333,7 @@ void restore(Engine process, const std::vector<ShapeChoice>& shapes) {
 Engine engine_for(const at::Tensor& a, const at::Tensor& w, bool with_bias, bool accumulate) {
   const Choice& c = choice();
   const int64_t m = a.size(0), k = a.size(1), n = w.size(0);
-  if (a.scalar_type() != at::kFloat || c.requested != "auto" || !c.onednn_available || at::in_parallel_region() ||
-      2.0 * m * k * n < kShapeProbeFlop) {
+  if (a.scalar_type() != at::kFloat || c.requested != "auto" || !c.onednn_available || at::in_parallel_region()) {
     return engine_for(a.scalar_type());
   }
   ShapeChoice s;

@@ -12,11 +12,13 @@
 // [256, 5893] (a vocabulary projection) and BLAS 1.2x faster on [1600, 128] x [128, 128]. So:
 //   * the process's engine (gemm::choice()) is chosen once, at the first call of an op, by timing one
 //     512^3 float32 GEMM with each; it serves the GEMMs issued inside parallel regions (single-threaded
-//     tile products) and the small ones;
-//   * with FASTQA_CPU_GEMM=auto (the default), a top-level float32 GEMM of at least kShapeProbeFlop
-//     is timed with both engines the first time its shape is seen (M rounded up to a power of two,
-//     K, N, the operand layouts, the bias or accumulation, the thread count) and the faster one is kept
-//     for that shape (gemm::shape_choices());
+//     tile products);
+//   * with FASTQA_CPU_GEMM=auto (the default), every top-level float32 GEMM is timed with both engines the
+//     first time its shape is seen (M rounded up to a power of two, K, N, the operand layouts, the bias or
+//     accumulation, the thread count) and the faster one is kept for that shape (gemm::shape_choices()).
+//     Small ones too: a oneDNN call has a fixed cost of tens of microseconds that a 512^3 product does not
+//     show, so a process engine chosen there made a small model's every linear map several times slower
+//     than BLAS (what F.linear runs) where oneDNN won the large product;
 //   * FASTQA_CPU_GEMM=blas|onednn forces one engine everywhere.
 // Nothing is measured twice: a shape's engine cannot change between a forward and its backward, and
 // repeated backwards stay bit-identical.
@@ -96,10 +98,6 @@ bool bf16_products();
 // The engine for this dtype: float32 -> process_engine(); float64 -> BLAS.
 Engine engine_for(at::ScalarType dtype);
 
-// Top-level GEMMs below this many floating-point operations take the process's engine unmeasured (a
-// probe would cost more than a choice can save).
-constexpr double kShapeProbeFlop = 4e6;
-
 // One shape's choice (FASTQA_CPU_GEMM=auto only): m is M rounded up to a power of two; a_layout and
 // w_layout are 'r' (row-major), 'c' (a transposed view of a row-major matrix) or 's' (other strides).
 struct ShapeChoice {
@@ -124,8 +122,8 @@ Engine process_engine();
 void restore(Engine process, const std::vector<ShapeChoice>& shapes);
 
 // The engine for out[M, N] = a[M, K] @ w[N, K]^T (+ bias or + out): engine_for(dtype) for float64, inside
-// a parallel region, below kShapeProbeFlop or when forced; otherwise the shape's (measured now if the
-// shape is new, on a's first rows, with the bias when `with_bias`; or restored).
+// a parallel region or when forced; otherwise the shape's (measured now if the shape is new, on a's first
+// rows, with the bias when `with_bias`; or restored).
 Engine engine_for(const at::Tensor& a, const at::Tensor& w, bool with_bias, bool accumulate);
 
 // out (=, or += when accumulate) a @ b. a [M, K], b [K, N], out [M, N]: any strides (transposed

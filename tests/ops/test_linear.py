@@ -79,10 +79,12 @@ def test_runs_the_kernels_and_repeated_backward_is_bit_identical():
         assert torch.equal(a, c)
 
 
-def test_large_products_are_measured_per_shape():
-    """FASTQA_CPU_GEMM=auto: a product above the probe threshold gets an entry in info() with both
-    engines' rates and the chooser's pick; a forced engine measures nothing."""
-    x, weight, b = make_inputs((96,), 200, 700)   # 2 * 96 * 200 * 700 = 27 MFLOP: probed
+@pytest.mark.parametrize("rows, k, n", [(96, 200, 700), (6, 24, 16)])   # 27 MFLOP; a small model's 5 kFLOP
+def test_products_large_and_small_are_measured_per_shape(rows, k, n):
+    """FASTQA_CPU_GEMM=auto: a top-level product gets an entry in info() with both engines' rates and the
+    chooser's pick, a small one too (the engine that wins a large product can lose a small one several times
+    over: its fixed cost per call); a forced engine measures nothing."""
+    x, weight, b = make_inputs((rows,), k, n)
     fused(x, weight, b)
     gemm = cpu_gemm_info()
     shapes = gemm["shapes"]
@@ -90,13 +92,14 @@ def test_large_products_are_measured_per_shape():
         assert shapes == []
         return
     from fastqa import _C
-    mine = [s for s in shapes if (s["m"], s["k"], s["n"]) == (128, 200, 700) and s["bias"]]
+    m = 1 << (rows - 1).bit_length()
+    mine = [s for s in shapes if (s["m"], s["k"], s["n"]) == (m, k, n) and s["bias"]]
     assert len(mine) == 1, shapes
     rates = mine[0]["gflops"]
     assert rates["blas"] > 0 and rates["onednn"] > 0
     assert mine[0]["engine"] == _C.gemm_choose(rates["blas"], rates["onednn"], True, "auto")
-    fused(x[:90], weight, b)   # the same power-of-two bucket: no second measurement
-    assert len([s for s in cpu_gemm_info()["shapes"] if (s["m"], s["k"], s["n"]) == (128, 200, 700)
+    fused(x[:rows - 1], weight, b)   # the same power-of-two bucket: no second measurement
+    assert len([s for s in cpu_gemm_info()["shapes"] if (s["m"], s["k"], s["n"]) == (m, k, n)
                 and s["bias"]]) == 1
 
 

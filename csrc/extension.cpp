@@ -36,11 +36,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::dict rates;
         rates["blas"] = r.blas;
         if (c.onednn_available) rates["onednn"] = r.onednn;
+        pybind11::dict tile_rates;
+        tile_rates["blas"] = r.tile_blas;
+        if (c.onednn_available) tile_rates["onednn"] = r.tile_onednn;
         pybind11::dict out;
         out["engine"] = gemm::engine_name(gemm::process_engine());
         out["requested"] = c.requested;
         out["onednn_available"] = c.onednn_available;
         out["gflops"] = rates;
+        out["tile_gflops"] = tile_rates;
         using pybind11::arg;
         out["shapes"] = to_dicts(gemm::shape_choices(), [](const gemm::ShapeChoice& s) {
           return pybind11::dict(arg("m") = s.m, arg("k") = s.k, arg("n") = s.n, arg("threads") = s.threads,

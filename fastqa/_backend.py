@@ -213,7 +213,8 @@ def restore_kernel_choices(state: dict[str, Any] | None) -> None:
 def cpu_gemm_info() -> dict[str, Any] | None:
     """The CPU kernels' GEMM engine (``FASTQA_CPU_GEMM``): ``engine`` in use for float32 ("blas":
     MKL/OpenBLAS through at::mm, "onednn": torch's oneDNN), ``requested``, ``onednn_available`` and
-    ``gflops``, each engine's measured float32 rate, ``shapes`` (each GEMM shape's engine), ``routes`` (each bf16
+    ``gflops``, each engine's measured float32 rate on one 512³ product, ``tile_gflops`` on the kernels' tile products
+    (every thread multiplying its own 128 x 128 tile; what chooses ``engine``), ``shapes`` (each GEMM shape's engine), ``routes`` (each bf16
     op's route per shape class, with the milliseconds each route measured), ``bf16_route``
     (``FASTQA_CPU_BF16_ROUTE``) and ``bf16_brgemm`` (whether the native bf16 routes multiply on PyTorch's
     batch-reduce GEMM micro-kernel here: checked once on known values). The first call measures (a fraction of a second) unless an op already did;

@@ -142,6 +142,35 @@ Rates measure_rates() {
     const auto t = time_pair([&] { at::mm_out(out, a, w.t()); }, [] {}, 5, 25, 0.02);
     r.blas = flop / t.first / 1e9;
   }
+  // What the process's engine serves: the kernels' tile products, each single-threaded inside a parallel region,
+  // every thread multiplying its own tile at once, the product written into the tile's output (as gemm::mm_out
+  // does on either engine).
+  const int64_t threads = at::get_num_threads();
+  const at::Tensor ta = a.narrow(0, 0, kTile).narrow(1, 0, kTile).contiguous();
+  const at::Tensor tw = w.narrow(0, 0, kTile).narrow(1, 0, kTile).contiguous();
+  std::vector<at::Tensor> touts;
+  for (int64_t i = 0; i < threads; ++i) touts.push_back(at::empty({kTile, kTile}, at::kFloat));
+  const auto tiles = [&](Engine engine) {
+    at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        for (int rep = 0; rep < kTileReps; ++rep) {
+          if (engine == Engine::kOneDnn) {
+            touts[i].copy_(onednn_linear(ta, tw, c10::nullopt));
+          } else {
+            at::mm_out(touts[i], ta, tw.t());
+          }
+        }
+      }
+    });
+  };
+  const double tile_flop = 2.0 * kTile * kTile * kTile * kTileReps * threads;
+  if (onednn_available()) {
+    const auto t = time_pair([&] { tiles(Engine::kBlas); }, [&] { tiles(Engine::kOneDnn); }, 5, 25, 0.02);
+    r.tile_blas = tile_flop / t.first / 1e9;
+    r.tile_onednn = tile_flop / t.second / 1e9;
+  } else {
+    r.tile_blas = tile_flop / time_pair([&] { tiles(Engine::kBlas); }, [] {}, 5, 25, 0.02).first / 1e9;
+  }
   return r;
 }
 
@@ -183,7 +212,7 @@ const Choice& choice() {
     c.onednn_available = onednn_available();
     if (c.requested == "auto" && c.onednn_available) {
       const Rates& r = rates();
-      c.engine = choose(r.blas, r.onednn, true, c.requested);
+      c.engine = choose(r.tile_blas, r.tile_onednn, true, c.requested);
     } else {
       c.engine = choose(0, 0, c.onednn_available, c.requested);  // forced, or nothing to compare
     }

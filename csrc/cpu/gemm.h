@@ -10,9 +10,10 @@
 // On Intel the two are close. But the gap depends on the shape as much as on the processor: on an AMD
 // EPYC with AVX2 only, where the two tie on a 512^3 product, oneDNN was 1.9x faster on [200, 256] x
 // [256, 5893] (a vocabulary projection) and BLAS 1.2x faster on [1600, 128] x [128, 128]. So:
-//   * the process's engine (gemm::choice()) is chosen once, at the first call of an op, by timing one
-//     512^3 float32 GEMM with each; it serves the GEMMs issued inside parallel regions (single-threaded
-//     tile products);
+//   * the process's engine (gemm::choice()) is chosen once, at the first call of an op, by timing with each what
+//     it serves: the GEMMs issued inside parallel regions, single-threaded tile products, every thread
+//     multiplying a [128, 128] tile at once. (A 512^3 product, timed too for info(), can prefer the other
+//     engine: on an AMD EPYC Zen 4 oneDNN won it while the convs' and attention's tiles ran faster on BLAS.);
 //   * with FASTQA_CPU_GEMM=auto (the default), every top-level float32 GEMM is timed with both engines the
 //     first time its shape is seen (M rounded up to a power of two, K, N, the operand layouts, the bias or
 //     accumulation, the thread count) and the faster one is kept for that shape (gemm::shape_choices()).
@@ -68,10 +69,15 @@ const Choice& choice();
 constexpr double kOneDnnMargin = 1.05;
 Engine choose(double blas_gflops, double onednn_gflops, bool onednn_available, const std::string& requested);
 
-// Each engine's measured float32 rate (GFLOP/s, one 512^3 product, the median of interleaved runs,
-// at the current thread count); onednn is 0 where unavailable. Measured once, on first call.
+// Each engine's measured float32 rates (GFLOP/s, medians of interleaved runs, at the current thread count; onednn
+// 0 where unavailable), measured once, on first call: blas / onednn of one 512^3 product (what the machine's
+// large products reach), tile_blas / tile_onednn of the kernels' tile products -- every thread multiplying its own
+// [kTile, kTile] x [kTile, kTile]^T, kTileReps times, inside one parallel region -- which choose the process's engine.
+constexpr int64_t kTile = 128;
+constexpr int kTileReps = 8;
 struct Rates {
   double blas = 0, onednn = 0;
+  double tile_blas = 0, tile_onednn = 0;
 };
 const Rates& rates();
 

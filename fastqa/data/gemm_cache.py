@@ -56,7 +56,9 @@ __all__ = ["CACHE_FILE", "machine_key", "MachineGemmPlan"]
 log = logging.getLogger("fastqa.train")  # the training run's log: the cache is opened by the trainer
 
 CACHE_FILE = "cpu-gemm.json"
-FORMAT = "fastqa-cpu-gemm-1"
+FORMAT = "fastqa-cpu-gemm-2"
+# Files of the first format hold a process engine chosen on one large product rather than on the kernels' tiles.
+_OLD_FORMATS = ("fastqa-cpu-gemm-1",)
 # The fields of a shape decision that identify the shape (the rest is the engine).
 _SHAPE_KEY = ("m", "k", "n", "threads", "a", "w", "bias", "accumulate")
 # The fields of a bf16 route decision that identify the op and shape class (the rest is the route).
@@ -153,6 +155,10 @@ class MachineGemmPlan:
             return {}
         except (OSError, ValueError) as e:
             log.warning("%s: unreadable GEMM plan cache (%s); measuring again", self.path, e)
+            return {}
+        if isinstance(data, dict) and data.get("format") in _OLD_FORMATS:
+            log.info("%s: written by an earlier fastqa, which chose its engines another way; measuring again",
+                     self.path)
             return {}
         if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("machines"), dict):
             log.warning("%s: not a fastqa GEMM plan cache; measuring again", self.path)

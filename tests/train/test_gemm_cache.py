@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fastqa._backend import cpu_gemm_info
-from fastqa.data.gemm_cache import CACHE_FILE, MachineGemmPlan, machine_key
+from fastqa.data.gemm_cache import CACHE_FILE, FORMAT, MachineGemmPlan, machine_key
 
 
 def _applies() -> bool:
@@ -68,7 +68,7 @@ def test_routes_are_recorded_restored_and_never_replaced(tmp_path):
 def test_an_entry_without_routes_restores_and_gains_them(tmp_path):
     cache = tmp_path / CACHE_FILE
     key = machine_key()
-    cache.write_text(json.dumps({"format": "fastqa-cpu-gemm-1",
+    cache.write_text(json.dumps({"format": FORMAT,
                                  "machines": {key: {"engine": "blas", "shapes": []}}}))
     plan = MachineGemmPlan(cache, key)
     assert plan.cached() == {"engine": "blas", "shapes": [], "routes": []}
@@ -77,10 +77,23 @@ def test_an_entry_without_routes_restores_and_gains_them(tmp_path):
     assert [r["op"] for r in entry["routes"]] == ["glu_conv1d_step"]
 
 
+def test_a_file_of_the_first_format_is_measured_again_and_rewritten(tmp_path):
+    """The first format's process engine was chosen on one large product, not on the kernels' tiles: such a file
+    is not restored, and the next write replaces it with this format's."""
+    cache = tmp_path / CACHE_FILE
+    key = machine_key()
+    cache.write_text(json.dumps({"format": "fastqa-cpu-gemm-1", "machines": {key: {"engine": "onednn", "shapes": []}}}))
+    assert MachineGemmPlan(cache, key).cached() is None
+    routes = _step(cache)
+    data = json.loads(cache.read_text())
+    assert data["format"] == FORMAT
+    assert list(data["machines"]) == [machine_key(threads=int(routes[0]["threads"]))]
+
+
 def test_a_malformed_route_is_not_restored(tmp_path, caplog):
     cache = tmp_path / CACHE_FILE
     key = machine_key()
-    cache.write_text(json.dumps({"format": "fastqa-cpu-gemm-1", "machines": {key: {
+    cache.write_text(json.dumps({"format": FORMAT, "machines": {key: {
         "engine": "blas", "shapes": [], "routes": [{"op": "glu_conv1d_step", "shape": "B=4", "threads": 1,
                                                     "route": "fastest"}]}}}))
     assert MachineGemmPlan(cache, key).cached() is None

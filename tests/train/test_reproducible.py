@@ -13,7 +13,7 @@ import pytest
 
 from fastqa._backend import cpu_gemm_info
 from fastqa.data.files import user_cache_dir
-from fastqa.data.gemm_cache import CACHE_FILE, MachineGemmPlan, machine_key
+from fastqa.data.gemm_cache import CACHE_FILE, FORMAT, MachineGemmPlan, machine_key
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ def test_the_machine_decisions_are_the_ones_used(tmp_path):
     entry = json.loads((measured / CACHE_FILE).read_text())["machines"][key]
     cache = tmp_path / "cache"
     cache.mkdir()
-    planted = {"format": "fastqa-cpu-gemm-1", "machines": {
+    planted = {"format": FORMAT, "machines": {
         key: {"engine": "onednn", "shapes": [{**s, "engine": "onednn"} for s in entry["shapes"]]},
         machine_key(threads=3): {"engine": "blas", "shapes": []}}}
     (cache / CACHE_FILE).write_text(json.dumps(planted))

@@ -90,7 +90,7 @@ def test_the_model_checks_its_ids_once_and_its_layers_skip_the_op_checks():
     model.decode(tgt, enc)
     assert encoder == [True, True] and decoder == [True, False]
     greedy_decode(model.eval(), src, max_len_a=0, max_len_b=3)
-    assert encoder[2:] == [True] and decoder[2:] == [True] * (len(decoder) - 2) and len(decoder) > 3
+    assert encoder[2:] == [True] and decoder[2:] == [True] * (len(decoder) - 2) and len(decoder) >= 3   # at least one step
 
 
 # --- fast == reference ------------------------------------------------------------------------------------------

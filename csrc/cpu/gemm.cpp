@@ -123,6 +123,15 @@ std::pair<double, double> time_pair(F&& f, G&& g, int min_reps, int max_reps, do
   return {median(tf), median(tg)};
 }
 
+// GFLOP/s of each engine running its fn (one call: `flop` operations), medians of interleaved calls; oneDNN's 0 where
+// it is unavailable (its fn is then never called).
+template <typename F, typename G>
+std::pair<double, double> engine_rates(double flop, F&& blas, G&& onednn) {
+  if (!onednn_available()) return {flop / time_pair(blas, [] {}, 5, 25, 0.02).first / 1e9, 0.0};
+  const auto t = time_pair(blas, onednn, 5, 25, 0.02);
+  return {flop / t.first / 1e9, flop / t.second / 1e9};
+}
+
 Rates measure_rates() {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   constexpr int64_t n = 512;
@@ -133,15 +142,8 @@ Rates measure_rates() {
   at::Tensor out = at::empty({n, n}, at::kFloat);
   const double flop = 2.0 * n * n * n;
   Rates r;
-  if (onednn_available()) {
-    const auto t = time_pair([&] { at::mm_out(out, a, w.t()); }, [&] { (void)onednn_linear(a, w, c10::nullopt); },
-                             5, 25, 0.02);
-    r.blas = flop / t.first / 1e9;
-    r.onednn = flop / t.second / 1e9;
-  } else {
-    const auto t = time_pair([&] { at::mm_out(out, a, w.t()); }, [] {}, 5, 25, 0.02);
-    r.blas = flop / t.first / 1e9;
-  }
+  std::tie(r.blas, r.onednn) = engine_rates(
+      flop, [&] { at::mm_out(out, a, w.t()); }, [&] { (void)onednn_linear(a, w, c10::nullopt); });
   // What the process's engine serves: the kernels' tile products, each single-threaded inside a parallel region,
   // every thread multiplying its own tile at once, the product written into the tile's output (as gemm::mm_out
   // does on either engine).
@@ -163,14 +165,8 @@ Rates measure_rates() {
       }
     });
   };
-  const double tile_flop = 2.0 * kTile * kTile * kTile * kTileReps * threads;
-  if (onednn_available()) {
-    const auto t = time_pair([&] { tiles(Engine::kBlas); }, [&] { tiles(Engine::kOneDnn); }, 5, 25, 0.02);
-    r.tile_blas = tile_flop / t.first / 1e9;
-    r.tile_onednn = tile_flop / t.second / 1e9;
-  } else {
-    r.tile_blas = tile_flop / time_pair([&] { tiles(Engine::kBlas); }, [] {}, 5, 25, 0.02).first / 1e9;
-  }
+  std::tie(r.tile_blas, r.tile_onednn) = engine_rates(2.0 * kTile * kTile * kTile * kTileReps * threads,
+                                                      [&] { tiles(Engine::kBlas); }, [&] { tiles(Engine::kOneDnn); });
   return r;
 }
 
@@ -299,7 +295,8 @@ std::pair<double, double> probe(const at::Tensor& a, const at::Tensor& w, bool w
       with_bias ? c10::optional<at::Tensor>(at::zeros({n}, a.options())) : c10::nullopt;
   // The accumulator only where the product accumulates (a vocabulary-sized one would be large).
   at::Tensor acc = accumulate ? at::zeros({ap.size(0), n}, a.options()) : at::Tensor();
-  const auto t = time_pair(
+  return engine_rates(
+      2.0 * ap.size(0) * ap.size(1) * n,
       [&] {
         if (accumulate) {
           acc.addmm_(ap, w.t());
@@ -307,9 +304,7 @@ std::pair<double, double> probe(const at::Tensor& a, const at::Tensor& w, bool w
           (void)(with_bias ? at::addmm(*bias, ap, w.t()) : at::mm(ap, w.t()));
         }
       },
-      [&] { (void)(accumulate ? onednn_linear_add(ap, acc, w) : onednn_linear(ap, w, bias)); }, 5, 25, 0.02);
-  const double flop = 2.0 * ap.size(0) * ap.size(1) * n;
-  return {flop / t.first / 1e9, flop / t.second / 1e9};
+      [&] { (void)(accumulate ? onednn_linear_add(ap, acc, w) : onednn_linear(ap, w, bias)); });
 }
 
 }  // namespace

@@ -760,10 +760,9 @@ bool brgemm_applies(int64_t H) { return gemm::bf16_brgemm_usable() && H % 2 == 0
 
 // The forward's taps: for each tap k and chunk of GLU channels [h0, h0 + w), the chunk's a rows then its b rows of
 // W_k = weight[:, :, k] ([2w, H]) in gemm::pack_vnni's layout; block (k, h0) starts at (k * 2H + 2 * h0) * H. Packed
-// straight from the weight (gemm::pack_vnni), no copy of the taps first: with weight normalisation the weight is
-// a new tensor at every call, so this runs at every call.
-at::Tensor pack_forward_taps(const at::Tensor& weight_in) {
-  const at::Tensor weight = weight_in.contiguous();
+// straight from the weight through its strides (gemm::pack_vnni), no copy of the taps first: with weight
+// normalisation the weight is a new tensor at every call, so this runs at every call.
+at::Tensor pack_forward_taps(const at::Tensor& weight) {
   const int64_t H = weight.size(1), K = weight.size(2);
   at::Tensor out = at::empty({K * 2 * H * H}, weight.options());
   const c10::BFloat16* w = weight.data_ptr<c10::BFloat16>();
@@ -775,7 +774,7 @@ at::Tensor pack_forward_taps(const at::Tensor& weight_in) {
       for (int64_t half = 0; half < 2; ++half) {
         for (int64_t n = 0; n < width; ++n) rows.push_back(half * H + h0 + n);
       }
-      gemm::pack_vnni(w + k, rows.data(), 2 * width, H, H * K, K,
+      gemm::pack_vnni(w + k * weight.stride(2), rows.data(), 2 * width, H, weight.stride(0), weight.stride(1),
                       out.data_ptr<c10::BFloat16>() + (k * 2 * H + 2 * h0) * H);
     }
   }
@@ -785,20 +784,15 @@ at::Tensor pack_forward_taps(const at::Tensor& weight_in) {
 // grad_x's taps: for each tap k and chunk of input channels [c0, c0 + w), rows c0.. of W_k^T ([w, 2H]) in
 // gemm::pack_vnni's layout; block (k, c0) starts at (k * H + c0) * 2H. Packed straight from the weight, as the
 // forward's.
-at::Tensor pack_backward_taps(const at::Tensor& weight_in) {
-  const at::Tensor weight = weight_in.contiguous();
+at::Tensor pack_backward_taps(const at::Tensor& weight) {
   const int64_t H = weight.size(1), K = weight.size(2);
   at::Tensor out = at::empty({K * H * 2 * H}, weight.options());
   const c10::BFloat16* w = weight.data_ptr<c10::BFloat16>();
-  std::vector<int64_t> rows;
   for (int64_t k = 0; k < K; ++k) {
     for (int64_t c0 = 0; c0 < H; c0 += kBrChannels) {
-      const int64_t width = std::min(kBrChannels, H - c0);
-      rows.resize(width);
-      for (int64_t n = 0; n < width; ++n) rows[n] = c0 + n;
-      // W_k^T's row c is weight[:, c, k]: row c at c * K, its values H * K apart.
-      gemm::pack_vnni(w + k, rows.data(), width, 2 * H, K, H * K,
-                      out.data_ptr<c10::BFloat16>() + (k * H + c0) * 2 * H);
+      // W_k^T's row c is weight[:, c, k]: rows stride(1) apart, their values stride(0) apart.
+      gemm::pack_vnni(w + k * weight.stride(2) + c0 * weight.stride(1), nullptr, std::min(kBrChannels, H - c0), 2 * H,
+                      weight.stride(1), weight.stride(0), out.data_ptr<c10::BFloat16>() + (k * H + c0) * 2 * H);
     }
   }
   return out;
@@ -1080,17 +1074,12 @@ void check_step_args(const char* op, const at::Tensor& x_t, const at::Tensor& st
 // starts at half*H*H*K + h0*H*K).
 at::Tensor pack_step_weight(const at::Tensor& weight) {
   const int64_t H = weight.size(1), HK = weight.size(1) * weight.size(2);
-  const at::Tensor w2 = weight.contiguous();  // [2H, H * K] rows
+  const at::Tensor w2 = weight.contiguous();  // [2H, H * K] rows (packed once per weight value)
   at::Tensor out = at::empty({2 * H * HK}, weight.options());
-  std::vector<int64_t> rows;
-  for (int64_t half = 0; half < 2; ++half) {
-    for (int64_t h0 = 0; h0 < H; h0 += kStepChannels) {
-      const int64_t width = std::min(kStepChannels, H - h0);
-      rows.resize(width);
-      for (int64_t n = 0; n < width; ++n) rows[n] = half * H + h0 + n;
-      gemm::pack_vnni(w2.data_ptr<c10::BFloat16>(), rows.data(), width, HK, HK, 1,
-                      out.data_ptr<c10::BFloat16>() + half * H * HK + h0 * HK);
-    }
+  for (int64_t row0 = 0, width = 0; row0 < 2 * H; row0 += width) {   // each half's chunks, a then b
+    width = std::min(kStepChannels, (row0 < H ? H : 2 * H) - row0);
+    gemm::pack_vnni(w2.data_ptr<c10::BFloat16>() + row0 * HK, nullptr, width, HK, HK, 1,
+                    out.data_ptr<c10::BFloat16>() + row0 * HK);
   }
   return out;
 }
